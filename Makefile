@@ -1,0 +1,59 @@
+# The course's top-level Makefile. `make help` lists what it can do.
+#
+# Every chapter folder NN_name/ has its own small Makefile that includes
+# common/course.mk, so `cd NN_name && make NN_name && ./NN_name` works too.
+
+COMMON := $(CURDIR)/common
+include common/detect.mk
+
+CHAPTERS := $(patsubst %/Makefile,%,$(sort $(wildcard [0-9][0-9]_*/Makefile)))
+TOOLS := $(if $(wildcard tools/Makefile),tools)
+
+.PHONY: all help test asan bench plots speedup clean data $(CHAPTERS) tools unit-tests
+
+all: $(CHAPTERS) $(TOOLS)
+
+$(CHAPTERS) tools:
+	@$(MAKE) --no-print-directory -C $@
+
+unit-tests:
+	@$(MAKE) --no-print-directory -C tests
+
+# The test suite: builds everything, then runs tests/run.sh, which ends with
+# "N passed, N failed, N skipped".
+test: all unit-tests
+	@tests/run.sh $(TESTS)
+
+# A CPU build with AddressSanitizer and UndefinedBehaviorSanitizer, then the
+# tests against it. A later plain `make` rebuilds without the sanitizers.
+asan:
+	@$(MAKE) --no-print-directory ASAN=1 all unit-tests
+	@ASAN=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 tests/run.sh $(TESTS)
+
+BENCHES := $(wildcard bench/*.sh)
+bench: all
+	@if [ -z "$(BENCHES)" ]; then echo "no benchmarks yet"; fi
+	@for b in $(BENCHES); do bash $$b || exit 1; done
+
+plots: all
+	@bash plots/make_plots.sh
+
+data:
+	@bash tools/get_wikitext.sh
+
+clean:
+	@for d in $(CHAPTERS) $(TOOLS) tests; do $(MAKE) --no-print-directory -C $$d clean; done
+	rm -rf runs
+
+help:
+	@echo "targets:"
+	@echo "  make              build every chapter and tool (CUDA=0 forces a CPU-only build)"
+	@echo "  make NN_name      build one chapter, e.g. make 01_single_gpu"
+	@echo "  make test         build, then run all tests (ends with 'N passed, N failed, N skipped')"
+	@echo "  make asan         CPU build with AddressSanitizer + UBSan, then the tests"
+	@echo "  make bench        benchmarks: tables on the terminal, CSV under runs/"
+	@echo "  make plots        gnuplot figures (PNG) under runs/plots/ from the CSVs"
+	@echo "  make data         download WikiText-2 for chapter 08 (if ../shared/data is absent)"
+	@echo "  make clean        remove builds and runs/"
+	@echo "chapters:"
+	@for c in $(CHAPTERS); do printf '  %-20s %s\n' $$c "$$(sed -n 's/^# *[0-9]*_[a-z_]*: *//p;q' $$c/Makefile)"; done

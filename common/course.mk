@@ -1,0 +1,65 @@
+# common/course.mk - the one build fragment every folder includes.
+#
+# A folder's Makefile sets PROGRAMS (binaries, each built from NAME.c),
+# optionally CU_SRCS (CUDA files linked into every program of the folder in
+# a CUDA build), then includes this file. It finds the tools, chooses CPU
+# or CUDA, and builds. Variables you can set: CUDA=0|1 (default: 1 when
+# nvcc, NCCL and cuBLAS are found), ASAN=1 (CPU build with sanitizers),
+# CUDA_HOME, NCCL_HOME, CUDA_ARCH (e.g. sm_90).
+
+COURSE_ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST))/..)))
+COMMON := $(COURSE_ROOT)/common
+
+include $(COMMON)/detect.mk
+
+# GPU architecture: the GPU in this machine if there is one, else sm_90,
+# which proves the code compiles for a modern GPU.
+CUDA_ARCH ?= $(if $(HAVE_GPU),native,sm_90)
+NVCC_ARCH := $(if $(filter native,$(CUDA_ARCH)),-arch=native,-gencode arch=compute_$(subst sm_,,$(CUDA_ARCH)),code=$(CUDA_ARCH))
+
+# ---------------------------------------------------------------- flags
+CC ?= cc
+CFLAGS := -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -I$(COMMON) -pthread -DCOURSE_ROOT='"$(COURSE_ROOT)"'
+LDLIBS := -lm -pthread
+NVCCFLAGS := -O2 -g -std=c++17 -I$(COMMON) $(NVCC_ARCH) -Xcompiler -Wall,-Wextra -DCOURSE_CUDA
+ifeq ($(HAVE_OPENMP),yes)
+CFLAGS += -fopenmp
+LDLIBS += -fopenmp
+endif
+ifeq ($(ASAN),1)
+CFLAGS := $(filter-out -O2,$(CFLAGS)) -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+LDLIBS += -fsanitize=address,undefined
+endif
+ifeq ($(CUDA),1)
+CFLAGS += -DCOURSE_CUDA -I$(CUDA_HOME)/include -I$(NCCL_INC)
+LDLIBS += -L$(CUDA_LIBDIR) -L$(NCCL_LIB) -L$(CUBLAS_LIB) -lcublas -lnccl -lcudart -lstdc++ \
+          -Wl,-rpath,$(CUDA_LIBDIR) -Wl,-rpath,$(NCCL_LIB)
+CU_OBJS := $(patsubst %.cu,build/%.o,$(notdir $(CU_SRCS)))
+else
+CU_OBJS :=
+endif
+
+# Rebuild everything when the build mode changes (CPU <-> CUDA <-> ASAN).
+BUILD_STAMP := build/mode-$(CUDA)-$(ASAN)-$(CUDA_ARCH)
+$(shell mkdir -p build; [ -f $(BUILD_STAMP) ] || { rm -f build/*.o build/*.d build/mode-*; touch $(BUILD_STAMP); rm -f $(PROGRAMS); })
+
+# ---------------------------------------------------------------- rules
+.PHONY: all clean
+all: $(PROGRAMS)
+
+build/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+vpath %.cu $(sort $(dir $(CU_SRCS)))
+build/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC_PATH) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+$(PROGRAMS): %: build/%.o $(CU_OBJS) $(EXTRA_OBJS)
+	$(CC) $^ -o $@ $(LDLIBS)
+
+clean:
+	rm -rf build $(PROGRAMS)
+
+-include $(wildcard build/*.d)

@@ -1,0 +1,43 @@
+# common/detect.mk - find the tools once per make invocation and choose the build mode.
+# Included by common/course.mk and by the top-level Makefile; results are exported to sub-makes.
+
+# ---------------------------------------------------------------- detection
+# Look for the headers and the libraries themselves, never for a package
+# name: package names differ between distributions and match the wrong thing.
+ifndef COURSE_DETECTED
+NVCC_PATH := $(or $(shell command -v nvcc 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/nvcc /usr/local/cuda/bin/nvcc))
+CUDA_HOME ?= $(if $(NVCC_PATH),$(abspath $(dir $(firstword $(NVCC_PATH)))/..),/usr/local/cuda)
+CUDA_LIBDIR := $(firstword $(dir $(wildcard $(CUDA_HOME)/lib64/libcudart.so $(CUDA_HOME)/lib/libcudart.so $(CUDA_HOME)/targets/x86_64-linux/lib/libcudart.so)))
+NCCL_INC := $(firstword $(dir $(wildcard $(NCCL_HOME)/include/nccl.h $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h)))
+NCCL_LIB := $(firstword $(dir $(wildcard $(NCCL_HOME)/lib/libnccl.so $(NCCL_HOME)/lib64/libnccl.so $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/lib/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so /usr/lib64/libnccl.so /usr/local/lib/libnccl.so)))
+CUBLAS_LIB := $(firstword $(dir $(wildcard $(CUDA_HOME)/lib64/libcublas.so $(CUDA_HOME)/lib/libcublas.so /usr/lib/x86_64-linux-gnu/libcublas.so)))
+HAVE_CUBLAS_H := $(wildcard $(CUDA_HOME)/include/cublas_v2.h /usr/include/cublas_v2.h)
+HAVE_OPENMP := $(shell printf 'int main(void){return 0;}' | $(or $(CC),cc) -fopenmp -x c - -o /dev/null 2>/dev/null && echo yes)
+HAVE_GNUPLOT := $(shell command -v gnuplot 2>/dev/null)
+HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
+CUDA_FOUND := $(if $(and $(NVCC_PATH),$(CUDA_LIBDIR),$(NCCL_INC),$(NCCL_LIB),$(CUBLAS_LIB),$(HAVE_CUBLAS_H)),yes)
+
+$(info [build] nvcc:    $(if $(NVCC_PATH),found at $(firstword $(NVCC_PATH)),not found: no GPU code is built))
+$(info [build] NCCL:    $(if $(and $(NCCL_INC),$(NCCL_LIB)),found (header $(NCCL_INC)nccl.h, library $(NCCL_LIB)),not found (need nccl.h and libnccl.so): the nccl backend is not built))
+$(info [build] cuBLAS:  $(if $(and $(CUBLAS_LIB),$(HAVE_CUBLAS_H)),found in $(CUBLAS_LIB),not found: GPU matrix products are not built))
+$(info [build] OpenMP:  $(if $(HAVE_OPENMP),found: CPU kernels use all cores,not found: CPU kernels run on one thread))
+$(info [build] gnuplot: $(if $(HAVE_GNUPLOT),found: make plots draws PNG figures,not found: make plots writes CSV only (apt-get install gnuplot-nox)))
+export COURSE_DETECTED := 1
+export NVCC_PATH CUDA_HOME CUDA_LIBDIR NCCL_INC NCCL_LIB CUBLAS_LIB HAVE_CUBLAS_H HAVE_OPENMP HAVE_GNUPLOT HAVE_GPU CUDA_FOUND
+endif
+
+ifeq ($(ASAN),1)
+CUDA := 0
+endif
+ifeq ($(CUDA),1)
+ifneq ($(CUDA_FOUND),yes)
+$(error CUDA=1 was asked for, but nvcc, NCCL and cuBLAS were not all found (see the lines above); set CUDA_HOME/NCCL_HOME or use CUDA=0)
+endif
+endif
+CUDA ?= $(if $(CUDA_FOUND),1,0)
+ifndef COURSE_MODE_SHOWN
+$(info [build] mode:    $(if $(filter 1,$(CUDA)),CUDA build (GPU paths + CPU fallback),CPU-only build)$(if $(filter 1,$(ASAN)), with AddressSanitizer + UBSan))
+export COURSE_MODE_SHOWN := 1
+endif
+export CUDA
+

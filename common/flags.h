@@ -1,0 +1,254 @@
+// flags.h - the command-line parser every program of the course uses.
+//
+// Accepts --name=value and --name value, with '_' and '-' spellings alike
+// (--batch_size and --batch-size), short names (-b 8), and --help.
+// Bad input never crashes: a one-line error names the flag, a usage line
+// follows, and the program exits with status 2.
+//
+// A flag can also take its default from an environment variable
+// (e.g. COURSE_DEVICE for --device); the command line wins over it.
+#ifndef COURSE_FLAGS_H
+#define COURSE_FLAGS_H
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+typedef enum {
+    FLAG_INT,    // int *
+    FLAG_DOUBLE, // double *
+    FLAG_STRING, // const char **
+    FLAG_BOOL,   // bool *; "--x" alone means true, or --x=true|false|1|0
+    FLAG_BYTES,  // size_t *; accepts K, M, G suffixes (powers of 1024)
+} flag_type;
+
+typedef struct {
+    const char *name;       // long name, written with '_'
+    const char *short_name; // one letter for "-b 8", or NULL
+    flag_type type;
+    void *value;            // where the parsed value goes; holds the default
+    const char *help;
+    double min, max;        // allowed range for numbers; min > max: no range
+    const char *choices;    // "auto|cpu|cuda": allowed strings, or NULL
+    const char *env;        // environment variable that sets the default, or NULL
+} flag_t;
+
+typedef struct {
+    const char *program;    // name shown in messages
+    const char *summary;    // one line saying what the program does
+    const char *positional; // e.g. "PROGRAM [ARGS...]"; NULL if none allowed
+    flag_t *flags;
+    int count;
+} flag_set;
+
+static inline void flags_usage_line(const flag_set *set, FILE *out) {
+    fprintf(out, "usage: %s [--flag value ...]%s%s (see --help)\n", set->program,
+            set->positional ? " " : "", set->positional ? set->positional : "");
+}
+
+__attribute__((format(printf, 2, 3), noreturn))
+static inline void flags_fail(const flag_set *set, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    fflush(stdout);
+    fprintf(stderr, "%s: error: ", set->program);
+    vfprintf(stderr, fmt, args);
+    fputc('\n', stderr);
+    va_end(args);
+    flags_usage_line(set, stderr);
+    exit(EXIT_USAGE);
+}
+
+static inline void flags_format_value(const flag_t *f, char *buf, size_t size) {
+    switch (f->type) {
+    case FLAG_INT: snprintf(buf, size, "%d", *(int *)f->value); break;
+    case FLAG_DOUBLE: snprintf(buf, size, "%g", *(double *)f->value); break;
+    case FLAG_STRING: {
+        const char *s = *(const char **)f->value;
+        snprintf(buf, size, "%s", s ? s : "(none)");
+        break;
+    }
+    case FLAG_BOOL: snprintf(buf, size, "%s", *(bool *)f->value ? "true" : "false"); break;
+    case FLAG_BYTES: snprintf(buf, size, "%zu", *(size_t *)f->value); break;
+    }
+}
+
+static inline void flags_print_help(const flag_set *set) {
+    printf("%s - %s\n", set->program, set->summary);
+    flags_usage_line(set, stdout);
+    printf("\nflags (both --a_b and --a-b spellings work):\n");
+    for (int i = 0; i < set->count; i++) {
+        const flag_t *f = &set->flags[i];
+        char name[64], value[64];
+        snprintf(name, sizeof name, "%s%s --%s", f->short_name ? "-" : "   ",
+                 f->short_name ? f->short_name : "", f->name);
+        if (f->short_name) name[2] = ',';
+        flags_format_value(f, value, sizeof value);
+        printf("  %-24s %s (default %s", name, f->help, value);
+        if (f->choices) printf("; one of %s", f->choices);
+        if (f->env) printf("; env %s", f->env);
+        printf(")\n");
+    }
+    printf("  %-24s print this help\n", "   --help");
+}
+
+// Names match when they are equal up to '_' versus '-'.
+static inline bool flags_name_matches(const char *want, const char *given, size_t len) {
+    if (strlen(want) != len) return false;
+    for (size_t i = 0; i < len; i++) {
+        char a = want[i] == '-' ? '_' : want[i];
+        char b = given[i] == '-' ? '_' : given[i];
+        if (a != b) return false;
+    }
+    return true;
+}
+
+static inline bool flags_parse_bytes(const char *text, size_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || errno || v < 0 || !isfinite(v)) return false;
+    double scale = 1;
+    if (*end == 'K' || *end == 'k') scale = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm') scale = 1024.0 * 1024, end++;
+    else if (*end == 'G' || *end == 'g') scale = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end != '\0' || v * scale > 1e15) return false;
+    *out = (size_t)(v * scale);
+    return true;
+}
+
+static inline void flags_check_range(const flag_set *set, const flag_t *f, double v,
+                                     const char *text) {
+    if (f->min <= f->max && (v < f->min || v > f->max))
+        flags_fail(set, "--%s must be between %g and %g, got '%s'", f->name, f->min,
+                   f->max, text);
+}
+
+// Store text into the flag, or fail naming the flag. `origin` says where
+// the text came from ("" for the command line, or the variable's name).
+static inline void flags_set_value(const flag_set *set, const flag_t *f, const char *text,
+                                   const char *origin) {
+    char *end;
+    char from[96] = "";
+    if (origin[0]) snprintf(from, sizeof from, " (from %s)", origin);
+    switch (f->type) {
+    case FLAG_INT: {
+        errno = 0;
+        long v = strtol(text, &end, 10);
+        if (end == text || *end != '\0' || errno || v < INT32_MIN || v > INT32_MAX)
+            flags_fail(set, "--%s expects an integer, got '%s'%s", f->name, text, from);
+        flags_check_range(set, f, (double)v, text);
+        *(int *)f->value = (int)v;
+        break;
+    }
+    case FLAG_DOUBLE: {
+        errno = 0;
+        double v = strtod(text, &end);
+        if (end == text || *end != '\0' || errno || !isfinite(v))
+            flags_fail(set, "--%s expects a number, got '%s'%s", f->name, text, from);
+        flags_check_range(set, f, v, text);
+        *(double *)f->value = v;
+        break;
+    }
+    case FLAG_STRING:
+        if (f->choices) {
+            bool ok = false;
+            size_t n = strlen(text);
+            for (const char *c = f->choices; *c;) {
+                const char *bar = strchr(c, '|');
+                size_t len = bar ? (size_t)(bar - c) : strlen(c);
+                if (len == n && strncmp(c, text, n) == 0) ok = true;
+                c += len + (bar ? 1 : 0);
+            }
+            if (!ok)
+                flags_fail(set, "--%s must be one of %s, got '%s'%s", f->name, f->choices,
+                           text, from);
+        }
+        *(const char **)f->value = text;
+        break;
+    case FLAG_BOOL:
+        if (!strcmp(text, "true") || !strcmp(text, "1") || !strcmp(text, "yes"))
+            *(bool *)f->value = true;
+        else if (!strcmp(text, "false") || !strcmp(text, "0") || !strcmp(text, "no"))
+            *(bool *)f->value = false;
+        else
+            flags_fail(set, "--%s expects true or false, got '%s'%s", f->name, text, from);
+        break;
+    case FLAG_BYTES: {
+        size_t v;
+        if (!flags_parse_bytes(text, &v))
+            flags_fail(set, "--%s expects a size like 8, 64K or 16M, got '%s'%s", f->name,
+                       text, from);
+        flags_check_range(set, f, (double)v, text);
+        *(size_t *)f->value = v;
+        break;
+    }
+    }
+}
+
+static inline const flag_t *flags_find(const flag_set *set, const char *name, size_t len,
+                                       bool is_short) {
+    for (int i = 0; i < set->count; i++) {
+        const flag_t *f = &set->flags[i];
+        if (is_short ? (f->short_name && strlen(f->short_name) == len &&
+                        !strncmp(f->short_name, name, len))
+                     : flags_name_matches(f->name, name, len))
+            return f;
+    }
+    return NULL;
+}
+
+// Parse argv. Returns the index of the first positional argument (argc if
+// there is none). Parsing stops at the first positional when the set allows
+// positionals, so that "ddprun --nproc_per_node 2 prog --lr 1" leaves
+// "prog --lr 1" alone; "--" also ends the flags.
+static inline int flags_parse(flag_set *set, int argc, char **argv) {
+    for (int i = 0; i < set->count; i++) {
+        const flag_t *f = &set->flags[i];
+        const char *from_env = f->env ? getenv(f->env) : NULL;
+        if (from_env && from_env[0]) flags_set_value(set, f, from_env, f->env);
+    }
+    int i = 1;
+    while (i < argc) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--")) return i + 1;
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            flags_print_help(set);
+            exit(0);
+        }
+        bool is_long = arg[0] == '-' && arg[1] == '-';
+        bool is_short = !is_long && arg[0] == '-' && isalpha((unsigned char)arg[1]);
+        if (!is_long && !is_short) {
+            if (set->positional) return i;
+            flags_fail(set, "unexpected argument '%s'", arg);
+        }
+        const char *name = arg + (is_long ? 2 : 1);
+        const char *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const flag_t *f = flags_find(set, name, len, is_short);
+        if (!f) flags_fail(set, "unknown flag '%.*s'", (int)(len + (is_long ? 2 : 1)), arg);
+        const char *value = eq ? eq + 1 : NULL;
+        if (!value && f->type == FLAG_BOOL) {
+            bool next_is_bool = i + 1 < argc &&
+                (!strcmp(argv[i + 1], "true") || !strcmp(argv[i + 1], "false"));
+            value = next_is_bool ? argv[++i] : "true";
+        }
+        if (!value) {
+            if (i + 1 >= argc) flags_fail(set, "--%s needs a value", f->name);
+            value = argv[++i];
+        }
+        flags_set_value(set, f, value, "");
+        i++;
+    }
+    return argc;
+}
+
+#endif

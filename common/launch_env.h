@@ -1,0 +1,81 @@
+// launch_env.h - what a worker learns about its place in the job from the
+// environment its launcher set.
+//
+// torchrun (and the course's ddprun) set RANK, WORLD_SIZE, LOCAL_RANK, ...
+// Clusters started by SLURM's srun or OpenMPI's mpirun set their own names
+// for the same facts; we read those when torchrun's are absent, so the same
+// binary runs under all three. Started by hand, a program is one process.
+#ifndef COURSE_LAUNCH_ENV_H
+#define COURSE_LAUNCH_ENV_H
+
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "check.h"
+
+typedef struct {
+    int rank, world_size;             // global
+    int local_rank, local_world_size; // within this node
+    int group_rank;                   // which node
+    int restart_count, max_restarts;  // set by ddprun --max_restarts
+    bool launched;                    // false: started by hand, one process
+    const char *source;               // which variables told us
+} launch_env_t;
+
+// Reads an integer variable; returns fallback when unset; dies on garbage,
+// because a mistyped RANK would otherwise hang the whole job.
+static inline int env_int(const char *name, int fallback) {
+    const char *text = getenv(name);
+    if (!text || !text[0]) return fallback;
+    char *end;
+    long v = strtol(text, &end, 10);
+    if (*end != '\0' || v < 0 || v > 1000000)
+        die("environment variable %s='%s' is not a valid non-negative integer", name, text);
+    return (int)v;
+}
+
+static inline bool env_has(const char *name) {
+    const char *text = getenv(name);
+    return text && text[0];
+}
+
+static inline void launch_env_read_names(launch_env_t *e, const char *rank, const char *world,
+                                         const char *local_rank, const char *local_world) {
+    e->rank = env_int(rank, 0);
+    e->world_size = env_int(world, 1);
+    e->local_rank = env_int(local_rank, e->rank);
+    e->local_world_size = local_world ? env_int(local_world, e->world_size) : e->world_size;
+}
+
+static inline launch_env_t launch_env_read(void) {
+    launch_env_t e = {0, 1, 0, 1, 0, 0, 0, false, "none"};
+    if (env_has("RANK") || env_has("WORLD_SIZE")) {
+        launch_env_read_names(&e, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+        e.source = "torchrun variables (RANK, WORLD_SIZE, ...)";
+    } else if (env_has("SLURM_PROCID") && env_has("SLURM_NTASKS")) {
+        launch_env_read_names(&e, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                              env_has("SLURM_NTASKS_PER_NODE") ? "SLURM_NTASKS_PER_NODE" : NULL);
+        e.group_rank = env_int("SLURM_NODEID", 0);
+        e.source = "SLURM variables (SLURM_PROCID, SLURM_NTASKS, ...)";
+    } else if (env_has("OMPI_COMM_WORLD_RANK")) {
+        launch_env_read_names(&e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                              "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE");
+        e.group_rank = env_int("OMPI_COMM_WORLD_NODE_RANK", 0);
+        e.source = "OpenMPI variables (OMPI_COMM_WORLD_*)";
+    } else {
+        return e;
+    }
+    e.launched = true;
+    e.group_rank = env_int("GROUP_RANK", e.group_rank);
+    e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
+    e.max_restarts = env_int("TORCHELASTIC_MAX_RESTARTS", 0);
+    if (e.world_size < 1) die("world size must be at least 1 (from %s)", e.source);
+    if (e.rank >= e.world_size)
+        die("rank %d is not below world size %d (from %s)", e.rank, e.world_size, e.source);
+    if (e.local_rank >= e.local_world_size && e.local_world_size > 0)
+        die("local rank %d is not below local world size %d (from %s)", e.local_rank,
+            e.local_world_size, e.source);
+    return e;
+}
+
+#endif

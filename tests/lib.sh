@@ -1,0 +1,59 @@
+# tests/lib.sh - sourced by every tests/test_*.sh.
+#
+# A test reports each case on its own line, which tests/run.sh counts:
+#   PASS name
+#   FAIL name: what went wrong, in words a student understands
+#   SKIP name: why it could not run here
+set -u
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/course-test.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+# Keep every rendezvous in the tests short, so a broken test fails fast.
+export COURSE_TIMEOUT=${COURSE_TIMEOUT:-60}
+
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; }
+skip() { echo "SKIP $1: $2"; }
+
+# check NAME CONDITION-COMMAND... : PASS when the command succeeds.
+check() {
+    local name=$1; shift
+    if "$@"; then pass "$name"; else fail "$name" "check failed: $*"; fi
+}
+
+# run_capture SECONDS OUTFILE COMMAND... : run with a deadline, stdout and
+# stderr into OUTFILE; returns the command's exit status (124 on timeout).
+run_capture() {
+    local secs=$1 out=$2; shift 2
+    timeout -k 5 "$secs" "$@" >"$out" 2>&1
+}
+
+# expect_output NAME FILE REGEX : PASS when FILE has a line matching REGEX.
+expect_output() {
+    if grep -Eq -- "$3" "$2"; then pass "$1"
+    else fail "$1" "output lacks /$3/; it was: $(tail -n 5 "$2" | tr '\n' '|')"; fi
+}
+
+# near A B TOL : true when |A - B| <= TOL (numbers as text).
+near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= t) }'; }
+
+# rel_near A B RTOL : true when |A - B| <= RTOL * max(|A|, |B|, 1e-30).
+rel_near() {
+    awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d;
+        m = a < 0 ? -a : a; n = b < 0 ? -b : b; if (n > m) m = n; if (m < 1e-30) m = 1e-30;
+        exit !(d <= t * m) }'
+}
+
+# has_gpu : true when a CUDA build of the course can use a GPU here.
+has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
+
+# no_leftovers NAME PATTERN : PASS when no process whose command line
+# matches PATTERN is left running (tests must not leave orphans).
+no_leftovers() {
+    sleep 0.3
+    if pgrep -f -- "$2" >/dev/null; then
+        fail "$1" "processes left behind: $(pgrep -af -- "$2" | head -3 | tr '\n' '|')"
+        pkill -9 -f -- "$2" 2>/dev/null
+    else pass "$1"; fi
+}
