@@ -62,4 +62,4 @@ $(PROGRAMS): %: build/%.o $(CU_OBJS) $(EXTRA_OBJS)
 clean:
 	rm -rf build $(PROGRAMS)
 
--include $(wildcard build/*.d)
+-include $(wildcard build/*.d build/*/*.d)
