@@ -35,6 +35,9 @@ bench: all
 	@if [ -z "$(BENCHES)" ]; then echo "no benchmarks yet"; fi
 	@for b in $(BENCHES); do bash $$b || exit 1; done
 
+speedup: all
+	@bash tools/speedup.sh
+
 plots: all
 	@bash plots/make_plots.sh
 
@@ -52,7 +55,8 @@ help:
 	@echo "  make test         build, then run all tests (ends with 'N passed, N failed, N skipped')"
 	@echo "  make asan         CPU build with AddressSanitizer + UBSan, then the tests"
 	@echo "  make bench        benchmarks: tables on the terminal, CSV under runs/"
-	@echo "  make plots        gnuplot figures (PNG) under runs/plots/ from the CSVs"
+	@echo "  make speedup      measure speedup vs number of ranks (CSV + figure data)"
+	@echo "  make plots        run missing measurements, draw gnuplot figures (PNG) under runs/plots/"
 	@echo "  make data         download WikiText-2 for chapter 08 (if ../shared/data is absent)"
 	@echo "  make clean        remove builds and runs/"
 	@echo "chapters:"

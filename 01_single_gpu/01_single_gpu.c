@@ -102,12 +102,12 @@ int main(int argc, char **argv) {
     printf("training time: %.3f s (%.0f samples/s) on %s\n", seconds,
            (double)opt.samples * opt.epochs / seconds, device.name);
     if (opt.features == 1) {
-        printf("learned weight: %.4f (true 2.0)\n", params[0]);
+        printf("learned weight: %.6f (true 2.0)\n", params[0]);
     } else {
-        printf("learned weights: w[0] = %.4f ... w[%d] = %.4f; largest error vs w_true: %.2e\n",
+        printf("learned weights: w[0] = %.6f ... w[%d] = %.6f; largest error vs w_true: %.2e\n",
                params[0], opt.features - 1, params[opt.features - 1], linreg_weight_error(params, &data));
     }
-    printf("learned bias: %.4f (true 3.0)\n", params[opt.features]);
+    printf("learned bias: %.6f (true 3.0)\n", params[opt.features]);
     printf("metrics: %s\n", csv.path);
 
     free(params);

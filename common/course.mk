@@ -41,7 +41,7 @@ endif
 
 # Rebuild everything when the build mode changes (CPU <-> CUDA <-> ASAN).
 BUILD_STAMP := build/mode-$(CUDA)-$(ASAN)-$(CUDA_ARCH)
-$(shell mkdir -p build; [ -f $(BUILD_STAMP) ] || { rm -f build/*.o build/*.d build/mode-*; touch $(BUILD_STAMP); rm -f $(PROGRAMS); })
+$(shell [ -f $(BUILD_STAMP) ] || { rm -rf build $(PROGRAMS); mkdir -p build; touch $(BUILD_STAMP); })
 
 # ---------------------------------------------------------------- rules
 .PHONY: all clean

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -49,6 +50,29 @@ static inline int device_count_gpus(char *reason, size_t size) {
     return count;
 #else
     snprintf(reason, size, "this is a CPU-only build (CUDA=0 or no CUDA toolkit found)");
+    return 0;
+#endif
+}
+
+// The GPU count, asked in a short-lived child process. A program that will
+// fork workers must not touch CUDA before fork: a CUDA context does not
+// survive into a child (this is why mp.spawn does not use fork with CUDA).
+static inline int device_count_gpus_before_fork(void) {
+#ifdef COURSE_CUDA
+    fflush(stdout);
+    fflush(stderr);
+    pid_t child = fork();
+    if (child < 0) die("fork failed: %s", strerror(errno));
+    if (child == 0) {
+        char reason[160];
+        int count = device_count_gpus(reason, sizeof reason);
+        _exit(count > 250 ? 250 : count);
+    }
+    int status = 0;
+    while (waitpid(child, &status, 0) < 0)
+        if (errno != EINTR) die("waitpid failed: %s", strerror(errno));
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+#else
     return 0;
 #endif
 }

@@ -70,6 +70,7 @@ typedef struct {
     int64_t samples;
     float *params;     // D + 1: w then b        (device memory)
     float *grads;      // D + 1                  (device memory)
+    float *velocity;   // D + 1: SGD momentum state, allocated on first use
     float *x, *y;      // the whole dataset      (device memory)
     int64_t *order;    // this epoch's sample order (device memory)
     int64_t order_len;
@@ -84,6 +85,8 @@ void linreg_cuda_forward_backward(const float *x, const float *y, const int64_t 
                                   const float *params, float *grads, float *residual,
                                   double *loss_sum, int features, int64_t start, int batch);
 void linreg_cuda_sgd_step(float *params, const float *grads, int count, float lr);
+void linreg_cuda_momentum_step(float *params, float *velocity, const float *grads, int count,
+                               float lr, float momentum);
 #endif
 
 static inline void linreg_init(linreg_model *m, const device_t *device, const linreg_data *data,
@@ -120,6 +123,7 @@ static inline void linreg_free(linreg_model *m) {
     device_free(d, m->order);
     device_free(d, m->loss_sum);
     device_free(d, m->residual);
+    device_free(d, m->velocity);
     memset(m, 0, sizeof *m);
 }
 
@@ -177,6 +181,38 @@ static inline void linreg_sgd_step(linreg_model *m, float lr) {
     }
 #endif
     for (int j = 0; j <= m->features; j++) m->params[j] -= lr * m->grads[j];
+}
+
+// The velocity buffer of SGD with momentum (D + 1 floats on the device),
+// zero until the first step.
+static inline float *linreg_velocity(linreg_model *m) {
+    size_t count = (size_t)m->features + 1;
+    if (!m->velocity) {
+        m->velocity = device_alloc(m->device, count * sizeof(float));
+        float *zeros = xcalloc(count, sizeof(float));
+        device_from_host(m->device, m->velocity, zeros, count * sizeof(float));
+        free(zeros);
+    }
+    return m->velocity;
+}
+
+// SGD with momentum, as torch.optim.SGD does it:
+//   v <- momentum * v + grad;   p <- p - lr * v
+// The velocity v is optimizer STATE: it remembers past gradients, so a
+// snapshot that keeps only the weights cannot continue the same run.
+static inline void linreg_momentum_step(linreg_model *m, float lr, float momentum) {
+    size_t count = (size_t)m->features + 1;
+    linreg_velocity(m);
+#ifdef COURSE_CUDA
+    if (device_is_cuda(m->device)) {
+        linreg_cuda_momentum_step(m->params, m->velocity, m->grads, (int)count, lr, momentum);
+        return;
+    }
+#endif
+    for (size_t j = 0; j < count; j++) {
+        m->velocity[j] = momentum * m->velocity[j] + m->grads[j];
+        m->params[j] -= lr * m->velocity[j];
+    }
 }
 
 // Returns the sum of batch losses since the last call, and restarts it.

@@ -56,6 +56,14 @@ __global__ void sgd_kernel(float *params, const float *grads, int count, float l
     if (j < count) params[j] -= lr * grads[j];
 }
 
+__global__ void momentum_kernel(float *params, float *velocity, const float *grads, int count,
+                                float lr, float momentum) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= count) return;
+    velocity[j] = momentum * velocity[j] + grads[j];
+    params[j] -= lr * velocity[j];
+}
+
 static int blocks_for(long long threads, int per_block) {
     return (int)((threads + per_block - 1) / per_block);
 }
@@ -75,5 +83,11 @@ extern "C" void linreg_cuda_forward_backward(const float *x, const float *y, con
 
 extern "C" void linreg_cuda_sgd_step(float *params, const float *grads, int count, float lr) {
     sgd_kernel<<<blocks_for(count, 256), 256>>>(params, grads, count, lr);
+    CHECK_CUDA(cudaGetLastError());
+}
+
+extern "C" void linreg_cuda_momentum_step(float *params, float *velocity, const float *grads,
+                                          int count, float lr, float momentum) {
+    momentum_kernel<<<blocks_for(count, 256), 256>>>(params, velocity, grads, count, lr, momentum);
     CHECK_CUDA(cudaGetLastError());
 }

@@ -77,7 +77,7 @@ static inline void sampler_set_epoch_from(sampler_t *s, int epoch, int64_t start
     for (int64_t k = 0; k < per_rank; k++) {
         int64_t position = s->rank + k * world;         // in the remaining order
         s->num_real += position < remaining;
-        s->indices[k] = order[start + position % remaining]; // past the end: wrap around
+        s->indices[k] = order[(start + position) % n]; // past the end: wrap to the epoch's first samples
     }
     free(order);
 }

@@ -1,0 +1,1320 @@
+// ddprun - the course's launcher: run N copies of a program as one distributed job.
+//
+// It does for a C program what torchrun does for a Python script:
+//   1. The launcher of node 0 serves the rendezvous store (common/store.h) at
+//      MASTER_ADDR:MASTER_PORT. Every node's launcher joins it, says how many
+//      workers it runs, and global ranks are handed out node by node.
+//   2. It starts the workers with fork + exec, each with torchrun's variables
+//      (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), so the
+//      workers' own rendezvous() finds the launcher's store.
+//   3. It relays their output line by line, prefixed with "[rank R]: ".
+//   4. It watches them. When one fails, it stops the others (SIGTERM, then
+//      SIGKILL after a grace period) and either restarts every worker on every
+//      node (--max_restarts) or ends the job, naming the rank that failed.
+//
+// The launchers of a multi-node job talk only through keys under "ddprun/" in
+// the store: node/<R> (who joined), beat/<R> (a heartbeat counter),
+// restart/<G> and failed (what happened), stopped/<G> and done/<G> (barriers).
+// The workers' own keys live under "attempt<G>/..." (store.h's rendezvous uses
+// TORCHELASTIC_RESTART_COUNT), so a restarted job never sees stale keys.
+//
+// Usage: ddprun --nproc_per_node=4 ./my_program --its --flags   (see --help)
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "flags.h"
+#include "store.h"
+
+extern char **environ;
+
+enum {
+    LINE_MAX_BYTES = 4096,  // a longer line without '\n' is relayed in pieces
+    TEXT_MAX = 1024,        // messages kept in the store (reasons, node records)
+};
+#define HEARTBEAT_PERIOD_S 1.0   // launchers of a multi-node job beat this often
+#define NODE_SILENCE_MAX_S 30.0  // a node silent this long is taken for dead
+#define PROGRESS_PERIOD_S 5.0    // "waiting for nodes" lines
+#define KILL_WAIT_S 5.0          // how long SIGKILL may take to be reaped
+#define WRITE_STALL_MAX_S 10.0   // a terminal that takes no output this long is dropped
+
+// ================================================================ options
+
+typedef struct {
+    const char *nproc_text;   // "4", "gpu", "cpu" or "auto"
+    const char *nnodes_text;  // "2" or "2:2"
+    int nproc, nnodes, node_rank;
+    const char *master_addr;
+    int master_port;
+    bool standalone, no_python;
+    int max_restarts;
+    double monitor_interval, rdzv_timeout;
+    const char *run_id, *log_dir;
+    int redirects, tee;       // 0 none, 1 stdout, 2 stderr, 3 both
+    char **program_argv;      // PROGRAM ARGS..., NULL-terminated
+} options_t;
+
+// ================================================================ job state
+
+typedef struct {
+    int fd;            // read end of the worker's pipe; -1 once closed
+    int console;       // 1 or 2: where its lines go on the terminal; -1: file only
+    int file;          // per-rank log file, or -1
+    size_t len;        // bytes in buf still waiting for their '\n'
+    char buf[LINE_MAX_BYTES];
+} stream_t;
+
+typedef struct {
+    int rank, local_rank;
+    pid_t pid;         // also its process group id; 0 before the first start
+    bool running;
+    int wait_status;
+    stream_t out, err;
+} worker_t;
+
+typedef struct {
+    bool set;
+    int rank, local_rank;
+    pid_t pid;
+    int wait_status;
+    time_t when;
+} failure_t;
+
+typedef enum { OUTCOME_SUCCEEDED, OUTCOME_RESTART, OUTCOME_FAILED, OUTCOME_SIGNALED } outcome_t;
+
+typedef struct {
+    options_t opt;
+    flag_set *flags;            // for usage errors found after parsing
+    char *program_path;         // PROGRAM resolved like a shell does
+    char host[256];
+    char run_id[80], token[40];
+    const char *master_addr;
+    int master_port;            // the port actually served (standalone: picked by the OS)
+    pid_t launcher_pid;
+    int devnull;                // the workers' stdin
+    double kill_grace;
+    bool set_omp;               // give workers OMP_NUM_THREADS=1
+    // layout of the job, known after the nodes have met
+    int world_size, rank_offset;
+    int *node_nproc;
+    char **node_host;
+    // workers of the current attempt
+    int generation;             // = TORCHELASTIC_RESTART_COUNT, the same on every node
+    worker_t *workers;
+    int nworkers;
+    bool stopping;              // exits now are our doing, not failures
+    failure_t failure;          // first failure of this attempt
+    struct pollfd *pfds;
+    stream_t **pstreams;
+    int *pranks;
+    bool console_broken[3];
+    // signals to the launcher
+    int signal_pipe[2];
+    int pending_signal, signal_count;
+    // store and the other nodes
+    store_server_t *server;
+    store_t *store;
+    double next_beat, next_silence_check;
+    bool nodes_met;             // every node has joined: heartbeats count from now on
+    int64_t *beat_seen;
+    double *beat_changed;
+    bool failure_known;         // the store already says the job failed
+    bool gave_up;               // a local failure with no restarts left ends the job
+    char reason[2 * TEXT_MAX];  // why the job ends or restarts, for messages
+} job_t;
+
+static job_t the_job;
+
+// ================================================================ small helpers
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double seconds) {
+    if (seconds <= 0) return;
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    nanosleep(&ts, NULL);   // an early wake-up by a signal is fine: callers loop
+}
+
+static char *xstrdup(const char *text) {
+    size_t n = strlen(text) + 1;
+    char *copy = xmalloc(n);
+    memcpy(copy, text, n);
+    return copy;
+}
+
+// A launcher message on stderr, one line, always starting with "ddprun: ".
+__attribute__((format(printf, 1, 2)))
+static void say(const char *fmt, ...) {
+    char line[3 * TEXT_MAX];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(line, sizeof line, fmt, args);
+    va_end(args);
+    fprintf(stderr, "ddprun: %s\n", line);
+}
+
+static const char *signal_name(int sig) {
+    static const struct { int sig; const char *name; } names[] = {
+        {SIGHUP, "SIGHUP"}, {SIGINT, "SIGINT"}, {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+        {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"}, {SIGFPE, "SIGFPE"},
+        {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+        {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"},
+        {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].sig == sig) return names[i].name;
+    return "an unnamed signal";
+}
+
+// "exited with status 3" or "was killed by signal 9 (SIGKILL)".
+static void describe_exit(int wait_status, char *buf, size_t size) {
+    if (WIFEXITED(wait_status)) {
+        snprintf(buf, size, "exited with status %d", WEXITSTATUS(wait_status));
+    } else {
+        int sig = WTERMSIG(wait_status);
+        snprintf(buf, size, "was killed by signal %d (%s%s)", sig, signal_name(sig),
+                 WCOREDUMP(wait_status) ? ", core dumped" : "");
+    }
+}
+
+// "rank 3 (node 1, local 1, pid 1234)"; the node only matters with several.
+static void describe_worker(const job_t *job, int rank, int local_rank, pid_t pid, char *buf,
+                            size_t size) {
+    if (job->opt.nnodes > 1)
+        snprintf(buf, size, "rank %d (node %d, local %d, pid %d)", rank, job->opt.node_rank,
+                 local_rank, (int)pid);
+    else
+        snprintf(buf, size, "rank %d (local %d, pid %d)", rank, local_rank, (int)pid);
+}
+
+// "ranks 2-4" or "rank 2".
+static void describe_ranks(int first, int count, char *buf, size_t size) {
+    if (count == 1) snprintf(buf, size, "rank %d", first);
+    else snprintf(buf, size, "ranks %d-%d", first, first + count - 1);
+}
+
+// COURSE_KILL_GRACE: seconds between SIGTERM and SIGKILL (default 5; torchrun waits 30).
+static double kill_grace_from_env(const flag_set *set) {
+    const char *text = getenv("COURSE_KILL_GRACE");
+    if (!text || !text[0]) return 5.0;
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || *end || errno || !(v >= 0 && v <= 3600))
+        flags_fail(set, "COURSE_KILL_GRACE must be a number of seconds from 0 to 3600, got '%s'",
+                   text);
+    return v;
+}
+
+static void random_hex(char *out, size_t hex_digits) {
+    unsigned char bytes[32];
+    size_t n = (hex_digits + 1) / 2;
+    if (n > sizeof bytes) n = sizeof bytes;
+    ssize_t got = getrandom(bytes, n, 0);
+    if (got != (ssize_t)n) die("getrandom failed: %s", strerror(errno));
+    for (size_t i = 0; i < n && 2 * i < hex_digits; i++) sprintf(out + 2 * i, "%02x", bytes[i]);
+    out[hex_digits] = '\0';
+}
+
+// The job token of a multi-node job: every node must compute the same one
+// without talking first, so it comes from what they share (run id and port).
+// It keeps a stale worker of another job from joining this one; it is not a secret.
+static void token_from_run_id(const char *run_id, int port, char *out, size_t size) {
+    uint64_t h = 0xcbf29ce484222325ull;   // FNV-1a
+    char text[128];
+    snprintf(text, sizeof text, "ddprun:%s:%d", run_id, port);
+    for (const char *c = text; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
+    snprintf(out, size, "%016llx", (unsigned long long)h);
+}
+
+// Write all of buf, waiting (with a deadline) when the terminal or pipe is full.
+static bool write_all(int fd, const char *buf, size_t len) {
+    double deadline = now_s() + WRITE_STALL_MAX_S;
+    while (len > 0) {
+        ssize_t n = write(fd, buf, len);
+        if (n > 0) {
+            buf += n;
+            len -= (size_t)n;
+        } else if (n < 0 && errno == EAGAIN && now_s() < deadline) {
+            struct pollfd p = {fd, POLLOUT, 0};
+            poll(&p, 1, 100);
+        } else if (!(n < 0 && errno == EINTR)) {
+            return false;   // EPIPE (nobody reads our output any more), a stall, ...
+        }
+    }
+    return true;
+}
+
+static void make_dirs(const char *path) {
+    char partial[4096];
+    if (strlen(path) >= sizeof partial) die("path '%.60s...' is too long", path);
+    for (size_t i = 1; i <= strlen(path); i++) {
+        if (path[i] != '/' && path[i] != '\0') continue;
+        memcpy(partial, path, i);
+        partial[i] = '\0';
+        if (mkdir(partial, 0755) < 0 && errno != EEXIST)
+            die("cannot create the log directory '%s': %s", partial, strerror(errno));
+    }
+}
+
+// ================================================================ options
+
+static int count_gpus(void) {
+#ifdef COURSE_CUDA
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;   // no driver or no GPU: none
+    return n;
+#else
+    return 0;   // a CPU-only build cannot use GPUs, so it sees none
+#endif
+}
+
+static int cpu_count(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+// --nproc_per_node: a number, or gpu (one per GPU), cpu (one per core), or
+// auto (one per GPU if there are GPUs, else one per core), as torchrun.
+static int parse_nproc(const flag_set *set, const char *text) {
+    int n;
+    if (!strcmp(text, "gpu")) {
+        n = count_gpus();
+        if (n == 0) flags_fail(set, "--nproc_per_node=gpu, but this build sees no GPU");
+    } else if (!strcmp(text, "cpu")) {
+        n = cpu_count();
+    } else if (!strcmp(text, "auto")) {
+        n = count_gpus();
+        if (n == 0) n = cpu_count();
+    } else {
+        char *end;
+        errno = 0;
+        long v = strtol(text, &end, 10);
+        if (end == text || *end || errno || v < 1 || v > 1024)
+            flags_fail(set, "--nproc_per_node expects a number from 1 to 1024, or gpu, cpu or "
+                       "auto, got '%s'", text);
+        n = (int)v;
+    }
+    return n;
+}
+
+// --nnodes: N, or N:N. A range MIN:MAX (elastic membership) is not supported.
+static int parse_nnodes(const flag_set *set, const char *text) {
+    char *end;
+    errno = 0;
+    long lo = strtol(text, &end, 10), hi = lo;
+    bool ok = end != text && !errno;
+    if (ok && *end == ':') {
+        const char *rest = end + 1;
+        hi = strtol(rest, &end, 10);
+        ok = end != rest && !errno;
+    }
+    if (!ok || *end || lo < 1 || lo > 4096)
+        flags_fail(set, "--nnodes expects a number of nodes from 1 to 4096, got '%s'", text);
+    if (hi != lo)
+        flags_fail(set, "--nnodes=%s asks for an elastic range; ddprun needs a fixed number "
+                   "of nodes (MIN equal to MAX)", text);
+    return (int)lo;
+}
+
+static void check_options(const flag_set *set, options_t *o) {
+    o->nproc = parse_nproc(set, o->nproc_text);
+    o->nnodes = parse_nnodes(set, o->nnodes_text);
+    if (o->node_rank >= o->nnodes)
+        flags_fail(set, "--node_rank=%d is not below --nnodes=%d (node ranks count from 0)",
+                   o->node_rank, o->nnodes);
+    if (o->standalone && o->nnodes > 1)
+        flags_fail(set, "--standalone is for one node; with --nnodes=%d give every node the "
+                   "same --master_addr and --master_port instead", o->nnodes);
+    if (o->nnodes > 1 && o->master_port == 0)
+        flags_fail(set, "--master_port=0 (any free port) works only on one node: the other "
+                   "nodes could not know which port node 0 got");
+    if (!o->master_addr[0]) flags_fail(set, "--master_addr must not be empty");
+    if (o->run_id && (!o->run_id[0] || strlen(o->run_id) > 64))
+        flags_fail(set, "--run_id must have 1 to 64 characters");
+    if ((o->redirects || o->tee) && !o->log_dir)
+        flags_fail(set, "--redirects and --tee choose what goes to the files of --log_dir, "
+                   "which is not given");
+}
+
+static void parse_options(options_t *o, int argc, char **argv) {
+    *o = (options_t){.nproc_text = "1", .nnodes_text = "1", .master_addr = "127.0.0.1",
+                     .master_port = 29500, .monitor_interval = 0.1, .rdzv_timeout = 300};
+    static flag_t flags[] = {
+        {"nproc_per_node", NULL, FLAG_STRING, NULL, "workers on this node: a number, or gpu, cpu, auto", 1, 0, NULL, "PET_NPROC_PER_NODE"},
+        {"nnodes", NULL, FLAG_STRING, NULL, "number of nodes (N or N:N)", 1, 0, NULL, "PET_NNODES"},
+        {"node_rank", NULL, FLAG_INT, NULL, "this node's index, 0 .. nnodes-1", 0, 4095, NULL, "PET_NODE_RANK"},
+        {"master_addr", NULL, FLAG_STRING, NULL, "address of node 0, where the store runs", 1, 0, NULL, "PET_MASTER_ADDR"},
+        {"master_port", NULL, FLAG_INT, NULL, "port of the store on node 0", 0, 65535, NULL, "PET_MASTER_PORT"},
+        {"standalone", NULL, FLAG_BOOL, NULL, "one node: a free port on 127.0.0.1 and a random run id", 1, 0, NULL, "PET_STANDALONE"},
+        {"max_restarts", NULL, FLAG_INT, NULL, "restart all workers up to this many times after a failure", 0, 1000000, NULL, "PET_MAX_RESTARTS"},
+        {"monitor_interval", NULL, FLAG_DOUBLE, NULL, "seconds between checks of the other nodes", 0.01, 60, NULL, "PET_MONITOR_INTERVAL"},
+        {"run_id", NULL, FLAG_STRING, NULL, "job id, the same on every node; unset: random, or 'none' with several nodes", 1, 0, NULL, "PET_RDZV_ID"},
+        {"rdzv_id", NULL, FLAG_STRING, NULL, "torchrun's name for --run_id", 1, 0, NULL, NULL},
+        {"rdzv_timeout", NULL, FLAG_DOUBLE, NULL, "seconds to wait for the other nodes", 0.1, 1e6, NULL, "COURSE_TIMEOUT"},
+        {"log_dir", NULL, FLAG_STRING, NULL, "also write each rank's output to DIR/attempt_G/RANK/{stdout,stderr}.log", 1, 0, NULL, "PET_LOG_DIR"},
+        {"redirects", "r", FLAG_INT, NULL, "streams sent to the log files only: 0 none, 1 stdout, 2 stderr, 3 both", 0, 3, NULL, "PET_REDIRECTS"},
+        {"tee", "t", FLAG_INT, NULL, "streams sent to the log files and the terminal (the default with --log_dir)", 0, 3, NULL, "PET_TEE"},
+        {"no_python", NULL, FLAG_BOOL, NULL, "accepted for torchrun compatibility: PROGRAM always runs directly", 1, 0, NULL, NULL},
+    };
+    void *values[] = {&o->nproc_text, &o->nnodes_text, &o->node_rank, &o->master_addr,
+                      &o->master_port, &o->standalone, &o->max_restarts, &o->monitor_interval,
+                      &o->run_id, &o->run_id, &o->rdzv_timeout, &o->log_dir, &o->redirects,
+                      &o->tee, &o->no_python};
+    int count = (int)(sizeof flags / sizeof flags[0]);
+    for (int i = 0; i < count; i++) flags[i].value = values[i];
+    static flag_set set = {"ddprun", "start N workers of PROGRAM as one distributed job "
+                           "(like torchrun)", "PROGRAM [ARGS...]", NULL, 0};
+    set.flags = flags;
+    set.count = count;
+    the_job.flags = &set;
+    int first = flags_parse(&set, argc, argv);
+    if (first >= argc) flags_fail(&set, "missing PROGRAM: what should the workers run?");
+    o->program_argv = argv + first;   // argv[argc] is NULL, so this list is terminated
+    check_options(&set, o);
+}
+
+// ================================================================ the program and its environment
+
+static bool is_executable_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+// Like a shell: a name with '/' is a path; otherwise search PATH.
+static char *resolve_program(const flag_set *set, const char *name) {
+    if (strchr(name, '/')) {
+        if (!is_executable_file(name))
+            flags_fail(set, "cannot run '%s': %s", name,
+                       access(name, F_OK) ? strerror(errno) : "not an executable file");
+        return xstrdup(name);
+    }
+    const char *path = getenv("PATH");
+    if (!path || !path[0]) path = "/usr/local/bin:/usr/bin:/bin";
+    while (*path) {
+        size_t len = strcspn(path, ":");
+        char candidate[4096];
+        snprintf(candidate, sizeof candidate, "%.*s/%s", len ? (int)len : 1, len ? path : ".",
+                 name);
+        if (is_executable_file(candidate)) return xstrdup(candidate);
+        path += len + (path[len] == ':');
+    }
+    flags_fail(set, "program '%s' was not found in PATH (for a program in this folder, "
+               "write ./%s)", name, name);
+}
+
+typedef struct {
+    char **items;   // "NAME=value" strings, NULL-terminated
+    int count, cap;
+} envlist_t;
+
+static void env_put(envlist_t *e, const char *name, const char *value) {
+    size_t n = strlen(name);
+    char *entry = xmalloc(n + strlen(value) + 2);
+    sprintf(entry, "%s=%s", name, value);
+    for (int i = 0; i < e->count; i++) {
+        if (!strncmp(e->items[i], name, n) && e->items[i][n] == '=') {
+            free(e->items[i]);
+            e->items[i] = entry;
+            return;
+        }
+    }
+    if (e->count + 2 > e->cap) {
+        e->cap = e->cap ? 2 * e->cap : 64;
+        char **grown = realloc(e->items, (size_t)e->cap * sizeof *grown);
+        if (!grown) die("out of memory building the workers' environment");
+        e->items = grown;
+    }
+    e->items[e->count++] = entry;
+    e->items[e->count] = NULL;
+}
+
+static void env_put_int(envlist_t *e, const char *name, long value) {
+    char text[32];
+    snprintf(text, sizeof text, "%ld", value);
+    env_put(e, name, text);
+}
+
+static void env_free(envlist_t *e) {
+    for (int i = 0; i < e->count; i++) free(e->items[i]);
+    free(e->items);
+}
+
+// The launcher's environment plus what torchrun tells each worker.
+static envlist_t worker_environment(const job_t *job, const worker_t *w) {
+    envlist_t e = {0};
+    for (char **v = environ; *v; v++) {
+        const char *eq = strchr(*v, '=');
+        if (!eq) continue;
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)(eq - *v), *v);
+        env_put(&e, name, eq + 1);
+    }
+    env_put_int(&e, "RANK", w->rank);
+    env_put_int(&e, "LOCAL_RANK", w->local_rank);
+    env_put_int(&e, "WORLD_SIZE", job->world_size);
+    env_put_int(&e, "LOCAL_WORLD_SIZE", job->nworkers);
+    env_put_int(&e, "GROUP_RANK", job->opt.node_rank);
+    env_put_int(&e, "GROUP_WORLD_SIZE", job->opt.nnodes);
+    env_put_int(&e, "ROLE_RANK", w->rank);
+    env_put_int(&e, "ROLE_WORLD_SIZE", job->world_size);
+    env_put(&e, "ROLE_NAME", "default");
+    env_put(&e, "MASTER_ADDR", job->master_addr);
+    env_put_int(&e, "MASTER_PORT", job->master_port);
+    env_put(&e, "TORCHELASTIC_RUN_ID", job->run_id);
+    env_put(&e, "COURSE_RUN_ID", job->run_id);
+    env_put_int(&e, "TORCHELASTIC_RESTART_COUNT", job->generation);
+    env_put_int(&e, "TORCHELASTIC_MAX_RESTARTS", job->opt.max_restarts);
+    env_put(&e, "TORCHELASTIC_USE_AGENT_STORE", "True");
+    env_put(&e, "COURSE_AGENT_STORE", "1");
+    env_put(&e, "COURSE_JOB_TOKEN", job->token);
+    if (job->set_omp) env_put(&e, "OMP_NUM_THREADS", "1");
+    return e;
+}
+
+// ================================================================ signals to the launcher
+
+static int signal_pipe_write = -1;
+
+// A handler may do almost nothing safely: it writes the signal's number into
+// a pipe that the main loop polls, and the main loop does the real work.
+static void on_signal(int sig) {
+    int saved = errno;
+    unsigned char byte = (unsigned char)sig;
+    ssize_t ignored = write(signal_pipe_write, &byte, 1);
+    (void)ignored;
+    errno = saved;
+}
+
+static const int handled_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+static void install_signal_handlers(job_t *job) {
+    CHECK_SYS(pipe2(job->signal_pipe, O_CLOEXEC | O_NONBLOCK));
+    signal_pipe_write = job->signal_pipe[1];
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (size_t i = 0; i < sizeof handled_signals / sizeof handled_signals[0]; i++) {
+        struct sigaction old;
+        CHECK_SYS(sigaction(handled_signals[i], NULL, &old));
+        if (handled_signals[i] == SIGHUP && old.sa_handler == SIG_IGN) continue;  // nohup
+        CHECK_SYS(sigaction(handled_signals[i], &sa, NULL));
+    }
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;   // a worker's exit wakes the main loop
+    CHECK_SYS(sigaction(SIGCHLD, &sa, NULL));
+}
+
+static void read_signals(job_t *job) {
+    unsigned char bytes[64];
+    ssize_t n;
+    while ((n = read(job->signal_pipe[0], bytes, sizeof bytes)) > 0) {
+        for (ssize_t i = 0; i < n; i++) {
+            if (bytes[i] == SIGCHLD) continue;   // the loop reaps after every wake-up
+            job->pending_signal = bytes[i];
+            job->signal_count++;
+        }
+    }
+    if (n < 0 && errno != EAGAIN && errno != EINTR) CHECK_SYS(n);
+}
+
+// ================================================================ worker output
+
+static void stream_emit(job_t *job, stream_t *s, int rank, const char *line, size_t len) {
+    if (s->console < 0 || job->console_broken[s->console]) return;
+    char out[LINE_MAX_BYTES + 32];
+    int head = snprintf(out, 32, "[rank %d]: ", rank);
+    memcpy(out + head, line, len);
+    out[head + (int)len] = '\n';
+    if (!write_all(s->console, out, (size_t)head + len + 1)) job->console_broken[s->console] = true;
+}
+
+// Relay every complete line; keep a partial one until its end arrives.
+static void stream_split_lines(job_t *job, stream_t *s, int rank, bool at_eof) {
+    size_t start = 0;
+    for (size_t i = 0; i < s->len; i++) {
+        if (s->buf[i] != '\n') continue;
+        stream_emit(job, s, rank, s->buf + start, i - start);
+        start = i + 1;
+    }
+    bool full = start == 0 && s->len == sizeof s->buf;
+    if ((at_eof || full) && start < s->len) {
+        stream_emit(job, s, rank, s->buf + start, s->len - start);
+        start = s->len;
+    }
+    memmove(s->buf, s->buf + start, s->len - start);
+    s->len -= start;
+}
+
+static void stream_close(stream_t *s) {
+    if (s->fd >= 0) CHECK_SYS(close(s->fd));
+    if (s->file >= 0) CHECK_SYS(close(s->file));
+    s->fd = s->file = -1;
+    s->len = 0;
+}
+
+static void stream_read(job_t *job, stream_t *s, int rank) {
+    ssize_t n = read(s->fd, s->buf + s->len, sizeof s->buf - s->len);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    CHECK_SYS(n);
+    if (s->file >= 0 && n > 0 && !write_all(s->file, s->buf + s->len, (size_t)n)) {
+        say("warning: writing the log of rank %d failed (%s); it goes on without its file",
+            rank, strerror(errno));
+        CHECK_SYS(close(s->file));
+        s->file = -1;
+    }
+    s->len += (size_t)n;
+    stream_split_lines(job, s, rank, n == 0);
+    if (n == 0) stream_close(s);
+}
+
+// Wait up to timeout_s for worker output or a signal, and handle what came.
+// Every waiting loop of the launcher goes through here.
+static void heartbeat(job_t *job);
+
+static void pump(job_t *job, double timeout_s) {
+    int n = 0;
+    job->pfds[n++] = (struct pollfd){job->signal_pipe[0], POLLIN, 0};
+    for (int i = 0; i < job->nworkers; i++) {
+        stream_t *streams[2] = {&job->workers[i].out, &job->workers[i].err};
+        for (int k = 0; k < 2; k++) {
+            if (streams[k]->fd < 0) continue;
+            job->pstreams[n] = streams[k];
+            job->pranks[n] = job->workers[i].rank;
+            job->pfds[n++] = (struct pollfd){streams[k]->fd, POLLIN, 0};
+        }
+    }
+    int ms = timeout_s <= 0 ? 0 : timeout_s > 1000 ? 1000000 : (int)(timeout_s * 1000 + 0.999);
+    int ready = poll(job->pfds, (nfds_t)n, ms);
+    if (ready < 0 && errno != EINTR) CHECK_SYS(ready);
+    for (int i = 0; i < n && ready > 0; i++) {
+        if (!(job->pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        if (i == 0) read_signals(job);
+        else stream_read(job, job->pstreams[i], job->pranks[i]);
+    }
+    heartbeat(job);
+}
+
+// ================================================================ starting workers
+
+static int open_log(const job_t *job, int rank, const char *name) {
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s/attempt_%d/%d", job->opt.log_dir, job->generation, rank);
+    make_dirs(dir);
+    snprintf(path, sizeof path, "%s/%s.log", dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) die("cannot write the log file '%s': %s", path, strerror(errno));
+    return fd;
+}
+
+// The child starts with every signal blocked (see start_worker) and the
+// launcher's handlers; a SIGTERM meant for it must not run our handler, which
+// would write into the launcher's signal pipe. So: default handlers first,
+// then unblock, and a signal that came meanwhile acts as it should.
+static void reset_signals_in_child(void) {
+    static const int ours[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE};
+    struct sigaction dfl = {0}, current;
+    dfl.sa_handler = SIG_DFL;
+    for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++) {
+        bool nohup = ours[i] == SIGHUP && sigaction(SIGHUP, NULL, &current) == 0 &&
+                     current.sa_handler == SIG_IGN;
+        if (!nohup) sigaction(ours[i], &dfl, NULL);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
+// In the child, between fork and exec, only async-signal-safe calls are
+// allowed (the store's thread may hold a lock that a copy of it would keep
+// forever), so everything was prepared before the fork.
+__attribute__((noreturn))
+static void exec_worker(const job_t *job, int out_fd, int err_fd, char **envp) {
+    setpgid(0, 0);   // its own group: signals reach its children too, the terminal's do not
+    prctl(PR_SET_PDEATHSIG, SIGKILL);   // if the launcher dies, so does the worker
+    if (getppid() != job->launcher_pid) _exit(126);   // it died before prctl
+    reset_signals_in_child();
+    if (dup2(job->devnull, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) _exit(126);
+    close_range(3, ~0u, 0);   // the store's sockets and the other workers' pipes
+    execve(job->program_path, job->opt.program_argv, envp);
+    static const char msg[] = "ddprun: execve of the program failed (is it a binary or a "
+                              "script with a #! line?)\n";
+    ssize_t ignored = write(2, msg, sizeof msg - 1);
+    (void)ignored;
+    _exit(127);
+}
+
+static void stream_open(job_t *job, stream_t *s, int rank, int console, int *write_end,
+                        const char *name) {
+    int fds[2];
+    CHECK_SYS(pipe2(fds, O_CLOEXEC));
+    s->fd = fds[0];
+    *write_end = fds[1];
+    s->len = 0;
+    int bit = console == 1 ? 1 : 2;
+    bool file_only = (job->opt.redirects & bit) && !(job->opt.tee & bit);
+    s->console = file_only ? -1 : console;
+    s->file = job->opt.log_dir ? open_log(job, rank, name) : -1;
+}
+
+static void start_worker(job_t *job, worker_t *w) {
+    int out_w, err_w;
+    stream_open(job, &w->out, w->rank, 1, &out_w, "stdout");
+    stream_open(job, &w->err, w->rank, 2, &err_w, "stderr");
+    envlist_t env = worker_environment(job, w);
+    sigset_t all, old;
+    sigfillset(&all);
+    int rc = pthread_sigmask(SIG_SETMASK, &all, &old);
+    if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+    pid_t pid = fork();
+    if (pid == 0) exec_worker(job, out_w, err_w, env.items);
+    int fork_errno = errno;
+    rc = pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+    errno = fork_errno;
+    CHECK_SYS(pid);
+    // Also from here, so that a signal sent right away reaches the group.
+    if (setpgid(pid, pid) < 0 && errno != EACCES && errno != ESRCH) CHECK_SYS(-1);
+    w->pid = pid;
+    w->running = true;
+    w->wait_status = 0;
+    CHECK_SYS(close(out_w));
+    CHECK_SYS(close(err_w));
+    env_free(&env);
+}
+
+static void start_workers(job_t *job) {
+    job->failure = (failure_t){0};
+    job->stopping = false;
+    for (int i = 0; i < job->nworkers; i++) start_worker(job, &job->workers[i]);
+}
+
+// ================================================================ watching and stopping workers
+
+static int running_count(const job_t *job) {
+    int n = 0;
+    for (int i = 0; i < job->nworkers; i++) n += job->workers[i].running;
+    return n;
+}
+
+static void note_failure(job_t *job, const worker_t *w) {
+    char who[160], how[96];
+    describe_worker(job, w->rank, w->local_rank, w->pid, who, sizeof who);
+    describe_exit(w->wait_status, how, sizeof how);
+    bool first = !job->failure.set;
+    if (first)
+        job->failure = (failure_t){true, w->rank, w->local_rank, w->pid, w->wait_status,
+                                   time(NULL)};
+    int others = running_count(job);
+    say("%s %s%s", who, how, first && others > 0 ? "; stopping the other workers" : "");
+}
+
+// Relay what an exited worker still had in its pipes, so that its last words
+// come before the launcher's message about it.
+static void flush_worker_output(job_t *job, worker_t *w) {
+    for (int round = 0; round < 1000; round++) {
+        struct pollfd p[2] = {{w->out.fd, POLLIN, 0}, {w->err.fd, POLLIN, 0}};
+        int ready = poll(p, 2, 0);   // fds of -1 are skipped by poll
+        if (ready < 0 && errno != EINTR) CHECK_SYS(ready);
+        if (ready <= 0) return;
+        if (p[0].revents) stream_read(job, &w->out, w->rank);
+        if (p[1].revents) stream_read(job, &w->err, w->rank);
+    }
+}
+
+// Collect the workers that have exited. While we stop them, exits are expected.
+static void reap_workers(job_t *job) {
+    for (int i = 0; i < job->nworkers; i++) {
+        worker_t *w = &job->workers[i];
+        if (!w->running) continue;
+        int status;
+        pid_t r = waitpid(w->pid, &status, WNOHANG);
+        CHECK_SYS(r);
+        if (r == 0) continue;
+        w->running = false;
+        w->wait_status = status;
+        bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+        if (failed && !job->stopping) {
+            flush_worker_output(job, w);
+            note_failure(job, w);
+        }
+    }
+}
+
+static void signal_workers(const job_t *job, int sig) {
+    for (int i = 0; i < job->nworkers; i++) {
+        const worker_t *w = &job->workers[i];
+        if (w->running && kill(-w->pid, sig) < 0 && errno != ESRCH) CHECK_SYS(-1);
+    }
+}
+
+// Pump output and reap until every worker is gone, the deadline passes, or
+// a new signal to the launcher asks us to hurry.
+static void wait_workers(job_t *job, double seconds) {
+    double deadline = now_s() + seconds;
+    int signals_before = job->signal_count;
+    while (running_count(job) > 0 && now_s() < deadline && job->signal_count == signals_before) {
+        double left = deadline - now_s();
+        pump(job, left < 0.1 ? left : 0.1);
+        reap_workers(job);
+    }
+}
+
+// Read what the workers wrote last; a grandchild holding a pipe open cannot hold us long.
+static void drain_streams(job_t *job) {
+    double deadline = now_s() + 0.5;
+    bool open = true;
+    while (open && now_s() < deadline) {
+        pump(job, 0.05);
+        open = false;
+        for (int i = 0; i < job->nworkers; i++)
+            open = open || job->workers[i].out.fd >= 0 || job->workers[i].err.fd >= 0;
+    }
+    for (int i = 0; i < job->nworkers; i++) {
+        stream_split_lines(job, &job->workers[i].out, job->workers[i].rank, true);
+        stream_split_lines(job, &job->workers[i].err, job->workers[i].rank, true);
+        stream_close(&job->workers[i].out);
+        stream_close(&job->workers[i].err);
+    }
+}
+
+// Stop every worker: first_signal, then SIGKILL after the grace period (as
+// torchrun's PContext.close). Also kills what the workers started themselves.
+static void stop_workers(job_t *job, int first_signal) {
+    job->stopping = true;
+    if (running_count(job) > 0) {
+        signal_workers(job, first_signal);
+        wait_workers(job, job->kill_grace);
+    }
+    if (running_count(job) > 0) {
+        say("%d worker(s) still running %g s after %s; sending SIGKILL", running_count(job),
+            job->kill_grace, signal_name(first_signal));
+        signal_workers(job, SIGKILL);
+        wait_workers(job, KILL_WAIT_S);
+    }
+    for (int i = 0; i < job->nworkers; i++) {
+        worker_t *w = &job->workers[i];
+        if (w->running) say("warning: rank %d (pid %d) did not exit even after SIGKILL", w->rank, (int)w->pid);
+        if (w->pid > 0 && kill(-w->pid, SIGKILL) < 0 && errno != ESRCH) CHECK_SYS(-1);
+    }
+    drain_streams(job);
+    job->stopping = false;
+}
+
+// On any exit that did not stop the workers (a die() in the store, say): stop them now.
+static void stop_workers_at_exit(void) {
+    job_t *job = &the_job;
+    if (!job->workers || running_count(job) == 0) return;
+    say("stopping the workers before exiting");
+    for (int sig = SIGTERM; sig; sig = sig == SIGTERM ? SIGKILL : 0) {
+        signal_workers(job, sig);
+        double deadline = now_s() + (sig == SIGTERM ? job->kill_grace : KILL_WAIT_S);
+        job->stopping = true;
+        while (running_count(job) > 0 && now_s() < deadline) {
+            sleep_s(0.02);
+            reap_workers(job);
+        }
+    }
+}
+
+// ================================================================ the store and the other nodes
+
+static void node_key(char *key, size_t size, const char *what, int index) {
+    snprintf(key, size, "ddprun/%s/%d", what, index);
+}
+
+static void heartbeat(job_t *job) {
+    if (!job->store || job->opt.nnodes == 1 || now_s() < job->next_beat) return;
+    job->next_beat = now_s() + HEARTBEAT_PERIOD_S;
+    char key[64];
+    node_key(key, sizeof key, "beat", job->opt.node_rank);
+    store_add(job->store, key, 1);
+}
+
+static double node_silence_max(const job_t *job) {
+    return job->opt.rdzv_timeout < NODE_SILENCE_MAX_S ? job->opt.rdzv_timeout : NODE_SILENCE_MAX_S;
+}
+
+// A node whose heartbeat counter has not moved for too long: its launcher is
+// dead or cut off. Returns its index, or -1.
+static int find_silent_node(job_t *job) {
+    if (!job->nodes_met || now_s() < job->next_silence_check) return -1;
+    job->next_silence_check = now_s() + HEARTBEAT_PERIOD_S;
+    for (int r = 0; r < job->opt.nnodes; r++) {
+        if (r == job->opt.node_rank) continue;
+        char key[64];
+        node_key(key, sizeof key, "beat", r);
+        int64_t beats = store_add(job->store, key, 0);
+        if (beats != job->beat_seen[r]) {
+            job->beat_seen[r] = beats;
+            job->beat_changed[r] = now_s();
+        } else if (now_s() - job->beat_changed[r] > node_silence_max(job)) {
+            return r;
+        }
+    }
+    return -1;
+}
+
+static void store_read_text(job_t *job, const char *key, char *buf, size_t size) {
+    size_t n = store_get(job->store, key, buf, size - 1, job->opt.rdzv_timeout);
+    buf[n] = '\0';
+}
+
+// Tell the other nodes that the job failed, and why (the first word wins
+// nothing: any node may post, and every node stops).
+static void post_failure(job_t *job) {
+    if (!job->store || job->opt.nnodes == 1 || job->failure_known) return;
+    char text[TEXT_MAX + 300];
+    int n = snprintf(text, sizeof text, "node %d (%s): %s", job->opt.node_rank, job->host,
+                     job->reason);
+    store_set(job->store, "ddprun/failed", text, (size_t)(n < TEXT_MAX ? n : TEXT_MAX - 1));
+    job->failure_known = true;
+}
+
+static void post_restart(job_t *job) {
+    if (job->opt.nnodes == 1) return;
+    char key[64], text[TEXT_MAX + 300];
+    node_key(key, sizeof key, "restart", job->generation);
+    int n = snprintf(text, sizeof text, "node %d (%s): %s", job->opt.node_rank, job->host,
+                     job->reason);
+    store_set(job->store, key, text, (size_t)(n < TEXT_MAX ? n : TEXT_MAX - 1));
+}
+
+// What the other nodes say: the job failed, a restart is wanted, or a node
+// went silent. True (and *outcome set, job->reason filled) when something happened.
+static bool check_other_nodes(job_t *job, bool watch_restart, outcome_t *outcome) {
+    if (job->opt.nnodes == 1) return false;
+    char key[64], text[TEXT_MAX];
+    if (store_check(job->store, "ddprun/failed")) {
+        store_read_text(job, "ddprun/failed", text, sizeof text);
+        snprintf(job->reason, sizeof job->reason, "the job failed on %s", text);
+        job->failure_known = true;
+        *outcome = OUTCOME_FAILED;
+        return true;
+    }
+    node_key(key, sizeof key, "restart", job->generation);
+    if (watch_restart && store_check(job->store, key)) {
+        store_read_text(job, key, text, sizeof text);
+        snprintf(job->reason, sizeof job->reason, "%s", text);
+        *outcome = OUTCOME_RESTART;
+        return true;
+    }
+    int silent = find_silent_node(job);
+    if (silent < 0) return false;
+    snprintf(job->reason, sizeof job->reason, "node %d (%s) has sent no heartbeat for %g s: "
+             "its launcher died or the network between the nodes failed", silent,
+             job->node_host[silent] ? job->node_host[silent] : "?", node_silence_max(job));
+    *outcome = OUTCOME_FAILED;
+    return true;
+}
+
+// ================================================================ rendezvous of the nodes
+
+// Where node 0 serves: only loopback when the job stays on this host.
+static const char *bind_host(const char *master_addr) {
+    if (!strcmp(master_addr, "::1")) return "::1";
+    if (store_is_loopback(master_addr)) return "127.0.0.1";
+    return strchr(master_addr, ':') ? "::" : "0.0.0.0";
+}
+
+static void serve_and_connect(job_t *job) {
+    if (job->opt.node_rank == 0) {
+        // The server's thread must not take our signals: they belong to the main loop.
+        sigset_t block, old;
+        sigemptyset(&block);
+        for (size_t i = 0; i < sizeof handled_signals / sizeof handled_signals[0]; i++)
+            sigaddset(&block, handled_signals[i]);
+        sigaddset(&block, SIGCHLD);
+        int rc = pthread_sigmask(SIG_BLOCK, &block, &old);
+        if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+        job->server = store_server_start(bind_host(job->master_addr), job->master_port,
+                                         job->token);
+        rc = pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+        job->master_port = store_server_port(job->server);
+    }
+    job->store = store_connect(job->master_addr, job->master_port, job->token,
+                               job->opt.rdzv_timeout);
+}
+
+static void register_node(job_t *job) {
+    char key[64], text[TEXT_MAX];
+    node_key(key, sizeof key, "claims", job->opt.node_rank);
+    if (store_add(job->store, key, 1) > 1)
+        die("another launcher already joined as node %d: give every node its own --node_rank",
+            job->opt.node_rank);
+    int n = snprintf(text, sizeof text, "%d %d %d %s", job->opt.nproc, job->opt.nnodes,
+                     job->opt.max_restarts, job->host);
+    node_key(key, sizeof key, "node", job->opt.node_rank);
+    store_set(job->store, key, text, (size_t)n);
+}
+
+// Record what node r said about itself ("NPROC NNODES MAX_RESTARTS HOST").
+static void read_node(job_t *job, int r) {
+    char key[64], text[TEXT_MAX], host[256];
+    int nproc, nnodes, max_restarts;
+    node_key(key, sizeof key, "node", r);
+    store_read_text(job, key, text, sizeof text);
+    if (sscanf(text, "%d %d %d %255s", &nproc, &nnodes, &max_restarts, host) != 4)
+        die("node %d registered something odd in the store: '%s'", r, text);
+    if (nnodes != job->opt.nnodes)
+        die("node %d (%s) runs with --nnodes=%d, this node with %d: give every node the "
+            "same value", r, host, nnodes, job->opt.nnodes);
+    if (max_restarts != job->opt.max_restarts)
+        die("node %d (%s) runs with --max_restarts=%d, this node with %d: give every node "
+            "the same value", r, host, max_restarts, job->opt.max_restarts);
+    job->node_nproc[r] = nproc;
+    free(job->node_host[r]);
+    job->node_host[r] = xstrdup(host);
+}
+
+// "1 of 2 joined (node 0: 2 workers); missing: node 1".
+static void describe_join(job_t *job, const bool *joined, char *buf, size_t size) {
+    int count = 0, at;
+    for (int r = 0; r < job->opt.nnodes; r++) count += joined[r];
+    at = snprintf(buf, size, "%d of %d joined (", count, job->opt.nnodes);
+    const char *sep = "";
+    for (int r = 0; r < job->opt.nnodes && at < (int)size; r++) {
+        if (!joined[r]) continue;
+        at += snprintf(buf + at, size - (size_t)at, "%snode %d: %d worker%s", sep, r,
+                       job->node_nproc[r], job->node_nproc[r] == 1 ? "" : "s");
+        sep = ", ";
+    }
+    sep = "); missing: node ";
+    for (int r = 0; r < job->opt.nnodes && at < (int)size; r++) {
+        if (joined[r]) continue;
+        at += snprintf(buf + at, size - (size_t)at, "%s%d", sep, r);
+        sep = ", ";
+    }
+    if (count == job->opt.nnodes && at < (int)size) snprintf(buf + at, size - (size_t)at, ")");
+}
+
+__attribute__((noreturn)) static void finish(job_t *job, int code);
+
+static void fail_rendezvous(job_t *job, const bool *joined) {
+    char who[512];
+    describe_join(job, joined, who, sizeof who);
+    snprintf(job->reason, sizeof job->reason,
+             "the nodes did not all arrive within %g s: %s. The store is at %s:%d (served by "
+             "node 0). Usual causes: a launcher that was not started or has another "
+             "--nnodes, --master_port or --run_id; a MASTER_ADDR the other nodes cannot reach "
+             "(127.0.0.1 works on one machine only); a firewall blocking port %d; the wrong "
+             "network interface", job->opt.rdzv_timeout, who, job->master_addr,
+             job->master_port, job->master_port);
+    say("error: %s", job->reason);
+    finish(job, 1);
+}
+
+// Wait until every node has registered, saying who is missing every few seconds.
+static void wait_for_nodes(job_t *job) {
+    bool *joined = xcalloc((size_t)job->opt.nnodes, sizeof *joined);
+    double deadline = now_s() + job->opt.rdzv_timeout, next_progress = now_s() + PROGRESS_PERIOD_S;
+    for (int count = 0;;) {
+        for (int r = 0; r < job->opt.nnodes; r++) {
+            char key[64];
+            node_key(key, sizeof key, "node", r);
+            if (joined[r] || !store_check(job->store, key)) continue;
+            read_node(job, r);
+            joined[r] = true;
+            count++;
+        }
+        if (count == job->opt.nnodes) break;
+        outcome_t outcome;
+        if (check_other_nodes(job, false, &outcome)) {
+            say("%s", job->reason);
+            finish(job, 1);
+        }
+        if (job->pending_signal) {
+            snprintf(job->reason, sizeof job->reason, "stopped by %s while waiting for the "
+                     "other nodes", signal_name(job->pending_signal));
+            say("%s", job->reason);
+            finish(job, 128 + job->pending_signal);
+        }
+        if (now_s() >= deadline) fail_rendezvous(job, joined);
+        if (now_s() >= next_progress) {
+            char who[512];
+            describe_join(job, joined, who, sizeof who);
+            say("waiting for nodes: %s", who);
+            next_progress += PROGRESS_PERIOD_S;
+        }
+        pump(job, 0.1);
+    }
+    free(joined);
+}
+
+static void announce_layout(const job_t *job) {
+    char text[2048];
+    int at = 0;
+    char ranks[64];
+    for (int r = 0, first = 0; r < job->opt.nnodes && at < (int)sizeof text; r++) {
+        describe_ranks(first, job->node_nproc[r], ranks, sizeof ranks);
+        at += snprintf(text + at, sizeof text - (size_t)at, "%snode %d (%s): %s",
+                       r ? "; " : "", r, job->node_host[r], ranks);
+        first += job->node_nproc[r];
+    }
+    if (job->opt.nnodes > 1) say("all %d nodes joined: %s", job->opt.nnodes, text);
+    describe_ranks(job->rank_offset, job->nworkers, ranks, sizeof ranks);
+    say("starting %d worker%s of %s: %s of %d; store at %s:%d; run id %s", job->nworkers,
+        job->nworkers == 1 ? "" : "s", job->opt.program_argv[0], ranks, job->world_size,
+        job->master_addr, job->master_port, job->run_id);
+}
+
+// The launchers meet: node 0 serves the store, every node registers, and
+// global ranks are handed out node by node (node 0's workers first).
+static void rendezvous_nodes(job_t *job) {
+    int nnodes = job->opt.nnodes;
+    job->node_nproc = xcalloc((size_t)nnodes, sizeof *job->node_nproc);
+    job->node_host = xcalloc((size_t)nnodes, sizeof *job->node_host);
+    job->beat_seen = xcalloc((size_t)nnodes, sizeof *job->beat_seen);
+    job->beat_changed = xcalloc((size_t)nnodes, sizeof *job->beat_changed);
+    serve_and_connect(job);
+    // Until now Ctrl-C simply ends the launcher (there are no workers yet);
+    // from here on the main loop handles signals.
+    install_signal_handlers(job);
+    register_node(job);
+    wait_for_nodes(job);
+    job->world_size = 0;
+    for (int r = 0; r < nnodes; r++) {
+        if (r < job->opt.node_rank) job->rank_offset += job->node_nproc[r];
+        job->world_size += job->node_nproc[r];
+        job->beat_changed[r] = now_s();
+    }
+    job->nodes_met = true;
+    announce_layout(job);
+}
+
+// ================================================================ one attempt
+
+static void summarize_failure(job_t *job) {
+    char how[96];
+    describe_exit(job->failure.wait_status, how, sizeof how);
+    if (job->opt.max_restarts > 0)
+        snprintf(job->reason, sizeof job->reason, "giving up after %d restart%s; last failure: "
+                 "rank %d %s", job->opt.max_restarts, job->opt.max_restarts == 1 ? "" : "s",
+                 job->failure.rank, how);
+    else
+        snprintf(job->reason, sizeof job->reason, "rank %d %s", job->failure.rank, how);
+}
+
+// A local worker failed: the others are stopped; restart if restarts are left.
+static outcome_t after_local_failure(job_t *job) {
+    stop_workers(job, SIGTERM);
+    if (job->generation < job->opt.max_restarts) {
+        char how[96];
+        describe_exit(job->failure.wait_status, how, sizeof how);
+        snprintf(job->reason, sizeof job->reason, "rank %d %s", job->failure.rank, how);
+        post_restart(job);
+        return OUTCOME_RESTART;
+    }
+    summarize_failure(job);
+    job->gave_up = true;
+    post_failure(job);
+    return OUTCOME_FAILED;
+}
+
+static outcome_t after_signal(job_t *job) {
+    int sig = job->pending_signal;
+    if (running_count(job) > 0)
+        say("got %s; passing it to the workers and stopping them", signal_name(sig));
+    else
+        say("got %s; stopping", signal_name(sig));
+    stop_workers(job, sig);
+    snprintf(job->reason, sizeof job->reason, "stopped by %s", signal_name(sig));
+    post_failure(job);
+    return OUTCOME_SIGNALED;
+}
+
+// Start the workers and watch them until they all succeed, one fails, the
+// launcher gets a signal, or another node says restart or failed.
+static outcome_t run_attempt(job_t *job) {
+    start_workers(job);
+    double next_check = now_s() + job->opt.monitor_interval;
+    for (;;) {
+        pump(job, next_check - now_s());
+        reap_workers(job);
+        if (job->pending_signal) return after_signal(job);
+        if (job->failure.set) return after_local_failure(job);
+        if (running_count(job) == 0) {
+            drain_streams(job);
+            return OUTCOME_SUCCEEDED;
+        }
+        if (now_s() < next_check) continue;
+        next_check = now_s() + job->opt.monitor_interval;
+        outcome_t outcome;
+        if (check_other_nodes(job, true, &outcome)) {
+            say("%s%s; stopping this node's workers", outcome == OUTCOME_RESTART ?
+                "restart requested by " : "", job->reason);
+            stop_workers(job, SIGTERM);
+            return outcome;
+        }
+    }
+}
+
+// Count this node into barrier `name` of this generation and wait for all
+// nodes, watching for failures, silent nodes and signals meanwhile. Without
+// a deadline (timeout_s = 0) the wait lasts while the other nodes send
+// heartbeats: their workers may rightly run longer than ours.
+static outcome_t node_barrier(job_t *job, const char *name, bool watch_restart,
+                              outcome_t success, double timeout_s) {
+    char key[64];
+    snprintf(key, sizeof key, "ddprun/%s/%d", name, job->generation);
+    store_add(job->store, key, 1);
+    double start = now_s(), deadline = timeout_s > 0 ? start + timeout_s : INFINITY;
+    bool said = false;
+    while (store_add(job->store, key, 0) < job->opt.nnodes) {
+        if (!said && now_s() - start > 2.0) {
+            say("%s", !strcmp(name, "done") ? "this node's workers have finished; waiting for "
+                "the other nodes' workers" : "waiting for the other nodes to stop their workers");
+            said = true;
+        }
+        outcome_t outcome;
+        if (check_other_nodes(job, watch_restart, &outcome)) {
+            say("%s%s", outcome == OUTCOME_RESTART ? "restart requested by " : "", job->reason);
+            return outcome;
+        }
+        if (job->pending_signal) return after_signal(job);
+        if (now_s() >= deadline) {
+            snprintf(job->reason, sizeof job->reason, "not every node reached '%s' (attempt "
+                     "%d) within %g s", name, job->generation, timeout_s);
+            say("error: %s", job->reason);
+            post_failure(job);
+            return OUTCOME_FAILED;
+        }
+        pump(job, job->opt.monitor_interval);
+    }
+    return success;
+}
+
+// Ends the launcher. Node 0 keeps the store up until the other launchers
+// (and workers) have hung up, so that they can read how the job ended.
+static void finish(job_t *job, int code) {
+    if (code != 0) post_failure(job);
+    if (job->store && job->opt.node_rank != 0) {
+        store_close(job->store);
+        job->store = NULL;
+    }
+    if (job->workers && running_count(job) > 0) stop_workers(job, SIGTERM);
+    if (job->store) store_close(job->store);
+    job->store = NULL;
+    if (job->server) {
+        store_server_drain(job->server, job->kill_grace + 10.0);
+        store_server_stop(job->server);
+        job->server = NULL;
+    }
+    exit(code);
+}
+
+static void print_root_cause(const job_t *job) {
+    if (!job->failure.set) return;
+    char who[400], how[96], when[64];
+    snprintf(who, sizeof who, "rank %d (local %d, node %d, host %s, pid %d)", job->failure.rank,
+             job->failure.local_rank, job->opt.node_rank, job->host, (int)job->failure.pid);
+    describe_exit(job->failure.wait_status, how, sizeof how);
+    struct tm tm;
+    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime_r(&job->failure.when, &tm));
+    say("root cause (first failure): %s %s at %s", who, how, when);
+}
+
+// ================================================================ main
+
+// Started with stdin, stdout or stderr closed, our pipes could get fds 0-2
+// and the workers' dup2() would go wrong: fill the gaps with /dev/null.
+static void ensure_standard_fds(void) {
+    for (int fd = 0; fd < 3; fd++) {
+        if (fcntl(fd, F_GETFD) >= 0) continue;
+        int opened = open("/dev/null", O_RDWR);   // takes the lowest free fd: this one
+        CHECK_SYS(opened);
+    }
+}
+
+static void prepare(job_t *job) {
+    const options_t *o = &job->opt;
+    ensure_standard_fds();
+    job->launcher_pid = getpid();
+    job->signal_pipe[0] = job->signal_pipe[1] = -1;   // poll() skips them until installed
+    job->kill_grace = kill_grace_from_env(job->flags);
+    job->program_path = resolve_program(job->flags, o->program_argv[0]);
+    CHECK_SYS(gethostname(job->host, sizeof job->host - 1));
+    job->master_addr = o->standalone ? "127.0.0.1" : o->master_addr;
+    job->master_port = o->standalone ? 0 : o->master_port;
+    if (o->run_id) snprintf(job->run_id, sizeof job->run_id, "%s", o->run_id);
+    else if (o->nnodes > 1) snprintf(job->run_id, sizeof job->run_id, "none");  // as torchrun
+    else random_hex(job->run_id, 16);
+    if (o->nnodes > 1) token_from_run_id(job->run_id, job->master_port, job->token, sizeof job->token);
+    else random_hex(job->token, 32);
+    struct sigaction ignore = {0};
+    ignore.sa_handler = SIG_IGN;
+    CHECK_SYS(sigaction(SIGPIPE, &ignore, NULL));   // a closed terminal is an error, not death
+    job->devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    CHECK_SYS(job->devnull);
+    job->nworkers = o->nproc;
+    job->workers = xcalloc((size_t)o->nproc, sizeof *job->workers);
+    job->pfds = xcalloc(2 * (size_t)o->nproc + 1, sizeof *job->pfds);
+    job->pstreams = xcalloc(2 * (size_t)o->nproc + 1, sizeof *job->pstreams);
+    job->pranks = xcalloc(2 * (size_t)o->nproc + 1, sizeof *job->pranks);
+    for (int i = 0; i < o->nproc; i++)
+        job->workers[i].out.fd = job->workers[i].err.fd = -1;
+    const char *omp = getenv("OMP_NUM_THREADS");
+    job->set_omp = o->nproc > 1 && !(omp && omp[0]);
+    if (job->set_omp)
+        say("setting OMP_NUM_THREADS=1 for each worker, so that %d workers do not overload "
+            "this node's cores; set OMP_NUM_THREADS yourself to choose another value", o->nproc);
+}
+
+static void assign_ranks(job_t *job) {
+    for (int i = 0; i < job->nworkers; i++) {
+        job->workers[i].rank = job->rank_offset + i;
+        job->workers[i].local_rank = i;
+    }
+}
+
+// What happens after one attempt; returns only to run another attempt.
+static void conclude(job_t *job, outcome_t outcome) {
+    if (outcome == OUTCOME_SUCCEEDED)
+        outcome = node_barrier(job, "done", true, OUTCOME_SUCCEEDED, 0);
+    if (outcome == OUTCOME_RESTART) {
+        if (running_count(job) > 0) stop_workers(job, SIGTERM);
+        outcome = node_barrier(job, "stopped", false, OUTCOME_RESTART, job->opt.rdzv_timeout);
+    }
+    switch (outcome) {
+    case OUTCOME_SUCCEEDED: finish(job, 0);
+    case OUTCOME_SIGNALED: finish(job, 128 + job->pending_signal);
+    case OUTCOME_FAILED:   // whoever noticed the failure has said so; add the summary
+        if (job->gave_up && job->opt.max_restarts > 0) say("%s", job->reason);
+        if (job->gave_up) print_root_cause(job);
+        finish(job, 1);
+    case OUTCOME_RESTART:
+        job->generation++;
+        say("restarting workers (restart %d of %d)", job->generation, job->opt.max_restarts);
+        return;
+    }
+}
+
+int main(int argc, char **argv) {
+    job_t *job = &the_job;
+    parse_options(&job->opt, argc, argv);
+    prepare(job);
+    if (atexit(stop_workers_at_exit) != 0) die("atexit failed");
+    rendezvous_nodes(job);
+    assign_ranks(job);
+    for (;;) conclude(job, run_attempt(job));
+}
