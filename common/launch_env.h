@@ -47,20 +47,43 @@ static inline void launch_env_read_names(launch_env_t *e, const char *rank, cons
     e->local_world_size = local_world ? env_int(local_world, e->world_size) : e->world_size;
 }
 
+// SLURM_TASKS_PER_NODE reads like "4(x2),3": 4 tasks on each of the first
+// two nodes, then 3. Returns the count of node `node`, or 0 if unknown.
+static inline int slurm_tasks_on_node(const char *spec, int node) {
+    int index = 0;
+    while (spec && *spec) {
+        char *end;
+        long tasks = strtol(spec, &end, 10), repeat = 1;
+        if (end == spec || tasks < 1) return 0;
+        if (!strncmp(end, "(x", 2)) {
+            repeat = strtol(end + 2, &end, 10);
+            if (*end++ != ')' || repeat < 1) return 0;
+        }
+        if (node < index + repeat) return (int)tasks;
+        index += (int)repeat;
+        spec = *end == ',' ? end + 1 : end;
+    }
+    return 0;
+}
+
 static inline launch_env_t launch_env_read(void) {
     launch_env_t e = {0, 1, 0, 1, 0, 0, 0, false, "none"};
     if (env_has("RANK") || env_has("WORLD_SIZE")) {
         launch_env_read_names(&e, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
         e.source = "torchrun variables (RANK, WORLD_SIZE, ...)";
     } else if (env_has("SLURM_PROCID") && env_has("SLURM_NTASKS")) {
-        launch_env_read_names(&e, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                              env_has("SLURM_NTASKS_PER_NODE") ? "SLURM_NTASKS_PER_NODE" : NULL);
+        launch_env_read_names(&e, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL);
         e.group_rank = env_int("SLURM_NODEID", 0);
+        // Nodes may hold different numbers of tasks: ask for this node's.
+        int here = slurm_tasks_on_node(getenv("SLURM_TASKS_PER_NODE"), e.group_rank);
+        if (here > 0) e.local_world_size = here;
         e.source = "SLURM variables (SLURM_PROCID, SLURM_NTASKS, ...)";
     } else if (env_has("OMPI_COMM_WORLD_RANK")) {
         launch_env_read_names(&e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                               "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE");
-        e.group_rank = env_int("OMPI_COMM_WORLD_NODE_RANK", 0);
+        // OpenMPI names no node index (OMPI_COMM_WORLD_NODE_RANK is something
+        // else); with the same number of ranks on every node, it is this:
+        e.group_rank = e.local_world_size > 0 ? e.rank / e.local_world_size : 0;
         e.source = "OpenMPI variables (OMPI_COMM_WORLD_*)";
     } else {
         return e;

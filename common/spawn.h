@@ -97,8 +97,12 @@ static inline void spawn_child(int rank, int world, int port, const char *token,
     CHECK_SYS(setenv("COURSE_JOB_TOKEN", token, 1));
     course_set_rank(rank);
     int rc = fn(rank, world, arg);
-    // exit() keeps only 8 bits: make sure a failure never reads as success.
-    exit(rc == 0 ? 0 : (rc & 0xff) ? (rc & 0xff) : 1);
+    // _exit, after flushing stdio: a forked child must not run the parent's
+    // exit handlers (LeakSanitizer's among them, which can deadlock on a
+    // lock the parent's store thread held at fork time). Exit statuses keep
+    // only 8 bits: make sure a failure never reads as success.
+    fflush(NULL);
+    _exit(rc == 0 ? 0 : (rc & 0xff) ? (rc & 0xff) : 1);
 }
 
 typedef struct {

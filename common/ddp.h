@@ -1,0 +1,94 @@
+// ddp.h - data parallelism as PyTorch's DistributedDataParallel does it.
+//
+// Every rank holds a full copy (a replica) of the model. Three rules keep
+// the replicas identical, step after step:
+//   1. Start equal: rank 0's parameters are broadcast to everyone.
+//   2. Step equal: after backward, every rank's gradients are averaged with
+//      all-reduce, so every rank applies the same update. The gradients of
+//      all parameters lie in one flat buffer, cut into buckets (25 MiB, as
+//      DDP's default): a bucket can be sent while the next is still being
+//      computed, and one huge message would need one huge staging buffer.
+//   3. Reduce identically: the process group gives every rank the same
+//      bytes, so no rank drifts by a rounding error.
+// A debug check (ddp_check_replicas) proves rule 3 held: it compares a
+// checksum of every rank's parameters and names the rank that diverged.
+#ifndef COURSE_DDP_H
+#define COURSE_DDP_H
+
+#include <stdint.h>
+
+#include "check.h"
+#include "device.h"
+#include "pg.h"
+
+#define DDP_BUCKET_BYTES (25u << 20)
+
+// Everyone starts from rank 0's parameters.
+static inline void ddp_broadcast_parameters(pg_t *pg, float *params, size_t count) {
+    pg_broadcast(pg, params, count, DTYPE_F32, 0);
+}
+
+// Fault injection for the tests and exercises: COURSE_DDP_PERTURB_RANK=r
+// makes rank r change one gradient once, after the all-reduce, as a bug
+// would; the replicas then differ and ddp_check_replicas must say so.
+static inline void ddp_maybe_perturb(pg_t *pg, float *grads) {
+    static bool done = false;
+    const char *who = getenv("COURSE_DDP_PERTURB_RANK");
+    if (done || !who || atoi(who) != pg_rank(pg) || pg_world_size(pg) == 1) return;
+    float one = 1.0f, g;
+    device_to_host(pg_device(pg), &g, grads, sizeof g);
+    g += one;
+    device_from_host(pg_device(pg), grads, &g, sizeof g);
+    done = true;
+}
+
+// grads <- mean over ranks of grads, one bucket at a time. With one rank
+// there is nothing to average, and no communication happens at all.
+static inline void ddp_average_gradients(pg_t *pg, float *grads, size_t count) {
+    if (pg_world_size(pg) == 1) return;
+    size_t bucket = DDP_BUCKET_BYTES / sizeof(float);
+    for (size_t first = 0; first < count; first += bucket) {
+        size_t n = count - first < bucket ? count - first : bucket;
+        pg_all_reduce(pg, grads + first, grads + first, n, DTYPE_F32, OP_AVG);
+    }
+    ddp_maybe_perturb(pg, grads);
+}
+
+// FNV-1a over the bytes: equal bytes, equal checksum; one flipped bit, a different one.
+static inline uint64_t checksum_bytes(const void *data, size_t bytes) {
+    const unsigned char *p = data;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+// Stops the job if any rank's parameters differ from rank 0's, naming the
+// ranks. `params` may live on the GPU; it is copied to the host to hash.
+static inline void ddp_check_replicas(pg_t *pg, const device_t *device, const float *params,
+                                      size_t count, long step) {
+    float *host = xmalloc(count * sizeof(float));
+    device_to_host(device, host, params, count * sizeof(float));
+    int world = pg_world_size(pg);
+    int64_t mine = (int64_t)checksum_bytes(host, count * sizeof(float));
+    free(host);
+    // All-gather needs its buffers on the pg's device, so stage the hashes there.
+    int64_t *sums_host = xmalloc(sizeof(int64_t) * (size_t)world);
+    int64_t *mine_dev = device_alloc(device, sizeof(int64_t));
+    int64_t *sums_dev = device_alloc(device, sizeof(int64_t) * (size_t)world);
+    device_from_host(device, mine_dev, &mine, sizeof mine);
+    pg_all_gather(pg, mine_dev, sums_dev, 1, DTYPE_I64);
+    device_to_host(device, sums_host, sums_dev, sizeof(int64_t) * (size_t)world);
+    device_free(device, mine_dev);
+    device_free(device, sums_dev);
+    char diverged[256] = "";
+    size_t used = 0;
+    for (int r = 1; r < world; r++)
+        if (sums_host[r] != sums_host[0] && used < sizeof diverged - 16)
+            used += (size_t)snprintf(diverged + used, sizeof diverged - used, "%s%d", used ? ", " : "", r);
+    free(sums_host);
+    if (used)
+        die("replicas diverged at step %ld: the parameters of rank(s) %s differ from rank 0's "
+            "(a rank skipped an all-reduce or computed differently)", step, diverged);
+}
+
+#endif

@@ -1,0 +1,27 @@
+# speedup.gp - speedup and time per epoch against the number of ranks.
+# Input runs/speedup/speedup_<model>.csv with columns
+#   world_size,seconds_per_epoch,samples_per_s,speedup,efficiency,final_loss
+# Called by plots/make_plots.sh with -e "outfile='...'; small='...'; large='...'; subtitle='...'".
+set terminal pngcairo size 1200,520 noenhanced
+set output outfile
+set datafile separator ','
+set multiplot layout 1,2 title "04/05 data-parallel speedup\n".subtitle
+set grid
+set key top left
+set xlabel 'ranks (world size)'
+set ylabel 'speedup over 1 rank'
+set xtics 1
+stats small using 1 skip 1 nooutput
+maxw = STATS_max
+set xrange [0.8:maxw+0.2]
+set yrange [0:maxw+0.5]
+plot x with lines dt 2 lc rgb '#888888' title 'ideal', \
+     small using 1:4 skip 1 with linespoints pt 7 title 'small model (D=1)', \
+     large using 1:4 skip 1 with linespoints pt 5 title 'large model'
+set ylabel 'seconds per epoch'
+set yrange [0:*]
+set logscale y
+set yrange [*:*]
+plot small using 1:2 skip 1 with linespoints pt 7 title 'small model (D=1)', \
+     large using 1:2 skip 1 with linespoints pt 5 title 'large model'
+unset multiplot

@@ -1,0 +1,470 @@
+// test_collectives.c - every collective of pg.h against a reference computed
+// locally, driven by tests/test_collectives.sh.
+//
+// For each world size asked for, spawn() starts that many ranks; each rank
+// meets the others (env://), creates a process group and runs every
+// collective x dtype x op it allows x count, out of place and in place, with
+// roots other than 0 for the rooted ones. Inputs are small integers chosen
+// from (rank, index) so that every result is exact in every dtype (bf16
+// holds integers up to 256; products stay within {-32..32}): the check is
+// byte for byte. A last case all-reduces random, non-exact floats and
+// compares a checksum of the result across ranks: the replicas of
+// data-parallel training rely on those bytes being identical.
+//
+// Counts: 0, 1, 3 (fewer elements than ranks), 1000 (small-message
+// algorithms) and 70001 (above the 64 KiB switch to the ring algorithms)
+// for every dtype and op. The big count 1048577 (4 MiB of f32, odd so that
+// blocks are uneven) runs for f32 SUM in every collective, plus u8 MAX and
+// bf16 AVG all-reduce, to keep the file within a couple of minutes on 2 cores.
+//
+// Results: the ranks add their failure counts per collective to the store
+// (not through the process group under test) and rank 0 prints one PASS or
+// FAIL line per collective and world size.
+#include <math.h>
+
+#include "flags.h"
+#include "pg.h"
+#include "spawn.h"
+#include "test.h"
+
+enum { C_BROADCAST, C_REDUCE, C_ALL_REDUCE, C_GATHER, C_ALL_GATHER, C_SCATTER,
+       C_REDUCE_SCATTER, C_ALL_TO_ALL, C_BARRIER, C_IDENTICAL, C_COUNT };
+static const char *coll_names[C_COUNT] = {"broadcast", "reduce", "all_reduce", "gather",
+                                          "all_gather", "scatter", "reduce_scatter",
+                                          "all_to_all", "barrier", "identical bits"};
+
+#define BIG_COUNT 1048577
+
+typedef struct {
+    const char *backend, *device, *label;
+    bool big;
+} options;
+
+typedef struct {
+    pg_t *pg;
+    device_t *dev;
+    rendezvous_t *rdzv;
+    int rank, world;
+    int checks[C_COUNT], failures[C_COUNT];
+    char first[C_COUNT][200];   // the first failure, in words
+} ctx_t;
+
+// ---------------------------------------------------------------- inputs and references
+
+// The value rank r contributes at index i: small integers, exact in every dtype.
+static int64_t value(dtype_t t, redop_t op, int r, size_t i) {
+    if (op == OP_PROD) {
+        static const int pattern[] = {1, 2, -1, 1, 2, 1, -1};
+        int v = pattern[(r * 3 + i) % 7];
+        return t == DTYPE_U8 && v < 0 ? 1 : v;
+    }
+    if (redop_is_bitwise(op)) {
+        uint64_t v = (uint64_t)(r + 1) * 0x9E3779B1u ^ (uint64_t)i * 0x85EBCA6Bu;
+        return t == DTYPE_U8 ? (int64_t)(v & 0xff) : (int64_t)(v & 0x7fffffff);
+    }
+    int64_t v = (int64_t)((r * 7 + i * 13) % 11);
+    return t == DTYPE_U8 ? v : v - 5;
+}
+
+static void put(void *buf, dtype_t t, size_t i, double v) {
+    switch (t) {
+    case DTYPE_F32: ((float *)buf)[i] = (float)v; break;
+    case DTYPE_F64: ((double *)buf)[i] = v; break;
+    case DTYPE_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case DTYPE_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case DTYPE_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    case DTYPE_BF16: ((uint16_t *)buf)[i] = f32_to_bf16((float)v); break;
+    }
+}
+
+static void fill(void *buf, dtype_t t, redop_t op, int r, size_t first, size_t count) {
+    for (size_t i = 0; i < count; i++) put(buf, t, i, (double)value(t, op, r, first + i));
+}
+
+// The expected reduction at index i, exactly as the backends define it
+// (AVG: exact sum, then a division in the dtype's own arithmetic).
+static void put_reduced(void *buf, size_t at, dtype_t t, redop_t op, int world, size_t i) {
+    int64_t acc = value(t, op, 0, i);
+    for (int r = 1; r < world; r++) {
+        int64_t v = value(t, op, r, i);
+        switch (op) {
+        case OP_SUM: case OP_AVG: acc += v; break;
+        case OP_PROD: acc *= v; break;
+        case OP_MIN: acc = v < acc ? v : acc; break;
+        case OP_MAX: acc = v > acc ? v : acc; break;
+        case OP_BAND: acc &= v; break;
+        case OP_BOR: acc |= v; break;
+        case OP_BXOR: acc ^= v; break;
+        }
+    }
+    if (op != OP_AVG || dtype_is_integer(t)) {
+        put(buf, t, at, (double)(op == OP_AVG ? acc / world : acc));
+        return;
+    }
+    if (t == DTYPE_F64) ((double *)buf)[at] = (double)acc / world;
+    else if (t == DTYPE_F32) ((float *)buf)[at] = (float)acc / (float)world;
+    else ((uint16_t *)buf)[at] = f32_to_bf16((float)acc / (float)world);
+}
+
+static void expect_reduced(void *buf, dtype_t t, redop_t op, int world, size_t first,
+                           size_t count) {
+    for (size_t i = 0; i < count; i++) put_reduced(buf, i, t, op, world, first + i);
+}
+
+// ---------------------------------------------------------------- running one case
+
+static void record(ctx_t *c, int coll, bool ok, const char *fmt, ...) {
+    c->checks[coll]++;
+    if (ok) return;
+    if (c->failures[coll]++ == 0) {
+        va_list args;
+        va_start(args, fmt);
+        vsnprintf(c->first[coll], sizeof c->first[coll], fmt, args);
+        va_end(args);
+    }
+}
+
+// Buffers live on the group's device; the test fills and reads them on the host.
+static void *dev_alloc(ctx_t *c, size_t bytes) { return device_alloc(c->dev, bytes); }
+
+static void *dev_copy(ctx_t *c, const void *host, size_t bytes) {
+    void *d = device_alloc(c->dev, bytes);
+    if (device_is_cuda(c->dev)) device_from_host(c->dev, d, host, bytes);
+    else memcpy(d, host, bytes);
+    return d;
+}
+
+static bool same(ctx_t *c, const void *dev, const void *expected, size_t bytes) {
+    void *host = xcalloc(1, bytes);
+    device_to_host(c->dev, host, dev, bytes);
+    bool ok = memcmp(host, expected, bytes) == 0;
+    free(host);
+    return ok;
+}
+
+static const char *describe(char *buf, dtype_t t, redop_t op, size_t count, bool inplace) {
+    snprintf(buf, 120, "%s %s count %zu%s", dtype_name(t), redop_name(op), count,
+             inplace ? " in place" : "");
+    return buf;
+}
+
+static void check_all_reduce(ctx_t *c, dtype_t t, redop_t op, size_t count, bool inplace) {
+    size_t bytes = count * dtype_size(t);
+    void *in = xcalloc(1, bytes), *want = xcalloc(1, bytes);
+    fill(in, t, op, c->rank, 0, count);
+    expect_reduced(want, t, op, c->world, 0, count);
+    void *send = dev_copy(c, in, bytes), *recv = inplace ? send : dev_alloc(c, bytes);
+    pg_all_reduce(c->pg, send, recv, count, t, op);
+    char what[120];
+    describe(what, t, op, count, inplace);
+    record(c, C_ALL_REDUCE, same(c, recv, want, bytes), "%s", what);
+    if (!inplace) record(c, C_ALL_REDUCE, same(c, send, in, bytes), "input changed: %s", what);
+    device_free(c->dev, send);
+    if (!inplace) device_free(c->dev, recv);
+    free(in);
+    free(want);
+}
+
+static void check_reduce(ctx_t *c, dtype_t t, redop_t op, size_t count, int root) {
+    size_t bytes = count * dtype_size(t);
+    void *in = xcalloc(1, bytes), *want = xcalloc(1, bytes);
+    fill(in, t, op, c->rank, 0, count);
+    expect_reduced(want, t, op, c->world, 0, count);
+    void *send = dev_copy(c, in, bytes);
+    void *recv = c->rank == root ? dev_alloc(c, bytes) : NULL;
+    pg_reduce(c->pg, send, recv, count, t, op, root);
+    char what[120];
+    if (c->rank == root)
+        record(c, C_REDUCE, same(c, recv, want, bytes), "%s root %d",
+               describe(what, t, op, count, false), root);
+    device_free(c->dev, send);
+    if (recv) device_free(c->dev, recv);
+    free(in);
+    free(want);
+}
+
+static void check_reduce_scatter(ctx_t *c, dtype_t t, redop_t op, size_t count, bool inplace) {
+    size_t bytes = count * dtype_size(t), all = bytes * (size_t)c->world;
+    void *in = xcalloc(1, all), *want = xcalloc(1, bytes);
+    fill(in, t, op, c->rank, 0, count * (size_t)c->world);
+    expect_reduced(want, t, op, c->world, (size_t)c->rank * count, count);
+    char *send = dev_copy(c, in, all);
+    void *recv = inplace ? send + (size_t)c->rank * bytes : dev_alloc(c, bytes);
+    pg_reduce_scatter(c->pg, send, recv, count, t, op);
+    char what[120];
+    record(c, C_REDUCE_SCATTER, same(c, recv, want, bytes), "%s",
+           describe(what, t, op, count, inplace));
+    device_free(c->dev, send);
+    if (!inplace) device_free(c->dev, recv);
+    free(in);
+    free(want);
+}
+
+static void check_broadcast(ctx_t *c, dtype_t t, size_t count, int root) {
+    size_t bytes = count * dtype_size(t);
+    void *want = xcalloc(1, bytes), *mine = xcalloc(1, bytes);
+    fill(want, t, OP_SUM, root, 0, count);
+    fill(mine, t, OP_SUM, c->rank, 0, count);
+    void *buf = dev_copy(c, mine, bytes);
+    pg_broadcast(c->pg, buf, count, t, root);
+    record(c, C_BROADCAST, same(c, buf, want, bytes), "%s count %zu root %d", dtype_name(t),
+           count, root);
+    device_free(c->dev, buf);
+    free(want);
+    free(mine);
+}
+
+// recv[r * count + i] = rank r's value at i, for gather and all_gather.
+static void *expect_gathered(ctx_t *c, dtype_t t, size_t count) {
+    size_t bytes = count * dtype_size(t);
+    char *want = xcalloc(1, bytes * (size_t)c->world);
+    for (int r = 0; r < c->world; r++) fill(want + (size_t)r * bytes, t, OP_SUM, r, 0, count);
+    return want;
+}
+
+static void check_all_gather(ctx_t *c, dtype_t t, size_t count, bool inplace) {
+    size_t bytes = count * dtype_size(t), all = bytes * (size_t)c->world;
+    void *in = xcalloc(1, bytes), *want = expect_gathered(c, t, count);
+    fill(in, t, OP_SUM, c->rank, 0, count);
+    char *recv = dev_alloc(c, all);
+    void *send = recv + (size_t)c->rank * bytes;
+    if (inplace) device_from_host(c->dev, send, in, bytes);
+    else send = dev_copy(c, in, bytes);
+    pg_all_gather(c->pg, send, recv, count, t);
+    record(c, C_ALL_GATHER, same(c, recv, want, all), "%s count %zu%s", dtype_name(t), count,
+           inplace ? " in place" : "");
+    if (!inplace) device_free(c->dev, send);
+    device_free(c->dev, recv);
+    free(in);
+    free(want);
+}
+
+static void check_gather(ctx_t *c, dtype_t t, size_t count, int root) {
+    size_t bytes = count * dtype_size(t), all = bytes * (size_t)c->world;
+    void *in = xcalloc(1, bytes), *want = expect_gathered(c, t, count);
+    fill(in, t, OP_SUM, c->rank, 0, count);
+    void *send = dev_copy(c, in, bytes), *recv = c->rank == root ? dev_alloc(c, all) : NULL;
+    pg_gather(c->pg, send, recv, count, t, root);
+    if (recv)
+        record(c, C_GATHER, same(c, recv, want, all), "%s count %zu root %d", dtype_name(t),
+               count, root);
+    device_free(c->dev, send);
+    if (recv) device_free(c->dev, recv);
+    free(in);
+    free(want);
+}
+
+static void check_scatter(ctx_t *c, dtype_t t, size_t count, int root) {
+    size_t bytes = count * dtype_size(t), all = bytes * (size_t)c->world;
+    void *in = xcalloc(1, all), *want = xcalloc(1, bytes);
+    fill(in, t, OP_SUM, root, 0, count * (size_t)c->world);
+    fill(want, t, OP_SUM, root, (size_t)c->rank * count, count);
+    void *send = c->rank == root ? dev_copy(c, in, all) : NULL, *recv = dev_alloc(c, bytes);
+    pg_scatter(c->pg, send, recv, count, t, root);
+    record(c, C_SCATTER, same(c, recv, want, bytes), "%s count %zu root %d", dtype_name(t),
+           count, root);
+    if (send) device_free(c->dev, send);
+    device_free(c->dev, recv);
+    free(in);
+    free(want);
+}
+
+// Block p of rank r's send holds r's values at indices p*count..; rank q
+// receives block q of every rank.
+static void check_all_to_all(ctx_t *c, dtype_t t, size_t count, bool inplace) {
+    size_t bytes = count * dtype_size(t), all = bytes * (size_t)c->world;
+    char *in = xcalloc(1, all), *want = xcalloc(1, all);
+    fill(in, t, OP_SUM, c->rank, 0, count * (size_t)c->world);
+    for (int p = 0; p < c->world; p++)
+        fill(want + (size_t)p * bytes, t, OP_SUM, p, (size_t)c->rank * count, count);
+    void *send = dev_copy(c, in, all), *recv = inplace ? send : dev_alloc(c, all);
+    pg_all_to_all(c->pg, send, recv, count, t);
+    record(c, C_ALL_TO_ALL, same(c, recv, want, all), "%s count %zu%s", dtype_name(t), count,
+           inplace ? " in place" : "");
+    device_free(c->dev, send);
+    if (!inplace) device_free(c->dev, recv);
+    free(in);
+    free(want);
+}
+
+// Nobody may leave the barrier before everybody has entered it.
+static void check_barrier(ctx_t *c, int round) {
+    char key[64];
+    snprintf(key, sizeof key, "test/barrier%d", round);
+    store_add(c->rdzv->store, key, 1);
+    pg_barrier(c->pg);
+    int64_t arrived = store_add(c->rdzv->store, key, 0);
+    record(c, C_BARRIER, arrived == c->world, "left barrier %d when only %lld of %d ranks had "
+           "arrived", round, (long long)arrived, c->world);
+}
+
+// ---------------------------------------------------------------- identical bits
+
+static uint64_t fnv1a(const void *data, size_t bytes) {
+    const unsigned char *p = data;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+// Random floats whose sums round differently in different orders: every
+// rank must still end with the same bytes.
+static void check_identical(ctx_t *c, dtype_t t, redop_t op, size_t count) {
+    size_t bytes = count * dtype_size(t);
+    char *in = xcalloc(1, bytes);
+    uint64_t state = 0x9E3779B97F4A7C15ull * (uint64_t)(c->rank + 1);
+    for (size_t i = 0; i < count; i++) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        double v = ((double)(state >> 11) / 9007199254740992.0 - 0.5) * 1e3;
+        put(in, t, i, v);
+    }
+    void *buf = dev_copy(c, in, bytes);
+    pg_all_reduce(c->pg, buf, buf, count, t, op);
+    device_to_host(c->dev, in, buf, bytes);
+    int64_t sum = (int64_t)fnv1a(in, bytes), *sums = xcalloc((size_t)c->world, sizeof *sums);
+    void *dsum = dev_copy(c, &sum, sizeof sum), *dsums = dev_alloc(c, sizeof sum * (size_t)c->world);
+    pg_all_gather(c->pg, dsum, dsums, 1, DTYPE_I64);
+    device_to_host(c->dev, sums, dsums, sizeof sum * (size_t)c->world);
+    int differ = -1;
+    for (int r = 0; r < c->world; r++)
+        if (sums[r] != sums[0]) differ = r;
+    record(c, C_IDENTICAL, differ < 0, "%s %s count %zu: rank %d's result differs from rank 0's",
+           dtype_name(t), redop_name(op), count, differ);
+    device_free(c->dev, buf);
+    device_free(c->dev, dsum);
+    device_free(c->dev, dsums);
+    free(in);
+    free(sums);
+}
+
+// ---------------------------------------------------------------- the plan
+
+static bool allowed(dtype_t t, redop_t op) { return !redop_is_bitwise(op) || dtype_is_integer(t); }
+
+static void run_reductions(ctx_t *c, const options *o) {
+    const size_t counts[] = {0, 1, 3, 1000, 70001};
+    int last = c->world - 1;
+    for (int t = DTYPE_F32; t <= DTYPE_BF16; t++)
+        for (int op = OP_SUM; op <= OP_BXOR; op++) {
+            if (!allowed(t, op)) continue;
+            for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+                size_t n = counts[k];
+                check_all_reduce(c, t, op, n, false);
+                check_reduce(c, t, op, n, k % 2 ? last : 0);
+                check_reduce_scatter(c, t, op, n, false);
+            }
+            check_all_reduce(c, t, op, 1000, true);
+            check_all_reduce(c, t, op, 70001, true);
+            check_reduce_scatter(c, t, op, 1000, true);
+        }
+    if (!o->big) return;
+    check_all_reduce(c, DTYPE_F32, OP_SUM, BIG_COUNT, false);
+    check_all_reduce(c, DTYPE_F32, OP_SUM, BIG_COUNT, true);
+    check_all_reduce(c, DTYPE_U8, OP_MAX, BIG_COUNT, false);
+    check_all_reduce(c, DTYPE_BF16, OP_AVG, BIG_COUNT, false);
+    check_reduce(c, DTYPE_F32, OP_SUM, BIG_COUNT, last);
+    check_reduce_scatter(c, DTYPE_F32, OP_SUM, BIG_COUNT, false);
+}
+
+static void run_movers(ctx_t *c, const options *o) {
+    const size_t counts[] = {0, 1, 3, 1000, 70001};
+    int last = c->world - 1, middle = c->world / 2;
+    for (int t = DTYPE_F32; t <= DTYPE_BF16; t++)
+        for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+            size_t n = counts[k];
+            check_broadcast(c, t, n, k % 2 ? last : 0);
+            check_broadcast(c, t, n, middle);
+            check_all_gather(c, t, n, k == 3);
+            check_gather(c, t, n, k % 2 ? 0 : last);
+            check_scatter(c, t, n, k % 2 ? middle : last);
+            check_all_to_all(c, t, n, k == 3);
+        }
+    if (!o->big) return;
+    check_broadcast(c, DTYPE_F32, BIG_COUNT, last);
+    check_all_gather(c, DTYPE_F32, BIG_COUNT, false);
+    check_gather(c, DTYPE_F32, BIG_COUNT, last);
+    check_scatter(c, DTYPE_F32, BIG_COUNT, middle);
+    check_all_to_all(c, DTYPE_F32, BIG_COUNT, true);
+}
+
+// Every rank adds its failures to the store; rank 0 prints the verdicts.
+static void report(ctx_t *c, const options *o) {
+    store_t *st = c->rdzv->store;
+    char key[64];
+    for (int k = 0; k < C_COUNT; k++) {
+        snprintf(key, sizeof key, "test/fail/%d", k);
+        store_add(st, key, c->failures[k]);
+        snprintf(key, sizeof key, "test/why/%d/%d", k, c->rank);
+        if (c->failures[k]) store_set(st, key, c->first[k], strlen(c->first[k]));
+    }
+    store_barrier(st, "test/report", c->rank, c->world, 0);
+    if (c->rank != 0) return;
+    for (int k = 0; k < C_COUNT; k++) {
+        char name[128], why[200] = "";
+        snprintf(name, sizeof name, "%s%s n=%d", o->label, coll_names[k], c->world);
+        snprintf(key, sizeof key, "test/fail/%d", k);
+        int64_t failed = store_add(st, key, 0);
+        for (int r = 0; r < c->world && failed && !why[0]; r++) {
+            snprintf(key, sizeof key, "test/why/%d/%d", k, r);
+            if (store_check(st, key)) why[store_get(st, key, why, sizeof why - 1, 5)] = '\0';
+        }
+        EXPECT(name, failed == 0, "%lld wrong results (of %d checks on rank 0), first: %s",
+               (long long)failed, c->checks[k], why);
+    }
+}
+
+static int worker(int rank, int world, void *arg) {
+    const options *o = arg;
+    rendezvous_t rdzv = rendezvous("env://", -1, -1, 0);
+    device_t dev = device_choose(o->device, rank);
+    pg_config cfg = {.rank = rank, .world_size = world, .local_rank = rank,
+                     .local_world_size = world, .backend = backend_parse(o->backend),
+                     .device = &dev, .store = rdzv.store, .timeout_s = 0};
+    ctx_t c = {.pg = pg_create(&cfg), .dev = &dev, .rdzv = &rdzv, .rank = rank, .world = world};
+    if (rank == 0) printf("# world %d: %s\n", world, pg_describe(c.pg));
+    run_reductions(&c, o);
+    run_movers(&c, o);
+    for (int round = 0; round < 3; round++) check_barrier(&c, round);
+    check_identical(&c, DTYPE_F32, OP_SUM, 1000);
+    check_identical(&c, DTYPE_F32, OP_AVG, 70001);
+    check_identical(&c, DTYPE_F64, OP_SUM, 70001);
+    check_identical(&c, DTYPE_BF16, OP_SUM, 70001);
+    if (o->big) check_identical(&c, DTYPE_F32, OP_SUM, BIG_COUNT);
+    pg_destroy(c.pg);
+    report(&c, o);
+    rendezvous_close(&rdzv);
+    int failed = 0;
+    for (int k = 0; k < C_COUNT; k++) failed += c.failures[k];
+    return failed ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    options o = {"cpu", "cpu", "", true};
+    const char *worlds = "1,2,3,4,5", *tag = "";
+    flag_t flags[] = {
+        {"worlds", NULL, FLAG_STRING, &worlds, "world sizes to run, comma-separated", 1, 0, NULL, NULL},
+        {"backend", NULL, FLAG_STRING, &o.backend, "process-group backend", 1, 0, "auto|cpu|nccl", NULL},
+        {"device", NULL, FLAG_STRING, &o.device, "where the buffers live", 1, 0, "auto|cpu|cuda", NULL},
+        {"big", NULL, FLAG_BOOL, &o.big, "include the 1048577-element cases", 1, 0, NULL, NULL},
+        {"label", NULL, FLAG_STRING, &o.label, "prefix for the test names", 1, 0, NULL, NULL},
+        {"tag", NULL, FLAG_STRING, &tag, "ignored; marks this run's processes for the leftover check", 1, 0, NULL, NULL},
+    };
+    flag_set set = {"test_collectives", "checks every collective of pg.h", NULL, flags,
+                    (int)(sizeof flags / sizeof flags[0])};
+    flags_parse(&set, argc, argv);
+    int status = 0;
+    for (const char *w = worlds; *w;) {
+        int world = atoi(w);
+        if (world < 1 || world > 64) die("--worlds: '%s' is not a list of sizes 1..64", worlds);
+        int rc = spawn(world, worker, &o);
+        if (rc != 0) {
+            printf("FAIL %scollectives n=%d: the job failed (status %d); see the errors above\n",
+                   o.label, world, rc);
+            status = 1;
+        }
+        fflush(stdout);
+        w += strcspn(w, ",");
+        w += *w == ',';
+    }
+    return status;
+}
