@@ -54,6 +54,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "netif.h"
 #include "timer.h"
 
 enum {
@@ -763,21 +764,6 @@ typedef struct {
     uint64_t nonce;     // this group's random number: stray connections are refused
 } cpu_hello;
 
-// The address of the interface that reaches `host`: connecting a UDP socket
-// sends nothing, but makes the kernel choose the route and local address.
-static inline void cpu_route_address(const char *host, char *ip, size_t size) {
-    struct addrinfo hints = {.ai_socktype = SOCK_DGRAM}, *list;
-    if (getaddrinfo(host, "9", &hints, &list) != 0) return;
-    int fd = socket(list->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_storage a;
-    socklen_t len = sizeof a;
-    if (fd >= 0 && connect(fd, list->ai_addr, list->ai_addrlen) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        getnameinfo((struct sockaddr *)&a, len, ip, (socklen_t)size, NULL, 0, NI_NUMERICHOST);
-    if (fd >= 0) close(fd);
-    freeaddrinfo(list);
-}
-
 // The address other ranks can reach this one at: the local end of our
 // connection to the store, which every rank reaches. The rank that serves
 // the store talks to it over loopback; it asks the route to the address the
@@ -788,7 +774,7 @@ static inline void cpu_local_address(const store_t *st, char *ip, size_t size) {
     snprintf(ip, size, "127.0.0.1");
     if (getsockname(st->fd, (struct sockaddr *)&a, &len) == 0)
         getnameinfo((struct sockaddr *)&a, len, ip, (socklen_t)size, NULL, 0, NI_NUMERICHOST);
-    if (store_is_loopback(ip) && !store_is_loopback(st->host)) cpu_route_address(st->host, ip, size);
+    if (store_is_loopback(ip) && !store_is_loopback(st->host)) netif_route_source(st->host, ip, size);
 }
 
 // Ranks with the same key share a host and a /dev/shm: the boot id tells
@@ -946,7 +932,12 @@ static inline void cpu_connect_all(cpu_pg *pg, store_t *st, int generation, cpu_
     char ip[64];
     int port;
     *nonce = cpu_share_nonce(pg, st, generation);
-    cpu_local_address(st, ip, sizeof ip);
+    // COURSE_SOCKET_IFNAME (or GLOO_/NCCL_SOCKET_IFNAME) picks the interface,
+    // as NCCL_SOCKET_IFNAME does for NCCL; otherwise the one that reaches the store.
+    const char *variable;
+    const char *spec = netif_spec_from_env(&variable);
+    if (spec) snprintf(ip, sizeof ip, "%s", netif_choose(spec, variable, st->host).ip);
+    else cpu_local_address(st, ip, sizeof ip);
     int listen_fd = cpu_listen(ip, pg->world, &port);
     cpu_publish_address(pg, st, generation, port, ip);
     cpu_read_addresses(pg, st, generation, all);
