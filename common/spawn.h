@@ -138,7 +138,11 @@ static inline void spawn_report(int rank, int status, int alive) {
 }
 
 // Reap the children that have ended; the first failure stops the rest.
+// When a rank dies, its peers notice within milliseconds and exit with an
+// error of their own, often within the same pass. A death by a signal is
+// then the more likely root cause, so it is the one reported.
 static inline void spawn_reap(spawn_job *job) {
+    int culprit = -1, culprit_status = 0;
     for (int r = 0; r < job->nprocs; r++) {
         if (job->pids[r] <= 0) continue;
         int status = 0;
@@ -152,10 +156,15 @@ static inline void spawn_reap(spawn_job *job) {
             continue;
         }
         bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-        if (failed && !job->stopping) {
-            spawn_report(r, status, job->alive);
-            spawn_stop_all(job, SIGTERM, 1);
+        bool better = culprit < 0 || (WIFSIGNALED(status) && !WIFSIGNALED(culprit_status));
+        if (failed && better) {
+            culprit = r;
+            culprit_status = status;
         }
+    }
+    if (culprit >= 0 && !job->stopping) {
+        spawn_report(culprit, culprit_status, job->alive);
+        spawn_stop_all(job, SIGTERM, 1);
     }
 }
 

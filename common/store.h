@@ -1533,6 +1533,8 @@ static inline void rendezvous_file_serve(rendezvous_t *r, const char *path, cons
                              .nonce = store_server_nonce(r->server)};
     rendezvous_advertised_host(rec.host, sizeof rec.host);
     r->store = store_connect_session("127.0.0.1", rec.port, token, session, r->timeout_s);
+    // As in rendezvous_meet: name the address the other ranks use, not loopback.
+    snprintf(r->store->host, sizeof r->store->host, "%s", rec.host);
     rendezvous_write_record(path, &rec);
     r->file_path = strdup(path);
     if (!r->file_path) die("out of memory");
