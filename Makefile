@@ -55,7 +55,7 @@ check-exercise:
 
 clean:
 	@for d in $(CHAPTERS) $(TOOLS) tests; do $(MAKE) --no-print-directory -C $$d clean; done
-	rm -rf runs
+	rm -rf runs */exercises/build
 
 help:
 	@echo "targets:"

@@ -55,7 +55,8 @@ static inline const char *versions_field(const versions_t *v, int column) {
 // exercises and tests. Spaces become '_': each field travels as one word.
 static inline void versions_put(char *out, size_t size, const char *override, const char *value) {
     const char *forced = override ? getenv(override) : NULL;
-    snprintf(out, size, "%s", forced && forced[0] ? forced : value[0] ? value : "?");
+    const char *text = forced && forced[0] ? forced : value[0] ? value : "?";
+    snprintf(out, size, "%.*s", (int)size - 1, text); // a longer version is cut, not an error
     for (char *c = out; *c; c++)
         if (*c == ' ' || *c == '\t' || *c == '\n') *c = '_';
 }
