@@ -9,7 +9,7 @@ include common/detect.mk
 CHAPTERS := $(patsubst %/Makefile,%,$(sort $(wildcard [0-9][0-9]_*/Makefile)))
 TOOLS := $(if $(wildcard tools/Makefile),tools)
 
-.PHONY: all help test asan bench plots speedup clean data $(CHAPTERS) tools unit-tests
+.PHONY: all help test asan bench bench-gpt plots speedup clean data $(CHAPTERS) tools unit-tests
 
 all: $(CHAPTERS) $(TOOLS)
 
@@ -38,6 +38,11 @@ bench: all
 	@if [ -z "$(BENCHES)" ]; then echo "no benchmarks yet"; fi
 	@for b in $(BENCHES); do bash $$b || exit 1; done
 
+# The GPT on a GPU (chapter 08, part 2): tokens/s, step-time split, MFU,
+# peak memory. Says so and does nothing where there is no GPU.
+bench-gpt: all unit-tests
+	@bash bench/gpt_gpu.sh
+
 speedup: all
 	@bash tools/speedup.sh
 
@@ -64,6 +69,7 @@ help:
 	@echo "  make test         build, then run all tests (ends with 'N passed, N failed, N skipped')"
 	@echo "  make asan         CPU build with AddressSanitizer + UBSan, then the tests"
 	@echo "  make bench        benchmarks: tables on the terminal, CSV under runs/"
+	@echo "  make bench-gpt    chapter 08 on a GPU: tokens/s, MFU, memory (needs a GPU)"
 	@echo "  make speedup      measure speedup vs number of ranks (CSV + figure data)"
 	@echo "  make plots        run missing measurements, draw gnuplot figures (PNG) under runs/plots/"
 	@echo "  make data         download WikiText-2 for chapter 08 (if ../shared/data is absent)"

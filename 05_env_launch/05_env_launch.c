@@ -125,7 +125,7 @@ int main(int argc, char **argv) {
     if (dist.rank == 0) {
         metrics_close(&csv);
         log_main("final weight %.6f  bias %.6f  (true 2.0, 3.0)\n", params[0], params[opt.features]);
-        log_main("training time %.3f s on %d rank(s) (%.0f samples/s)\n", seconds, dist.world_size,
+        log_main("training time %.6f s on %d rank(s) (%.0f samples/s)\n", seconds, dist.world_size,
                  (double)opt.samples * opt.epochs / seconds);
     }
     free(params);

@@ -56,6 +56,7 @@ static inline metrics_csv metrics_open(const char *dir, const char *name, const 
 
 __attribute__((format(printf, 2, 3)))
 static inline void metrics_row(metrics_csv *m, const char *fmt, ...) {
+    if (!m->file) return; // not opened: a rank other than 0, which writes no files
     va_list args;
     va_start(args, fmt);
     vfprintf(m->file, fmt, args);

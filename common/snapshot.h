@@ -191,6 +191,10 @@ static inline bool snap_fail_errno(char *err, size_t errlen, const char *what, c
 // Text from a file, made safe for a one-line message: control bytes become
 // '?', and long text is cut short with "...".
 static inline const char *snap_shown(const char *s, size_t len, char *buf, size_t size) {
+    if (size < 8) { // too small to show anything useful
+        if (size) buf[0] = '\0';
+        return buf;
+    }
     bool cut = len + 1 > size; // then keep size - 4 bytes and add "..."
     size_t keep = cut ? size - 4 : len;
     for (size_t i = 0; i < keep; i++) buf[i] = ((unsigned char)s[i] < 0x20 || s[i] == 0x7F) ? '?' : s[i];

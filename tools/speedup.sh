@@ -4,7 +4,7 @@
 # Trains chapter 05 under ddprun with 1, 2, ... ranks (up to the GPUs, or
 # the CPU cores, or SPEEDUP_MAX_RANKS), for two models:
 #   small: the chapter 01 model (1 feature): communication dominates;
-#   large: 1024 features, 32768 samples, batch 256: computation matters.
+#   large: 2048 features, 32768 samples, batch 256: computation matters.
 # Writes runs/speedup/speedup_{small,large}.csv with
 #   world_size,seconds_per_epoch,samples_per_s,speedup,efficiency,final_loss
 # and prints the tables. The time is measured by rank 0 between two
@@ -46,7 +46,7 @@ measure() { # NAME EPOCHS SAMPLES ARGS...
 
 echo "speedup: method: chapter 05 under ddprun --standalone, 1..$max ranks, time from rank 0 between barriers"
 measure small 5 10000 || exit 1
-measure large 2 32768 --features 1024 --batch_size 256 || exit 1
+measure large 3 32768 --features 2048 --batch_size 256 || exit 1
 device=$(sed -n 's/.*rank 0 on \([^:]*\):.*/\1/p' "$out/small_w1.log" | head -n 1)
 backend=$(sed -n 's/.*backend \([a-z]*\).*/\1/p' "$out/small_w2.log" | head -n 1)
 echo "$device, backend $backend, $(nproc) cores" >"$out/device.txt"

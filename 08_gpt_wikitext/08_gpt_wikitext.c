@@ -1,0 +1,643 @@
+// 08_gpt_wikitext.c - Chapter 8: a GPT language model trained on WikiText-2.
+//
+// The capstone: everything the earlier chapters trained was a stand-in;
+// this is the real thing, small. The program
+//   1. finds WikiText-2 (wikitext.h) and checks it,
+//   2. trains a byte-level BPE tokenizer on the training text, or loads the
+//      one it trained before (bpe.h), and encodes the three splits,
+//   3. trains a GPT (gpt.h) with AdamW, a warm-up + cosine learning rate,
+//      gradient clipping and optional gradient accumulation,
+//   4. measures the validation loss and perplexity on the whole validation
+//      split after every epoch (and every --eval_every steps), the test
+//      perplexity at the end,
+//   5. samples a few continuations of a prompt, and saves the model as
+//      safetensors with the tokenizer beside it, which --generate reloads.
+//
+// Read it top to bottom: options, device, data, model, training loop,
+// evaluation, sampling, saving. The model itself, layer by layer, is in gpt.h.
+//
+// Data parallel as in chapters 04-06: --nprocs N spawns N ranks, or
+// ddprun starts them; each trains on its share of every epoch's blocks
+// (common/sampler.h) and the gradients are averaged (common/ddp.h) before
+// every step. With --snapshot_path, rank 0 writes a resumable snapshot
+// (common/snapshot.h) every --save_every epochs, and a restarted run goes
+// on from it. This part computes on the CPU.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bpe.h"
+#include "ddp.h"
+#include "device.h"
+#include "dist.h"
+#include "flags.h"
+#include "gpt.h"
+#include "launch_env.h"
+#include "log.h"
+#include "metrics.h"
+#include "rng.h"
+#include "sampler.h"
+#include "sha256.h"
+#include "snapshot.h"
+#include "spawn.h"
+#include "timer.h"
+#include "wikitext.h"
+
+#define CHAPTER "08_gpt_wikitext"
+
+typedef struct {
+    int epochs, batch_size, grad_accum, max_steps, warmup_steps, eval_every, log_every, save_every, seed;
+    int vocab_size, block_size, n_layer, n_head, n_embd;
+    double lr, min_lr, weight_decay, grad_clip, temperature;
+    int top_k, num_samples, sample_tokens, nprocs;
+    double timeout;
+    const char *backend;
+    bool generate, verify_data;
+    const char *preset, *data_dir, *out_dir, *snapshot_path, *prompt, *device;
+    char out_dir_buf[1024];
+} options;
+
+// ===================================================================== options
+
+static flag_set option_flags(options *o, flag_t *f, int *count) {
+    int n = 0;
+    f[n++] = (flag_t){"epochs", NULL, FLAG_INT, &o->epochs, "passes over the training split", 1, 1000, NULL, NULL};
+    f[n++] = (flag_t){"batch_size", "b", FLAG_INT, &o->batch_size, "sequences per micro-batch", 1, 4096, NULL, NULL};
+    f[n++] = (flag_t){"grad_accum", NULL, FLAG_INT, &o->grad_accum, "micro-batches per optimizer step", 1, 4096, NULL, NULL};
+    f[n++] = (flag_t){"lr", NULL, FLAG_DOUBLE, &o->lr, "peak learning rate", 0, 10, NULL, NULL};
+    f[n++] = (flag_t){"min_lr", NULL, FLAG_DOUBLE, &o->min_lr, "learning rate at the end of the cosine (-1: lr/10)", -1, 10, NULL, NULL};
+    f[n++] = (flag_t){"warmup_steps", NULL, FLAG_INT, &o->warmup_steps, "linear warm-up steps (at most a fifth of the run)", 0, 1000000, NULL, NULL};
+    f[n++] = (flag_t){"weight_decay", NULL, FLAG_DOUBLE, &o->weight_decay, "AdamW decay of the weight matrices", 0, 10, NULL, NULL};
+    f[n++] = (flag_t){"grad_clip", NULL, FLAG_DOUBLE, &o->grad_clip, "clip the gradient norm to this (0: never)", 0, 1e6, NULL, NULL};
+    f[n++] = (flag_t){"max_steps", NULL, FLAG_INT, &o->max_steps, "stop after this many optimizer steps (0: all epochs)", 0, 100000000, NULL, NULL};
+    f[n++] = (flag_t){"eval_every", NULL, FLAG_INT, &o->eval_every, "validate every N steps as well as after each epoch (0: epochs only)", 0, 100000000, NULL, NULL};
+    f[n++] = (flag_t){"log_every", NULL, FLAG_INT, &o->log_every, "progress line every N steps", 1, 100000000, NULL, NULL};
+    f[n++] = (flag_t){"save_every", NULL, FLAG_INT, &o->save_every, "save the model every N epochs (0: at the end only)", 0, 1000000, NULL, NULL};
+    f[n++] = (flag_t){"snapshot_path", NULL, FLAG_STRING, &o->snapshot_path, "resumable snapshots DIR/STEM.safetensors, every --save_every epochs", 1, 0, NULL, NULL};
+    f[n++] = (flag_t){"nprocs", NULL, FLAG_INT, &o->nprocs, "ranks to spawn for data parallelism (under ddprun: ignored)", 1, 256, NULL, NULL};
+    f[n++] = (flag_t){"backend", NULL, FLAG_STRING, &o->backend, "communication backend", 1, 0, "auto|cpu|nccl", "COURSE_BACKEND"};
+    f[n++] = (flag_t){"timeout", NULL, FLAG_DOUBLE, &o->timeout, "seconds a rank waits for another (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL};
+    f[n++] = (flag_t){"seed", NULL, FLAG_INT, &o->seed, "seed for the weights, the shuffle and the samples", 0, 2147483647, NULL, NULL};
+    f[n++] = (flag_t){"preset", NULL, FLAG_STRING, &o->preset, "model size: default (128/4/4/256) or tiny (32/2/2/64)", 1, 0, "default|tiny", NULL};
+    f[n++] = (flag_t){"vocab_size", NULL, FLAG_INT, &o->vocab_size, "BPE vocabulary: 256 bytes + merges + <|endoftext|>", 258, 65536, NULL, NULL};
+    f[n++] = (flag_t){"block_size", NULL, FLAG_INT, &o->block_size, "context length in tokens (0: from --preset)", 1, 8192, NULL, NULL};
+    f[n++] = (flag_t){"n_layer", NULL, FLAG_INT, &o->n_layer, "transformer blocks (0: from --preset)", 1, 256, NULL, NULL};
+    f[n++] = (flag_t){"n_head", NULL, FLAG_INT, &o->n_head, "attention heads (0: from --preset)", 1, 256, NULL, NULL};
+    f[n++] = (flag_t){"n_embd", NULL, FLAG_INT, &o->n_embd, "channels (0: from --preset)", 1, 16384, NULL, NULL};
+    f[n++] = (flag_t){"data_dir", NULL, FLAG_STRING, &o->data_dir, "folder with train.txt, valid.txt, test.txt (none: $WIKITEXT_DIR, else ../shared/data/wikitext-2)", 1, 0, NULL, NULL};
+    f[n++] = (flag_t){"verify_data", NULL, FLAG_BOOL, &o->verify_data, "check the files are the published WikiText-2 (false: any text corpus)", 1, 0, NULL, NULL};
+    f[n++] = (flag_t){"out_dir", NULL, FLAG_STRING, &o->out_dir, "model, tokenizer, caches and metrics go here", 1, 0, NULL, NULL};
+    f[n++] = (flag_t){"generate", NULL, FLAG_BOOL, &o->generate, "load the saved model from --out_dir and sample; no training", 1, 0, NULL, NULL};
+    f[n++] = (flag_t){"prompt", NULL, FLAG_STRING, &o->prompt, "text the samples continue", 1, 0, NULL, NULL};
+    f[n++] = (flag_t){"temperature", NULL, FLAG_DOUBLE, &o->temperature, "sampling temperature (0: always the most likely token)", 0, 100, NULL, NULL};
+    f[n++] = (flag_t){"top_k", NULL, FLAG_INT, &o->top_k, "sample among the k most likely tokens (0: all)", 0, 65536, NULL, NULL};
+    f[n++] = (flag_t){"num_samples", NULL, FLAG_INT, &o->num_samples, "continuations to print", 0, 100, NULL, NULL};
+    f[n++] = (flag_t){"sample_tokens", NULL, FLAG_INT, &o->sample_tokens, "tokens per continuation", 1, 100000, NULL, NULL};
+    f[n++] = (flag_t){"device", NULL, FLAG_STRING, &o->device, "where to compute", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"};
+    *count = n;
+    flag_set set = {CHAPTER, "train a GPT language model on WikiText-2 and sample from it", NULL, f, n};
+    return set;
+}
+
+// Model sizes left at 0 come from the preset; the result must be buildable.
+static void apply_preset(options *o, flag_set *set) {
+    gpt_config p = {o->vocab_size, 0, 0, 0, 0};
+    gpt_preset(o->preset, &p); // the flag's choices guarantee a known name
+    if (!o->block_size) o->block_size = p.block_size;
+    if (!o->n_layer) o->n_layer = p.n_layer;
+    if (!o->n_head) o->n_head = p.n_head;
+    if (!o->n_embd) o->n_embd = p.n_embd;
+    gpt_config c = {o->vocab_size, o->block_size, o->n_layer, o->n_head, o->n_embd};
+    const char *problem = gpt_config_problem(c);
+    if (problem) flags_fail(set, "bad model size: %s (got --n_embd %d --n_head %d)", problem, o->n_embd, o->n_head);
+}
+
+static options parse_options(int argc, char **argv) {
+    options o = {.epochs = 1, .batch_size = 8, .grad_accum = 1, .max_steps = 0, .warmup_steps = 100,
+                 .eval_every = 1000, .log_every = 10, .save_every = 0, .seed = 1337, .vocab_size = 5000,
+                 .lr = 1e-3, .min_lr = -1, .weight_decay = 0.1, .grad_clip = 1.0, .temperature = 0.8,
+                 .top_k = 40, .num_samples = 3, .sample_tokens = 64, .verify_data = true,
+                 .preset = "default", .prompt = "The", .device = "auto", .nprocs = 1, .backend = "auto"};
+    runs_dir(o.out_dir_buf, sizeof o.out_dir_buf, CHAPTER);
+    o.out_dir = o.out_dir_buf;
+    flag_t flags[40];
+    int count;
+    flag_set set = option_flags(&o, flags, &count);
+    flags_parse(&set, argc, argv);
+    apply_preset(&o, &set);
+    if (o.min_lr < 0) o.min_lr = o.lr / 10;
+    if (o.min_lr > o.lr) flags_fail(&set, "--min_lr %g is above --lr %g", o.min_lr, o.lr);
+    if (strlen(o.out_dir) > 900) flags_fail(&set, "--out_dir is too long (at most 900 characters)");
+    return o;
+}
+
+// ===================================================================== device and threads
+
+// This part computes on the CPU only; a GPU, if chosen, is named and passed over.
+static void announce_device(const options *o) {
+    device_t d = device_choose(o->device, launch_env_read().local_rank);
+    if (device_is_cuda(&d)) {
+        char cpu[128];
+        device_t c = device_choose("cpu", 0);
+        snprintf(cpu, sizeof cpu, "%s", c.name);
+        log_main("%s: running on %s; why: %s was found, but the GPU path of this chapter arrives in a "
+                 "later part, so the CPU\n", CHAPTER, cpu, d.name);
+    } else {
+        log_main("%s: running on %s; why: %s\n", CHAPTER, d.name, d.why);
+    }
+}
+
+// One process on the machine uses every core. Several processes on one
+// machine (data parallelism) share them: each takes its part, unless
+// OMP_NUM_THREADS says otherwise, as torchrun does.
+static void choose_threads(void) {
+    gpt_blas_single_threaded();
+    launch_env_t env = launch_env_read();
+    const char *why = "OMP_NUM_THREADS";
+    if (!env_has("OMP_NUM_THREADS")) {
+#ifdef _OPENMP
+        long share = sysconf(_SC_NPROCESSORS_ONLN) / (env.local_world_size > 0 ? env.local_world_size : 1);
+        omp_set_num_threads(share > 0 ? (int)share : 1);
+#endif
+        why = env.local_world_size > 1 ? "the cores shared between this machine's ranks" : "all cores";
+    }
+    log_main("threads: %d (%s); matrix products: %s\n", gpt_num_threads(), why, gpt_matmul_backend());
+}
+
+// ===================================================================== data
+
+typedef struct {
+    bpe_t *tokenizer;
+    uint16_t *split[3]; // train, valid, test
+    size_t count[3];
+} corpus_t;
+
+static const char *const split_names[3] = {"train", "valid", "test"};
+
+// The tokenizer trained on this training text with this vocabulary size:
+// from the cache when it was trained before, else trained now (a few
+// seconds to a minute) and cached. The name carries the text's checksum,
+// so another corpus never picks up this one's tokenizer.
+static bpe_t *load_or_train_tokenizer(const char *text, size_t len, int vocab, const char *cache_dir) {
+    uint8_t digest[SHA256_DIGEST_BYTES];
+    char hex[SHA256_HEX_BYTES], path[1200], err[2048];
+    sha256(text, len, digest);
+    sha256_to_hex(digest, hex);
+    snprintf(path, sizeof path, "%s/tokenizer-v%d-%.16s.json", cache_dir, vocab, hex);
+    bpe_t *t = access(path, R_OK) == 0 ? bpe_load_json(path, err, sizeof err) : NULL;
+    if (t) {
+        log_main("tokenizer: %d tokens, loaded from %s\n", bpe_vocab_size(t), path);
+        return t;
+    }
+    if (access(path, F_OK) == 0) log_main("tokenizer: cached file unusable (%s); training again\n", err);
+    double start = now_seconds();
+    t = bpe_train(text, len, vocab);
+    log_main("tokenizer: trained %d tokens on %zu bytes in %.1f s\n", bpe_vocab_size(t), len, now_seconds() - start);
+    if (!bpe_save_json(t, path, err, sizeof err)) log_main("tokenizer: not cached: %s\n", err);
+    return t;
+}
+
+// Without verification the folder may hold any text corpus (tests use a
+// small generated one); the token cache is then keyed by the text itself.
+static uint16_t *encode_split(const wikitext_t *w, const char *split, const bpe_t *t, const char *cache_dir,
+                              bool verify, size_t *count) {
+    if (verify) return wikitext_tokens(w, split, t, cache_dir, count);
+    size_t len;
+    char *text = wikitext_read_split(w, split, &len, false);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/corpus.%s.%016llx.tokens", cache_dir, split,
+             (unsigned long long)bpe_fingerprint(t));
+    uint16_t *ids = wikitext_encode_cached(t, text, len, path, count, NULL);
+    free(text);
+    return ids;
+}
+
+static wikitext_t find_data(const options *o) {
+    if (o->verify_data) return wikitext_find(o->data_dir, NULL);
+    wikitext_t w;
+    memset(&w, 0, sizeof w);
+    if (!o->data_dir) die("--verify_data=false needs --data_dir (a folder with train.txt, valid.txt, test.txt)");
+    snprintf(w.dir, sizeof w.dir, "%s", o->data_dir);
+    snprintf(w.root, sizeof w.root, "%s", COURSE_ROOT);
+    for (int s = 0; s < 3; s++) {
+        char path[1100];
+        snprintf(path, sizeof path, "%s/%s.txt", w.dir, split_names[s]);
+        if (access(path, R_OK) != 0)
+            die("cannot read %s: %s (--data_dir needs train.txt, valid.txt and test.txt)", path, strerror(errno));
+    }
+    return w;
+}
+
+static corpus_t load_corpus(const options *o, const char *cache_dir) {
+    corpus_t c;
+    memset(&c, 0, sizeof c);
+    wikitext_t w = find_data(o);
+    log_main("data: %s%s\n", w.dir, o->verify_data ? " (WikiText-2, sha256 verified)" : " (not verified)");
+    size_t len;
+    char *train_text = wikitext_read_split(&w, "train", &len, false);
+    c.tokenizer = load_or_train_tokenizer(train_text, len, o->vocab_size, cache_dir);
+    free(train_text);
+    for (int s = 0; s < 3; s++)
+        c.split[s] = encode_split(&w, split_names[s], c.tokenizer, cache_dir, o->verify_data, &c.count[s]);
+    log_main("data: %zu train, %zu valid, %zu test tokens\n", c.count[0], c.count[1], c.count[2]);
+    return c;
+}
+
+// ===================================================================== evaluation
+
+// Mean loss over a whole split, cut into non-overlapping pieces of T+1
+// tokens (T inputs, each predicting the next); a shorter last piece counts
+// too, so every token but the first of each piece is predicted exactly once.
+// The ranks share the pieces (rank r takes pieces r, r+W, ...; rank 0 the
+// short one), then add up their loss sums and token counts: no piece is
+// counted twice, whatever the world size.
+static double evaluate(gpt_t *m, dist_t *d, const uint16_t *tokens, size_t count, int B, int T) {
+    double loss_sum = 0;
+    size_t predicted = 0, piece = (size_t)T + 1, full = count / piece;
+    size_t mine = full > (size_t)d->rank ? (full - (size_t)d->rank + (size_t)d->world_size - 1) / (size_t)d->world_size : 0;
+    uint16_t *in = xmalloc(sizeof(uint16_t) * (size_t)B * T), *tg = xmalloc(sizeof(uint16_t) * (size_t)B * T);
+    for (size_t first = 0; first < mine; first += (size_t)B) {
+        int b = mine - first < (size_t)B ? (int)(mine - first) : B;
+        for (int i = 0; i < b; i++) {
+            const uint16_t *p = tokens + ((first + (size_t)i) * (size_t)d->world_size + (size_t)d->rank) * piece;
+            memcpy(in + (size_t)i * T, p, sizeof(uint16_t) * T);
+            memcpy(tg + (size_t)i * T, p + 1, sizeof(uint16_t) * T);
+        }
+        loss_sum += (double)gpt_forward(m, in, tg, b, T) * b * T;
+        predicted += (size_t)b * T;
+    }
+    size_t rest = count - full * piece;
+    if (rest >= 2 && d->rank == 0) {
+        const uint16_t *last = tokens + full * piece;
+        loss_sum += (double)gpt_forward(m, last, last + 1, 1, (int)rest - 1) * (double)(rest - 1);
+        predicted += rest - 1;
+    }
+    free(in);
+    free(tg);
+    double sums[2] = {loss_sum, (double)predicted};
+    dist_all_reduce_host(d, sums, 2, OP_SUM);
+    if (sums[1] == 0) die("the split has fewer than 2 tokens: nothing to evaluate");
+    return sums[0] / sums[1];
+}
+
+// ===================================================================== sampling
+
+// Continuations of the prompt; the same seed gives the same text.
+static void print_samples(gpt_t *m, const bpe_t *t, const options *o) {
+    size_t prompt_len;
+    uint16_t *prompt = bpe_encode(t, o->prompt, strlen(o->prompt), &prompt_len);
+    if (prompt_len == 0) { // an empty prompt starts a new document
+        free(prompt);
+        prompt = xmalloc(sizeof(uint16_t));
+        prompt[0] = (uint16_t)bpe_eot_id(t);
+        prompt_len = 1;
+    }
+    int total = (int)prompt_len + o->sample_tokens;
+    uint16_t *tokens = xmalloc(sizeof(uint16_t) * (size_t)total);
+    rng_t rng = rng_seed((uint64_t)o->seed);
+    for (int s = 0; s < o->num_samples; s++) {
+        memcpy(tokens, prompt, sizeof(uint16_t) * prompt_len);
+        gpt_generate(m, tokens, (int)prompt_len, total, (float)o->temperature, o->top_k, &rng);
+        size_t len;
+        char *text = bpe_decode(t, tokens, (size_t)total, &len);
+        log_main("--- sample %d (temperature %g, top_k %d, seed %d) ---\n%.*s\n", s + 1, o->temperature,
+                 o->top_k, o->seed, (int)len, text);
+        free(text);
+    }
+    free(tokens);
+    free(prompt);
+}
+
+// ===================================================================== saving
+
+static void model_paths(const options *o, char *model, char *tokenizer, size_t size) {
+    snprintf(model, size, "%s/model.safetensors", o->out_dir);
+    snprintf(tokenizer, size, "%s/tokenizer.json", o->out_dir);
+}
+
+// The model as safetensors and, beside it, the tokenizer that gives its token ids meaning.
+static void save_model(const gpt_t *m, const bpe_t *t, const options *o) {
+    char model[1100], tokenizer[1100], err[2048];
+    model_paths(o, model, tokenizer, sizeof model);
+    if (!gpt_save_safetensors(m, model, err, sizeof err)) die("saving the model: %s", err);
+    if (!bpe_save_json(t, tokenizer, err, sizeof err)) die("saving the tokenizer: %s", err);
+    log_main("saved: %s (%zu parameters) and %s\n", model, m->num_params, tokenizer);
+}
+
+// --generate: no data, no training; the saved model and tokenizer only.
+static int generate_only(const options *o) {
+    char model[1100], tokenizer[1100], err[2048];
+    model_paths(o, model, tokenizer, sizeof model);
+    if (access(model, R_OK) != 0)
+        die("no trained model at %s: train one first (./%s --preset tiny), or point --out_dir at a run", model, CHAPTER);
+    gpt_t m;
+    if (!gpt_load_safetensors(&m, model, err, sizeof err)) die("loading the model: %s", err);
+    bpe_t *t = bpe_load_json(tokenizer, err, sizeof err);
+    if (!t) die("loading the tokenizer: %s", err);
+    if (bpe_vocab_size(t) != m.cfg.vocab_size)
+        die("%s has %d tokens but the model %s expects %d: they are not from the same run", tokenizer,
+            bpe_vocab_size(t), model, m.cfg.vocab_size);
+    log_main("model: %s: %zu parameters (block %d, %d layers, %d heads, %d channels, vocabulary %d)\n", model,
+             m.num_params, m.cfg.block_size, m.cfg.n_layer, m.cfg.n_head, m.cfg.n_embd, m.cfg.vocab_size);
+    print_samples(&m, t, o);
+    bpe_free(t);
+    gpt_free(&m);
+    return 0;
+}
+
+// ===================================================================== training
+
+typedef struct {
+    int steps_per_epoch, total_steps, warmup;
+    size_t num_blocks;         // training sequences of T+1 tokens (overlapping by one)
+    sampler_t sampler;         // this rank's blocks of each epoch
+    uint16_t *inputs, *targets;
+    double start, train_time;  // wall clock; seconds spent in training steps
+    double loss_sum;           // since the last progress line
+    int loss_count;
+    double interval_start;
+    metrics_csv csv;           // rank 0 only
+    dist_t *dist;
+} trainer_t;
+
+static trainer_t make_trainer(const options *o, const corpus_t *c, dist_t *d) {
+    trainer_t tr;
+    memset(&tr, 0, sizeof tr);
+    int B = o->batch_size, T = o->block_size;
+    tr.dist = d;
+    tr.num_blocks = c->count[0] > 1 ? (c->count[0] - 1) / (size_t)T : 0;
+    if (tr.num_blocks < (size_t)d->world_size)
+        die("the training split has %zu tokens: too few blocks of %d for %d ranks", c->count[0], T, d->world_size);
+    // Every rank gets the same number of blocks (DistributedSampler semantics),
+    // so every rank takes the same number of steps.
+    tr.sampler = sampler_create((int64_t)tr.num_blocks, d->world_size, d->rank, true, (uint64_t)o->seed, false);
+    int64_t per_rank = ((int64_t)tr.num_blocks + d->world_size - 1) / d->world_size;
+    tr.steps_per_epoch = (int)(per_rank / ((int64_t)B * o->grad_accum));
+    if (tr.steps_per_epoch < 1)
+        die("the training split has %zu tokens: too few for one step of %d rank(s) x %d x %d x %d tokens (use a "
+            "smaller --batch_size, --grad_accum or --block_size)", c->count[0], d->world_size, o->grad_accum, B, T);
+    tr.total_steps = tr.steps_per_epoch * o->epochs;
+    if (o->max_steps > 0 && o->max_steps < tr.total_steps) tr.total_steps = o->max_steps;
+    tr.warmup = o->warmup_steps < tr.total_steps / 5 ? o->warmup_steps : tr.total_steps / 5;
+    tr.inputs = xmalloc(sizeof(uint16_t) * (size_t)B * T);
+    tr.targets = xmalloc(sizeof(uint16_t) * (size_t)B * T);
+    if (d->rank == 0) tr.csv = metrics_open(o->out_dir, "metrics", "step,epoch,train_loss,valid_loss,tokens_per_s");
+    return tr;
+}
+
+// Micro-batch `index` of the epoch: B of this rank's blocks, in order.
+static void fill_batch(trainer_t *tr, const uint16_t *train, int index, int B, int T) {
+    for (int b = 0; b < B; b++) {
+        const uint16_t *block = train + (size_t)tr->sampler.indices[(size_t)index * B + b] * T;
+        memcpy(tr->inputs + (size_t)b * T, block, sizeof(uint16_t) * T);
+        memcpy(tr->targets + (size_t)b * T, block + 1, sizeof(uint16_t) * T);
+    }
+}
+
+// One optimizer step: grad_accum micro-batches, the gradients averaged over
+// the ranks, then clip and AdamW. Returns the mean loss over all ranks.
+static float train_step(gpt_t *m, trainer_t *tr, const options *o, const uint16_t *train, int step_in_epoch, int step) {
+    gpt_zero_grad(m);
+    double loss = 0;
+    for (int micro = 0; micro < o->grad_accum; micro++) {
+        fill_batch(tr, train, step_in_epoch * o->grad_accum + micro, o->batch_size, o->block_size);
+        loss += gpt_forward(m, tr->inputs, tr->targets, o->batch_size, o->block_size);
+        gpt_backward(m, 1.0f / (float)o->grad_accum); // the mean over micro-batches
+    }
+    // DDP: every rank ends with the same averaged gradient, so every rank
+    // clips and steps the same way, and the replicas stay identical.
+    ddp_average_gradients(tr->dist->pg, m->grads, m->num_params);
+    gpt_clip_grad_norm(m, (float)o->grad_clip);
+    float lr = gpt_lr_schedule(step, tr->warmup, tr->total_steps, (float)o->lr, (float)o->min_lr);
+    gpt_adamw_step(m, lr, 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
+    double mean = loss / o->grad_accum;
+    dist_all_reduce_host(tr->dist, &mean, 1, OP_AVG); // for the progress line: all ranks' loss
+    return (float)mean;
+}
+
+static void format_duration(double seconds, char *buf, size_t size) {
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600) snprintf(buf, size, "%ldh%02ldm", s / 3600, s / 60 % 60);
+    else snprintf(buf, size, "%ldm%02lds", s / 60, s % 60);
+}
+
+// The progress line: loss averaged since the last line, speed (of all
+// ranks together), time left.
+static void report_progress(trainer_t *tr, const options *o, int step, int epoch) {
+    double now = now_seconds(), tokens = (double)tr->loss_count * o->batch_size * o->grad_accum * o->block_size *
+                                         tr->dist->world_size;
+    double tok_per_s = tokens / (now - tr->interval_start);
+    double loss = tr->loss_sum / tr->loss_count;
+    char eta[32];
+    format_duration(tr->train_time / step * (tr->total_steps - step), eta, sizeof eta);
+    log_main("epoch %d | step %d/%d | loss %.4f | lr %.2e | %.0f tokens/s | ETA %s\n", epoch + 1, step,
+             tr->total_steps, loss, gpt_lr_schedule(step - 1, tr->warmup, tr->total_steps, (float)o->lr,
+             (float)o->min_lr), tok_per_s, eta);
+    metrics_row(&tr->csv, "%d,%d,%.5f,,%.1f", step, epoch + 1, loss, tok_per_s);
+    tr->loss_sum = 0, tr->loss_count = 0;
+    tr->interval_start = now_seconds();
+}
+
+static void validate(gpt_t *m, trainer_t *tr, const corpus_t *c, const options *o, int step, int epoch) {
+    double start = now_seconds();
+    double loss = evaluate(m, tr->dist, c->split[1], c->count[1], o->batch_size, o->block_size);
+    log_main("validation after step %d (epoch %d): loss %.4f | perplexity %.2f | %zu tokens in %.1f s\n", step,
+             epoch + 1, loss, exp(loss), c->count[1], now_seconds() - start);
+    metrics_row(&tr->csv, "%d,%d,,%.5f,", step, epoch + 1, loss);
+    tr->interval_start += now_seconds() - start; // validation time is not training speed
+}
+
+// ===================================================================== snapshots
+
+// The resumable state, as in chapter 06: the parameters, both AdamW moments
+// and its step count, where the run is, and the configuration that must
+// match. Written by rank 0 at the end of an epoch.
+static void save_snapshot(const gpt_t *m, const options *o, int epochs_done, int step, int world) {
+    int64_t shape[1] = {(int64_t)m->num_params};
+    float *zeros = m->adam_m ? NULL : xcalloc(m->num_params, sizeof(float));
+    snapshot_tensor t[3] = {snapshot_tensor_of("params", "F32", m->params, 1, shape),
+                            snapshot_tensor_of("adam_m", "F32", m->adam_m ? m->adam_m : zeros, 1, shape),
+                            snapshot_tensor_of("adam_v", "F32", m->adam_v ? m->adam_v : zeros, 1, shape)};
+    snapshot_meta meta[12];
+    int n = 0;
+    meta[n++] = snapshot_meta_of("config", "vocab %d block %d layers %d heads %d embd %d", m->cfg.vocab_size,
+                                 m->cfg.block_size, m->cfg.n_layer, m->cfg.n_head, m->cfg.n_embd);
+    meta[n++] = snapshot_meta_of("training", "batch %d accum %d lr %.9g seed %d", o->batch_size, o->grad_accum,
+                                 o->lr, o->seed);
+    meta[n++] = snapshot_meta_of("epoch", "%d", epochs_done);
+    meta[n++] = snapshot_meta_of("step", "%d", step);
+    meta[n++] = snapshot_meta_of("adam_step", "%d", m->adam_step);
+    meta[n++] = snapshot_meta_of("world_size", "%d", world);
+    char err[1400];
+    if (!snapshot_save_step(o->snapshot_path, step, t, 3, meta, n, 2, err, sizeof err))
+        die("could not save the snapshot: %s", err);
+    log_main("snapshot saved: Epoch %d (step %d) in %s\n", epochs_done, step, o->snapshot_path);
+    free(zeros);
+}
+
+static int64_t snapshot_int(const snapshot_t *s, const char *key) {
+    int64_t v = 0;
+    char err[300];
+    if (!snapshot_meta_i64(s, key, &v, err, sizeof err)) die("snapshot %s: %s", s->path, err);
+    return v;
+}
+
+// Rank 0 loads the newest valid snapshot; everyone receives it by broadcast.
+// Returns the epochs already done (0: a fresh start) and sets *step.
+static int resume(gpt_t *m, const options *o, dist_t *d, int *step) {
+    int64_t where[3] = {0, 0, 0}; // epoch, step, adam_step
+    if (d->rank == 0 && o->snapshot_path) {
+        snapshot_t s;
+        char report[4096], err[1400], want[2][200];
+        int found = snapshot_load_latest(o->snapshot_path, &s, report, sizeof report);
+        if (report[0]) log_main("%s\n", report);
+        if (found < 0) die("no valid snapshot for %s; remove the damaged files to start afresh", o->snapshot_path);
+        if (found > 0) {
+            int64_t shape[1] = {(int64_t)m->num_params};
+            snprintf(want[0], sizeof want[0], "vocab %d block %d layers %d heads %d embd %d", m->cfg.vocab_size,
+                     m->cfg.block_size, m->cfg.n_layer, m->cfg.n_head, m->cfg.n_embd);
+            snprintf(want[1], sizeof want[1], "batch %d accum %d lr %.9g seed %d", o->batch_size, o->grad_accum,
+                     o->lr, o->seed);
+            if (!m->adam_m) m->adam_m = xcalloc(m->num_params, sizeof(gpt_real));
+            if (!m->adam_v) m->adam_v = xcalloc(m->num_params, sizeof(gpt_real));
+            if (!snapshot_expect_meta(&s, "config", want[0], err, sizeof err) ||
+                !snapshot_expect_meta(&s, "training", want[1], err, sizeof err) ||
+                !snapshot_copy(&s, "params", "F32", 1, shape, m->params, err, sizeof err) ||
+                !snapshot_copy(&s, "adam_m", "F32", 1, shape, m->adam_m, err, sizeof err) ||
+                !snapshot_copy(&s, "adam_v", "F32", 1, shape, m->adam_v, err, sizeof err))
+                die("cannot resume from %s: %s", s.path, err);
+            where[0] = snapshot_int(&s, "epoch"), where[1] = snapshot_int(&s, "step");
+            where[2] = snapshot_int(&s, "adam_step");
+            snapshot_release(&s);
+        }
+    }
+    dist_broadcast_host(d, where, 3, DTYPE_I64, 0);
+    if (where[2] > 0) {
+        if (!m->adam_m) m->adam_m = xcalloc(m->num_params, sizeof(gpt_real));
+        if (!m->adam_v) m->adam_v = xcalloc(m->num_params, sizeof(gpt_real));
+        ddp_broadcast_parameters(d->pg, m->adam_m, m->num_params);
+        ddp_broadcast_parameters(d->pg, m->adam_v, m->num_params);
+        m->adam_step = (int)where[2];
+        log_main("Resuming training from snapshot at Epoch %lld (step %lld)\n", (long long)where[0], (long long)where[1]);
+    }
+    ddp_broadcast_parameters(d->pg, m->params, m->num_params); // equal replicas from the start
+    *step = (int)where[1];
+    return (int)where[0];
+}
+
+// Fault injection for the tests, as in chapter 06: COURSE_FAIL_RANK=r and
+// COURSE_FAIL_STEP=s make rank r exit(3) before step s, in the first
+// attempt only (a restarted job must be able to finish).
+static void maybe_fail(const dist_t *d, int step) {
+    if (env_int("COURSE_FAIL_RANK", -1) != d->rank || env_int("COURSE_FAIL_STEP", -1) != step) return;
+    if (d->env.restart_count > 0) return;
+    fprintf(stderr, "fault injection: rank %d dies at step %d\n", d->rank, step);
+    fflush(NULL);
+    exit(3);
+}
+
+static void train(gpt_t *m, const corpus_t *c, const options *o, trainer_t *tr) {
+    log_main("training: %d step(s) (%d per epoch) of %d tokens (%d rank(s) x %d x batch %d x block %d) | lr %g -> "
+             "%g, warm-up %d\n", tr->total_steps, tr->steps_per_epoch,
+             tr->dist->world_size * o->grad_accum * o->batch_size * o->block_size, tr->dist->world_size,
+             o->grad_accum, o->batch_size, o->block_size, o->lr, o->min_lr, tr->warmup);
+    int step = 0;
+    int first_epoch = resume(m, o, tr->dist, &step);
+    tr->start = tr->interval_start = now_seconds();
+    for (int epoch = first_epoch; epoch < o->epochs && step < tr->total_steps; epoch++) {
+        // Each rank takes its share of this epoch's order (seed + epoch).
+        sampler_set_epoch(&tr->sampler, epoch);
+        bool validated = false;
+        for (int s = 0; s < tr->steps_per_epoch && step < tr->total_steps; s++) {
+            double t0 = now_seconds();
+            maybe_fail(tr->dist, step + 1);
+            tr->loss_sum += train_step(m, tr, o, c->split[0], s, step);
+            tr->loss_count++;
+            step++;
+            tr->train_time += now_seconds() - t0;
+            if (step % o->log_every == 0 || step == tr->total_steps) report_progress(tr, o, step, epoch);
+            validated = o->eval_every > 0 && step % o->eval_every == 0;
+            if (validated) validate(m, tr, c, o, step, epoch);
+        }
+        if (!validated) validate(m, tr, c, o, step, epoch);
+        bool save = o->save_every > 0 && (epoch + 1) % o->save_every == 0 && tr->dist->rank == 0;
+        if (save && o->snapshot_path) save_snapshot(m, o, epoch + 1, step, tr->dist->world_size);
+        else if (save) save_model(m, c->tokenizer, o);
+    }
+}
+
+// ===================================================================== main
+
+// What every rank runs: one process, a rank spawned by --nprocs, or a
+// worker started by ddprun.
+static int run_rank(int rank, int world, void *arg) {
+    const options *op = arg, o_copy = *op;
+    const options *o = &o_copy;
+    (void)rank, (void)world;
+    // --- Set-up: join the job (a job of one rank without a launcher).
+    dist_t dist;
+    dist_options how = {"env://", o->backend, "cpu", o->timeout};
+    dist_init(&dist, &how);
+    announce_device(o);
+    choose_threads();
+    log_main("ranks: %d, backend %s\n", dist.world_size, pg_describe(dist.pg));
+    char cache_dir[1100];
+    snprintf(cache_dir, sizeof cache_dir, "%s/cache", o->out_dir);
+    make_dirs(cache_dir);
+
+    // --- Data: rank 0 trains (or loads) the tokenizer and fills the token
+    // cache first; the others then read the cache instead of doing it again.
+    corpus_t corpus;
+    if (dist.rank == 0) corpus = load_corpus(o, cache_dir);
+    pg_barrier(dist.pg);
+    if (dist.rank != 0) corpus = load_corpus(o, cache_dir);
+
+    // --- Model: sized by the flags, vocabulary by the tokenizer; the same
+    // seed gives every rank the same initial weights (and rank 0's are
+    // broadcast anyway when training starts).
+    gpt_config cfg = {bpe_vocab_size(corpus.tokenizer), o->block_size, o->n_layer, o->n_head, o->n_embd};
+    gpt_t model;
+    gpt_init(&model, cfg, (uint64_t)o->seed);
+    log_main("model: %zu parameters (vocabulary %d, block %d, %d layers, %d heads, %d channels)\n",
+             model.num_params, cfg.vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd);
+
+    // --- Training, with validation after every epoch.
+    trainer_t tr = make_trainer(o, &corpus, &dist);
+    train(&model, &corpus, o, &tr);
+    metrics_close(&tr.csv);
+
+    // --- Report: test perplexity, samples, the saved model (rank 0).
+    double test_loss = evaluate(&model, &dist, corpus.split[2], corpus.count[2], o->batch_size, o->block_size);
+    log_main("test: loss %.4f | perplexity %.2f over %zu tokens\n", test_loss, exp(test_loss), corpus.count[2]);
+    if (dist.rank == 0) {
+        print_samples(&model, corpus.tokenizer, o);
+        save_model(&model, corpus.tokenizer, o);
+        double l2 = 0;
+        for (size_t i = 0; i < model.num_params; i++) l2 += (double)model.params[i] * model.params[i];
+        log_main("final parameters checksum %016llx, l2 norm %.9g\n",
+                 (unsigned long long)checksum_bytes(model.params, sizeof(gpt_real) * model.num_params), sqrt(l2));
+        log_main("metrics: %s (plot: gnuplot plots/08_gpt_loss.gp)\n", tr.csv.path);
+    }
+
+    free(tr.inputs), free(tr.targets);
+    sampler_free(&tr.sampler);
+    for (int s = 0; s < 3; s++) free(corpus.split[s]);
+    bpe_free(corpus.tokenizer);
+    gpt_free(&model);
+    dist_finish(&dist);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    options o = parse_options(argc, argv);
+    if (o.generate) {
+        announce_device(&o);
+        choose_threads();
+        return generate_only(&o);
+    }
+    // Started by a launcher, or one rank: this process is the rank.
+    // Otherwise --nprocs N spawns N ranks (mp.spawn style, chapter 04).
+    if (launch_env_read().launched || o.nprocs == 1) return run_rank(0, 1, &o);
+    return spawn(o.nprocs, run_rank, &o);
+}

@@ -1,0 +1,1282 @@
+// gpt.h - a GPT language model on the CPU, forward and backward written out
+// layer by layer.
+//
+// This is the reference implementation of chapter 08: plain C, one layer
+// function per idea, each forward pass beside its backward pass with the
+// calculus in the comments. Read it top to bottom:
+//   1. configuration and the number type
+//   2. the parameter table: every weight lives in ONE flat array
+//   3. matrix products (OpenBLAS or a blocked C kernel)
+//   4. the layers, each forward + backward
+//   5. the model: forward, backward
+//   6. the optimizer: gradient clipping, AdamW, the learning-rate schedule
+//   7. sampling text
+//   8. saving and loading in the safetensors format
+//
+// Why one flat array for the parameters and another for the gradients?
+// Data parallelism then all-reduces a single buffer, a snapshot writes a
+// single buffer, and a GPU version copies a single buffer. The tensor table
+// names the slices (wte.weight, h.0.attn.c_attn.weight, ...).
+//
+// The number type is gpt_real: float for training, double when a test
+// defines GPT_REAL before including this file, so that gradients can be
+// checked against finite differences without float round-off drowning
+// the comparison.
+#ifndef GPT_H
+#define GPT_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <tgmath.h>
+#include <unistd.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef COURSE_BLAS
+#include <cblas.h>
+#endif
+
+#include "check.h"
+#include "rng.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "gpt.h reads and writes little-endian files by copying memory; port gpt_save/gpt_load first"
+#endif
+
+#ifndef GPT_REAL
+#define GPT_REAL float
+#endif
+typedef GPT_REAL gpt_real;
+
+// ===================================================================== 1. configuration
+
+typedef struct {
+    int vocab_size; // tokens the model knows (from the tokenizer)
+    int block_size; // longest context, in tokens
+    int n_layer;    // transformer blocks
+    int n_head;     // attention heads per block
+    int n_embd;     // width of the residual stream (channels)
+} gpt_config;
+
+// "default": the chapter's model (4.47 M parameters with vocabulary 5000).
+// "tiny": small enough for tests and for a demo that finishes in a minute.
+static inline bool gpt_preset(const char *name, gpt_config *c) {
+    if (!strcmp(name, "default")) {
+        c->block_size = 128, c->n_layer = 4, c->n_head = 4, c->n_embd = 256;
+        return true;
+    }
+    if (!strcmp(name, "tiny")) {
+        c->block_size = 32, c->n_layer = 2, c->n_head = 2, c->n_embd = 64;
+        return true;
+    }
+    return false;
+}
+
+// NULL when the configuration can be built, else the reason it cannot.
+static inline const char *gpt_config_problem(gpt_config c) {
+    if (c.vocab_size < 2 || c.vocab_size > 65536) return "vocab_size must be 2..65536 (tokens are 16-bit)";
+    if (c.block_size < 1 || c.block_size > 8192) return "block_size must be 1..8192";
+    if (c.n_layer < 1 || c.n_layer > 256) return "n_layer must be 1..256";
+    if (c.n_head < 1 || c.n_embd < 1 || c.n_embd > 16384) return "n_head and n_embd must be positive (n_embd <= 16384)";
+    if (c.n_embd % c.n_head != 0) return "n_embd must be a multiple of n_head (each head gets n_embd / n_head channels)";
+    return NULL;
+}
+
+// ===================================================================== 2. the parameter table
+
+// One named slice of the flat parameter array: what a safetensors file or a
+// snapshot stores per tensor. Shapes are row-major; ndim is 1 or 2.
+typedef struct {
+    char name[48];
+    size_t offset, count;
+    int ndim;
+    int shape[4];
+    bool decay; // AdamW's weight decay applies to matrices (ndim 2) only
+} gpt_tensor;
+
+// The twelve tensors of one transformer block, in storage order. Shapes are
+// multiples of C = n_embd: {rows, cols}, cols 0 for a vector. A weight is
+// stored as (out, in), as torch.nn.Linear does: y = x W^T + b.
+enum {
+    B_LN1_W, B_LN1_B, B_QKV_W, B_QKV_B, B_ATTPROJ_W, B_ATTPROJ_B,
+    B_LN2_W, B_LN2_B, B_FC_W, B_FC_B, B_FCPROJ_W, B_FCPROJ_B, GPT_BLOCK_TENSORS
+};
+static const struct { const char *name; int rows, cols; } gpt_block_layout[GPT_BLOCK_TENSORS] = {
+    {"ln_1.weight", 1, 0},        {"ln_1.bias", 1, 0},
+    {"attn.c_attn.weight", 3, 1}, {"attn.c_attn.bias", 3, 0},
+    {"attn.c_proj.weight", 1, 1}, {"attn.c_proj.bias", 1, 0},
+    {"ln_2.weight", 1, 0},        {"ln_2.bias", 1, 0},
+    {"mlp.c_fc.weight", 4, 1},    {"mlp.c_fc.bias", 4, 0},
+    {"mlp.c_proj.weight", 1, 4},  {"mlp.c_proj.bias", 1, 0},
+};
+
+// Pointers to one block's tensors inside a flat array (parameters or grads).
+typedef struct {
+    gpt_real *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
+    gpt_real *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+} gpt_block;
+
+// The activations of one block that the backward pass needs again.
+typedef struct {
+    gpt_real *ln1, *ln1_mean, *ln1_rstd; // (B,T,C), (B,T), (B,T)
+    gpt_real *qkv;                       // (B,T,3C): queries, keys, values
+    gpt_real *att;                       // (B,NH,T,T): attention probabilities
+    gpt_real *atty;                      // (B,T,C): attention output, heads side by side
+    gpt_real *res2;                      // (B,T,C): residual stream after attention
+    gpt_real *ln2, *ln2_mean, *ln2_rstd;
+    gpt_real *fch, *fch_gelu;            // (B,T,4C): MLP hidden layer before / after GELU
+    gpt_real *res3;                      // (B,T,C): residual stream leaving the block
+} gpt_block_acts;
+
+typedef struct {
+    gpt_config cfg;
+    gpt_real *params, *grads;     // num_params each, laid out as tensors[]
+    gpt_real *adam_m, *adam_v;    // optimizer moments, allocated on the first step
+    size_t num_params;
+    gpt_tensor *tensors;
+    int num_tensors;
+    int adam_step;                // AdamW steps taken (for bias correction)
+
+    // Activations for the last forward pass of B sequences of T tokens.
+    int B, T;
+    size_t acts_capacity, grads_capacity; // elements allocated
+    gpt_real *acts;               // everything the forward pass keeps
+    gpt_real *grad_acts;          // scratch for the backward pass
+    uint16_t *inputs, *targets;   // copies of the last batch
+    bool have_targets;
+    float last_loss;
+} gpt_t;
+
+static inline void gpt_add_tensor(gpt_t *m, const char *name, int rows, int cols) {
+    gpt_tensor *t = &m->tensors[m->num_tensors++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = cols > 0 ? 2 : 1;
+    t->shape[0] = rows;
+    t->shape[1] = cols > 0 ? cols : 0;
+    t->count = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+    t->offset = m->num_params;
+    t->decay = t->ndim == 2;
+    m->num_params += t->count;
+}
+
+// Lays out the table: wte, wpe, h.0.* ... h.{L-1}.*, ln_f.*. The LM head
+// has no tensor of its own: it reuses wte ("weight tying"), which saves
+// V*C parameters and helps small models.
+static inline void gpt_build_table(gpt_t *m) {
+    int C = m->cfg.n_embd;
+    m->tensors = xcalloc((size_t)(4 + GPT_BLOCK_TENSORS * m->cfg.n_layer), sizeof(gpt_tensor));
+    m->num_tensors = 0;
+    m->num_params = 0;
+    gpt_add_tensor(m, "wte.weight", m->cfg.vocab_size, C);
+    gpt_add_tensor(m, "wpe.weight", m->cfg.block_size, C);
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        for (int i = 0; i < GPT_BLOCK_TENSORS; i++) {
+            char name[48];
+            snprintf(name, sizeof name, "h.%d.%s", l, gpt_block_layout[i].name);
+            gpt_add_tensor(m, name, gpt_block_layout[i].rows * C, gpt_block_layout[i].cols * C);
+        }
+    }
+    gpt_add_tensor(m, "ln_f.weight", C, 0);
+    gpt_add_tensor(m, "ln_f.bias", C, 0);
+}
+
+// Table indices of the non-block tensors.
+static inline int gpt_ln_f_index(const gpt_t *m) { return 2 + GPT_BLOCK_TENSORS * m->cfg.n_layer; }
+
+// The block's tensors inside `base`, which is m->params or m->grads.
+static inline gpt_block gpt_block_view(const gpt_t *m, gpt_real *base, int layer) {
+    gpt_real *p[GPT_BLOCK_TENSORS];
+    for (int i = 0; i < GPT_BLOCK_TENSORS; i++)
+        p[i] = base + m->tensors[2 + layer * GPT_BLOCK_TENSORS + i].offset;
+    gpt_block b = {p[B_LN1_W], p[B_LN1_B], p[B_QKV_W], p[B_QKV_B], p[B_ATTPROJ_W], p[B_ATTPROJ_B],
+                   p[B_LN2_W], p[B_LN2_B], p[B_FC_W], p[B_FC_B], p[B_FCPROJ_W], p[B_FCPROJ_B]};
+    return b;
+}
+
+static inline gpt_real *gpt_tensor_ptr(const gpt_t *m, gpt_real *base, int index) {
+    return base + m->tensors[index].offset;
+}
+
+// ===================================================================== 3. matrix products
+//
+// Nearly all the arithmetic of a transformer is matrix products, so their
+// speed is the model's speed. With COURSE_BLAS (the chapter's Makefile sets
+// it when OpenBLAS is installed) they call cblas_sgemm; otherwise a blocked
+// kernel below. Both compute, row-major,
+//     C[M x N] = beta * C + op(A)[M x K] * op(B)[K x N],   op(X) = X or X^T.
+// The serial version runs on the calling thread; gemm_parallel splits the
+// rows of C between the OpenMP threads, so threading is the same whichever
+// kernel does the work.
+
+static inline int gpt_num_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+// The calling thread's share [*begin, *end) of n items, in multiples of
+// `grain`, inside a parallel region (all of it outside one).
+static inline void gpt_thread_share(size_t n, size_t grain, size_t *begin, size_t *end) {
+    size_t id = 0, count = 1;
+#ifdef _OPENMP
+    id = (size_t)omp_get_thread_num();
+    count = (size_t)omp_get_num_threads();
+#endif
+    size_t chunks = (n + grain - 1) / grain;
+    size_t b = chunks * id / count * grain, e = chunks * (id + 1) / count * grain;
+    *begin = b < n ? b : n;
+    *end = e < n ? e : n;
+}
+
+enum { GEMM_MR = 4, GEMM_NR = 32, GEMM_KC = 128, GEMM_MC = 64, GEMM_NC = 512 };
+
+// Element (row, col) of op(X), where X is stored row-major with leading dimension ld.
+static inline gpt_real gemm_at(const gpt_real *X, int ld, bool trans, int row, int col) {
+    return trans ? X[(size_t)col * ld + row] : X[(size_t)row * ld + col];
+}
+
+// Copies rows k0..k0+kc-1, columns j0..j0+nc-1 of op(B) into tiles of NR
+// columns, each tile k-major, zero-padded: the micro-kernel then reads one
+// contiguous stream of NR-wide rows.
+static inline void gemm_pack_b(gpt_real *dst, const gpt_real *B, int ldb, bool tb,
+                               int k0, int kc, int j0, int nc) {
+    for (int jt = 0; jt < nc; jt += GEMM_NR)
+        for (int k = 0; k < kc; k++)
+            for (int j = 0; j < GEMM_NR; j++)
+                *dst++ = jt + j < nc ? gemm_at(B, ldb, tb, k0 + k, j0 + jt + j) : 0;
+}
+
+// Copies rows i0..i0+mc-1, columns k0..k0+kc-1 of op(A) into tiles of MR rows, k-major.
+static inline void gemm_pack_a(gpt_real *dst, const gpt_real *A, int lda, bool ta,
+                               int i0, int mc, int k0, int kc) {
+    for (int it = 0; it < mc; it += GEMM_MR)
+        for (int k = 0; k < kc; k++)
+            for (int r = 0; r < GEMM_MR; r++)
+                *dst++ = it + r < mc ? gemm_at(A, lda, ta, i0 + it + r, k0 + k) : 0;
+}
+
+// C[mr x nr] += (MR x kc tile of A) * (kc x NR tile of B). The MR x NR sums
+// stay in registers for the whole k loop; that reuse is what makes a blocked
+// product fast, as each loaded value feeds MR (or NR) multiply-adds.
+static inline void gemm_micro(int kc, const gpt_real *restrict a, const gpt_real *restrict b,
+                              gpt_real *C, int ldc, int mr, int nr) {
+    gpt_real acc[GEMM_MR][GEMM_NR] = {{0}};
+    for (int k = 0; k < kc; k++) {
+        for (int r = 0; r < GEMM_MR; r++) {
+            gpt_real ar = a[k * GEMM_MR + r];
+#pragma omp simd
+            for (int j = 0; j < GEMM_NR; j++) acc[r][j] += ar * b[k * GEMM_NR + j];
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nr; j++) C[(size_t)r * ldc + j] += acc[r][j];
+}
+
+static inline void gemm_scale(int M, int N, gpt_real beta, gpt_real *C, int ldc) {
+    if (beta == 1) return;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++)
+            C[(size_t)i * ldc + j] = beta == 0 ? 0 : beta * C[(size_t)i * ldc + j];
+}
+
+static inline void gemm_blocked(bool ta, bool tb, int M, int N, int K, const gpt_real *A, int lda,
+                                const gpt_real *B, int ldb, gpt_real beta, gpt_real *C, int ldc) {
+    gemm_scale(M, N, beta, C, ldc);
+    gpt_real *bp = xmalloc(sizeof(gpt_real) * GEMM_KC * (GEMM_NC + GEMM_NR));
+    gpt_real *ap = xmalloc(sizeof(gpt_real) * GEMM_KC * (GEMM_MC + GEMM_MR));
+    for (int j0 = 0; j0 < N; j0 += GEMM_NC) {
+        int nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
+        for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+            int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
+            gemm_pack_b(bp, B, ldb, tb, k0, kc, j0, nc);
+            for (int i0 = 0; i0 < M; i0 += GEMM_MC) {
+                int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC;
+                gemm_pack_a(ap, A, lda, ta, i0, mc, k0, kc);
+                for (int jt = 0; jt < nc; jt += GEMM_NR)
+                    for (int it = 0; it < mc; it += GEMM_MR)
+                        gemm_micro(kc, ap + (size_t)it * kc, bp + (size_t)jt * kc,
+                                   C + (size_t)(i0 + it) * ldc + j0 + jt, ldc,
+                                   mc - it < GEMM_MR ? mc - it : GEMM_MR,
+                                   nc - jt < GEMM_NR ? nc - jt : GEMM_NR);
+            }
+        }
+    }
+    free(ap);
+    free(bp);
+}
+
+static inline void gemm_serial(bool ta, bool tb, int M, int N, int K, const gpt_real *A, int lda,
+                               const gpt_real *B, int ldb, gpt_real beta, gpt_real *C, int ldc) {
+    if (M <= 0 || N <= 0) return;
+#ifdef COURSE_BLAS
+    enum CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+    if (sizeof(gpt_real) == sizeof(float))
+        cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, 1.0f, (const float *)A, lda,
+                    (const float *)B, ldb, (float)beta, (float *)C, ldc);
+    else
+        cblas_dgemm(CblasRowMajor, opa, opb, M, N, K, 1.0, (const double *)A, lda,
+                    (const double *)B, ldb, (double)beta, (double *)C, ldc);
+#else
+    gemm_blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+#endif
+}
+
+// Each OpenMP thread computes a band of rows of C. Row i of op(A) starts at
+// A + i (transposed: a column of the stored matrix) or A + i*lda.
+static inline void gemm_parallel(bool ta, bool tb, int M, int N, int K, const gpt_real *A, int lda,
+                                 const gpt_real *B, int ldb, gpt_real beta, gpt_real *C, int ldc) {
+#pragma omp parallel
+    {
+        size_t i0, i1;
+        gpt_thread_share((size_t)M, 16, &i0, &i1);
+        if (i1 > i0)
+            gemm_serial(ta, tb, (int)(i1 - i0), N, K, ta ? A + i0 : A + i0 * (size_t)lda, lda, B, ldb,
+                        beta, C + i0 * (size_t)ldc, ldc);
+    }
+}
+
+// Called once: OpenBLAS must not start threads of its own inside ours.
+static inline void gpt_blas_single_threaded(void) {
+#ifdef COURSE_BLAS
+    openblas_set_num_threads(1);
+#endif
+}
+
+static inline const char *gpt_matmul_backend(void) {
+#ifdef COURSE_BLAS
+    return "OpenBLAS sgemm";
+#else
+    return "blocked C kernel";
+#endif
+}
+
+// ===================================================================== exp, fast
+//
+// The C library's expf is exact to the last bit but is a function call the
+// compiler cannot vectorise. GELU and the softmaxes call exp tens of
+// millions of times per step, so in float we use our own: split
+//     exp(x) = 2^n * exp(r),  n = round(x / ln 2),  |r| <= ln(2)/2,
+// and approximate exp(r) by a polynomial (the classic Cephes coefficients):
+// relative error below 1e-7, a float's own precision (the unit test checks).
+// Every step is plain arithmetic, so `omp simd` loops run 8 or 16 at once.
+static inline float gpt_expf_fast(float x) {
+    x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;             // stay within normal floats
+    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;    // round to nearest (1.5 * 2^23 trick)
+    float r = x - n * 0.693359375f - n * -2.12194440e-4f;       // x - n ln2, ln2 split in two for accuracy
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;                    // 2^n built in the exponent field
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+// The model's exp: the fast one in float, the library's in double (the
+// gradient check compares against finite differences that need every digit).
+static inline gpt_real gpt_exp(gpt_real x) {
+    if (sizeof(gpt_real) != sizeof(float)) return exp(x);
+    return (gpt_real)gpt_expf_fast((float)x);
+}
+
+// ===================================================================== 4. layers
+//
+// Conventions. N = B*T rows (one per token position), C channels.
+// Every backward function ADDS into parameter gradients (dweight, dbias),
+// so gradients of several micro-batches accumulate for free. Gradients of
+// activations are overwritten, except where a comment says "adds": the
+// residual stream's gradient is a sum over the paths that read it.
+
+// --- token + position embedding
+// x[b,t,:] = wte[token[b,t],:] + wpe[t,:]
+static inline void encoder_forward(gpt_real *out, const uint16_t *tokens, const gpt_real *wte,
+                                   const gpt_real *wpe, int B, int T, int C) {
+#pragma omp parallel for
+    for (int n = 0; n < B * T; n++) {
+        const gpt_real *tok = wte + (size_t)tokens[n] * C, *pos = wpe + (size_t)(n % T) * C;
+        gpt_real *o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = tok[c] + pos[c];
+    }
+}
+
+// A lookup's gradient goes back to the row that was looked up: dwte[token]
+// += dx, dwpe[t] += dx. Rows repeat (the same token twice), so the threads
+// split the channels, never the rows, and no two threads add to one number.
+static inline void encoder_backward(gpt_real *dwte, gpt_real *dwpe, const gpt_real *dout,
+                                    const uint16_t *tokens, int B, int T, int C) {
+#pragma omp parallel
+    {
+        size_t c0, c1;
+        gpt_thread_share((size_t)C, 16, &c0, &c1);
+        for (int n = 0; n < B * T; n++) {
+            const gpt_real *d = dout + (size_t)n * C;
+            gpt_real *tok = dwte + (size_t)tokens[n] * C, *pos = dwpe + (size_t)(n % T) * C;
+            for (size_t c = c0; c < c1; c++) {
+                tok[c] += d[c];
+                pos[c] += d[c];
+            }
+        }
+    }
+}
+
+// --- layer normalisation
+// Per row: mean m, variance v (biased, as PyTorch), rstd = 1/sqrt(v + eps),
+// xhat = (x - m) * rstd, y = xhat * w + b. It keeps the residual stream's
+// scale in check whatever the depth. mean and rstd are kept for backward.
+static inline void layernorm_forward(gpt_real *out, gpt_real *mean, gpt_real *rstd, const gpt_real *inp,
+                                     const gpt_real *weight, const gpt_real *bias, int N, int C) {
+    const gpt_real eps = (gpt_real)1e-5;
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const gpt_real *x = inp + (size_t)n * C;
+        gpt_real m = 0, v = 0;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+        v /= C;
+        gpt_real s = 1 / sqrt(v + eps);
+        gpt_real *y = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+// With g = dy * w (gradient at xhat), the mean and the variance both depend
+// on every x of the row, which gives
+//     dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+//     dw += sum over rows of dy * xhat,   db += sum over rows of dy.
+// dinp ADDS (it is the residual stream). The parameter sums run over rows,
+// so the threads split the channels for them, the rows for dx.
+static inline void layernorm_backward(gpt_real *dinp, gpt_real *dweight, gpt_real *dbias,
+                                      const gpt_real *dout, const gpt_real *inp, const gpt_real *weight,
+                                      const gpt_real *mean, const gpt_real *rstd, int N, int C) {
+#pragma omp parallel
+    {
+#pragma omp for
+        for (int n = 0; n < N; n++) {
+            const gpt_real *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+            gpt_real g_mean = 0, gx_mean = 0;
+            for (int c = 0; c < C; c++) {
+                gpt_real g = dy[c] * weight[c];
+                g_mean += g;
+                gx_mean += g * (x[c] - mean[n]) * rstd[n];
+            }
+            g_mean /= C;
+            gx_mean /= C;
+            gpt_real *dx = dinp + (size_t)n * C;
+            for (int c = 0; c < C; c++) {
+                gpt_real xhat = (x[c] - mean[n]) * rstd[n];
+                dx[c] += rstd[n] * (dy[c] * weight[c] - g_mean - xhat * gx_mean);
+            }
+        }
+        size_t c0, c1;
+        gpt_thread_share((size_t)C, 16, &c0, &c1);
+        for (int n = 0; n < N; n++) {
+            const gpt_real *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+            for (size_t c = c0; c < c1; c++) {
+                dweight[c] += dy[c] * (x[c] - mean[n]) * rstd[n];
+                dbias[c] += dy[c];
+            }
+        }
+    }
+}
+
+// --- linear layer (a matrix product plus a bias)
+// out = inp W^T + b:  inp (N, C), W (OC, C), b (OC) or NULL, out (N, OC).
+static inline void matmul_forward(gpt_real *out, const gpt_real *inp, const gpt_real *weight,
+                                  const gpt_real *bias, int N, int C, int OC) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] = bias ? bias[o] : 0;
+    gemm_parallel(false, true, N, OC, C, inp, C, weight, C, 1, out, OC);
+}
+
+// From out = inp W^T + b:
+//     dinp = dout W          (N, C)   overwritten; skipped when dinp is NULL
+//     dW  += dout^T inp      (OC, C)  every row's outer product, summed
+//     db  += sum over rows of dout
+static inline void matmul_backward(gpt_real *dinp, gpt_real *dweight, gpt_real *dbias,
+                                   const gpt_real *dout, const gpt_real *inp, const gpt_real *weight,
+                                   int N, int C, int OC) {
+    if (dinp) gemm_parallel(false, false, N, C, OC, dout, OC, weight, C, 0, dinp, C);
+    gemm_parallel(true, false, OC, C, N, dout, OC, inp, C, 1, dweight, C);
+    if (!dbias) return;
+#pragma omp parallel
+    {
+        size_t o0, o1;
+        gpt_thread_share((size_t)OC, 16, &o0, &o1);
+        for (int n = 0; n < N; n++)
+            for (size_t o = o0; o < o1; o++) dbias[o] += dout[(size_t)n * OC + o];
+    }
+}
+
+// --- causal multi-head self-attention
+// qkv (B,T,3C) holds, per position, the query, key and value of all heads:
+// head h uses channels h*hs .. h*hs+hs-1 of each third (hs = C/NH). Per
+// sequence and head, with Q, K, V the (T, hs) slices:
+//     S = Q K^T / sqrt(hs)                 how much each position attends to each other
+//     P = softmax(S) over s <= t           row t sees positions 0..t only (causal)
+//     Y = P V                              (T, hs), written to head h's channels of out
+// P is kept in att (B,NH,T,T) for the backward pass.
+static inline void attention_forward(gpt_real *out, gpt_real *att, const gpt_real *qkv,
+                                     int B, int T, int C, int NH) {
+    int hs = C / NH, C3 = 3 * C;
+    gpt_real scale = 1 / sqrt((gpt_real)hs);
+#pragma omp parallel for
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        const gpt_real *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
+        gpt_real *p = att + (size_t)bh * T * T;
+        gemm_serial(false, true, T, T, hs, q, C3, k, C3, 0, p, T);
+        for (int t = 0; t < T; t++) {
+            gpt_real *row = p + (size_t)t * T, maxv = row[0] * scale, sum = 0;
+            for (int s = 1; s <= t; s++) maxv = row[s] * scale > maxv ? row[s] * scale : maxv;
+#pragma omp simd reduction(+ : sum)
+            for (int s = 0; s <= t; s++) {
+                row[s] = gpt_exp(row[s] * scale - maxv);
+                sum += row[s];
+            }
+            gpt_real inv = 1 / sum;
+            for (int s = 0; s <= t; s++) row[s] *= inv;
+            for (int s = t + 1; s < T; s++) row[s] = 0;
+        }
+        gemm_serial(false, false, T, hs, T, p, T, v, C3, 0, out + (size_t)b * T * C + h * hs, C);
+    }
+}
+
+// Backward through Y = P V, P = softmax(S), S = Q K^T * scale:
+//     dP = dY V^T,  dV = P^T dY
+//     dS = P .* (dP - rowsum(dP .* P)) * scale    (softmax's Jacobian; masked P are 0, so dS is too)
+//     dQ = dS K,    dK = dS^T Q
+// dqkv is overwritten; each thread has its own (T,T) scratch for dP / dS.
+static inline void attention_backward(gpt_real *dqkv, const gpt_real *dout, const gpt_real *qkv,
+                                      const gpt_real *att, int B, int T, int C, int NH) {
+    int hs = C / NH, C3 = 3 * C;
+    gpt_real scale = 1 / sqrt((gpt_real)hs);
+#pragma omp parallel
+    {
+        gpt_real *ds = xmalloc(sizeof(gpt_real) * (size_t)T * T);
+#pragma omp for
+        for (int bh = 0; bh < B * NH; bh++) {
+            int b = bh / NH, h = bh % NH;
+            size_t off = (size_t)b * T * C3 + h * hs;
+            const gpt_real *q = qkv + off, *k = q + C, *v = q + 2 * C, *p = att + (size_t)bh * T * T;
+            const gpt_real *dy = dout + (size_t)b * T * C + h * hs;
+            gpt_real *dq = dqkv + off, *dk = dq + C, *dv = dq + 2 * C;
+            gemm_serial(false, true, T, T, hs, dy, C, v, C3, 0, ds, T);
+            gemm_serial(true, false, T, hs, T, p, T, dy, C, 0, dv, C3);
+            for (int t = 0; t < T; t++) {
+                const gpt_real *pr = p + (size_t)t * T;
+                gpt_real *dr = ds + (size_t)t * T, dot = 0;
+                for (int s = 0; s <= t; s++) dot += dr[s] * pr[s];
+                for (int s = 0; s < T; s++) dr[s] = pr[s] * (dr[s] - dot) * scale;
+            }
+            gemm_serial(false, false, T, hs, T, ds, T, k, C3, 0, dq, C3);
+            gemm_serial(true, false, T, hs, T, ds, T, q, C3, 0, dk, C3);
+        }
+        free(ds);
+    }
+}
+
+// --- GELU, tanh approximation (as GPT-2)
+// y = x/2 * (1 + tanh(u)),  u = sqrt(2/pi) * (x + 0.044715 x^3).
+// Since (1 + tanh u)/2 = sigmoid(2u), this is y = x * s with
+// s = 1 / (1 + exp(-2u)): one exponential per element, no tanh.
+static inline void gelu_forward(gpt_real *out, const gpt_real *inp, size_t n) {
+    const gpt_real k = (gpt_real)0.7978845608028654, a = (gpt_real)0.044715;
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) {
+        gpt_real x = inp[i];
+        out[i] = x / (1 + gpt_exp(-2 * k * (x + a * x * x * x)));
+    }
+}
+
+// dy/dx = s + x * ds/dx, and ds/dx = s (1 - s) * d(2u)/dx, so
+//     dy/dx = s + 2 x s (1 - s) * sqrt(2/pi) * (1 + 3 * 0.044715 x^2).
+// dinp may be dout (the update is element by element).
+static inline void gelu_backward(gpt_real *dinp, const gpt_real *inp, const gpt_real *dout, size_t n) {
+    const gpt_real k = (gpt_real)0.7978845608028654, a = (gpt_real)0.044715;
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) {
+        gpt_real x = inp[i], s = 1 / (1 + gpt_exp(-2 * k * (x + a * x * x * x)));
+        dinp[i] = (s + 2 * x * s * (1 - s) * k * (1 + 3 * a * x * x)) * dout[i];
+    }
+}
+
+// --- residual connection: out = a + b. Its backward passes the gradient
+// unchanged to both inputs, which is why deep residual networks train:
+// the gradient has a direct path from the loss to every block.
+static inline void residual_forward(gpt_real *out, const gpt_real *a, const gpt_real *b, size_t n) {
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+// --- softmax + cross-entropy, fused
+// p = softmax(logits), loss = -log p[target] = logsumexp(logits) - logits[target].
+// The logits buffer is overwritten with p (the backward pass needs p, and
+// the logits themselves are not needed again). Returns the mean loss.
+static inline float crossentropy_forward(gpt_real *losses, gpt_real *logits_probs,
+                                         const uint16_t *targets, int N, int V) {
+    double total = 0;
+#pragma omp parallel for reduction(+ : total)
+    for (int n = 0; n < N; n++) {
+        gpt_real *z = logits_probs + (size_t)n * V, maxv = z[0], sum = 0;
+#pragma omp simd reduction(max : maxv)
+        for (int i = 1; i < V; i++) maxv = z[i] > maxv ? z[i] : maxv;
+        gpt_real target_logit = z[targets[n]] - maxv; // shifted by the max, as every exponent below
+#pragma omp simd reduction(+ : sum)
+        for (int i = 0; i < V; i++) {
+            z[i] = gpt_exp(z[i] - maxv);
+            sum += z[i];
+        }
+        losses[n] = log(sum) - target_logit;
+        gpt_real inv = 1 / sum;
+#pragma omp simd
+        for (int i = 0; i < V; i++) z[i] *= inv;
+        total += losses[n];
+    }
+    return (float)(total / N);
+}
+
+// d(loss)/d(logits) = p - onehot(target); times dloss, the weight of each
+// row in the mean (and the gradient-accumulation scale). In place: p in, dlogits out.
+static inline void crossentropy_backward(gpt_real *probs_dlogits, const uint16_t *targets,
+                                         int N, int V, gpt_real dloss) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        gpt_real *d = probs_dlogits + (size_t)n * V;
+        d[targets[n]] -= 1;
+        for (int i = 0; i < V; i++) d[i] *= dloss;
+    }
+}
+
+// ===================================================================== 5. the model
+
+// GPT-2's initialisation: weights N(0, 0.02), the two projections that
+// write into the residual stream scaled by 1/sqrt(2 * n_layer) so that the
+// stream's variance does not grow with depth; biases 0, LayerNorm gains 1.
+static inline void gpt_init_params(gpt_t *m, uint64_t seed) {
+    rng_t rng = rng_seed(seed);
+    double proj_std = 0.02 / sqrt(2.0 * m->cfg.n_layer);
+    for (int i = 0; i < m->num_tensors; i++) {
+        const gpt_tensor *t = &m->tensors[i];
+        gpt_real *p = m->params + t->offset;
+        bool layernorm_gain = strstr(t->name, "ln_") && strstr(t->name, ".weight");
+        bool projection = strstr(t->name, "c_proj.weight") != NULL;
+        for (size_t j = 0; j < t->count; j++) {
+            if (t->ndim == 2) p[j] = (gpt_real)(rng_normal(&rng) * (projection ? proj_std : 0.02));
+            else p[j] = layernorm_gain ? 1 : 0;
+        }
+    }
+}
+
+// Builds the model: the table, parameters (deterministic from the seed),
+// zeroed gradients. Activations are allocated by the first forward pass.
+static inline void gpt_init(gpt_t *m, gpt_config cfg, uint64_t seed) {
+    const char *problem = gpt_config_problem(cfg);
+    if (problem) die("bad model configuration: %s", problem);
+    memset(m, 0, sizeof *m);
+    m->cfg = cfg;
+    gpt_build_table(m);
+    m->params = xmalloc(sizeof(gpt_real) * m->num_params);
+    m->grads = xcalloc(m->num_params, sizeof(gpt_real));
+    gpt_init_params(m, seed);
+}
+
+static inline size_t gpt_block_acts_size(const gpt_config *c, int B, int T) {
+    size_t N = (size_t)B * T, C = (size_t)c->n_embd;
+    return N * C * 16 + N * 4 + (size_t)B * c->n_head * T * T; // see gpt_block_acts_view
+}
+
+static inline gpt_real *gpt_carve(gpt_real **cursor, size_t n) {
+    gpt_real *p = *cursor;
+    *cursor += n;
+    return p;
+}
+
+// Layout of m->acts: encoded (N,C), scratch (N,C), the blocks, then
+// lnf (N,C), lnf_mean, lnf_rstd (N), logits (N,V), losses (N).
+static inline gpt_block_acts gpt_block_acts_view(const gpt_t *m, int layer) {
+    size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.n_embd;
+    gpt_real *cur = m->acts + 2 * N * C + layer * gpt_block_acts_size(&m->cfg, m->B, m->T);
+    gpt_block_acts a;
+    a.ln1 = gpt_carve(&cur, N * C), a.ln1_mean = gpt_carve(&cur, N), a.ln1_rstd = gpt_carve(&cur, N);
+    a.qkv = gpt_carve(&cur, 3 * N * C);
+    a.att = gpt_carve(&cur, (size_t)m->B * m->cfg.n_head * m->T * m->T);
+    a.atty = gpt_carve(&cur, N * C), a.res2 = gpt_carve(&cur, N * C);
+    a.ln2 = gpt_carve(&cur, N * C), a.ln2_mean = gpt_carve(&cur, N), a.ln2_rstd = gpt_carve(&cur, N);
+    a.fch = gpt_carve(&cur, 4 * N * C), a.fch_gelu = gpt_carve(&cur, 4 * N * C);
+    a.res3 = gpt_carve(&cur, N * C);
+    return a;
+}
+
+typedef struct { gpt_real *encoded, *scratch, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses; } gpt_head_acts;
+
+static inline gpt_head_acts gpt_head_acts_view(const gpt_t *m) {
+    size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.n_embd;
+    gpt_head_acts h;
+    h.encoded = m->acts;
+    h.scratch = m->acts + N * C;
+    gpt_real *cur = m->acts + 2 * N * C + m->cfg.n_layer * gpt_block_acts_size(&m->cfg, m->B, m->T);
+    h.lnf = gpt_carve(&cur, N * C), h.lnf_mean = gpt_carve(&cur, N), h.lnf_rstd = gpt_carve(&cur, N);
+    h.logits = gpt_carve(&cur, N * (size_t)m->cfg.vocab_size);
+    h.losses = gpt_carve(&cur, N);
+    return h;
+}
+
+// Backward scratch (m->grad_acts): dres (N,C) the gradient of the residual
+// stream, dtmp (N,C), dqkv (N,3C), dhidden (N,4C). They are reused by every
+// block: the only gradient that travels between blocks is dres.
+typedef struct { gpt_real *dres, *dtmp, *dqkv, *dhidden; } gpt_grad_acts;
+
+static inline gpt_grad_acts gpt_grad_acts_view(const gpt_t *m) {
+    size_t NC = (size_t)m->B * m->T * m->cfg.n_embd;
+    gpt_grad_acts g = {m->grad_acts, m->grad_acts + NC, m->grad_acts + 2 * NC, m->grad_acts + 5 * NC};
+    return g;
+}
+
+// Makes room for a batch of B sequences of T tokens (grows, never shrinks).
+static inline void gpt_ensure_acts(gpt_t *m, int B, int T) {
+    size_t N = (size_t)B * T, C = (size_t)m->cfg.n_embd;
+    size_t acts = 2 * N * C + m->cfg.n_layer * gpt_block_acts_size(&m->cfg, B, T) +
+                  N * C + 2 * N + N * (size_t)m->cfg.vocab_size + N;
+    if (acts > m->acts_capacity) {
+        free(m->acts);
+        m->acts = xmalloc(sizeof(gpt_real) * acts);
+        m->acts_capacity = acts;
+    }
+    if (N * C * 9 > m->grads_capacity) {
+        free(m->grad_acts);
+        free(m->inputs);
+        free(m->targets);
+        m->grad_acts = xmalloc(sizeof(gpt_real) * N * C * 9);
+        m->grads_capacity = N * C * 9;
+        m->inputs = xmalloc(sizeof(uint16_t) * N);
+        m->targets = xmalloc(sizeof(uint16_t) * N);
+    }
+    m->B = B, m->T = T;
+}
+
+// One transformer block, pre-LayerNorm (as GPT-2):
+//     res2 = x    + attn(ln_1(x))
+//     res3 = res2 + mlp(ln_2(res2)),   mlp(z) = c_proj(gelu(c_fc(z)))
+static inline void gpt_block_forward(gpt_t *m, int layer, const gpt_real *x, gpt_real *scratch) {
+    int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T;
+    gpt_block p = gpt_block_view(m, m->params, layer);
+    gpt_block_acts a = gpt_block_acts_view(m, layer);
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, N, C);
+    matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C);
+    attention_forward(a.atty, a.att, a.qkv, B, T, C, m->cfg.n_head);
+    matmul_forward(scratch, a.atty, p.attproj_w, p.attproj_b, N, C, C);
+    residual_forward(a.res2, x, scratch, (size_t)N * C);
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, N, C);
+    matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C);
+    gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C);
+    matmul_forward(scratch, a.fch_gelu, p.fcproj_w, p.fcproj_b, N, 4 * C, C);
+    residual_forward(a.res3, a.res2, scratch, (size_t)N * C);
+}
+
+static inline void gpt_check_tokens(const gpt_t *m, const uint16_t *tokens, size_t n, const char *what) {
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] >= m->cfg.vocab_size)
+            die("%s token %u at position %zu is outside the model's vocabulary of %d; "
+                "was the model built for another tokenizer?", what, tokens[i], i, m->cfg.vocab_size);
+}
+
+// The residual input of block `layer`: the embeddings, or the previous block's output.
+static inline gpt_real *gpt_block_input(const gpt_t *m, int layer) {
+    return layer == 0 ? gpt_head_acts_view(m).encoded : gpt_block_acts_view(m, layer - 1).res3;
+}
+
+// inputs, targets: B rows of T tokens. Returns the mean cross-entropy, or
+// -1 when targets is NULL; then m->acts holds the logits (gpt_logits).
+static inline float gpt_forward(gpt_t *m, const uint16_t *inputs, const uint16_t *targets, int B, int T) {
+    if (B < 1 || T < 1 || T > m->cfg.block_size)
+        die("gpt_forward: batch %d x %d tokens does not fit the model (block_size %d)", B, T, m->cfg.block_size);
+    size_t N = (size_t)B * T;
+    gpt_check_tokens(m, inputs, N, "input");
+    if (targets) gpt_check_tokens(m, targets, N, "target");
+    gpt_ensure_acts(m, B, T);
+    memcpy(m->inputs, inputs, sizeof(uint16_t) * N);
+    if (targets) memcpy(m->targets, targets, sizeof(uint16_t) * N);
+    m->have_targets = targets != NULL;
+
+    int C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->cfg.n_layer;
+    gpt_head_acts h = gpt_head_acts_view(m);
+    gpt_real *wte = m->params + m->tensors[0].offset, *wpe = m->params + m->tensors[1].offset;
+    encoder_forward(h.encoded, m->inputs, wte, wpe, B, T, C);
+    for (int l = 0; l < L; l++) gpt_block_forward(m, l, gpt_block_input(m, l), h.scratch);
+    int lnf = gpt_ln_f_index(m);
+    layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, gpt_block_input(m, L),
+                      gpt_tensor_ptr(m, m->params, lnf), gpt_tensor_ptr(m, m->params, lnf + 1), (int)N, C);
+    matmul_forward(h.logits, h.lnf, wte, NULL, (int)N, C, V); // the LM head is wte: tied weights
+    m->last_loss = targets ? crossentropy_forward(h.losses, h.logits, m->targets, (int)N, V) : -1.0f;
+    return m->last_loss;
+}
+
+// The logits of sequence b at position t after gpt_forward(..., NULL, ...).
+static inline const gpt_real *gpt_logits(const gpt_t *m, int b, int t) {
+    return gpt_head_acts_view(m).logits + ((size_t)b * m->T + t) * m->cfg.vocab_size;
+}
+
+// The block's backward pass, in the reverse order of its forward pass.
+// On entry g.dres is d(loss)/d(res3); on return d(loss)/d(x).
+static inline void gpt_block_backward(gpt_t *m, int layer) {
+    int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T;
+    gpt_block p = gpt_block_view(m, m->params, layer), d = gpt_block_view(m, m->grads, layer);
+    gpt_block_acts a = gpt_block_acts_view(m, layer);
+    gpt_grad_acts g = gpt_grad_acts_view(m);
+    const gpt_real *x = gpt_block_input(m, layer);
+
+    // MLP branch. res3 = res2 + c_proj(...): the branch's output gradient
+    // is dres itself, and dres also flows on unchanged to res2.
+    matmul_backward(g.dhidden, d.fcproj_w, d.fcproj_b, g.dres, a.fch_gelu, p.fcproj_w, N, 4 * C, C);
+    gelu_backward(g.dhidden, a.fch, g.dhidden, (size_t)N * 4 * C);
+    matmul_backward(g.dtmp, d.fc_w, d.fc_b, g.dhidden, a.ln2, p.fc_w, N, C, 4 * C);
+    layernorm_backward(g.dres, d.ln2_w, d.ln2_b, g.dtmp, a.res2, p.ln2_w, a.ln2_mean, a.ln2_rstd, N, C);
+
+    // Attention branch, the same way: dres is now d(loss)/d(res2).
+    matmul_backward(g.dtmp, d.attproj_w, d.attproj_b, g.dres, a.atty, p.attproj_w, N, C, C);
+    attention_backward(g.dqkv, g.dtmp, a.qkv, a.att, B, T, C, m->cfg.n_head);
+    matmul_backward(g.dtmp, d.qkv_w, d.qkv_b, g.dqkv, a.ln1, p.qkv_w, N, C, 3 * C);
+    layernorm_backward(g.dres, d.ln1_w, d.ln1_b, g.dtmp, x, p.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
+}
+
+// Adds grad_scale * d(mean loss of the last forward)/d(parameters) to m->grads.
+// grad_scale is 1 for a plain step and 1/k when k micro-batches accumulate.
+// The logits buffer is consumed: call gpt_forward again before another backward.
+static inline void gpt_backward(gpt_t *m, float grad_scale) {
+    if (!m->have_targets) die("gpt_backward needs a gpt_forward with targets just before it");
+    m->have_targets = false;
+    int B = m->B, T = m->T, C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->cfg.n_layer, N = B * T;
+    gpt_head_acts h = gpt_head_acts_view(m);
+    gpt_grad_acts g = gpt_grad_acts_view(m);
+    gpt_real *wte = m->params + m->tensors[0].offset, *dwte = m->grads + m->tensors[0].offset;
+    int lnf = gpt_ln_f_index(m);
+
+    crossentropy_backward(h.logits, m->targets, N, V, (gpt_real)grad_scale / N);
+    matmul_backward(g.dtmp, dwte, NULL, h.logits, h.lnf, wte, N, C, V); // LM head: adds into dwte
+    memset(g.dres, 0, sizeof(gpt_real) * (size_t)N * C);
+    layernorm_backward(g.dres, gpt_tensor_ptr(m, m->grads, lnf), gpt_tensor_ptr(m, m->grads, lnf + 1),
+                       g.dtmp, gpt_block_input(m, L), gpt_tensor_ptr(m, m->params, lnf),
+                       h.lnf_mean, h.lnf_rstd, N, C);
+    for (int l = L - 1; l >= 0; l--) gpt_block_backward(m, l);
+    encoder_backward(dwte, m->grads + m->tensors[1].offset, g.dres, m->inputs, B, T, C);
+}
+
+static inline void gpt_zero_grad(gpt_t *m) { memset(m->grads, 0, sizeof(gpt_real) * m->num_params); }
+
+static inline void gpt_free(gpt_t *m) {
+    free(m->params), free(m->grads), free(m->adam_m), free(m->adam_v), free(m->tensors);
+    free(m->acts), free(m->grad_acts), free(m->inputs), free(m->targets);
+    memset(m, 0, sizeof *m);
+}
+
+// ===================================================================== 6. optimizer
+
+// Scales the gradients down when their global L2 norm exceeds max_norm
+// (max_norm <= 0: never). Returns the norm before clipping. One bad batch
+// then cannot throw the weights far. With data parallelism call it after
+// the all-reduce, so every rank clips the same averaged gradient.
+static inline float gpt_clip_grad_norm(gpt_t *m, float max_norm) {
+    double sum = 0;
+#pragma omp parallel for reduction(+ : sum)
+    for (size_t i = 0; i < m->num_params; i++) sum += (double)m->grads[i] * m->grads[i];
+    double norm = sqrt(sum);
+    if (max_norm > 0 && norm > max_norm) {
+        gpt_real s = (gpt_real)(max_norm / (norm + 1e-6));
+#pragma omp parallel for
+        for (size_t i = 0; i < m->num_params; i++) m->grads[i] *= s;
+    }
+    return (float)norm;
+}
+
+// AdamW (Loshchilov & Hutter), as torch.optim.AdamW:
+//     m = b1 m + (1-b1) g,  v = b2 v + (1-b2) g^2        running moments
+//     p -= lr * wd * p                                     decoupled weight decay (matrices only)
+//     p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+static inline void gpt_adamw_step(gpt_t *m, float lr, float beta1, float beta2, float eps, float weight_decay) {
+    if (!m->adam_m) {
+        m->adam_m = xcalloc(m->num_params, sizeof(gpt_real));
+        m->adam_v = xcalloc(m->num_params, sizeof(gpt_real));
+    }
+    m->adam_step++;
+    double c1 = 1 - pow((double)beta1, m->adam_step), c2 = 1 - pow((double)beta2, m->adam_step);
+    for (int t = 0; t < m->num_tensors; t++) {
+        const gpt_tensor *ten = &m->tensors[t];
+        gpt_real decay = ten->decay ? (gpt_real)(lr * weight_decay) : 0;
+#pragma omp parallel for simd
+        for (size_t i = ten->offset; i < ten->offset + ten->count; i++) {
+            gpt_real g = m->grads[i];
+            m->adam_m[i] = beta1 * m->adam_m[i] + (1 - beta1) * g;
+            m->adam_v[i] = beta2 * m->adam_v[i] + (1 - beta2) * g * g;
+            gpt_real mhat = m->adam_m[i] / (gpt_real)c1, vhat = m->adam_v[i] / (gpt_real)c2;
+            m->params[i] -= decay * m->params[i];
+            m->params[i] -= lr * mhat / (sqrt(vhat) + eps);
+        }
+    }
+}
+
+// Linear warm-up from max_lr/warmup to max_lr over `warmup` steps (Adam's
+// moment estimates are poor at first), then a cosine from max_lr down to
+// min_lr at step max_steps, and min_lr after that. step counts from 0.
+static inline float gpt_lr_schedule(int step, int warmup, int max_steps, float max_lr, float min_lr) {
+    if (step < warmup) return max_lr * (float)(step + 1) / (float)warmup;
+    if (step >= max_steps) return min_lr;
+    double progress = (double)(step - warmup) / (double)(max_steps - warmup);
+    return min_lr + (float)(0.5 * (1 + cos(3.141592653589793 * progress))) * (max_lr - min_lr);
+}
+
+// ===================================================================== 7. sampling
+
+// Picks the next token from one row of logits. temperature <= 0: the most
+// likely token (greedy). Otherwise softmax(logits / temperature) restricted
+// to the top_k most likely tokens (top_k <= 0: all of them).
+static inline int gpt_sample_next(const gpt_real *logits, int vocab, float temperature, int top_k, rng_t *rng) {
+    int best = 0;
+    for (int i = 1; i < vocab; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (temperature <= 0) return best;
+    if (top_k <= 0 || top_k > vocab) top_k = vocab;
+    // The k-th largest logit: repeatedly take the largest below the last one.
+    double cut = logits[best];
+    int kept = 1;
+    while (kept < top_k) {
+        double next = -INFINITY;
+        for (int i = 0; i < vocab; i++)
+            if (logits[i] < cut && logits[i] > next) next = logits[i];
+        if (next == -INFINITY) break;
+        for (int i = 0; i < vocab; i++) kept += logits[i] == next;
+        cut = next;
+    }
+    double sum = 0;
+    for (int i = 0; i < vocab; i++)
+        if (logits[i] >= cut) sum += exp((logits[i] - (double)logits[best]) / temperature);
+    double r = rng_uniform(rng) * sum, run = 0;
+    for (int i = 0; i < vocab; i++) {
+        if (logits[i] < cut) continue;
+        run += exp((logits[i] - (double)logits[best]) / temperature);
+        if (run > r) return i;
+    }
+    return best;
+}
+
+// Extends tokens[0..len-1] to tokens[0..total-1], one token at a time. The
+// model sees at most block_size tokens, so a long text slides its window.
+static inline void gpt_generate(gpt_t *m, uint16_t *tokens, int len, int total, float temperature,
+                                int top_k, rng_t *rng) {
+    for (int n = len; n < total; n++) {
+        int start = n > m->cfg.block_size ? n - m->cfg.block_size : 0;
+        gpt_forward(m, tokens + start, NULL, 1, n - start);
+        tokens[n] = (uint16_t)gpt_sample_next(gpt_logits(m, 0, n - start - 1), m->cfg.vocab_size,
+                                              temperature, top_k, rng);
+    }
+}
+
+// ===================================================================== 8. safetensors
+//
+// The format Hugging Face uses: an 8-byte little-endian header length, a
+// JSON header {"name": {"dtype": "F32", "shape": [...], "data_offsets":
+// [begin, end]}, ..., "__metadata__": {"key": "value"}}, then the raw
+// little-endian data, offsets counted from the end of the header. Python
+// reads it with safetensors.torch.load_file; the metadata carries the
+// configuration, so a file describes its model completely.
+
+static const char *const gpt_config_keys[5] = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd"};
+
+static inline int *gpt_config_field(gpt_config *c, int i) {
+    int *fields[5] = {&c->vocab_size, &c->block_size, &c->n_layer, &c->n_head, &c->n_embd};
+    return fields[i];
+}
+
+// The JSON header, padded with spaces to a multiple of 8 bytes (so that
+// the data is aligned, as the format recommends). malloc'd.
+static inline char *gpt_safetensors_header(const gpt_t *m, size_t *len_out) {
+    size_t cap = 256 + (size_t)m->num_tensors * 160, len = 0;
+    char *h = xmalloc(cap);
+    gpt_config c = m->cfg;
+    len += (size_t)snprintf(h + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\",\"model\":\"gpt\"");
+    for (int i = 0; i < 5; i++)
+        len += (size_t)snprintf(h + len, cap - len, ",\"%s\":\"%d\"", gpt_config_keys[i], *gpt_config_field(&c, i));
+    len += (size_t)snprintf(h + len, cap - len, "}");
+    for (int i = 0; i < m->num_tensors; i++) {
+        const gpt_tensor *t = &m->tensors[i];
+        len += (size_t)snprintf(h + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d", t->name, t->shape[0]);
+        if (t->ndim == 2) len += (size_t)snprintf(h + len, cap - len, ",%d", t->shape[1]);
+        len += (size_t)snprintf(h + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", t->offset * 4,
+                                (t->offset + t->count) * 4);
+    }
+    len += (size_t)snprintf(h + len, cap - len, "}");
+    while (len % 8) h[len++] = ' ';
+    *len_out = len;
+    return h;
+}
+
+static inline bool gpt_write_all(int fd, const void *buf, size_t n) {
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        p += w, n -= (size_t)w;
+    }
+    return true;
+}
+
+// Header length, header, then the parameters as float32.
+static inline bool gpt_write_safetensors_fd(const gpt_t *m, int fd) {
+    size_t hlen;
+    char *header = gpt_safetensors_header(m, &hlen);
+    uint64_t len64 = hlen;
+    bool ok = gpt_write_all(fd, &len64, 8) && gpt_write_all(fd, header, hlen);
+    free(header);
+    float chunk[4096];
+    for (size_t i = 0; ok && i < m->num_params; i += 4096) {
+        size_t n = m->num_params - i < 4096 ? m->num_params - i : 4096;
+        for (size_t j = 0; j < n; j++) chunk[j] = (float)m->params[i + j];
+        ok = gpt_write_all(fd, chunk, n * sizeof(float));
+    }
+    return ok;
+}
+
+// Atomic: write path.tmp.PID, fsync, rename over path, fsync the folder.
+// A crash leaves the old file or the new one, never half of one.
+static inline bool gpt_save_safetensors(const gpt_t *m, const char *path, char *err, size_t errlen) {
+    char tmp[1200], dir[1200];
+    if (strlen(path) > 1000) return snprintf(err, errlen, "path too long (over 1000 bytes): %.80s...", path), false;
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+        return false;
+    }
+    bool ok = gpt_write_safetensors_fd(m, fd) && fsync(fd) == 0;
+    int saved = errno;
+    ok = close(fd) == 0 && ok;
+    if (ok && rename(tmp, path) != 0) ok = false, saved = errno;
+    if (!ok) {
+        unlink(tmp);
+        snprintf(err, errlen, "writing %s failed: %s", path, strerror(saved));
+        return false;
+    }
+    snprintf(dir, sizeof dir, "%s", path);
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return true;
+}
+
+// --- a small JSON reader, just enough for a safetensors header. Every
+// function returns false on anything unexpected; the caller reports it.
+typedef struct { const char *p, *end; } gpt_json;
+
+static inline void gpt_json_ws(gpt_json *j) {
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t')) j->p++;
+}
+
+static inline bool gpt_json_char(gpt_json *j, char c) {
+    gpt_json_ws(j);
+    if (j->p < j->end && *j->p == c) return j->p++, true;
+    return false;
+}
+
+// A string without escapes beyond \" \\ \/ (names in our files are plain).
+static inline bool gpt_json_string(gpt_json *j, char *out, size_t size) {
+    if (!gpt_json_char(j, '"')) return false;
+    size_t n = 0;
+    while (j->p < j->end && *j->p != '"') {
+        char c = *j->p++;
+        if (c == '\\') {
+            if (j->p >= j->end || !strchr("\"\\/", *j->p)) return false;
+            c = *j->p++;
+        }
+        if (n + 1 >= size) return false;
+        out[n++] = c;
+    }
+    out[n] = '\0';
+    return j->p < j->end && *j->p++ == '"';
+}
+
+static inline bool gpt_json_uint(gpt_json *j, uint64_t *out) {
+    gpt_json_ws(j);
+    if (j->p >= j->end || *j->p < '0' || *j->p > '9') return false;
+    uint64_t v = 0;
+    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
+        if (v > (UINT64_MAX - 9) / 10) return false;
+        v = v * 10 + (uint64_t)(*j->p++ - '0');
+    }
+    *out = v;
+    return true;
+}
+
+// [n, n, ...] with at most max numbers.
+static inline bool gpt_json_uint_array(gpt_json *j, uint64_t *out, int max, int *count) {
+    *count = 0;
+    if (!gpt_json_char(j, '[')) return false;
+    if (gpt_json_char(j, ']')) return true;
+    do {
+        if (*count >= max || !gpt_json_uint(j, &out[*count])) return false;
+        (*count)++;
+    } while (gpt_json_char(j, ','));
+    return gpt_json_char(j, ']');
+}
+
+typedef struct { char dtype[16]; uint64_t shape[4], offsets[2]; int ndim, noffsets; } gpt_st_entry;
+
+static inline bool gpt_json_tensor_entry(gpt_json *j, gpt_st_entry *e) {
+    memset(e, 0, sizeof *e);
+    if (!gpt_json_char(j, '{')) return false;
+    do {
+        char key[32];
+        if (!gpt_json_string(j, key, sizeof key) || !gpt_json_char(j, ':')) return false;
+        bool ok = !strcmp(key, "dtype")        ? gpt_json_string(j, e->dtype, sizeof e->dtype)
+                  : !strcmp(key, "shape")        ? gpt_json_uint_array(j, e->shape, 4, &e->ndim)
+                  : !strcmp(key, "data_offsets") ? gpt_json_uint_array(j, e->offsets, 2, &e->noffsets)
+                                                 : false;
+        if (!ok) return false;
+    } while (gpt_json_char(j, ','));
+    return gpt_json_char(j, '}');
+}
+
+// "__metadata__": {"key": "value", ...}: fills the configuration fields it knows.
+static inline bool gpt_json_metadata(gpt_json *j, gpt_config *c) {
+    if (!gpt_json_char(j, '{')) return false;
+    if (gpt_json_char(j, '}')) return true;
+    do {
+        char key[64], value[128];
+        if (!gpt_json_string(j, key, sizeof key) || !gpt_json_char(j, ':') ||
+            !gpt_json_string(j, value, sizeof value))
+            return false;
+        for (int i = 0; i < 5; i++) {
+            if (strcmp(key, gpt_config_keys[i])) continue;
+            char *end;
+            long v = strtol(value, &end, 10);
+            if (*end || end == value || v < 0 || v > 1000000) return false;
+            *gpt_config_field(c, i) = (int)v;
+        }
+    } while (gpt_json_char(j, ','));
+    return gpt_json_char(j, '}');
+}
+
+static inline bool gpt_fail(char *err, size_t errlen, const char *path, const char *why) {
+    snprintf(err, errlen, "%s: %s", path, why);
+    return false;
+}
+
+// Reads the whole file. false with a reason when it cannot.
+static inline bool gpt_read_file(const char *path, char **data, size_t *size, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        return false;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || st.st_size < 8) {
+        fclose(f);
+        return gpt_fail(err, errlen, path, "too short to be a safetensors file");
+    }
+    *size = (size_t)st.st_size;
+    *data = xmalloc(*size);
+    bool ok = fread(*data, 1, *size, f) == *size;
+    fclose(f);
+    if (!ok) {
+        free(*data);
+        return gpt_fail(err, errlen, path, "read failed");
+    }
+    return true;
+}
+
+// Copies one tensor's data into the model after checking that its entry
+// matches the table exactly (dtype, shape, size, bounds).
+static inline bool gpt_take_tensor(gpt_t *m, const char *name, const gpt_st_entry *e, const char *data,
+                                   size_t data_len, bool *seen, char *why, size_t whylen) {
+    int i = 0;
+    while (i < m->num_tensors && strcmp(m->tensors[i].name, name)) i++;
+    if (i == m->num_tensors) return snprintf(why, whylen, "unexpected tensor '%s'", name), false;
+    const gpt_tensor *t = &m->tensors[i];
+    bool shape_ok = e->ndim == t->ndim && e->shape[0] == (uint64_t)t->shape[0] &&
+                    (t->ndim == 1 || e->shape[1] == (uint64_t)t->shape[1]);
+    if (strcmp(e->dtype, "F32")) return snprintf(why, whylen, "tensor '%s' is %s, not F32", name, e->dtype), false;
+    if (!shape_ok) return snprintf(why, whylen, "tensor '%s' has the wrong shape for this configuration", name), false;
+    if (e->noffsets != 2 || e->offsets[1] < e->offsets[0] || e->offsets[1] - e->offsets[0] != t->count * 4)
+        return snprintf(why, whylen, "tensor '%s' has bad data_offsets", name), false;
+    if (e->offsets[1] > data_len)
+        return snprintf(why, whylen, "tensor '%s' ends past the end of the file (truncated?)", name), false;
+    if (seen[i]) return snprintf(why, whylen, "tensor '%s' appears twice", name), false;
+    seen[i] = true;
+    const char *src = data + e->offsets[0];
+    for (size_t k = 0; k < t->count; k++) {
+        float v;
+        memcpy(&v, src + 4 * k, 4);
+        m->params[t->offset + k] = v;
+    }
+    return true;
+}
+
+// Pass 1 reads __metadata__ (the configuration); pass 2 the tensors.
+static inline bool gpt_parse_header(gpt_t *m, gpt_json j, bool tensors, gpt_config *cfg, const char *data,
+                                    size_t data_len, bool *seen, char *why, size_t whylen) {
+    if (!gpt_json_char(&j, '{')) return snprintf(why, whylen, "header is not a JSON object"), false;
+    do {
+        char name[128];
+        gpt_st_entry e;
+        if (!gpt_json_string(&j, name, sizeof name) || !gpt_json_char(&j, ':'))
+            return snprintf(why, whylen, "malformed JSON header"), false;
+        bool is_meta = !strcmp(name, "__metadata__");
+        if (is_meta ? !gpt_json_metadata(&j, cfg) : !gpt_json_tensor_entry(&j, &e))
+            return snprintf(why, whylen, "malformed JSON header near '%s'", name), false;
+        if (tensors && !is_meta && !gpt_take_tensor(m, name, &e, data, data_len, seen, why, whylen))
+            return false;
+    } while (gpt_json_char(&j, ','));
+    if (!gpt_json_char(&j, '}')) return snprintf(why, whylen, "malformed JSON header"), false;
+    return true;
+}
+
+// Builds *m from a file written by gpt_save_safetensors. false, with a
+// one-line reason in err, on a missing, short, corrupt or foreign file.
+static inline bool gpt_load_safetensors(gpt_t *m, const char *path, char *err, size_t errlen) {
+    char *file;
+    size_t size;
+    if (!gpt_read_file(path, &file, &size, err, errlen)) return false;
+    uint64_t hlen;
+    memcpy(&hlen, file, 8);
+    char why[256] = "";
+    gpt_config cfg = {0, 0, 0, 0, 0};
+    bool ok = hlen <= size - 8 && hlen <= (100u << 20);
+    if (!ok) snprintf(why, sizeof why, "header length %llu does not fit the file", (unsigned long long)hlen);
+    gpt_json j = {file + 8, file + 8 + (ok ? hlen : 0)};
+    ok = ok && gpt_parse_header(NULL, j, false, &cfg, NULL, 0, NULL, why, sizeof why);
+    const char *problem = ok ? gpt_config_problem(cfg) : NULL;
+    if (problem) ok = false, snprintf(why, sizeof why, "__metadata__ has no usable configuration (%s)", problem);
+    if (ok) {
+        gpt_init(m, cfg, 0);
+        bool *seen = xcalloc((size_t)m->num_tensors, sizeof(bool));
+        ok = gpt_parse_header(m, j, true, &cfg, file + 8 + hlen, size - 8 - hlen, seen, why, sizeof why);
+        for (int i = 0; ok && i < m->num_tensors; i++)
+            if (!seen[i]) ok = false, snprintf(why, sizeof why, "tensor '%s' is missing", m->tensors[i].name);
+        free(seen);
+        if (!ok) gpt_free(m);
+    }
+    free(file);
+    if (!ok) return gpt_fail(err, errlen, path, why);
+    return true;
+}
+
+#endif

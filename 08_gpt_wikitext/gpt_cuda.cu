@@ -1,0 +1,1347 @@
+// gpt_cuda.cu - the GPT of gpt.h on the GPU: our kernels for the layers,
+// cuBLAS for the matrix products, fp32 or bf16 mixed precision.
+//
+// Read it beside gpt.h: every layer here has the same name, the same
+// arguments and the same formulas as there, so each kernel is a loop of
+// gpt.h spread over GPU threads. The order:
+//   1. checks, the two number types, conversions
+//   2. reductions inside a warp and inside a block (shuffles)
+//   3. the layers: kernels + the host function that launches them
+//   4. matrix products with cuBLAS (row-major on a column-major library)
+//   5. the model: memory plan, forward, backward with bucket callbacks
+//   6. the optimizer: gradient norm, clipping, AdamW
+//   7. copies to and from the host, and one-layer entry points for tests
+//
+// Precision. Templates take the activation type Act: float (fp32 mode,
+// the reference) or __nv_bfloat16 (bf16 mode). Whatever Act is:
+//   - arithmetic inside kernels is fp32: values are widened on load and
+//     rounded once on store;
+//   - LayerNorm mean/rstd, the attention scores before softmax, the
+//     logits, the losses are fp32 buffers;
+//   - parameters, their gradients and AdamW's moments are fp32; bf16 mode
+//     keeps a bf16 copy of the parameters for the matrix products only
+//     (vectors - LayerNorm gains, biases - and the embeddings are read
+//     from the fp32 master copy: they are small and it costs nothing);
+//   - cuBLAS accumulates in fp32 (CUBLAS_COMPUTE_32F) in both modes.
+//
+// Streams. Every kernel of a model goes to its own non-blocking stream.
+// Functions that return data to the host wait for that stream; others
+// (zero_grad, adamw) only queue work.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <type_traits>
+
+#include "check.h"
+#include "gpt_cuda.h"
+
+// ===================================================================== 1. checks and number types
+
+static const char *cublas_hint(cublasStatus_t st) {
+    switch (st) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "no usable GPU, or the CUDA context failed to start";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "the GPU is out of memory";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "this GPU cannot do this product (bf16 needs compute capability 8.0 or newer)";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "this combination of types is not supported by this cuBLAS";
+    default: return "";
+    }
+}
+
+#define CHECK_CUBLAS(call)                                                               \
+    do {                                                                                 \
+        cublasStatus_t check_st_ = (call);                                               \
+        if (check_st_ != CUBLAS_STATUS_SUCCESS)                                          \
+            check_failed(#call, __FILE__, __LINE__, cublasGetStatusString(check_st_),    \
+                         cublas_hint(check_st_));                                        \
+    } while (0)
+
+// A kernel launch returns nothing; a bad configuration shows up here.
+static void launched(const char *kernel) {
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) die("launching the CUDA kernel %s failed: %s", kernel, cudaGetErrorString(err));
+}
+
+static unsigned blocks_for(size_t threads, unsigned per_block) {
+    return (unsigned)((threads + per_block - 1) / per_block);
+}
+
+typedef __nv_bfloat16 bf16;
+
+// Widen to fp32 on load, round (to nearest even) on store.
+static __device__ __forceinline__ float to_f(float x) { return x; }
+static __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+template <typename Act> static __device__ __forceinline__ Act from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16(x); }
+
+template <typename Act> static cudaDataType cuda_type() {
+    return std::is_same<Act, float>::value ? CUDA_R_32F : CUDA_R_16BF;
+}
+
+template <typename Out, typename In>
+static __global__ void convert_kernel(Out *out, const In *in, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = from_f<Out>(to_f(in[i]));
+}
+
+template <typename Out, typename In>
+static void convert(cudaStream_t s, Out *out, const In *in, size_t n) {
+    if (n == 0) return;
+    convert_kernel<Out, In><<<blocks_for(n, 256), 256, 0, s>>>(out, in, n);
+    launched("convert_kernel");
+}
+
+// What the layers need to launch work: a stream and a cuBLAS handle bound to it.
+typedef struct {
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    void *workspace; // cuBLAS scratch, given explicitly so that it is counted
+} gpu_ctx;
+
+static const size_t CUBLAS_WORKSPACE_BYTES = 32u << 20; // what NVIDIA recommends for Hopper
+
+static gpu_ctx ctx_create(cudaStream_t stream, void *workspace) {
+    gpu_ctx c = {stream, NULL, workspace};
+    CHECK_CUBLAS(cublasCreate(&c.cublas));
+    // Order matters: cublasSetStream resets the workspace to cuBLAS's own pool.
+    CHECK_CUBLAS(cublasSetStream(c.cublas, stream));
+    CHECK_CUBLAS(cublasSetWorkspace(c.cublas, workspace, CUBLAS_WORKSPACE_BYTES));
+    return c;
+}
+
+// ===================================================================== 2. reductions
+//
+// A warp is 32 threads that execute together. __shfl_xor_sync(mask, v, k)
+// hands each lane the v of lane (its id XOR k) without touching memory;
+// with k = 16, 8, 4, 2, 1 every lane ends up holding the sum of all 32 (a
+// butterfly). A block's reduction is two warp reductions: each warp reduces,
+// its lane 0 leaves the result in shared memory, the first warp reduces those.
+#define WARP 32
+#define FULL_MASK 0xffffffffu
+
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int k = WARP / 2; k > 0; k /= 2) v += __shfl_xor_sync(FULL_MASK, v, k);
+    return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+    for (int k = WARP / 2; k > 0; k /= 2) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, k));
+    return v;
+}
+
+static __device__ __forceinline__ double warp_sum_double(double v) {
+    for (int k = WARP / 2; k > 0; k /= 2) v += __shfl_xor_sync(FULL_MASK, v, k);
+    return v;
+}
+
+// Every thread of the block gets the block's sum (or max). blockDim.x must
+// be a multiple of 32. The last __syncthreads lets a second call reuse the
+// shared slots safely.
+static __device__ float block_reduce(float v, bool is_max) {
+    __shared__ float partial[WARP];
+    __shared__ float result;
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
+    v = is_max ? warp_max(v) : warp_sum(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < warps ? partial[lane] : (is_max ? -INFINITY : 0.0f);
+        v = is_max ? warp_max(v) : warp_sum(v);
+        if (lane == 0) result = v;
+    }
+    __syncthreads();
+    float r = result;
+    __syncthreads();
+    return r;
+}
+
+// Column sums over many rows (bias and LayerNorm parameter gradients).
+// Blocks are 32 x 8 threads: threadIdx.x picks the column, so the 32
+// threads of a warp read 32 neighbouring numbers of one row (one memory
+// transaction); threadIdx.y picks every 8th row of the block's slab of
+// rows. Each thread has its partial sum; here the 8 partials of a column
+// meet in shared memory, and one atomicAdd per column and block adds the
+// slab's sum to the gradient. Atomics make the order of those additions,
+// and so the last bits of the result, vary from run to run.
+#define COL_X 32
+#define COL_Y 8
+#define COL_ROWS_PER_BLOCK 256
+
+static __device__ void column_add(float *dst, int col, int cols, float v) {
+    __shared__ float part[COL_Y][COL_X];
+    part[threadIdx.y][threadIdx.x] = v;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        float s = 0.0f;
+        for (int y = 0; y < COL_Y; y++) s += part[y][threadIdx.x];
+        atomicAdd(&dst[col], s);
+    }
+    __syncthreads();
+}
+
+static dim3 column_grid(int rows, int cols) {
+    return dim3(blocks_for((size_t)cols, COL_X), blocks_for((size_t)rows, COL_ROWS_PER_BLOCK));
+}
+
+// ===================================================================== 3. the layers
+
+// --- token + position embedding: x[n,:] = wte[token[n],:] + wpe[n % T,:]
+// One thread per output number; consecutive threads, consecutive channels.
+template <typename Act>
+static __global__ void encoder_forward_kernel(Act *out, const uint16_t *tokens, const float *wte,
+                                              const float *wpe, int T, int C, size_t total) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    size_t n = i / C;
+    int c = (int)(i % C), t = (int)(n % T);
+    out[i] = from_f<Act>(wte[(size_t)tokens[n] * C + c] + wpe[(size_t)t * C + c]);
+}
+
+// dwte[token] += dx: two positions holding the same token add to the same
+// row, so these additions are atomic.
+template <typename Act>
+static __global__ void encoder_backward_wte_kernel(float *dwte, const Act *dout, const uint16_t *tokens,
+                                                   int C, size_t total) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    atomicAdd(&dwte[(size_t)tokens[i / C] * C + i % C], to_f(dout[i]));
+}
+
+// dwpe[t] += sum over sequences b of dx[b,t]: one thread per (t, c) owns
+// its sum, so no atomics are needed and the result is deterministic.
+template <typename Act>
+static __global__ void encoder_backward_wpe_kernel(float *dwpe, const Act *dout, int B, int T, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * C) return;
+    float s = 0.0f;
+    for (int b = 0; b < B; b++) s += to_f(dout[(size_t)b * T * C + i]);
+    dwpe[i] += s;
+}
+
+template <typename Act>
+static void encoder_forward(const gpu_ctx *x, Act *out, const uint16_t *tokens, const float *wte,
+                            const float *wpe, int B, int T, int C) {
+    size_t total = (size_t)B * T * C;
+    encoder_forward_kernel<Act><<<blocks_for(total, 256), 256, 0, x->stream>>>(out, tokens, wte, wpe, T, C, total);
+    launched("encoder_forward_kernel");
+}
+
+template <typename Act>
+static void encoder_backward(const gpu_ctx *x, float *dwte, float *dwpe, const Act *dout,
+                             const uint16_t *tokens, int B, int T, int C) {
+    size_t total = (size_t)B * T * C;
+    encoder_backward_wte_kernel<Act><<<blocks_for(total, 256), 256, 0, x->stream>>>(dwte, dout, tokens, C, total);
+    launched("encoder_backward_wte_kernel");
+    encoder_backward_wpe_kernel<Act><<<blocks_for((size_t)T * C, 256), 256, 0, x->stream>>>(dwpe, dout, B, T, C);
+    launched("encoder_backward_wpe_kernel");
+}
+
+// --- LayerNorm forward. One warp per row: the row's C numbers are read by
+// 32 lanes, lane j taking channels j, j+32, ... (neighbouring lanes read
+// neighbouring addresses). The warp sums with shuffles, so it needs no
+// shared memory and no __syncthreads. Mean and variance in fp32, two
+// passes (as gpt.h): a one-pass E[x^2] - E[x]^2 loses digits to cancellation.
+template <typename Act>
+static __global__ void layernorm_forward_kernel(Act *out, float *mean, float *rstd, const Act *inp,
+                                                const float *weight, const float *bias, int N, int C) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (row >= N) return; // the whole warp leaves together: the shuffles below stay complete
+    const Act *x = inp + (size_t)row * C;
+    float sum = 0.0f;
+    for (int c = lane; c < C; c += WARP) sum += to_f(x[c]);
+    float m = warp_sum(sum) / C;
+    float var = 0.0f;
+    for (int c = lane; c < C; c += WARP) {
+        float d = to_f(x[c]) - m;
+        var += d * d;
+    }
+    float s = rsqrtf(warp_sum(var) / C + 1e-5f);
+    Act *y = out + (size_t)row * C;
+    for (int c = lane; c < C; c += WARP) y[c] = from_f<Act>((to_f(x[c]) - m) * s * weight[c] + bias[c]);
+    if (lane == 0) mean[row] = m, rstd[row] = s;
+}
+
+// --- LayerNorm backward, input gradient (gpt.h's formula):
+//     dx += rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * w.
+// One warp per row again: the two means are warp sums. dx ADDS (it is the
+// residual stream's gradient).
+template <typename Act>
+static __global__ void layernorm_backward_input_kernel(Act *dinp, const Act *dout, const Act *inp,
+                                                       const float *weight, const float *mean,
+                                                       const float *rstd, int N, int C) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (row >= N) return;
+    const Act *x = inp + (size_t)row * C, *dy = dout + (size_t)row * C;
+    float m = mean[row], s = rstd[row], g_sum = 0.0f, gx_sum = 0.0f;
+    for (int c = lane; c < C; c += WARP) {
+        float g = to_f(dy[c]) * weight[c];
+        g_sum += g;
+        gx_sum += g * (to_f(x[c]) - m) * s;
+    }
+    float g_mean = warp_sum(g_sum) / C, gx_mean = warp_sum(gx_sum) / C;
+    Act *dx = dinp + (size_t)row * C;
+    for (int c = lane; c < C; c += WARP) {
+        float xhat = (to_f(x[c]) - m) * s;
+        float d = s * (to_f(dy[c]) * weight[c] - g_mean - xhat * gx_mean);
+        dx[c] = from_f<Act>(to_f(dx[c]) + d);
+    }
+}
+
+// --- LayerNorm backward, parameter gradients: dw += sum_rows dy * xhat,
+// db += sum_rows dy. Sums over rows are column sums (see column_add).
+template <typename Act>
+static __global__ void layernorm_backward_params_kernel(float *dweight, float *dbias, const Act *dout,
+                                                        const Act *inp, const float *mean,
+                                                        const float *rstd, int N, int C) {
+    int c = blockIdx.x * COL_X + threadIdx.x;
+    int r0 = blockIdx.y * COL_ROWS_PER_BLOCK, r1 = min(N, r0 + COL_ROWS_PER_BLOCK);
+    float dw = 0.0f, db = 0.0f;
+    if (c < C) {
+        for (int r = r0 + threadIdx.y; r < r1; r += COL_Y) {
+            float dy = to_f(dout[(size_t)r * C + c]);
+            dw += dy * (to_f(inp[(size_t)r * C + c]) - mean[r]) * rstd[r];
+            db += dy;
+        }
+    }
+    column_add(dweight, c, C, dw); // every thread calls it: it has __syncthreads inside
+    column_add(dbias, c, C, db);
+}
+
+static const int ROWS_PER_BLOCK = 8; // warps per 256-thread block in the one-warp-per-row kernels
+
+template <typename Act>
+static void layernorm_forward(const gpu_ctx *x, Act *out, float *mean, float *rstd, const Act *inp,
+                              const float *weight, const float *bias, int N, int C) {
+    layernorm_forward_kernel<Act><<<blocks_for((size_t)N, ROWS_PER_BLOCK), ROWS_PER_BLOCK * WARP, 0, x->stream>>>(
+        out, mean, rstd, inp, weight, bias, N, C);
+    launched("layernorm_forward_kernel");
+}
+
+template <typename Act>
+static void layernorm_backward(const gpu_ctx *x, Act *dinp, float *dweight, float *dbias, const Act *dout,
+                               const Act *inp, const float *weight, const float *mean, const float *rstd,
+                               int N, int C) {
+    layernorm_backward_input_kernel<Act><<<blocks_for((size_t)N, ROWS_PER_BLOCK), ROWS_PER_BLOCK * WARP, 0,
+                                           x->stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    launched("layernorm_backward_input_kernel");
+    layernorm_backward_params_kernel<Act><<<column_grid(N, C), dim3(COL_X, COL_Y), 0, x->stream>>>(
+        dweight, dbias, dout, inp, mean, rstd, N, C);
+    launched("layernorm_backward_params_kernel");
+}
+
+// --- bias: out[n,o] = bias[o] before the product adds inp W^T onto it
+// (beta = 1), so a bf16 output is rounded once, not twice.
+template <typename Out>
+static __global__ void bias_broadcast_kernel(Out *out, const float *bias, int OC, size_t total) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) out[i] = from_f<Out>(bias[i % OC]);
+}
+
+// dbias[o] += sum over rows of dout[n,o].
+template <typename Act>
+static __global__ void bias_backward_kernel(float *dbias, const Act *dout, int N, int OC) {
+    int c = blockIdx.x * COL_X + threadIdx.x;
+    int r0 = blockIdx.y * COL_ROWS_PER_BLOCK, r1 = min(N, r0 + COL_ROWS_PER_BLOCK);
+    float s = 0.0f;
+    if (c < OC)
+        for (int r = r0 + threadIdx.y; r < r1; r += COL_Y) s += to_f(dout[(size_t)r * OC + c]);
+    column_add(dbias, c, OC, s);
+}
+
+// --- causal softmax, forward. One warp per row (b, h, t) of the (T, T)
+// score matrix; only s <= t is visible, the rest becomes 0. fp32 scores in,
+// probabilities out. In fp32 mode scores and att are the same buffer: each
+// lane reads an element before it writes that element, and only it.
+template <typename Act>
+static __global__ void softmax_forward_kernel(Act *att, const float *scores, int rows, int T, float scale) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (row >= rows) return;
+    int t = row % T;
+    const float *s = scores + (size_t)row * T;
+    float maxv = -INFINITY;
+    for (int j = lane; j <= t; j += WARP) maxv = fmaxf(maxv, s[j] * scale);
+    maxv = warp_max(maxv);
+    float sum = 0.0f;
+    for (int j = lane; j <= t; j += WARP) sum += expf(s[j] * scale - maxv);
+    float inv = 1.0f / warp_sum(sum);
+    Act *p = att + (size_t)row * T;
+    for (int j = lane; j < T; j += WARP) p[j] = from_f<Act>(j <= t ? expf(s[j] * scale - maxv) * inv : 0.0f);
+}
+
+// --- causal softmax, backward: dS = P .* (dP - rowsum(dP .* P)) * scale.
+// dP is fp32; dS may be the same buffer in fp32 mode (same argument as above).
+template <typename Act>
+static __global__ void softmax_backward_kernel(Act *ds, const float *dp, const Act *att, int rows, int T,
+                                               float scale) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (row >= rows) return;
+    int t = row % T;
+    const float *d = dp + (size_t)row * T;
+    const Act *p = att + (size_t)row * T;
+    float dot = 0.0f;
+    for (int j = lane; j <= t; j += WARP) dot += d[j] * to_f(p[j]);
+    dot = warp_sum(dot);
+    Act *out = ds + (size_t)row * T;
+    for (int j = lane; j < T; j += WARP) out[j] = from_f<Act>(j <= t ? to_f(p[j]) * (d[j] - dot) * scale : 0.0f);
+}
+
+// --- GELU (tanh form) written as x * sigmoid(2u), as gpt.h; fp32 inside.
+static __device__ __forceinline__ float gelu_sigmoid(float x) {
+    const float k = 0.7978845608028654f, a = 0.044715f;
+    return 1.0f / (1.0f + expf(-2.0f * k * (x + a * x * x * x)));
+}
+
+template <typename Act>
+static __global__ void gelu_forward_kernel(Act *out, const Act *inp, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float x = to_f(inp[i]);
+    out[i] = from_f<Act>(x * gelu_sigmoid(x));
+}
+
+// dinp may be dout: each thread reads its element before writing it.
+template <typename Act>
+static __global__ void gelu_backward_kernel(Act *dinp, const Act *inp, const Act *dout, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float k = 0.7978845608028654f, a = 0.044715f;
+    float x = to_f(inp[i]), s = gelu_sigmoid(x);
+    dinp[i] = from_f<Act>((s + 2.0f * x * s * (1.0f - s) * k * (1.0f + 3.0f * a * x * x)) * to_f(dout[i]));
+}
+
+template <typename Act>
+static __global__ void residual_forward_kernel(Act *out, const Act *a, const Act *b, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = from_f<Act>(to_f(a[i]) + to_f(b[i]));
+}
+
+template <typename Act> static void gelu_forward(const gpu_ctx *x, Act *out, const Act *inp, size_t n) {
+    if (n == 0) return;
+    gelu_forward_kernel<Act><<<blocks_for(n, 256), 256, 0, x->stream>>>(out, inp, n);
+    launched("gelu_forward_kernel");
+}
+
+template <typename Act>
+static void gelu_backward(const gpu_ctx *x, Act *dinp, const Act *inp, const Act *dout, size_t n) {
+    if (n == 0) return;
+    gelu_backward_kernel<Act><<<blocks_for(n, 256), 256, 0, x->stream>>>(dinp, inp, dout, n);
+    launched("gelu_backward_kernel");
+}
+
+template <typename Act>
+static void residual_forward(const gpu_ctx *x, Act *out, const Act *a, const Act *b, size_t n) {
+    if (n == 0) return;
+    residual_forward_kernel<Act><<<blocks_for(n, 256), 256, 0, x->stream>>>(out, a, b, n);
+    launched("residual_forward_kernel");
+}
+
+// --- softmax + cross-entropy. Forward: one block per row of V logits
+// (V is thousands: one warp would loop too long). loss = lse - z[target]
+// with lse = max + log(sum exp(z - max)); lse is kept for the backward
+// pass, so the logits need not be overwritten with probabilities.
+static __global__ void crossentropy_forward_kernel(float *losses, float *lse, const float *logits,
+                                                   const uint16_t *targets, int V) {
+    const float *z = logits + (size_t)blockIdx.x * V;
+    float maxv = -INFINITY;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) maxv = fmaxf(maxv, z[i]);
+    maxv = block_reduce(maxv, true);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) sum += expf(z[i] - maxv);
+    sum = block_reduce(sum, false);
+    if (threadIdx.x == 0) {
+        float l = maxv + logf(sum);
+        lse[blockIdx.x] = l;
+        losses[blockIdx.x] = l - z[targets[blockIdx.x]];
+    }
+}
+
+// Backward: dlogits = (softmax - onehot(target)) * dloss, element by
+// element (p = exp(z - lse)). In fp32 mode dlogits may be the logits buffer.
+template <typename Act>
+static __global__ void crossentropy_backward_kernel(Act *dlogits, const float *logits, const float *lse,
+                                                    const uint16_t *targets, int V, size_t total, float dloss) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    size_t n = i / V;
+    int v = (int)(i % V);
+    float p = expf(logits[i] - lse[n]);
+    dlogits[i] = from_f<Act>((p - (v == targets[n] ? 1.0f : 0.0f)) * dloss);
+}
+
+static void crossentropy_forward(const gpu_ctx *x, float *losses, float *lse, const float *logits,
+                                 const uint16_t *targets, int N, int V) {
+    crossentropy_forward_kernel<<<N, 256, 0, x->stream>>>(losses, lse, logits, targets, V);
+    launched("crossentropy_forward_kernel");
+}
+
+template <typename Act>
+static void crossentropy_backward(const gpu_ctx *x, Act *dlogits, const float *logits, const float *lse,
+                                  const uint16_t *targets, int N, int V, float dloss) {
+    size_t total = (size_t)N * V;
+    crossentropy_backward_kernel<Act><<<blocks_for(total, 256), 256, 0, x->stream>>>(dlogits, logits, lse,
+                                                                                     targets, V, total, dloss);
+    launched("crossentropy_backward_kernel");
+}
+
+// ===================================================================== 4. matrix products
+//
+// Row-major C[M x N] = beta * C + op(A)[M x K] op(B)[K x N], `batch` times
+// (A, B, C advancing by their strides), fp32 accumulation. cuBLAS is
+// column-major, and a row-major matrix read column-major is its transpose.
+// So we ask cuBLAS for C^T = op(B)^T op(A)^T: the same call with A and B
+// swapped, M and N swapped, each op kept. A and B have the model's
+// activation type; C may be that type or fp32 (weight gradients, logits).
+static void gemm(const gpu_ctx *x, cudaDataType ab_type, bool ta, bool tb, int M, int N, int K,
+                 const void *A, int lda, long long stride_a, const void *B, int ldb, long long stride_b,
+                 float beta, void *C, cudaDataType c_type, int ldc, long long stride_c, int batch) {
+    const float alpha = 1.0f;
+    CHECK_CUBLAS(cublasGemmStridedBatchedEx(x->cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                            N, M, K, &alpha, B, ab_type, ldb, stride_b, A, ab_type, lda, stride_a,
+                                            &beta, C, c_type, ldc, stride_c, batch, CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT));
+}
+
+// --- linear layer: out (N, OC) = inp (N, C) W^T + bias, W stored (OC, C).
+// Out is Act, or float for the logits.
+template <typename Act, typename Out>
+static void matmul_forward(const gpu_ctx *x, Out *out, const Act *inp, const Act *weight, const float *bias,
+                           int N, int C, int OC) {
+    size_t total = (size_t)N * OC;
+    if (bias) {
+        bias_broadcast_kernel<Out><<<blocks_for(total, 256), 256, 0, x->stream>>>(out, bias, OC, total);
+        launched("bias_broadcast_kernel");
+    }
+    gemm(x, cuda_type<Act>(), false, true, N, OC, C, inp, C, 0, weight, C, 0, bias ? 1.0f : 0.0f, out,
+         cuda_type<Out>(), OC, 0, 1);
+}
+
+// dinp = dout W (overwritten; skipped when NULL), dW += dout^T inp in fp32,
+// db += column sums of dout.
+template <typename Act>
+static void matmul_backward(const gpu_ctx *x, Act *dinp, float *dweight, float *dbias, const Act *dout,
+                            const Act *inp, const Act *weight, int N, int C, int OC) {
+    cudaDataType t = cuda_type<Act>();
+    if (dinp) gemm(x, t, false, false, N, C, OC, dout, OC, 0, weight, C, 0, 0.0f, dinp, t, C, 0, 1);
+    gemm(x, t, true, false, OC, C, N, dout, OC, 0, inp, C, 0, 1.0f, dweight, CUDA_R_32F, C, 0, 1);
+    if (dbias) {
+        bias_backward_kernel<Act><<<column_grid(N, OC), dim3(COL_X, COL_Y), 0, x->stream>>>(dbias, dout, N, OC);
+        launched("bias_backward_kernel");
+    }
+}
+
+// --- causal self-attention, the straightforward way (as gpt.h): per
+// sequence b, one batched product over the NH heads for S = Q K^T, the
+// causal softmax kernel, one batched product for Y = P V. Head h of
+// sequence b reads columns h*hs.. of each third of qkv (row stride 3C), so
+// consecutive heads are hs numbers apart: that is the batch stride.
+// scores (fp32, B*NH*T*T) may be att itself in fp32 mode.
+template <typename Act>
+static void attention_forward(const gpu_ctx *x, Act *out, Act *att, float *scores, const Act *qkv, int B, int T,
+                              int C, int NH) {
+    int hs = C / NH, C3 = 3 * C;
+    long long TT = (long long)T * T;
+    cudaDataType t = cuda_type<Act>();
+    for (int b = 0; b < B; b++) {
+        const Act *q = qkv + (size_t)b * T * C3, *k = q + C;
+        gemm(x, t, false, true, T, T, hs, q, C3, hs, k, C3, hs, 0.0f, scores + b * NH * TT, CUDA_R_32F, T, TT, NH);
+    }
+    int rows = B * NH * T;
+    softmax_forward_kernel<Act><<<blocks_for((size_t)rows, ROWS_PER_BLOCK), ROWS_PER_BLOCK * WARP, 0, x->stream>>>(
+        att, scores, rows, T, 1.0f / sqrtf((float)hs));
+    launched("softmax_forward_kernel");
+    for (int b = 0; b < B; b++) {
+        const Act *v = qkv + (size_t)b * T * C3 + 2 * C;
+        gemm(x, t, false, false, T, hs, T, att + b * NH * TT, T, TT, v, C3, hs, 0.0f, out + (size_t)b * T * C, t, C,
+             hs, NH);
+    }
+}
+
+// Backward (gpt.h's formulas): dP = dY V^T, dV = P^T dY, the softmax
+// backward kernel gives dS (scale folded in), dQ = dS K, dK = dS^T Q.
+// dp is fp32 scratch (B*NH*T*T); ds may be the same buffer in fp32 mode.
+template <typename Act>
+static void attention_backward(const gpu_ctx *x, Act *dqkv, float *dp, Act *ds, const Act *dout, const Act *qkv,
+                               const Act *att, int B, int T, int C, int NH) {
+    int hs = C / NH, C3 = 3 * C;
+    long long TT = (long long)T * T;
+    cudaDataType t = cuda_type<Act>();
+    for (int b = 0; b < B; b++) {
+        const Act *v = qkv + (size_t)b * T * C3 + 2 * C, *dy = dout + (size_t)b * T * C, *p = att + b * NH * TT;
+        Act *dv = dqkv + (size_t)b * T * C3 + 2 * C;
+        gemm(x, t, false, true, T, T, hs, dy, C, hs, v, C3, hs, 0.0f, dp + b * NH * TT, CUDA_R_32F, T, TT, NH);
+        gemm(x, t, true, false, T, hs, T, p, T, TT, dy, C, hs, 0.0f, dv, t, C3, hs, NH);
+    }
+    int rows = B * NH * T;
+    softmax_backward_kernel<Act><<<blocks_for((size_t)rows, ROWS_PER_BLOCK), ROWS_PER_BLOCK * WARP, 0, x->stream>>>(
+        ds, dp, att, rows, T, 1.0f / sqrtf((float)hs));
+    launched("softmax_backward_kernel");
+    for (int b = 0; b < B; b++) {
+        const Act *q = qkv + (size_t)b * T * C3, *k = q + C, *dsb = ds + b * NH * TT;
+        Act *dq = dqkv + (size_t)b * T * C3, *dk = dq + C;
+        gemm(x, t, false, false, T, hs, T, dsb, T, TT, k, C3, hs, 0.0f, dq, t, C3, hs, NH);
+        gemm(x, t, true, false, T, hs, T, dsb, T, TT, q, C3, hs, 0.0f, dk, t, C3, hs, NH);
+    }
+}
+
+// ===================================================================== 5. the model
+
+// gpt.h's parameter table, rebuilt here (this file cannot include gpt.h):
+// wte, wpe, then per block the twelve tensors below, then ln_f. The tests
+// check that every offset agrees with gpt_build_table.
+enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B, BLOCK_TENSORS };
+static const int block_rows[BLOCK_TENSORS] = {1, 1, 3, 3, 1, 1, 1, 1, 4, 4, 1, 1}; // times C
+static const int block_cols[BLOCK_TENSORS] = {0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 0}; // times C; 0: a vector
+
+typedef struct { size_t offset, count; bool decay; } tensor_slice;
+
+// Fills up to `max` slices (NULL: only counts); returns the parameter count.
+static size_t build_table(const gpt_config *c, tensor_slice *out, int *count) {
+    size_t C = (size_t)c->n_embd, total = 0;
+    int n = 0;
+    auto add = [&](size_t rows, size_t cols) {
+        if (out) out[n] = tensor_slice{total, rows * (cols ? cols : 1), cols > 0};
+        total += rows * (cols ? cols : 1);
+        n++;
+    };
+    add((size_t)c->vocab_size, C);
+    add((size_t)c->block_size, C);
+    for (int l = 0; l < c->n_layer; l++)
+        for (int i = 0; i < BLOCK_TENSORS; i++) add(block_rows[i] * C, block_cols[i] * C);
+    add(C, 0);
+    add(C, 0);
+    if (count) *count = n;
+    return total;
+}
+
+static int block_tensor(int layer, int i) { return 2 + layer * BLOCK_TENSORS + i; }
+
+extern "C" size_t gpt_cuda_num_params(const gpt_config *cfg) { return build_table(cfg, NULL, NULL); }
+
+extern "C" int gpt_cuda_buckets(const gpt_config *cfg, gpt_cuda_bucket *out, int max) {
+    int count, L = cfg->n_layer, n = 0;
+    tensor_slice *t = (tensor_slice *)xmalloc(sizeof(tensor_slice) * (size_t)(4 + BLOCK_TENSORS * L));
+    build_table(cfg, t, &count);
+    auto add = [&](size_t first, size_t end, const char *name) {
+        if (n < max) {
+            out[n].offset = first, out[n].count = end - first;
+            snprintf(out[n].name, sizeof out[n].name, "%s", name);
+        }
+        n++;
+    };
+    add(t[count - 2].offset, t[count - 1].offset + t[count - 1].count, "ln_f");
+    for (int l = L - 1; l >= 0; l--) {
+        char name[32];
+        snprintf(name, sizeof name, "h.%d", l);
+        const tensor_slice *last = &t[block_tensor(l, BLOCK_TENSORS - 1)];
+        add(t[block_tensor(l, 0)].offset, last->offset + last->count, name);
+    }
+    add(0, t[1].offset + t[1].count, "wte+wpe");
+    free(t);
+    return n;
+}
+
+struct gpt_cuda {
+    gpt_config cfg;
+    bool bf16_mode;
+    int max_B, max_T; // what the buffers were sized for
+    int B, T;         // the last forward pass
+    size_t num_params;
+    int num_tensors;
+    tensor_slice *tensors;
+    gpu_ctx ctx;
+
+    float *params, *grads, *adam_m, *adam_v; // fp32, num_params each
+    bf16 *params_lp;                         // bf16 mode: the copy the products read
+    void *acts;       // Act: encoded, scratch, lnf, then per block 16NC + B*NH*T*T
+    float *stats;     // fp32: per block ln1/ln2 mean and rstd (4N), then lnf mean, rstd, losses, lse
+    float *logits;    // (N, V) fp32
+    void *dlogits;    // (N, V) Act; the logits buffer itself in fp32 mode
+    float *scores;    // bf16 mode: fp32 attention scores, then dP (B*NH*T*T); fp32 mode: NULL
+    void *dscores;    // Act (B*NH*T*T): dS (and dP in fp32 mode)
+    void *grad_acts;  // Act: dres (NC), dtmp (NC), dqkv (3NC), dhidden (4NC)
+    uint16_t *inputs, *targets;
+    double *norm_partials, *norm_partials_host;
+    float *losses_host;
+
+    int num_buckets;
+    gpt_cuda_bucket *buckets;
+    cudaEvent_t *bucket_events;
+
+    int adam_step;
+    bool have_targets;
+    size_t allocated;
+};
+
+// --- the memory plan: gpt_cuda_memory_needed and gpt_cuda_create share it.
+typedef struct {
+    size_t params, grads, adam, params_lp, acts, stats, logits, dlogits, scores, dscores, grad_acts, tokens,
+        partials, workspace;
+} memory_plan;
+
+static const int NORM_BLOCKS = 264; // two per SM of an H100: enough to fill it, few partials to add
+
+static memory_plan plan_memory(const gpt_config *c, int B, int T, bool use_bf16, size_t num_params) {
+    size_t N = (size_t)B * T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size, L = (size_t)c->n_layer;
+    size_t att = (size_t)B * c->n_head * T * T, act = use_bf16 ? 2 : 4;
+    memory_plan p;
+    p.params = p.grads = num_params * 4;
+    p.adam = 2 * num_params * 4;
+    p.params_lp = use_bf16 ? num_params * 2 : 0;
+    p.acts = (3 * N * C + L * (16 * N * C + att)) * act;
+    p.stats = (L * 4 * N + 4 * N) * 4;
+    p.logits = N * V * 4;
+    p.dlogits = use_bf16 ? N * V * 2 : 0;
+    p.scores = use_bf16 ? att * 4 : 0;
+    p.dscores = att * act;
+    p.grad_acts = 9 * N * C * act;
+    p.tokens = 2 * N * sizeof(uint16_t);
+    p.partials = NORM_BLOCKS * sizeof(double);
+    p.workspace = CUBLAS_WORKSPACE_BYTES;
+    return p;
+}
+
+static size_t plan_total(const memory_plan *p) {
+    return p->params + p->grads + p->adam + p->params_lp + p->acts + p->stats + p->logits + p->dlogits + p->scores +
+           p->dscores + p->grad_acts + p->tokens + p->partials + p->workspace;
+}
+
+extern "C" size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool use_bf16) {
+    memory_plan p = plan_memory(cfg, B, T, use_bf16, gpt_cuda_num_params(cfg));
+    return plan_total(&p);
+}
+
+static void *device_buffer(gpt_cuda_t *g, size_t bytes, const char *what) {
+    if (bytes == 0) return NULL;
+    void *p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess)
+        die("cudaMalloc of %.1f MiB for the model's %s failed: %s (%.1f MiB allocated before it)",
+            bytes / 1048576.0, what, cudaGetErrorString(err), g->allocated / 1048576.0);
+    g->allocated += bytes;
+    return p;
+}
+
+// --- views of the buffers for the current batch (B, T), as gpt.h's
+template <typename Act> struct block_acts {
+    Act *ln1, *qkv, *att, *atty, *res2, *ln2, *fch, *fch_gelu, *res3;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+};
+
+template <typename Act> struct head_acts {
+    Act *encoded, *scratch, *lnf;
+    float *lnf_mean, *lnf_rstd, *losses, *lse;
+};
+
+template <typename Act> struct grad_acts { Act *dres, *dtmp, *dqkv, *dhidden; };
+
+template <typename Act> static block_acts<Act> block_view(const gpt_cuda_t *g, int layer) {
+    size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, att = (size_t)g->B * g->cfg.n_head * g->T * g->T;
+    Act *cur = (Act *)g->acts + 3 * N * C + (size_t)layer * (16 * N * C + att);
+    auto carve = [&](size_t n) { Act *p = cur; cur += n; return p; };
+    block_acts<Act> a;
+    a.ln1 = carve(N * C), a.qkv = carve(3 * N * C), a.att = carve(att), a.atty = carve(N * C);
+    a.res2 = carve(N * C), a.ln2 = carve(N * C), a.fch = carve(4 * N * C), a.fch_gelu = carve(4 * N * C);
+    a.res3 = carve(N * C);
+    float *s = g->stats + (size_t)layer * 4 * N;
+    a.ln1_mean = s, a.ln1_rstd = s + N, a.ln2_mean = s + 2 * N, a.ln2_rstd = s + 3 * N;
+    return a;
+}
+
+template <typename Act> static head_acts<Act> head_view(const gpt_cuda_t *g) {
+    size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd;
+    head_acts<Act> h;
+    h.encoded = (Act *)g->acts, h.scratch = h.encoded + N * C, h.lnf = h.scratch + N * C;
+    float *s = g->stats + (size_t)g->cfg.n_layer * 4 * N;
+    h.lnf_mean = s, h.lnf_rstd = s + N, h.losses = s + 2 * N, h.lse = s + 3 * N;
+    return h;
+}
+
+template <typename Act> static grad_acts<Act> grad_view(const gpt_cuda_t *g) {
+    size_t NC = (size_t)g->B * g->T * g->cfg.n_embd;
+    Act *d = (Act *)g->grad_acts;
+    grad_acts<Act> v = {d, d + NC, d + 2 * NC, d + 5 * NC};
+    return v;
+}
+
+// The weights the matrix products read: the fp32 master or its bf16 copy.
+template <typename Act> static const Act *weights(const gpt_cuda_t *g) {
+    return g->bf16_mode ? (const Act *)(const void *)g->params_lp : (const Act *)(const void *)g->params;
+}
+
+static size_t off(const gpt_cuda_t *g, int layer, int i) { return g->tensors[block_tensor(layer, i)].offset; }
+
+template <typename Act> static const Act *block_input(const gpt_cuda_t *g, int layer) {
+    return layer == 0 ? head_view<Act>(g).encoded : block_view<Act>(g, layer - 1).res3;
+}
+
+// fp32 mode computes the scores in place in att and needs no extra buffer.
+template <typename Act> static float *scores_buffer(const gpt_cuda_t *g, Act *att) {
+    return g->bf16_mode ? g->scores : (float *)(void *)att;
+}
+
+template <typename Act> static void block_forward(gpt_cuda_t *g, int l) {
+    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T;
+    const gpu_ctx *x = &g->ctx;
+    const float *p = g->params;
+    const Act *w = weights<Act>(g), *in = block_input<Act>(g, l);
+    block_acts<Act> a = block_view<Act>(g, l);
+    Act *scratch = head_view<Act>(g).scratch;
+    layernorm_forward(x, a.ln1, a.ln1_mean, a.ln1_rstd, in, p + off(g, l, LN1_W), p + off(g, l, LN1_B), N, C);
+    matmul_forward(x, a.qkv, a.ln1, w + off(g, l, QKV_W), p + off(g, l, QKV_B), N, C, 3 * C);
+    attention_forward(x, a.atty, a.att, scores_buffer(g, a.att), a.qkv, B, T, C, g->cfg.n_head);
+    matmul_forward(x, scratch, a.atty, w + off(g, l, ATTPROJ_W), p + off(g, l, ATTPROJ_B), N, C, C);
+    residual_forward(x, a.res2, in, scratch, (size_t)N * C);
+    layernorm_forward(x, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + off(g, l, LN2_W), p + off(g, l, LN2_B), N, C);
+    matmul_forward(x, a.fch, a.ln2, w + off(g, l, FC_W), p + off(g, l, FC_B), N, C, 4 * C);
+    gelu_forward(x, a.fch_gelu, a.fch, (size_t)N * 4 * C);
+    matmul_forward(x, scratch, a.fch_gelu, w + off(g, l, FCPROJ_W), p + off(g, l, FCPROJ_B), N, 4 * C, C);
+    residual_forward(x, a.res3, a.res2, scratch, (size_t)N * C);
+}
+
+template <typename Act> static void model_forward(gpt_cuda_t *g, bool with_targets) {
+    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, N = B * T;
+    const gpu_ctx *x = &g->ctx;
+    head_acts<Act> h = head_view<Act>(g);
+    const float *p = g->params;
+    size_t wpe = g->tensors[1].offset, lnf = g->tensors[g->num_tensors - 2].offset;
+    encoder_forward(x, h.encoded, g->inputs, p, p + wpe, B, T, C);
+    for (int l = 0; l < L; l++) block_forward<Act>(g, l);
+    layernorm_forward(x, h.lnf, h.lnf_mean, h.lnf_rstd, block_input<Act>(g, L), p + lnf, p + lnf + C, N, C);
+    matmul_forward<Act, float>(x, g->logits, h.lnf, weights<Act>(g), NULL, N, C, V); // tied LM head: wte
+    if (with_targets) crossentropy_forward(x, h.losses, h.lse, g->logits, g->targets, N, V);
+}
+
+static void check_tokens(const gpt_cuda_t *g, const uint16_t *tokens, size_t n, const char *what) {
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] >= g->cfg.vocab_size)
+            die("%s token %u at position %zu is outside the model's vocabulary of %d", what, tokens[i], i,
+                g->cfg.vocab_size);
+}
+
+extern "C" float gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T) {
+    if (B < 1 || T < 1 || B > g->max_B || T > g->max_T)
+        die("gpt_cuda_forward: a batch of %d x %d tokens does not fit the %d x %d the GPU model was created for", B,
+            T, g->max_B, g->max_T);
+    size_t N = (size_t)B * T;
+    check_tokens(g, inputs, N, "input");
+    if (targets) check_tokens(g, targets, N, "target");
+    cudaStream_t s = g->ctx.stream;
+    CHECK_CUDA(cudaMemcpyAsync(g->inputs, inputs, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
+    if (targets) CHECK_CUDA(cudaMemcpyAsync(g->targets, targets, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
+    g->B = B, g->T = T, g->have_targets = targets != NULL;
+    if (g->bf16_mode) model_forward<bf16>(g, targets != NULL);
+    else model_forward<float>(g, targets != NULL);
+    if (!targets) {
+        CHECK_CUDA(cudaStreamSynchronize(s));
+        return -1.0f;
+    }
+    // The mean in double on the host, as gpt.h sums its losses.
+    float *losses = g->bf16_mode ? head_view<bf16>(g).losses : head_view<float>(g).losses;
+    CHECK_CUDA(cudaMemcpyAsync(g->losses_host, losses, N * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    double total = 0;
+    for (size_t i = 0; i < N; i++) total += g->losses_host[i];
+    return (float)(total / (double)N);
+}
+
+extern "C" void gpt_cuda_logits(gpt_cuda_t *g, int b, int t, float *out_host) {
+    if (b < 0 || t < 0 || b >= g->B || t >= g->T) die("gpt_cuda_logits: (%d, %d) is outside the last batch", b, t);
+    size_t V = (size_t)g->cfg.vocab_size;
+    CHECK_CUDA(cudaMemcpyAsync(out_host, g->logits + ((size_t)b * g->T + t) * V, V * sizeof(float),
+                               cudaMemcpyDeviceToHost, g->ctx.stream));
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
+}
+
+// The block's backward pass, in the reverse order of its forward pass,
+// exactly as gpt_block_backward. On entry dres = d(loss)/d(res3); on return d(loss)/d(x).
+template <typename Act> static void block_backward(gpt_cuda_t *g, int l) {
+    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T;
+    const gpu_ctx *x = &g->ctx;
+    const float *p = g->params;
+    float *d = g->grads;
+    const Act *w = weights<Act>(g);
+    block_acts<Act> a = block_view<Act>(g, l);
+    grad_acts<Act> ga = grad_view<Act>(g);
+    float *dp = g->bf16_mode ? g->scores : (float *)g->dscores;
+    Act *ds = (Act *)g->dscores;
+
+    matmul_backward(x, ga.dhidden, d + off(g, l, FCPROJ_W), d + off(g, l, FCPROJ_B), ga.dres, a.fch_gelu,
+                    w + off(g, l, FCPROJ_W), N, 4 * C, C);
+    gelu_backward(x, ga.dhidden, a.fch, ga.dhidden, (size_t)N * 4 * C);
+    matmul_backward(x, ga.dtmp, d + off(g, l, FC_W), d + off(g, l, FC_B), ga.dhidden, a.ln2, w + off(g, l, FC_W), N,
+                    C, 4 * C);
+    layernorm_backward(x, ga.dres, d + off(g, l, LN2_W), d + off(g, l, LN2_B), ga.dtmp, a.res2, p + off(g, l, LN2_W),
+                       a.ln2_mean, a.ln2_rstd, N, C);
+    matmul_backward(x, ga.dtmp, d + off(g, l, ATTPROJ_W), d + off(g, l, ATTPROJ_B), ga.dres, a.atty,
+                    w + off(g, l, ATTPROJ_W), N, C, C);
+    attention_backward(x, ga.dqkv, dp, ds, ga.dtmp, a.qkv, a.att, B, T, C, g->cfg.n_head);
+    matmul_backward(x, ga.dtmp, d + off(g, l, QKV_W), d + off(g, l, QKV_B), ga.dqkv, a.ln1, w + off(g, l, QKV_W), N,
+                    C, 3 * C);
+    layernorm_backward(x, ga.dres, d + off(g, l, LN1_W), d + off(g, l, LN1_B), ga.dtmp, block_input<Act>(g, l),
+                       p + off(g, l, LN1_W), a.ln1_mean, a.ln1_rstd, N, C);
+}
+
+// Bucket i's gradients are final once the work queued so far has run:
+// record that moment and tell the caller.
+static void bucket_done(gpt_cuda_t *g, int i, gpt_cuda_bucket_fn fn, void *user) {
+    if (!fn) return;
+    CHECK_CUDA(cudaEventRecord(g->bucket_events[i], g->ctx.stream));
+    fn(user, &g->buckets[i], g->bucket_events[i]);
+}
+
+template <typename Act> static void model_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn fn, void *user) {
+    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, N = B * T;
+    const gpu_ctx *x = &g->ctx;
+    head_acts<Act> h = head_view<Act>(g);
+    grad_acts<Act> ga = grad_view<Act>(g);
+    size_t wpe = g->tensors[1].offset, lnf = g->tensors[g->num_tensors - 2].offset;
+    Act *dlogits = (Act *)g->dlogits;
+
+    crossentropy_backward(x, dlogits, g->logits, h.lse, g->targets, N, V, grad_scale / (float)N);
+    matmul_backward<Act>(x, ga.dtmp, g->grads, NULL, dlogits, h.lnf, weights<Act>(g), N, C, V); // adds into dwte
+    CHECK_CUDA(cudaMemsetAsync(ga.dres, 0, sizeof(Act) * (size_t)N * C, x->stream));
+    layernorm_backward(x, ga.dres, g->grads + lnf, g->grads + lnf + C, ga.dtmp, block_input<Act>(g, L),
+                       g->params + lnf, h.lnf_mean, h.lnf_rstd, N, C);
+    bucket_done(g, 0, fn, user);
+    for (int l = L - 1; l >= 0; l--) {
+        block_backward<Act>(g, l);
+        bucket_done(g, L - l, fn, user);
+    }
+    encoder_backward(x, g->grads, g->grads + wpe, ga.dres, g->inputs, B, T, C);
+    bucket_done(g, L + 1, fn, user);
+}
+
+extern "C" void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn bucket_ready, void *user) {
+    if (!g->have_targets) die("gpt_cuda_backward needs a gpt_cuda_forward with targets just before it");
+    g->have_targets = false; // in fp32 mode the logits have become dlogits
+    if (g->bf16_mode) model_backward<bf16>(g, grad_scale, bucket_ready, user);
+    else model_backward<float>(g, grad_scale, bucket_ready, user);
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
+}
+
+extern "C" void gpt_cuda_zero_grad(gpt_cuda_t *g) {
+    CHECK_CUDA(cudaMemsetAsync(g->grads, 0, g->num_params * sizeof(float), g->ctx.stream));
+}
+
+// --- creating and freeing
+
+static void check_config(const gpt_config *c, int B, int T) {
+    if (c->vocab_size < 2 || c->vocab_size > 65536 || c->n_layer < 1 || c->n_head < 1 || c->n_embd < 1 ||
+        c->n_embd % c->n_head != 0 || c->block_size < 1)
+        die("gpt_cuda_create: bad model configuration (vocab %d, block %d, layers %d, heads %d, channels %d)",
+            c->vocab_size, c->block_size, c->n_layer, c->n_head, c->n_embd);
+    if (B < 1 || T < 1 || T > c->block_size)
+        die("gpt_cuda_create: a batch of %d x %d tokens does not fit the model (block_size %d)", B, T, c->block_size);
+}
+
+// Fail before allocating anything, with the numbers a user can act on.
+static void check_fits(const gpt_config *c, int B, int T, bool use_bf16, size_t need) {
+    size_t free_bytes = 0, total_bytes = 0;
+    CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (need > free_bytes)
+        die("the GPT (%d layers x %d channels, batch %d x %d, %s) needs %.1f GiB, the GPU has %.1f GiB free "
+            "(of %.1f GiB); use a smaller batch_size or block_size%s",
+            c->n_layer, c->n_embd, B, T, use_bf16 ? "bf16" : "fp32", need / 1073741824.0, free_bytes / 1073741824.0,
+            total_bytes / 1073741824.0, use_bf16 ? "" : ", or --dtype bf16");
+}
+
+static void allocate_buffers(gpt_cuda_t *g, const memory_plan *p) {
+    g->params = (float *)device_buffer(g, p->params, "parameters");
+    g->grads = (float *)device_buffer(g, p->grads, "gradients");
+    g->adam_m = (float *)device_buffer(g, p->adam / 2, "AdamW first moments");
+    g->adam_v = (float *)device_buffer(g, p->adam / 2, "AdamW second moments");
+    g->params_lp = (bf16 *)device_buffer(g, p->params_lp, "bf16 weight copy");
+    g->acts = device_buffer(g, p->acts, "activations");
+    g->stats = (float *)device_buffer(g, p->stats, "LayerNorm statistics and losses");
+    g->logits = (float *)device_buffer(g, p->logits, "logits");
+    g->dlogits = g->bf16_mode ? device_buffer(g, p->dlogits, "logit gradients") : (void *)g->logits;
+    g->scores = (float *)device_buffer(g, p->scores, "attention scores");
+    g->dscores = device_buffer(g, p->dscores, "attention score gradients");
+    g->grad_acts = device_buffer(g, p->grad_acts, "activation gradients");
+    g->inputs = (uint16_t *)device_buffer(g, p->tokens, "tokens");
+    g->targets = g->inputs + (size_t)g->max_B * g->max_T;
+    g->norm_partials = (double *)device_buffer(g, p->partials, "gradient-norm partial sums");
+    g->ctx = ctx_create(g->ctx.stream, device_buffer(g, p->workspace, "cuBLAS workspace"));
+}
+
+static void refresh_bf16_copy(gpt_cuda_t *g) {
+    if (g->bf16_mode) convert(g->ctx.stream, g->params_lp, g->params, g->num_params);
+}
+
+extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *params_host, int B, int T, bool use_bf16) {
+    check_config(cfg, B, T);
+    gpt_cuda_t *g = (gpt_cuda_t *)xcalloc(1, sizeof *g);
+    g->cfg = *cfg, g->bf16_mode = use_bf16, g->max_B = g->B = B, g->max_T = g->T = T;
+    g->tensors = (tensor_slice *)xmalloc(sizeof(tensor_slice) * (size_t)(4 + BLOCK_TENSORS * cfg->n_layer));
+    g->num_params = build_table(cfg, g->tensors, &g->num_tensors);
+    memory_plan plan = plan_memory(cfg, B, T, use_bf16, g->num_params);
+    check_fits(cfg, B, T, use_bf16, plan_total(&plan));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&g->ctx.stream, cudaStreamNonBlocking));
+    allocate_buffers(g, &plan);
+    g->norm_partials_host = (double *)xmalloc(plan.partials);
+    g->losses_host = (float *)xmalloc(sizeof(float) * (size_t)B * T);
+    g->num_buckets = gpt_cuda_buckets(cfg, NULL, 0);
+    g->buckets = (gpt_cuda_bucket *)xmalloc(sizeof(gpt_cuda_bucket) * (size_t)g->num_buckets);
+    gpt_cuda_buckets(cfg, g->buckets, g->num_buckets);
+    g->bucket_events = (cudaEvent_t *)xmalloc(sizeof(cudaEvent_t) * (size_t)g->num_buckets);
+    for (int i = 0; i < g->num_buckets; i++)
+        CHECK_CUDA(cudaEventCreateWithFlags(&g->bucket_events[i], cudaEventDisableTiming));
+    gpt_cuda_set_params(g, params_host);
+    CHECK_CUDA(cudaMemsetAsync(g->grads, 0, plan.grads, g->ctx.stream));
+    CHECK_CUDA(cudaMemsetAsync(g->adam_m, 0, plan.adam / 2, g->ctx.stream));
+    CHECK_CUDA(cudaMemsetAsync(g->adam_v, 0, plan.adam / 2, g->ctx.stream));
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
+    return g;
+}
+
+extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
+    if (!g) return;
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
+    CHECK_CUBLAS(cublasDestroy(g->ctx.cublas)); // before its workspace goes
+    void *bufs[] = {g->params, g->grads, g->adam_m, g->adam_v, g->params_lp, g->acts, g->stats, g->logits,
+                    g->bf16_mode ? g->dlogits : NULL, g->scores, g->dscores, g->grad_acts, g->inputs,
+                    g->norm_partials, g->ctx.workspace};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) CHECK_CUDA(cudaFree(bufs[i]));
+    for (int i = 0; i < g->num_buckets; i++) CHECK_CUDA(cudaEventDestroy(g->bucket_events[i]));
+    CHECK_CUDA(cudaStreamDestroy(g->ctx.stream));
+    free(g->bucket_events), free(g->buckets), free(g->tensors), free(g->norm_partials_host), free(g->losses_host);
+    free(g);
+}
+
+extern "C" cudaStream_t gpt_cuda_stream(const gpt_cuda_t *g) { return g->ctx.stream; }
+extern "C" size_t gpt_cuda_param_count(const gpt_cuda_t *g) { return g->num_params; }
+extern "C" float *gpt_cuda_params_device(gpt_cuda_t *g) { return g->params; }
+extern "C" float *gpt_cuda_grads_device(gpt_cuda_t *g) { return g->grads; }
+extern "C" size_t gpt_cuda_allocated_bytes(const gpt_cuda_t *g) { return g->allocated; }
+
+extern "C" size_t gpt_cuda_device_used_bytes(void) {
+    size_t free_bytes = 0, total_bytes = 0;
+    CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return total_bytes - free_bytes;
+}
+
+// ===================================================================== 6. the optimizer
+
+// Sum of squares of n floats, in double, as NORM_BLOCKS partial sums: each
+// thread strides through the array (grid-stride loop), the block reduces
+// its threads' sums with shuffles, and the host adds the partials in a
+// fixed order, so the norm is the same bits every run.
+static __global__ void sum_squares_kernel(double *partials, const float *x, size_t n) {
+    __shared__ double warp_sums[WARP];
+    double s = 0.0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        s += (double)x[i] * x[i];
+    s = warp_sum_double(s);
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    if (lane == 0) warp_sums[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        s = lane < (int)(blockDim.x / WARP) ? warp_sums[lane] : 0.0;
+        s = warp_sum_double(s);
+        if (lane == 0) partials[blockIdx.x] = s;
+    }
+}
+
+static __global__ void scale_kernel(float *x, size_t n, float s) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+extern "C" float gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm) {
+    cudaStream_t s = g->ctx.stream;
+    sum_squares_kernel<<<NORM_BLOCKS, 256, 0, s>>>(g->norm_partials, g->grads, g->num_params);
+    launched("sum_squares_kernel");
+    CHECK_CUDA(cudaMemcpyAsync(g->norm_partials_host, g->norm_partials, NORM_BLOCKS * sizeof(double),
+                               cudaMemcpyDeviceToHost, s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    double sum = 0;
+    for (int i = 0; i < NORM_BLOCKS; i++) sum += g->norm_partials_host[i];
+    double norm = sqrt(sum);
+    if (max_norm > 0 && norm > max_norm) {
+        scale_kernel<<<blocks_for(g->num_params, 256), 256, 0, s>>>(g->grads, g->num_params,
+                                                                    (float)(max_norm / (norm + 1e-6)));
+        launched("scale_kernel");
+    }
+    return (float)norm;
+}
+
+// AdamW, one thread per parameter, gpt_adamw_step's arithmetic in the same
+// order. In bf16 mode it also writes the parameter's bf16 copy, so the next
+// forward pass reads the updated weights without another pass over memory.
+static __global__ void adamw_kernel(float *params, bf16 *params_lp, const float *grads, float *m, float *v,
+                                    size_t n, float lr, float beta1, float beta2, float c1, float c2, float eps,
+                                    float decay) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = grads[i];
+    float mi = beta1 * m[i] + (1.0f - beta1) * g, vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi, v[i] = vi;
+    float p = params[i];
+    p -= decay * p;
+    p -= lr * (mi / c1) / (sqrtf(vi / c2) + eps);
+    params[i] = p;
+    if (params_lp) params_lp[i] = __float2bfloat16(p);
+}
+
+// One launch per tensor: the tensor decides whether weight decay applies
+// (matrices yes, vectors no), as in gpt.h.
+extern "C" void gpt_cuda_adamw(gpt_cuda_t *g, float lr, float beta1, float beta2, float eps, float weight_decay) {
+    g->adam_step++;
+    double c1 = 1 - pow((double)beta1, g->adam_step), c2 = 1 - pow((double)beta2, g->adam_step);
+    for (int t = 0; t < g->num_tensors; t++) {
+        const tensor_slice *ts = &g->tensors[t];
+        size_t o = ts->offset;
+        float decay = ts->decay ? lr * weight_decay : 0.0f;
+        adamw_kernel<<<blocks_for(ts->count, 256), 256, 0, g->ctx.stream>>>(
+            g->params + o, g->params_lp ? g->params_lp + o : NULL, g->grads + o, g->adam_m + o, g->adam_v + o,
+            ts->count, lr, beta1, beta2, (float)c1, (float)c2, eps, decay);
+        launched("adamw_kernel");
+    }
+}
+
+// ===================================================================== 7. copies, and layers one at a time
+
+static void copy_in(gpt_cuda_t *g, float *dev, const float *host) {
+    CHECK_CUDA(cudaMemcpyAsync(dev, host, g->num_params * sizeof(float), cudaMemcpyHostToDevice, g->ctx.stream));
+}
+
+static void copy_out(gpt_cuda_t *g, float *host, const float *dev) {
+    CHECK_CUDA(cudaMemcpyAsync(host, dev, g->num_params * sizeof(float), cudaMemcpyDeviceToHost, g->ctx.stream));
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
+}
+
+extern "C" void gpt_cuda_set_params(gpt_cuda_t *g, const float *host) {
+    copy_in(g, g->params, host);
+    refresh_bf16_copy(g);
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream)); // the host buffer may be reused at once
+}
+
+extern "C" void gpt_cuda_get_params(gpt_cuda_t *g, float *host) { copy_out(g, host, g->params); }
+extern "C" void gpt_cuda_get_grads(gpt_cuda_t *g, float *host) { copy_out(g, host, g->grads); }
+
+extern "C" void gpt_cuda_set_grads(gpt_cuda_t *g, const float *host) {
+    copy_in(g, g->grads, host);
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
+}
+
+extern "C" void gpt_cuda_get_adam(gpt_cuda_t *g, float *m_host, float *v_host, int *step) {
+    copy_out(g, m_host, g->adam_m);
+    copy_out(g, v_host, g->adam_v);
+    *step = g->adam_step;
+}
+
+extern "C" void gpt_cuda_set_adam(gpt_cuda_t *g, const float *m_host, const float *v_host, int step) {
+    copy_in(g, g->adam_m, m_host);
+    copy_in(g, g->adam_v, v_host);
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
+    g->adam_step = step;
+}
+
+// --- one layer at a time, for the parity tests. They run on the legacy
+// default stream, so plain cudaMemcpy calls are ordered with the kernels.
+typedef struct {
+    void *ptr[64];
+    int count;
+    gpu_ctx ctx;
+} test_run;
+
+static void *test_alloc(test_run *r, size_t bytes) {
+    if (r->count == 64) die("gpt_cuda test: too many buffers");
+    CHECK_CUDA(cudaMalloc(&r->ptr[r->count], bytes ? bytes : 1));
+    return r->ptr[r->count++];
+}
+
+static test_run test_begin(void) {
+    test_run r;
+    memset(&r, 0, sizeof r);
+    r.ctx = ctx_create(0, test_alloc(&r, CUBLAS_WORKSPACE_BYTES));
+    return r;
+}
+
+static void test_end(test_run *r) {
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUBLAS(cublasDestroy(r->ctx.cublas));
+    for (int i = 0; i < r->count; i++) CHECK_CUDA(cudaFree(r->ptr[i]));
+}
+
+// Host floats -> device values of type T (rounded to bf16 where T is bf16).
+template <typename T> static T *upload(test_run *r, const float *host, size_t n) {
+    float *f = (float *)test_alloc(r, n * sizeof(float));
+    CHECK_CUDA(cudaMemcpy(f, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    if (std::is_same<T, float>::value) return (T *)(void *)f;
+    T *t = (T *)test_alloc(r, n * sizeof(T));
+    convert(0, t, f, n);
+    return t;
+}
+
+template <typename T> static T *upload_zeros(test_run *r, size_t n) {
+    T *t = (T *)test_alloc(r, n * sizeof(T));
+    CHECK_CUDA(cudaMemset(t, 0, n * sizeof(T)));
+    return t;
+}
+
+static uint16_t *upload_tokens(test_run *r, const uint16_t *host, size_t n) {
+    uint16_t *t = (uint16_t *)test_alloc(r, n * sizeof(uint16_t));
+    CHECK_CUDA(cudaMemcpy(t, host, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    return t;
+}
+
+template <typename T> static void download(test_run *r, float *host, const T *dev, size_t n) {
+    const float *f = (const float *)(const void *)dev;
+    if (!std::is_same<T, float>::value) {
+        float *tmp = (float *)test_alloc(r, n * sizeof(float));
+        convert(0, tmp, dev, n);
+        f = tmp;
+    }
+    CHECK_CUDA(cudaMemcpy(host, f, n * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+template <typename Act>
+static void test_encoder(int B, int T, int C, int V, const uint16_t *tokens, const float *wte, const float *wpe,
+                         float *out, const float *dout, float *dwte, float *dwpe) {
+    test_run r = test_begin();
+    size_t NC = (size_t)B * T * C;
+    uint16_t *tok = upload_tokens(&r, tokens, (size_t)B * T);
+    Act *o = upload_zeros<Act>(&r, NC), *d = upload<Act>(&r, dout, NC);
+    float *w = upload<float>(&r, wte, (size_t)V * C), *p = upload<float>(&r, wpe, (size_t)T * C);
+    float *dw = upload<float>(&r, dwte, (size_t)V * C), *dp = upload<float>(&r, dwpe, (size_t)T * C);
+    encoder_forward(&r.ctx, o, tok, w, p, B, T, C);
+    encoder_backward(&r.ctx, dw, dp, d, tok, B, T, C);
+    download(&r, out, o, NC), download(&r, dwte, dw, (size_t)V * C), download(&r, dwpe, dp, (size_t)T * C);
+    test_end(&r);
+}
+
+extern "C" void gpt_cuda_test_encoder(bool bf16_mode, int B, int T, int C, int V, const uint16_t *tokens,
+                                      const float *wte, const float *wpe, float *out, const float *dout, float *dwte,
+                                      float *dwpe) {
+    if (bf16_mode) test_encoder<bf16>(B, T, C, V, tokens, wte, wpe, out, dout, dwte, dwpe);
+    else test_encoder<float>(B, T, C, V, tokens, wte, wpe, out, dout, dwte, dwpe);
+}
+
+template <typename Act>
+static void test_layernorm(int N, int C, const float *inp, const float *weight, const float *bias, float *out,
+                           float *mean, float *rstd, const float *dout, float *dinp, float *dweight, float *dbias) {
+    test_run r = test_begin();
+    size_t NC = (size_t)N * C;
+    Act *x = upload<Act>(&r, inp, NC), *y = upload_zeros<Act>(&r, NC), *dy = upload<Act>(&r, dout, NC);
+    Act *dx = upload<Act>(&r, dinp, NC);
+    float *w = upload<float>(&r, weight, C), *b = upload<float>(&r, bias, C);
+    float *dw = upload<float>(&r, dweight, C), *db = upload<float>(&r, dbias, C);
+    float *m = upload_zeros<float>(&r, N), *s = upload_zeros<float>(&r, N);
+    layernorm_forward(&r.ctx, y, m, s, x, w, b, N, C);
+    layernorm_backward(&r.ctx, dx, dw, db, dy, x, w, m, s, N, C);
+    download(&r, out, y, NC), download(&r, mean, m, N), download(&r, rstd, s, N), download(&r, dinp, dx, NC);
+    download(&r, dweight, dw, C), download(&r, dbias, db, C);
+    test_end(&r);
+}
+
+extern "C" void gpt_cuda_test_layernorm(bool bf16_mode, int N, int C, const float *inp, const float *weight,
+                                        const float *bias, float *out, float *mean, float *rstd, const float *dout,
+                                        float *dinp, float *dweight, float *dbias) {
+    if (bf16_mode) test_layernorm<bf16>(N, C, inp, weight, bias, out, mean, rstd, dout, dinp, dweight, dbias);
+    else test_layernorm<float>(N, C, inp, weight, bias, out, mean, rstd, dout, dinp, dweight, dbias);
+}
+
+template <typename Act>
+static void test_matmul(int N, int C, int OC, const float *inp, const float *weight, const float *bias, float *out,
+                        const float *dout, float *dinp, float *dweight, float *dbias) {
+    test_run r = test_begin();
+    Act *x = upload<Act>(&r, inp, (size_t)N * C), *w = upload<Act>(&r, weight, (size_t)OC * C);
+    Act *y = upload_zeros<Act>(&r, (size_t)N * OC), *dy = upload<Act>(&r, dout, (size_t)N * OC);
+    Act *dx = upload_zeros<Act>(&r, (size_t)N * C);
+    float *b = bias ? upload<float>(&r, bias, OC) : NULL, *db = bias ? upload<float>(&r, dbias, OC) : NULL;
+    float *dw = upload<float>(&r, dweight, (size_t)OC * C);
+    matmul_forward<Act, Act>(&r.ctx, y, x, w, b, N, C, OC);
+    matmul_backward(&r.ctx, dx, dw, db, dy, x, w, N, C, OC);
+    download(&r, out, y, (size_t)N * OC), download(&r, dinp, dx, (size_t)N * C);
+    download(&r, dweight, dw, (size_t)OC * C);
+    if (bias) download(&r, dbias, db, OC);
+    test_end(&r);
+}
+
+extern "C" void gpt_cuda_test_matmul(bool bf16_mode, int N, int C, int OC, const float *inp, const float *weight,
+                                     const float *bias, float *out, const float *dout, float *dinp, float *dweight,
+                                     float *dbias) {
+    if (bf16_mode) test_matmul<bf16>(N, C, OC, inp, weight, bias, out, dout, dinp, dweight, dbias);
+    else test_matmul<float>(N, C, OC, inp, weight, bias, out, dout, dinp, dweight, dbias);
+}
+
+template <typename Act>
+static void test_attention(int B, int T, int C, int NH, const float *qkv, float *out, float *att,
+                           const float *dout, float *dqkv) {
+    test_run r = test_begin();
+    size_t NC = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+    bool is_float = std::is_same<Act, float>::value;
+    Act *q = upload<Act>(&r, qkv, 3 * NC), *y = upload_zeros<Act>(&r, NC), *p = upload_zeros<Act>(&r, natt);
+    Act *dy = upload<Act>(&r, dout, NC), *dq = upload_zeros<Act>(&r, 3 * NC), *ds = upload_zeros<Act>(&r, natt);
+    // The same buffer sharing as the model: fp32 works in place.
+    float *scores = is_float ? (float *)(void *)p : upload_zeros<float>(&r, natt);
+    float *dp = is_float ? (float *)(void *)ds : upload_zeros<float>(&r, natt);
+    attention_forward(&r.ctx, y, p, scores, q, B, T, C, NH);
+    attention_backward(&r.ctx, dq, dp, ds, dy, q, p, B, T, C, NH);
+    download(&r, out, y, NC), download(&r, att, p, natt), download(&r, dqkv, dq, 3 * NC);
+    test_end(&r);
+}
+
+extern "C" void gpt_cuda_test_attention(bool bf16_mode, int B, int T, int C, int NH, const float *qkv, float *out,
+                                        float *att, const float *dout, float *dqkv) {
+    if (bf16_mode) test_attention<bf16>(B, T, C, NH, qkv, out, att, dout, dqkv);
+    else test_attention<float>(B, T, C, NH, qkv, out, att, dout, dqkv);
+}
+
+template <typename Act>
+static void test_gelu(size_t n, const float *inp, float *out, const float *dout, float *dinp) {
+    test_run r = test_begin();
+    Act *x = upload<Act>(&r, inp, n), *y = upload_zeros<Act>(&r, n), *d = upload<Act>(&r, dout, n);
+    gelu_forward(&r.ctx, y, x, n);
+    gelu_backward(&r.ctx, d, x, d, n); // in place, as the model does
+    download(&r, out, y, n), download(&r, dinp, d, n);
+    test_end(&r);
+}
+
+extern "C" void gpt_cuda_test_gelu(bool bf16_mode, size_t n, const float *inp, float *out, const float *dout,
+                                   float *dinp) {
+    if (bf16_mode) test_gelu<bf16>(n, inp, out, dout, dinp);
+    else test_gelu<float>(n, inp, out, dout, dinp);
+}
+
+template <typename Act> static void test_residual(size_t n, const float *a, const float *b, float *out) {
+    test_run r = test_begin();
+    Act *x = upload<Act>(&r, a, n), *y = upload<Act>(&r, b, n), *o = upload_zeros<Act>(&r, n);
+    residual_forward(&r.ctx, o, x, y, n);
+    download(&r, out, o, n);
+    test_end(&r);
+}
+
+extern "C" void gpt_cuda_test_residual(bool bf16_mode, size_t n, const float *a, const float *b, float *out) {
+    if (bf16_mode) test_residual<bf16>(n, a, b, out);
+    else test_residual<float>(n, a, b, out);
+}
+
+template <typename Act>
+static float test_crossentropy(int N, int V, const float *logits, const uint16_t *targets, float *losses,
+                               float dloss, float *dlogits) {
+    test_run r = test_begin();
+    size_t NV = (size_t)N * V;
+    float *z = upload<float>(&r, logits, NV), *l = upload_zeros<float>(&r, N), *lse = upload_zeros<float>(&r, N);
+    uint16_t *tg = upload_tokens(&r, targets, N);
+    Act *d = upload_zeros<Act>(&r, NV);
+    crossentropy_forward(&r.ctx, l, lse, z, tg, N, V);
+    crossentropy_backward(&r.ctx, d, z, lse, tg, N, V, dloss);
+    download(&r, losses, l, N), download(&r, dlogits, d, NV);
+    test_end(&r);
+    double total = 0;
+    for (int i = 0; i < N; i++) total += losses[i];
+    return (float)(total / N);
+}
+
+extern "C" float gpt_cuda_test_crossentropy(bool bf16_mode, int N, int V, const float *logits,
+                                            const uint16_t *targets, float *losses, float dloss, float *dlogits) {
+    if (bf16_mode) return test_crossentropy<bf16>(N, V, logits, targets, losses, dloss, dlogits);
+    return test_crossentropy<float>(N, V, logits, targets, losses, dloss, dlogits);
+}

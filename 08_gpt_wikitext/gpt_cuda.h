@@ -1,0 +1,160 @@
+// gpt_cuda.h - the GPT of gpt.h on one GPU: CUDA kernels plus cuBLAS.
+//
+// The same model, the same parameter layout (ONE flat float array, the
+// tensor table of gpt_build_table) and the same formulas as gpt.h, so the
+// CPU model is the reference the GPU is tested against. The GPU keeps its
+// own copies of everything: parameters, gradients, AdamW moments,
+// activations. The host sees tokens going in and losses, logits,
+// parameters and gradients coming out.
+//
+// Two precisions (--dtype):
+//   fp32  everything in float: the reference, equal to gpt.h within 1e-4.
+//   bf16  mixed precision: fp32 master weights, fp32 gradients and fp32
+//         AdamW moments; matrix products read a bf16 copy of the weights
+//         and bf16 activations and accumulate in fp32; LayerNorm
+//         statistics, softmax and the loss are computed in fp32.
+//
+// Data parallelism: the gradients lie in one flat device buffer in the
+// parameter layout (gpt_cuda_grads_device). gpt_cuda_backward can call the
+// caller back each time a bucket of gradients is final (one bucket per
+// transformer block, plus ln_f first and the embeddings last), with a CUDA
+// event recorded after the bucket's last kernel, so an all-reduce of that
+// bucket can start on another stream while the backward pass goes on.
+//
+// Only in a CUDA build: everything below is under #ifdef COURSE_CUDA, and
+// the implementation is gpt_cuda.cu.
+#ifndef GPT_CUDA_H
+#define GPT_CUDA_H
+
+#ifdef COURSE_CUDA
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __CUDACC__
+// nvcc compiles C++, which cannot include gpt.h (C11: <tgmath.h>, restrict).
+// This is gpt.h's gpt_config, field for field; extern "C" functions pass it
+// by pointer, so both sides read the same five ints.
+typedef struct { int vocab_size, block_size, n_layer, n_head, n_embd; } gpt_config;
+#else
+#include "gpt.h"
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gpt_cuda gpt_cuda_t;
+
+// ---------------------------------------------------------------- host-only questions (no GPU needed)
+
+// Parameters in the flat layout; equals gpt.h's num_params for cfg.
+size_t gpt_cuda_num_params(const gpt_config *cfg);
+
+// Device bytes gpt_cuda_create allocates for batches up to B x T.
+size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool bf16);
+
+// A range of the flat gradient buffer that one step of the backward pass
+// finishes. Buckets come in the order backward completes them: ln_f, the
+// blocks from the last to the first, then wte + wpe. Together they cover
+// [0, num_params) exactly once.
+typedef struct {
+    size_t offset, count; // in floats
+    char name[32];        // "ln_f", "h.11", "wte+wpe"
+} gpt_cuda_bucket;
+
+// Fills up to max buckets; returns how many there are (n_layer + 2).
+int gpt_cuda_buckets(const gpt_config *cfg, gpt_cuda_bucket *out, int max);
+
+// ---------------------------------------------------------------- the model on the device
+
+// Copies the parameters (gpt.h layout, num_params floats) to the current
+// GPU and allocates room for batches up to B x T. Dies with the size asked
+// for when the model does not fit in the free device memory.
+gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *params_host, int B, int T, bool bf16);
+void gpt_cuda_free(gpt_cuda_t *g);
+
+// The stream every kernel of the model runs on (non-blocking: it does not
+// wait for the legacy default stream, so communication can overlap it).
+cudaStream_t gpt_cuda_stream(const gpt_cuda_t *g);
+size_t gpt_cuda_param_count(const gpt_cuda_t *g);
+float *gpt_cuda_params_device(gpt_cuda_t *g); // fp32 master weights
+float *gpt_cuda_grads_device(gpt_cuda_t *g);  // fp32 gradients, one flat buffer
+
+// Mean cross-entropy of B x T tokens (B, T at most those given to create),
+// or -1 when targets is NULL; the logits then stay for gpt_cuda_logits.
+float gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T);
+
+// The V logits of sequence b, position t of the last forward pass (read them
+// before gpt_cuda_backward: in fp32 mode it turns the logits into their gradient).
+void gpt_cuda_logits(gpt_cuda_t *g, int b, int t, float *out_host);
+
+void gpt_cuda_zero_grad(gpt_cuda_t *g);
+
+// Called during gpt_cuda_backward each time a bucket's gradients are final
+// on the device: `ready` is recorded on gpt_cuda_stream after the bucket's
+// last kernel. To overlap, make a communication stream wait for it
+// (cudaStreamWaitEvent) and launch the all-reduce there; the host must
+// wait for that stream before gpt_cuda_clip_grad_norm / gpt_cuda_adamw.
+typedef void (*gpt_cuda_bucket_fn)(void *user, const gpt_cuda_bucket *bucket, cudaEvent_t ready);
+
+// Adds grad_scale * d(mean loss)/d(params) to the gradients (micro-batches
+// accumulate, as gpt_backward). bucket_ready may be NULL (no callbacks); with
+// gradient accumulation pass it on the last micro-batch only. Returns when
+// the backward pass is complete on the device, so a blocking all-reduce on
+// any stream may follow.
+void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn bucket_ready, void *user);
+
+// As gpt_clip_grad_norm and gpt_adamw_step (decay on 2-D tensors only).
+float gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm);
+void gpt_cuda_adamw(gpt_cuda_t *g, float lr, float beta1, float beta2, float eps, float weight_decay);
+
+// Host <-> device copies of whole flat arrays (num_params floats each), for
+// snapshots, saving, and the cpu process group (which stages through host).
+void gpt_cuda_get_params(gpt_cuda_t *g, float *host);
+void gpt_cuda_set_params(gpt_cuda_t *g, const float *host);
+void gpt_cuda_get_grads(gpt_cuda_t *g, float *host);
+void gpt_cuda_set_grads(gpt_cuda_t *g, const float *host);
+// AdamW state: moments m, v (num_params floats each, zeros before the first
+// step) and the number of steps taken.
+void gpt_cuda_get_adam(gpt_cuda_t *g, float *m_host, float *v_host, int *step);
+void gpt_cuda_set_adam(gpt_cuda_t *g, const float *m_host, const float *v_host, int step);
+
+// Bytes this model has allocated on the device (all at create, so this is
+// also its peak), and what the whole process uses on the GPU now
+// (cudaMemGetInfo: our buffers + the CUDA context + cuBLAS + anyone else's).
+size_t gpt_cuda_allocated_bytes(const gpt_cuda_t *g);
+size_t gpt_cuda_device_used_bytes(void);
+
+// ---------------------------------------------------------------- one layer at a time, for the parity tests
+// Each takes host float arrays, runs the layer's forward then backward on
+// the GPU in the chosen precision (bf16: inputs rounded to bf16 on the
+// device, as the model would hold them), and writes the results back as
+// floats. Gradients of parameters are ADDED to (as gpt.h's layers do);
+// the names and shapes are those of the layer in gpt.h.
+
+void gpt_cuda_test_encoder(bool bf16, int B, int T, int C, int V, const uint16_t *tokens, const float *wte,
+                           const float *wpe, float *out, const float *dout, float *dwte, float *dwpe);
+void gpt_cuda_test_layernorm(bool bf16, int N, int C, const float *inp, const float *weight, const float *bias,
+                             float *out, float *mean, float *rstd, const float *dout, float *dinp,
+                             float *dweight, float *dbias);
+// bias may be NULL (then dbias is not touched).
+void gpt_cuda_test_matmul(bool bf16, int N, int C, int OC, const float *inp, const float *weight,
+                          const float *bias, float *out, const float *dout, float *dinp, float *dweight,
+                          float *dbias);
+void gpt_cuda_test_attention(bool bf16, int B, int T, int C, int NH, const float *qkv, float *out, float *att,
+                             const float *dout, float *dqkv);
+void gpt_cuda_test_gelu(bool bf16, size_t n, const float *inp, float *out, const float *dout, float *dinp);
+void gpt_cuda_test_residual(bool bf16, size_t n, const float *a, const float *b, float *out);
+// Logits stay fp32 in both precisions; bf16 only changes dlogits' type.
+float gpt_cuda_test_crossentropy(bool bf16, int N, int V, const float *logits, const uint16_t *targets,
+                                 float *losses, float dloss, float *dlogits);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // COURSE_CUDA
+#endif

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# bench/gpt_gpu.sh - chapter 08's GPT on one GPU: speed, MFU, memory (`make bench-gpt`).
+#
+# Runs the benchmark mode of tests/unit/test_gpt_cuda on synthetic tokens:
+#   default  the chapter's model: block 128, 4 layers, 4 heads, 256 channels, vocabulary 5000
+#   large    GPT-2 small's shape: block 1024, 12 layers, 12 heads, 768 channels, vocabulary 50257
+# each in fp32 and bf16. Per run: tokens/s; the step split into forward,
+# backward, all-reduce (one rank: NCCL over a one-GPU communicator, launched
+# bucket by bucket during backward; the column is what it adds after
+# backward ends) and optimizer (clip + AdamW); achieved TFLOPS and MFU;
+# the model's device memory and the whole process's.
+#
+# FLOPs per step = 6 * (parameters - wpe) * tokens + 12 * n_layer * n_embd * T * tokens
+#   (2 per multiply-add forward, twice that backward; wpe is only added; the
+#    second term is attention's QK^T and PV, computed in full T x T).
+# MFU = achieved FLOPS / the GPU's dense bf16 peak (H100 SXM and H200: 989
+#   TFLOPS; COURSE_PEAK_TFLOPS=... for a GPU the table does not know), for
+#   fp32 runs too, so the two precisions compare on one scale.
+#
+# Environment: BENCH_STEPS (default 10 timed steps, after 3 warm-up steps).
+# Without a GPU it says so and exits 0.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source tests/lib.sh >/dev/null
+
+if ! has_gpu; then
+    echo "bench/gpt_gpu.sh: needs a GPU (nvidia-smi lists none here); nothing measured"
+    exit 0
+fi
+make --no-print-directory -s -C tests >/dev/null
+bin=tests/unit/test_gpt_cuda
+steps=${BENCH_STEPS:-10}
+out_dir=runs/08_gpt_wikitext
+mkdir -p "$out_dir"
+csv="$out_dir/gpu_bench.csv"
+header="gpu,config,dtype,batch,block,params,tokens_per_s,step_ms,forward_ms,backward_ms,allreduce_ms,optimizer_ms,tflops,mfu_percent,model_mib,device_used_mib"
+
+rows=()
+run() { # config dtype batch vocab
+    local line
+    line=$("$bin" --mode bench --config "$1" --dtype "$2" --batch_size "$3" --vocab_size "$4" --steps "$steps" | grep '^BENCH ' || true)
+    if [[ -z "$line" ]]; then
+        "$bin" --mode bench --config "$1" --dtype "$2" --batch_size "$3" --vocab_size "$4" --steps 1 | tail -n 3
+        echo "bench/gpt_gpu.sh: the $1 $2 run printed no result"
+        exit 1
+    fi
+    rows+=("${line#BENCH }")
+}
+
+echo "=== bench/gpt_gpu.sh: GPT training step on one GPU ($steps timed steps per row)"
+run default fp32 8 5000
+run default bf16 8 5000
+run large fp32 8 50257
+run large bf16 8 50257
+
+{ echo "$header"; printf '%s\n' "${rows[@]}"; } >"$csv.tmp"
+mv "$csv.tmp" "$csv"
+# The table: drop the GPU name column (it is the same on every row) and say it once.
+echo "GPU: $(head -n 2 "$csv" | tail -n 1 | cut -d, -f1)"
+if command -v column >/dev/null; then cut -d, -f2- "$csv" | column -t -s,; else cut -d, -f2- "$csv" | tr , '\t'; fi
+echo
+echo "CSV: $csv"
+cat "$csv"

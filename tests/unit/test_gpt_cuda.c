@@ -1,0 +1,626 @@
+// test_gpt_cuda.c - the GPU GPT (08_gpt_wikitext/gpt_cuda.cu) against the
+// CPU reference (gpt.h), and the driver of `make bench-gpt`.
+//
+//   --mode test      (default) parity of every layer's forward and backward,
+//                    of the whole model's loss, gradients, clipping and AdamW
+//                    step, fp32 within 1e-4 and bf16 within 2e-2 (relative,
+//                    in the L2 norm); bf16 training tracks fp32 training.
+//                    Inputs are fresh random numbers each run (the seed is
+//                    printed; --seed repeats a run).
+//   --mode sanitize  the same parity checks, small and without the training
+//                    run: what tests/test_gpt_cuda.sh runs under compute-sanitizer.
+//   --mode oom       asks for a model far larger than any GPU: must die with
+//                    "needs X GiB, the GPU has Y GiB free".
+//   --mode bench     tokens/s, the step split into forward, backward,
+//                    all-reduce and optimizer, MFU, peak memory: one CSV row.
+//
+// Without a GPU (or in a CPU-only build) the GPU cases print SKIP with the
+// reason; the host-side pieces (parameter layout, buckets, memory plan, the
+// MFU arithmetic) are checked anyway.
+#include <time.h>
+
+#include "../../08_gpt_wikitext/gpt.h"
+#include "device.h"
+#include "flags.h"
+#include "test.h"
+#include "timer.h"
+#ifdef COURSE_CUDA
+#include "../../08_gpt_wikitext/gpt_cuda.h"
+#endif
+
+#define TOL_FP32 1e-4
+#define TOL_BF16 2e-2
+
+typedef struct {
+    const char *mode, *config, *dtype;
+    int batch_size, steps, warmup, vocab_size, seed;
+} options;
+
+// ------------------------------------------------------------------ MFU arithmetic (host only)
+
+// Dense bf16 tensor-core peak, TFLOPS, by the name cudaGetDeviceProperties
+// reports; 0 when unknown. COURSE_PEAK_TFLOPS overrides (for other GPUs).
+static double peak_bf16_tflops(const char *gpu_name) {
+    const char *env = getenv("COURSE_PEAK_TFLOPS");
+    if (env && atof(env) > 0) return atof(env);
+    static const struct { const char *pattern; double tflops; } table[] = {
+        {"H100 PCIe", 756}, {"H100 NVL", 835}, {"GH200", 989}, {"H200", 989}, {"H100", 989}, // SXM: 989.4
+        {"H800", 989},      {"A100", 312},     {"A800", 312},  {"L40S", 362}, {"L4", 121},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (strstr(gpu_name, table[i].pattern)) return table[i].tflops;
+    return 0;
+}
+
+// FLOPs of one training step (forward + backward) on `tokens` tokens:
+// 6 per parameter that multiplies (2 forward, 4 backward; wpe is only
+// added, so it does not count, while wte counts once, as the LM head),
+// plus attention's two T x T products per layer, which we compute in full
+// (the causal half is masked, not skipped): 2 * 2 * T * C forward per
+// token and layer, times 3 with the backward pass.
+static double flops_per_step(const gpt_config *c, size_t num_params, int T, double tokens) {
+    double matmul_params = (double)num_params - (double)c->block_size * c->n_embd;
+    return 6.0 * matmul_params * tokens + 12.0 * c->n_layer * (double)c->n_embd * T * tokens;
+}
+
+static void check_mfu_arithmetic(void) {
+    EXPECT("gpt cuda peak table knows H100 SXM and H200",
+           peak_bf16_tflops("NVIDIA H100 80GB HBM3") == 989 && peak_bf16_tflops("NVIDIA H200") == 989 &&
+               peak_bf16_tflops("NVIDIA H100 PCIe") == 756 && peak_bf16_tflops("Some Future GPU") == 0,
+           "H100 80GB HBM3 -> %g, H200 -> %g, H100 PCIe -> %g, unknown -> %g",
+           peak_bf16_tflops("NVIDIA H100 80GB HBM3"), peak_bf16_tflops("NVIDIA H200"),
+           peak_bf16_tflops("NVIDIA H100 PCIe"), peak_bf16_tflops("Some Future GPU"));
+    // GPT-2 small: 124.4 M parameters, T 1024: about 6 * 124e6 + 12 * 12 * 768 * 1024 = 0.86 GFLOP per token.
+    gpt_config c = {50257, 1024, 12, 12, 768};
+    gpt_t m;
+    gpt_init(&m, c, 1);
+    double per_token = flops_per_step(&c, m.num_params, 1024, 1);
+    EXPECT("gpt cuda flops per token for GPT-2 small", per_token > 0.85e9 && per_token < 0.87e9,
+           "%.4g FLOPs per token (%zu parameters)", per_token, m.num_params);
+    gpt_free(&m);
+}
+
+#ifdef COURSE_CUDA
+// ------------------------------------------------------------------ host-side pieces of gpt_cuda.cu
+
+static void check_layout(const gpt_config *c, const char *what) {
+    gpt_t m;
+    gpt_init(&m, *c, 1);
+    char name[96];
+    snprintf(name, sizeof name, "gpt cuda parameter count matches gpt.h (%s)", what);
+    EXPECT(name, gpt_cuda_num_params(c) == m.num_params, "gpu %zu, cpu %zu", gpt_cuda_num_params(c), m.num_params);
+
+    gpt_cuda_bucket b[300];
+    int n = gpt_cuda_buckets(c, b, 300);
+    bool ok = n == c->n_layer + 2 && n <= 300;
+    size_t end = m.num_params; // buckets come from the end of the buffer to its start
+    for (int i = 0; ok && i < n; i++) ok = b[i].offset + b[i].count == end, end = b[i].offset;
+    ok = ok && end == 0 && !strcmp(b[0].name, "ln_f") && !strcmp(b[n - 1].name, "wte+wpe");
+    for (int l = 0; ok && l < c->n_layer; l++) { // block l starts at its h.l.ln_1.weight
+        const gpt_tensor *first = &m.tensors[2 + l * GPT_BLOCK_TENSORS];
+        ok = b[c->n_layer - l].offset == first->offset;
+    }
+    snprintf(name, sizeof name, "gpt cuda buckets tile the gradients in backward order (%s)", what);
+    EXPECT(name, ok, "%d buckets for %d layers; first '%s', last '%s'", n, c->n_layer, b[0].name, b[n - 1].name);
+    gpt_free(&m);
+}
+
+static void check_memory_plan(void) {
+    gpt_config c = {50257, 1024, 12, 12, 768};
+    size_t p = gpt_cuda_num_params(&c);
+    size_t fp32 = gpt_cuda_memory_needed(&c, 8, 1024, false), bf16 = gpt_cuda_memory_needed(&c, 8, 1024, true);
+    size_t small = gpt_cuda_memory_needed(&c, 4, 1024, true);
+    printf("info: GPT-2 small, batch 8 x 1024: %.2f GiB fp32, %.2f GiB bf16\n", fp32 / 1073741824.0,
+           bf16 / 1073741824.0);
+    EXPECT("gpt cuda memory plan: weights, grads, moments at least; bf16 smaller; grows with the batch",
+           bf16 >= 16 * p && bf16 < fp32 && small < bf16 && fp32 < (size_t)40 << 30,
+           "fp32 %zu, bf16 %zu, bf16 half batch %zu bytes, %zu parameters", fp32, bf16, small, p);
+}
+
+// ------------------------------------------------------------------ comparing arrays
+
+// ||a - b|| / max(||b||, floor): the error relative to the reference's size.
+static double rel_error(const float *a, const float *b, size_t n, double floor_norm) {
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)a[i] - b[i];
+        if (!isfinite(a[i])) return INFINITY;
+        d += e * e, r += (double)b[i] * b[i];
+    }
+    r = sqrt(r);
+    return sqrt(d) / fmax(fmax(r, floor_norm), 1e-30);
+}
+
+static void expect_close(const char *layer, const char *what, bool bf16, const float *gpu, const float *cpu,
+                         size_t n) {
+    double err = rel_error(gpu, cpu, n, 0), tol = bf16 ? TOL_BF16 : TOL_FP32;
+    char name[128];
+    snprintf(name, sizeof name, "gpt cuda %s %s matches the CPU (%s)", layer, what, bf16 ? "bf16" : "fp32");
+    EXPECT(name, err <= tol, "relative error %.3e > %.0e over %zu numbers", err, tol, n);
+}
+
+static float *random_array(rng_t *r, size_t n, double scale, double shift) {
+    float *x = xmalloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) x[i] = (float)(rng_normal(r) * scale + shift);
+    return x;
+}
+
+static float *copy_array(const float *x, size_t n) {
+    float *y = xmalloc(sizeof(float) * (n ? n : 1));
+    memcpy(y, x, sizeof(float) * n);
+    return y;
+}
+
+// ------------------------------------------------------------------ one layer at a time
+
+static void test_encoder(rng_t *r, bool bf16) {
+    int B = 3, T = 7, C = 48, V = 50;
+    size_t NC = (size_t)B * T * C;
+    uint16_t tokens[21];
+    for (int i = 0; i < B * T; i++) tokens[i] = (uint16_t)rng_below(r, 6); // repeats: atomics must add them all
+    float *wte = random_array(r, (size_t)V * C, 1, 0), *wpe = random_array(r, (size_t)T * C, 1, 0);
+    float *dout = random_array(r, NC, 1, 0), *dwte = random_array(r, (size_t)V * C, 1, 0);
+    float *dwpe = random_array(r, (size_t)T * C, 1, 0);
+    float *out = xcalloc(NC, 4), *gout = xcalloc(NC, 4);
+    float *gdwte = copy_array(dwte, (size_t)V * C), *gdwpe = copy_array(dwpe, (size_t)T * C);
+    encoder_forward(out, tokens, wte, wpe, B, T, C);
+    encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+    gpt_cuda_test_encoder(bf16, B, T, C, V, tokens, wte, wpe, gout, dout, gdwte, gdwpe);
+    expect_close("encoder", "forward", bf16, gout, out, NC);
+    expect_close("encoder", "dwte", bf16, gdwte, dwte, (size_t)V * C);
+    expect_close("encoder", "dwpe", bf16, gdwpe, dwpe, (size_t)T * C);
+    free(wte), free(wpe), free(dout), free(dwte), free(dwpe), free(out), free(gout), free(gdwte), free(gdwpe);
+}
+
+static void test_layernorm(rng_t *r, bool bf16) {
+    int N = 37, C = 80;
+    size_t NC = (size_t)N * C;
+    float *x = random_array(r, NC, 2, 0.5), *w = random_array(r, C, 0.2, 1), *b = random_array(r, C, 0.2, 0);
+    float *dy = random_array(r, NC, 1, 0), *dx = random_array(r, NC, 1, 0);
+    float *dw = random_array(r, C, 1, 0), *db = random_array(r, C, 1, 0);
+    float *gdx = copy_array(dx, NC), *gdw = copy_array(dw, C), *gdb = copy_array(db, C);
+    float *y = xcalloc(NC, 4), *gy = xcalloc(NC, 4), *m = xcalloc(N, 4), *s = xcalloc(N, 4);
+    float *gm = xcalloc(N, 4), *gs = xcalloc(N, 4);
+    layernorm_forward(y, m, s, x, w, b, N, C);
+    layernorm_backward(dx, dw, db, dy, x, w, m, s, N, C);
+    gpt_cuda_test_layernorm(bf16, N, C, x, w, b, gy, gm, gs, dy, gdx, gdw, gdb);
+    expect_close("layernorm", "forward", bf16, gy, y, NC);
+    expect_close("layernorm", "mean", bf16, gm, m, N);
+    expect_close("layernorm", "rstd", bf16, gs, s, N);
+    expect_close("layernorm", "dinp", bf16, gdx, dx, NC);
+    expect_close("layernorm", "dweight", bf16, gdw, dw, C);
+    expect_close("layernorm", "dbias", bf16, gdb, db, C);
+    free(x), free(w), free(b), free(dy), free(dx), free(dw), free(db), free(gdx), free(gdw), free(gdb);
+    free(y), free(gy), free(m), free(s), free(gm), free(gs);
+}
+
+static void test_matmul(rng_t *r, bool bf16, int N, int C, int OC, bool with_bias) {
+    float *x = random_array(r, (size_t)N * C, 1, 0), *w = random_array(r, (size_t)OC * C, 0.1, 0);
+    float *bias = with_bias ? random_array(r, OC, 1, 0) : NULL, *dy = random_array(r, (size_t)N * OC, 1, 0);
+    float *dw = random_array(r, (size_t)OC * C, 1, 0), *db = random_array(r, OC, 1, 0);
+    float *gdw = copy_array(dw, (size_t)OC * C), *gdb = copy_array(db, OC);
+    float *y = xcalloc((size_t)N * OC, 4), *gy = xcalloc((size_t)N * OC, 4);
+    float *dx = xcalloc((size_t)N * C, 4), *gdx = xcalloc((size_t)N * C, 4);
+    matmul_forward(y, x, w, bias, N, C, OC);
+    matmul_backward(dx, dw, with_bias ? db : NULL, dy, x, w, N, C, OC);
+    gpt_cuda_test_matmul(bf16, N, C, OC, x, w, bias, gy, dy, gdx, gdw, with_bias ? gdb : NULL);
+    const char *layer = with_bias ? "matmul" : "matmul without bias";
+    expect_close(layer, "forward", bf16, gy, y, (size_t)N * OC);
+    expect_close(layer, "dinp", bf16, gdx, dx, (size_t)N * C);
+    expect_close(layer, "dweight", bf16, gdw, dw, (size_t)OC * C);
+    if (with_bias) expect_close(layer, "dbias", bf16, gdb, db, OC);
+    free(x), free(w), free(bias), free(dy), free(dw), free(db), free(gdw), free(gdb);
+    free(y), free(gy), free(dx), free(gdx);
+}
+
+static void test_attention(rng_t *r, bool bf16) {
+    int B = 2, T = 13, C = 48, NH = 3;
+    size_t NC = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+    float *qkv = random_array(r, 3 * NC, 1, 0), *dy = random_array(r, NC, 1, 0);
+    float *y = xcalloc(NC, 4), *gy = xcalloc(NC, 4), *att = xcalloc(natt, 4), *gatt = xcalloc(natt, 4);
+    float *dqkv = xcalloc(3 * NC, 4), *gdqkv = xcalloc(3 * NC, 4);
+    attention_forward(y, att, qkv, B, T, C, NH);
+    attention_backward(dqkv, dy, qkv, att, B, T, C, NH);
+    gpt_cuda_test_attention(bf16, B, T, C, NH, qkv, gy, gatt, dy, gdqkv);
+    expect_close("attention", "forward", bf16, gy, y, NC);
+    expect_close("attention", "probabilities", bf16, gatt, att, natt);
+    expect_close("attention", "dqkv", bf16, gdqkv, dqkv, 3 * NC);
+    free(qkv), free(dy), free(y), free(gy), free(att), free(gatt), free(dqkv), free(gdqkv);
+}
+
+static void test_elementwise(rng_t *r, bool bf16) {
+    size_t n = 1000;
+    float *x = random_array(r, n, 2.5, 0), *x2 = random_array(r, n, 1, 0), *dy = random_array(r, n, 1, 0);
+    float *y = xcalloc(n, 4), *gy = xcalloc(n, 4), *dx = xcalloc(n, 4), *gdx = xcalloc(n, 4);
+    gelu_forward(y, x, n);
+    gelu_backward(dx, x, dy, n);
+    gpt_cuda_test_gelu(bf16, n, x, gy, dy, gdx);
+    expect_close("gelu", "forward", bf16, gy, y, n);
+    expect_close("gelu", "backward", bf16, gdx, dx, n);
+    residual_forward(y, x, x2, n);
+    gpt_cuda_test_residual(bf16, n, x, x2, gy);
+    expect_close("residual", "forward", bf16, gy, y, n);
+    free(x), free(x2), free(dy), free(y), free(gy), free(dx), free(gdx);
+}
+
+static void test_crossentropy(rng_t *r, bool bf16) {
+    int N = 19, V = 301;
+    size_t NV = (size_t)N * V;
+    float *z = random_array(r, NV, 3, 0), *gz = xcalloc(NV, 4), *l = xcalloc(N, 4), *gl = xcalloc(N, 4);
+    uint16_t targets[19];
+    for (int i = 0; i < N; i++) targets[i] = (uint16_t)rng_below(r, (uint64_t)V);
+    float dloss = 1.0f / N;
+    float gmean = gpt_cuda_test_crossentropy(bf16, N, V, z, targets, gl, dloss, gz);
+    float mean = crossentropy_forward(l, z, targets, N, V); // z becomes probabilities, then dlogits
+    crossentropy_backward(z, targets, N, V, dloss);
+    expect_close("crossentropy", "losses", bf16, gl, l, N);
+    expect_close("crossentropy", "mean loss", bf16, &gmean, &mean, 1);
+    expect_close("crossentropy", "dlogits", bf16, gz, z, NV);
+    free(z), free(gz), free(l), free(gl);
+}
+
+static void test_layers(rng_t *r, bool bf16) {
+    test_encoder(r, bf16);
+    test_layernorm(r, bf16);
+    test_matmul(r, bf16, 37, 48, 72, true);
+    test_matmul(r, bf16, 21, 64, 50, false);
+    test_attention(r, bf16);
+    test_elementwise(r, bf16);
+    test_crossentropy(r, bf16);
+}
+
+// ------------------------------------------------------------------ the whole model
+
+static void random_tokens(rng_t *r, uint16_t *t, size_t n, int vocab) {
+    for (size_t i = 0; i < n; i++) t[i] = (uint16_t)rng_below(r, (uint64_t)vocab);
+}
+
+// Per tensor, ||gpu - cpu|| relative to the larger of the tensor's own norm
+// and its share of the whole gradient (rms * sqrt(count)): a tensor whose
+// exact gradient is near zero (the key bias's is exactly zero: softmax
+// ignores a constant added to every score) is judged by the size of the
+// rounding it receives from elsewhere, not divided by its own zero.
+static void expect_grads_close(const gpt_t *cpu, const float *gpu_grads, bool bf16, const char *when) {
+    double all = 0;
+    for (size_t i = 0; i < cpu->num_params; i++) all += (double)cpu->grads[i] * cpu->grads[i];
+    double rms = sqrt(all / (double)cpu->num_params), worst = 0, tol = bf16 ? TOL_BF16 : TOL_FP32;
+    const char *worst_name = "";
+    for (int t = 0; t < cpu->num_tensors; t++) {
+        const gpt_tensor *ten = &cpu->tensors[t];
+        double e = rel_error(gpu_grads + ten->offset, cpu->grads + ten->offset, ten->count,
+                             rms * sqrt((double)ten->count));
+        if (e > worst || isnan(e)) worst = e, worst_name = ten->name;
+    }
+    char name[128];
+    snprintf(name, sizeof name, "gpt cuda model gradients match the CPU %s (%s)", when, bf16 ? "bf16" : "fp32");
+    EXPECT(name, worst <= tol, "worst tensor %s: relative error %.3e > %.0e", worst_name, worst, tol);
+}
+
+typedef struct {
+    int calls;
+    bool in_order;
+    const gpt_cuda_bucket *expected; // gpt_cuda_buckets' plan
+    const float *grads;              // the model's gradient buffer (device)
+    float *snapshot;                 // device: each bucket copied when announced
+    cudaStream_t side;               // where the copies run, as an all-reduce would
+} bucket_probe;
+
+// What a data-parallel trainer does with a finished bucket, with a copy in
+// place of the all-reduce: the side stream waits for the event, then reads.
+// If the event came before the bucket's last kernel, the copy could miss it.
+static void probe_bucket(void *user, const gpt_cuda_bucket *b, cudaEvent_t ready) {
+    bucket_probe *p = user;
+    const gpt_cuda_bucket *want = &p->expected[p->calls++];
+    p->in_order = p->in_order && want->offset == b->offset && want->count == b->count;
+    CHECK_CUDA(cudaStreamWaitEvent(p->side, ready, 0));
+    CHECK_CUDA(cudaMemcpyAsync(p->snapshot + b->offset, p->grads + b->offset, b->count * sizeof(float),
+                               cudaMemcpyDeviceToDevice, p->side));
+}
+
+// Backward with the probe: the callbacks come in the planned order, and the
+// copy each one started equals the final gradient, bit for bit.
+static void backward_with_probe(gpt_cuda_t *g, const gpt_config *c, bool bf16, float *grads_host) {
+    int nb = gpt_cuda_buckets(c, NULL, 0);
+    gpt_cuda_bucket *plan = xmalloc(sizeof *plan * (size_t)nb);
+    gpt_cuda_buckets(c, plan, nb);
+    size_t n = gpt_cuda_param_count(g);
+    bucket_probe p = {0, true, plan, gpt_cuda_grads_device(g), NULL, NULL};
+    CHECK_CUDA(cudaMalloc((void **)&p.snapshot, n * sizeof(float)));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&p.side, cudaStreamNonBlocking));
+    // NaNs, so a bucket never copied shows; on the side stream, so it is done before the copies.
+    CHECK_CUDA(cudaMemsetAsync(p.snapshot, 0xff, n * sizeof(float), p.side));
+    gpt_cuda_backward(g, 1.0f, probe_bucket, &p);
+    CHECK_CUDA(cudaStreamSynchronize(p.side));
+    float *snap = xmalloc(n * sizeof(float));
+    CHECK_CUDA(cudaMemcpy(snap, p.snapshot, n * sizeof(float), cudaMemcpyDeviceToHost));
+    gpt_cuda_get_grads(g, grads_host);
+    char name[128];
+    snprintf(name, sizeof name, "gpt cuda backward announces finished buckets in order (%s)", bf16 ? "bf16" : "fp32");
+    EXPECT(name, p.calls == nb && p.in_order && !memcmp(snap, grads_host, n * sizeof(float)),
+           "%d of %d callbacks, in order: %s, copies taken at the events equal the final gradients: %s", p.calls,
+           nb, p.in_order ? "yes" : "no", memcmp(snap, grads_host, n * sizeof(float)) ? "no" : "yes");
+    CHECK_CUDA(cudaStreamDestroy(p.side));
+    CHECK_CUDA(cudaFree(p.snapshot));
+    free(snap), free(plan);
+}
+
+// Clipping and AdamW on identical gradients: fp32 arithmetic in both
+// precisions, so both match closely. The limit is half the norm, so the
+// clipping path runs.
+static void test_optimizer(gpt_t *cpu, gpt_cuda_t *g, bool bf16) {
+    gpt_cuda_set_grads(g, cpu->grads);
+    double sum = 0;
+    for (size_t i = 0; i < cpu->num_params; i++) sum += (double)cpu->grads[i] * cpu->grads[i];
+    float limit = (float)(0.5 * sqrt(sum));
+    float nc = gpt_clip_grad_norm(cpu, limit), ng = gpt_cuda_clip_grad_norm(g, limit);
+    char name[128];
+    snprintf(name, sizeof name, "gpt cuda gradient norm matches the CPU (%s)", bf16 ? "bf16" : "fp32");
+    EXPECT(name, fabs(nc - ng) <= 1e-5 * nc, "gpu %.8g, cpu %.8g", ng, nc);
+    gpt_adamw_step(cpu, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
+    gpt_cuda_adamw(g, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
+    float *params = xmalloc(sizeof(float) * cpu->num_params);
+    gpt_cuda_get_params(g, params);
+    double err = rel_error(params, cpu->params, cpu->num_params, 0);
+    snprintf(name, sizeof name, "gpt cuda clipped AdamW step matches the CPU (%s)", bf16 ? "bf16" : "fp32");
+    EXPECT(name, err <= 1e-5, "parameters differ by %.3e (relative)", err);
+    free(params);
+}
+
+static void test_model(rng_t *r, bool bf16) {
+    gpt_config c = {211, 32, 2, 2, 64};
+    int B = 4, T = 32, V = c.vocab_size;
+    gpt_t cpu;
+    gpt_init(&cpu, c, rng_next(r));
+    gpt_cuda_t *g = gpt_cuda_create(&c, cpu.params, B, T, bf16);
+    uint16_t in[4 * 32], tg[4 * 32];
+    random_tokens(r, in, (size_t)B * T, V), random_tokens(r, tg, (size_t)B * T, V);
+
+    float *logits = xmalloc(sizeof(float) * (size_t)V);
+    gpt_forward(&cpu, in, NULL, B, T);
+    gpt_cuda_forward(g, in, NULL, B, T);
+    gpt_cuda_logits(g, B - 1, T - 1, logits);
+    expect_close("model", "logits", bf16, logits, gpt_logits(&cpu, B - 1, T - 1), (size_t)V);
+
+    float lc = gpt_forward(&cpu, in, tg, B, T), lg = gpt_cuda_forward(g, in, tg, B, T);
+    expect_close("model", "loss", bf16, &lg, &lc, 1);
+    gpt_zero_grad(&cpu);
+    gpt_backward(&cpu, 1.0f);
+    gpt_cuda_zero_grad(g);
+    float *grads = xmalloc(sizeof(float) * cpu.num_params);
+    backward_with_probe(g, &c, bf16, grads);
+    expect_grads_close(&cpu, grads, bf16, "after one step");
+    test_optimizer(&cpu, g, bf16);
+
+    // A second step on a smaller batch, from the updated weights.
+    int B2 = 3, T2 = 20;
+    random_tokens(r, in, (size_t)B2 * T2, V), random_tokens(r, tg, (size_t)B2 * T2, V);
+    lc = gpt_forward(&cpu, in, tg, B2, T2), lg = gpt_cuda_forward(g, in, tg, B2, T2);
+    expect_close("model", "loss after an AdamW step, smaller batch", bf16, &lg, &lc, 1);
+    gpt_zero_grad(&cpu);
+    gpt_backward(&cpu, 0.5f);
+    gpt_cuda_zero_grad(g);
+    gpt_cuda_backward(g, 0.5f, NULL, NULL);
+    gpt_cuda_get_grads(g, grads);
+    expect_grads_close(&cpu, grads, bf16, "after an AdamW step, smaller batch, grad_scale 0.5");
+    gpt_cuda_free(g);
+    gpt_free(&cpu);
+    free(logits), free(grads);
+}
+
+// ------------------------------------------------------------------ bf16 training follows fp32 training
+
+// A made-up language over V tokens: each token is followed by its partner
+// perm[token] nine times in ten, by a random token otherwise.
+static void make_batch(rng_t *r, const uint16_t *perm, int V, uint16_t *in, uint16_t *tg, int B, int T) {
+    for (int b = 0; b < B; b++) {
+        uint16_t tok = (uint16_t)rng_below(r, (uint64_t)V);
+        for (int t = 0; t < T; t++) {
+            uint16_t next = rng_uniform(r) < 0.9 ? perm[tok] : (uint16_t)rng_below(r, (uint64_t)V);
+            in[b * T + t] = tok, tg[b * T + t] = next, tok = next;
+        }
+    }
+}
+
+static float train_step(gpt_cuda_t *g, const uint16_t *in, const uint16_t *tg, int B, int T) {
+    gpt_cuda_zero_grad(g);
+    float loss = gpt_cuda_forward(g, in, tg, B, T);
+    gpt_cuda_backward(g, 1.0f, NULL, NULL);
+    gpt_cuda_clip_grad_norm(g, 1.0f);
+    gpt_cuda_adamw(g, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
+    return loss;
+}
+
+static void test_training_tracks(rng_t *r) {
+    enum { STEPS = 300, WINDOW = 50, B = 8, T = 32, V = 64 };
+    gpt_config c = {V, T, 2, 2, 64};
+    gpt_t init;
+    gpt_init(&init, c, rng_next(r));
+    gpt_cuda_t *f = gpt_cuda_create(&c, init.params, B, T, false), *h = gpt_cuda_create(&c, init.params, B, T, true);
+    uint16_t perm[V], in[B * T], tg[B * T];
+    for (int i = 0; i < V; i++) perm[i] = (uint16_t)i;
+    for (int i = V - 1; i > 0; i--) {
+        int j = (int)rng_below(r, (uint64_t)i + 1);
+        uint16_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    double lf[STEPS / WINDOW] = {0}, lh[STEPS / WINDOW] = {0}, worst = 0;
+    for (int s = 0; s < STEPS; s++) {
+        make_batch(r, perm, V, in, tg, B, T);
+        lf[s / WINDOW] += train_step(f, in, tg, B, T) / WINDOW;
+        lh[s / WINDOW] += train_step(h, in, tg, B, T) / WINDOW;
+    }
+    printf("info: mean loss per %d steps, fp32 vs bf16:", WINDOW);
+    for (int w = 0; w < STEPS / WINDOW; w++) {
+        printf(" %.3f/%.3f", lf[w], lh[w]);
+        worst = fmax(worst, fabs(lh[w] - lf[w]) / lf[w]);
+    }
+    printf("\n");
+    int last = STEPS / WINDOW - 1;
+    EXPECT("gpt cuda fp32 training learns the made-up language", lf[last] < 0.6 * lf[0],
+           "mean loss %.3f in the first %d steps, %.3f in the last %d", lf[0], WINDOW, lf[last], WINDOW);
+    EXPECT("gpt cuda bf16 training tracks fp32 within 5% over 300 steps", worst <= 0.05,
+           "window means differ by up to %.1f%%", 100 * worst);
+    gpt_cuda_free(f);
+    gpt_cuda_free(h);
+    gpt_free(&init);
+}
+
+// ------------------------------------------------------------------ modes
+
+static int run_oom(void) {
+    // Small weights, enormous activations: 4096 sequences of 8192 tokens.
+    gpt_config c = {5000, 8192, 2, 4, 256};
+    gpt_t m;
+    gpt_init(&m, c, 1);
+    gpt_cuda_create(&c, m.params, 4096, 8192, false); // must die with the size asked for
+    printf("FAIL gpt cuda out of memory: gpt_cuda_create accepted a model of %.0f GiB\n",
+           gpt_cuda_memory_needed(&c, 4096, 8192, false) / 1073741824.0);
+    gpt_free(&m);
+    return 1;
+}
+
+typedef struct {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    float *grads;
+} overlap_t;
+
+// The data-parallel hook, for real: each finished bucket is all-reduced on
+// the communication stream while the backward pass goes on.
+static void allreduce_bucket(void *user, const gpt_cuda_bucket *b, cudaEvent_t ready) {
+    overlap_t *o = user;
+    CHECK_CUDA(cudaStreamWaitEvent(o->stream, ready, 0));
+    CHECK_NCCL(ncclAllReduce(o->grads + b->offset, o->grads + b->offset, b->count, ncclFloat, ncclAvg, o->comm,
+                             o->stream));
+}
+
+typedef struct { double forward, backward, allreduce, optimizer; } step_times;
+
+static step_times bench_step(gpt_cuda_t *g, overlap_t *o, const uint16_t *in, const uint16_t *tg, int B, int T) {
+    step_times s;
+    double t0 = now_seconds();
+    gpt_cuda_zero_grad(g);
+    gpt_cuda_forward(g, in, tg, B, T);
+    double t1 = now_seconds();
+    gpt_cuda_backward(g, 1.0f, allreduce_bucket, o);
+    double t2 = now_seconds();
+    CHECK_CUDA(cudaStreamSynchronize(o->stream)); // what the all-reduce adds after backward (not hidden)
+    double t3 = now_seconds();
+    gpt_cuda_clip_grad_norm(g, 1.0f);
+    gpt_cuda_adamw(g, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f);
+    CHECK_CUDA(cudaStreamSynchronize(gpt_cuda_stream(g)));
+    double t4 = now_seconds();
+    s.forward = t1 - t0, s.backward = t2 - t1, s.allreduce = t3 - t2, s.optimizer = t4 - t3;
+    return s;
+}
+
+static void print_bench_row(const options *o, const gpt_config *c, size_t params, const step_times *t,
+                            gpt_cuda_t *g, int B) {
+    struct cudaDeviceProp prop;
+    int gpu = 0;
+    CHECK_CUDA(cudaGetDevice(&gpu));
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, gpu));
+    double step = t->forward + t->backward + t->allreduce + t->optimizer, tokens = (double)B * c->block_size;
+    double tflops = flops_per_step(c, params, c->block_size, tokens) / step / 1e12, peak = peak_bf16_tflops(prop.name);
+    char mfu[32] = "n/a";
+    if (peak > 0) snprintf(mfu, sizeof mfu, "%.1f", 100 * tflops / peak);
+    printf("BENCH %s,%s,%s,%d,%d,%zu,%.0f,%.2f,%.2f,%.2f,%.2f,%.2f,%.1f,%s,%.0f,%.0f\n", prop.name, o->config,
+           o->dtype, B, c->block_size, params, tokens / step, 1e3 * step, 1e3 * t->forward, 1e3 * t->backward,
+           1e3 * t->allreduce, 1e3 * t->optimizer, tflops, mfu, gpt_cuda_allocated_bytes(g) / 1048576.0,
+           gpt_cuda_device_used_bytes() / 1048576.0);
+}
+
+static int run_bench(const options *o) {
+    char why[200];
+    if (device_count_gpus(why, sizeof why) == 0) {
+        printf("bench: needs a GPU (%s); nothing measured\n", why);
+        return 0;
+    }
+    device_t d = device_choose("cuda", 0);
+    bool large = !strcmp(o->config, "large");
+    gpt_config c = {o->vocab_size, large ? 1024 : 128, large ? 12 : 4, large ? 12 : 4, large ? 768 : 256};
+    int B = o->batch_size, T = c.block_size;
+    gpt_t m;
+    gpt_init(&m, c, 1);
+    size_t params = m.num_params;
+    gpt_cuda_t *g = gpt_cuda_create(&c, m.params, B, T, !strcmp(o->dtype, "bf16"));
+    gpt_free(&m);
+    overlap_t ov = {NULL, NULL, gpt_cuda_grads_device(g)};
+    CHECK_NCCL(ncclCommInitAll(&ov.comm, 1, &d.gpu)); // one rank: the hook runs, the data stays
+    CHECK_CUDA(cudaStreamCreateWithFlags(&ov.stream, cudaStreamNonBlocking));
+    uint16_t *in = xmalloc(sizeof(uint16_t) * (size_t)B * T), *tg = xmalloc(sizeof(uint16_t) * (size_t)B * T);
+    rng_t r = rng_seed(1);
+    random_tokens(&r, in, (size_t)B * T, c.vocab_size), random_tokens(&r, tg, (size_t)B * T, c.vocab_size);
+    step_times sum = {0, 0, 0, 0};
+    for (int s = 0; s < o->warmup + o->steps; s++) {
+        step_times t = bench_step(g, &ov, in, tg, B, T);
+        if (s < o->warmup) continue;
+        sum.forward += t.forward / o->steps, sum.backward += t.backward / o->steps;
+        sum.allreduce += t.allreduce / o->steps, sum.optimizer += t.optimizer / o->steps;
+    }
+    print_bench_row(o, &c, params, &sum, g, B);
+    CHECK_NCCL(ncclCommDestroy(ov.comm));
+    CHECK_CUDA(cudaStreamDestroy(ov.stream));
+    gpt_cuda_free(g);
+    free(in), free(tg);
+    return 0;
+}
+
+static void run_tests(const options *o) {
+    gpt_config tiny = {211, 32, 2, 2, 64}, chapter = {5000, 128, 4, 4, 256}, gpt2 = {50257, 1024, 12, 12, 768};
+    check_layout(&tiny, "tiny"), check_layout(&chapter, "default"), check_layout(&gpt2, "GPT-2 small");
+    check_memory_plan();
+    char why[200];
+    if (device_count_gpus(why, sizeof why) == 0) {
+        SKIP("gpt cuda parity with the CPU", "no usable GPU (%s)", why);
+        SKIP("gpt cuda bf16 training tracks fp32", "no usable GPU (%s)", why);
+        return;
+    }
+    device_t d = device_choose("cuda", 0);
+    uint64_t seed = o->seed ? (uint64_t)o->seed : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    printf("info: %s; random inputs from seed %llu (--seed repeats a run: the low 31 bits)\n", d.name,
+           (unsigned long long)seed);
+    rng_t r = rng_seed(seed);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        test_layers(&r, bf16);
+        test_model(&r, bf16);
+    }
+    if (!strcmp(o->mode, "test")) test_training_tracks(&r);
+}
+#endif // COURSE_CUDA
+
+int main(int argc, char **argv) {
+    options o = {.mode = "test", .config = "default", .dtype = "bf16", .batch_size = 8, .steps = 10, .warmup = 3,
+                 .vocab_size = 5000, .seed = 0};
+    flag_t f[] = {
+        {"mode", NULL, FLAG_STRING, &o.mode, "what to run", 1, 0, "test|sanitize|oom|bench", NULL},
+        {"config", NULL, FLAG_STRING, &o.config, "bench model: default (128/4/4/256) or large (1024/12/12/768)", 1, 0,
+         "default|large", NULL},
+        {"dtype", NULL, FLAG_STRING, &o.dtype, "bench precision", 1, 0, "fp32|bf16", NULL},
+        {"batch_size", "b", FLAG_INT, &o.batch_size, "bench sequences per step", 1, 4096, NULL, NULL},
+        {"steps", NULL, FLAG_INT, &o.steps, "bench steps timed", 1, 100000, NULL, NULL},
+        {"warmup", NULL, FLAG_INT, &o.warmup, "bench steps before timing", 0, 1000, NULL, NULL},
+        {"vocab_size", NULL, FLAG_INT, &o.vocab_size, "bench vocabulary", 2, 65536, NULL, NULL},
+        {"seed", NULL, FLAG_INT, &o.seed, "test inputs' seed (0: a fresh one)", 0, 2147483647, NULL, NULL},
+    };
+    flag_set set = {"test_gpt_cuda", "the GPU GPT against gpt.h, and its benchmark", NULL, f, sizeof f / sizeof f[0]};
+    flags_parse(&set, argc, argv);
+#ifdef COURSE_CUDA
+    if (!strcmp(o.mode, "bench")) return run_bench(&o);
+    if (!strcmp(o.mode, "oom")) return run_oom();
+    check_mfu_arithmetic();
+    run_tests(&o);
+#else
+    if (!strcmp(o.mode, "bench")) {
+        printf("bench: needs a GPU (this is a CPU-only build: CUDA=0 or no CUDA toolkit found); nothing measured\n");
+        return 0;
+    }
+    if (!strcmp(o.mode, "oom")) {
+        SKIP("gpt cuda out of memory", "this is a CPU-only build (CUDA=0 or no CUDA toolkit found)");
+        return 0;
+    }
+    check_mfu_arithmetic();
+    SKIP("gpt cuda parity with the CPU", "this is a CPU-only build (CUDA=0 or no CUDA toolkit found)");
+#endif
+    return test_failures ? 1 : 0;
+}
