@@ -29,7 +29,7 @@ if [[ ! -s runs/01_single_gpu/loss.csv || ! -s runs/01_single_gpu/run.log ]]; th
     mkdir -p runs/01_single_gpu
     01_single_gpu/01_single_gpu >runs/01_single_gpu/run.log 2>&1 || failed+=("01 run failed")
 fi
-draw 01_loss 01_loss.gp "infile='runs/01_single_gpu/loss.csv'; subtitle='$(device_of runs/01_single_gpu/run.log) | $today'"
+draw 01_loss 01_loss.gp "infile='runs/01_single_gpu/loss.csv'; subtitle='$(device_of runs/01_single_gpu/run.log) | no communication (1 process) | $today'"
 
 # --- 02: ping-pong latency and bandwidth; 03: busbw per collective. Their
 # gnuplot scripts read device, backend and date from the CSVs' comment line.
@@ -53,13 +53,26 @@ if [[ -s runs/speedup/speedup_small.csv ]]; then
     draw speedup speedup.gp "small='runs/speedup/speedup_small.csv'; large='runs/speedup/speedup_large.csv'; subtitle='$(cat runs/speedup/device.txt 2>/dev/null) | $today'"
 fi
 
-# --- further figures: each chapter's plots/NN_*.sh, if present, measures
-# and draws its own (they use the same draw conventions).
-for extra in plots/[0-9][0-9]_*.sh; do
-    [[ -f "$extra" ]] || continue
-    source "$extra"
-done
+# --- 08: the GPT's loss curves and speed (a short run of the tiny preset
+# on WikiText-2 when no run has written its metrics yet).
+gpt_dir=runs/08_gpt_wikitext
+if [[ ! -s $gpt_dir/metrics.csv ]]; then
+    echo "plots: measuring 08_gpt_wikitext (--preset tiny --max_steps 300)"
+    mkdir -p $gpt_dir
+    08_gpt_wikitext/08_gpt_wikitext --preset tiny --max_steps 300 --eval_every 50 --num_samples 1 \
+        >$gpt_dir/run.log 2>&1 || failed+=("08 run (see $gpt_dir/run.log; WikiText-2 missing? make data)")
+fi
+if [[ -s $gpt_dir/metrics.csv ]]; then
+    [[ -s $gpt_dir/run.log ]] || echo "08_gpt_wikitext: running on an earlier run's machine; why: metrics from a previous run" >$gpt_dir/run.log
+    gpt_title="$(device_of $gpt_dir/run.log) | backend $(sed -n 's/^ranks: [0-9]*, backend \([a-z]*\).*/\1/p' $gpt_dir/run.log | head -n 1) | $today"
+    draw 08_gpt_loss 08_gpt_loss.gp "infile='$gpt_dir/metrics.csv'; subtitle='$gpt_title'"
+    draw 08_gpt_tokens 08_gpt_tokens.gp "infile='$gpt_dir/metrics.csv'; subtitle='$gpt_title'"
+fi
 
+# On a GPU machine the measurements run on the GPU and through NCCL.
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    echo "plots: no GPU here: on a GPU server 01 and 08 would run on the GPU, 02/03 would also measure the nccl backend, and 04/05 would scale over GPUs instead of CPU cores"
+fi
 if [[ $have_gnuplot -eq 0 ]]; then
     echo "plots: gnuplot not found, so only the CSVs under runs/ were written; install it with: apt-get install gnuplot-nox"
 fi

@@ -16,12 +16,12 @@ maxw = STATS_max
 set xrange [0.8:maxw+0.2]
 set yrange [0:maxw+0.5]
 plot x with lines dt 2 lc rgb '#888888' title 'ideal', \
-     small using 1:4 skip 1 with linespoints pt 7 title 'small model (D=1)', \
-     large using 1:4 skip 1 with linespoints pt 5 title 'large model'
+     small using 1:4 skip 1 with linespoints pt 7 lc rgb '#9400d3' title 'small model (D=1)', \
+     large using 1:4 skip 1 with linespoints pt 5 lc rgb '#009e73' title 'large model (D=2048)'
 set ylabel 'seconds per epoch'
 set yrange [0:*]
 set logscale y
 set yrange [*:*]
-plot small using 1:2 skip 1 with linespoints pt 7 title 'small model (D=1)', \
-     large using 1:2 skip 1 with linespoints pt 5 title 'large model'
+plot small using 1:2 skip 1 with linespoints pt 7 lc rgb '#9400d3' title 'small model (D=1)', \
+     large using 1:2 skip 1 with linespoints pt 5 lc rgb '#009e73' title 'large model (D=2048)'
 unset multiplot
