@@ -21,7 +21,6 @@
 // dist_init has checked that every rank runs the same course, CUDA and NCCL
 // (common/versions.h): different versions on different nodes are a classic
 // cause of multi-node hangs.
-#include <signal.h>
 #include <stdio.h>
 
 #include "ddp.h"
@@ -32,15 +31,15 @@
 #include "metrics.h"
 #include "netif.h"
 #include "sampler.h"
-#include "snapshot.h"
+#include "linreg_snapshot.h"
 #include "timer.h"
 
 typedef struct {
-    int total_epochs, save_every, keep, batch_size, features, samples, seed;
-    double lr, momentum, timeout;
+    int total_epochs, save_every, keep;
+    linreg_run run;      // what a snapshot must match (common/linreg_snapshot.h)
+    double timeout;
     const char *snapshot_path, *backend, *device;
-    int fail_rank, fail_step, fail_attempts;
-    const char *fail_mode;
+    fault_plan fault;
 } options;
 
 static options parse_options(int argc, char **argv) {
@@ -48,29 +47,25 @@ static options parse_options(int argc, char **argv) {
     char dir[1024];
     runs_dir(dir, sizeof dir, "07_multinode");
     snprintf(default_path, sizeof default_path, "%s/snapshot.safetensors", dir);
-    options o = {10, 1, 2, 32, 1, 10000, 42, 0.01, 0.9, 0, default_path, "auto", "auto",
-                 -1, -1, 1, "exit"};
-    flag_t flags[] = {
+    options o = {10, 1, 2, {1, 10000, 32, 42, 0.01, 0.9}, 0, default_path, "auto", "auto", fault_none()};
+    flag_t flags[24] = {
         {"total_epochs", NULL, FLAG_INT, &o.total_epochs, "epochs of the whole run, across restarts", 1, 100000, NULL, NULL},
         {"save_every", NULL, FLAG_INT, &o.save_every, "snapshot every N epochs (rank 0, on node 0's disk)", 1, 100000, NULL, NULL},
         {"snapshot_path", NULL, FLAG_STRING, &o.snapshot_path, "snapshot series: DIR/STEM.safetensors", 1, 0, NULL, NULL},
         {"keep", NULL, FLAG_INT, &o.keep, "keep the newest K snapshots", 1, 1000, NULL, NULL},
-        {"batch_size", NULL, FLAG_INT, &o.batch_size, "samples per step PER RANK", 1, 1000000, NULL, NULL},
-        {"lr", NULL, FLAG_DOUBLE, &o.lr, "learning rate", 0, 100, NULL, NULL},
-        {"momentum", NULL, FLAG_DOUBLE, &o.momentum, "SGD momentum", 0, 0.999, NULL, NULL},
-        {"features", NULL, FLAG_INT, &o.features, "input features D", 1, 65536, NULL, NULL},
-        {"samples", NULL, FLAG_INT, &o.samples, "training samples", 1, 100000000, NULL, NULL},
-        {"seed", NULL, FLAG_INT, &o.seed, "seed for data and shuffling", 0, 2147483647, NULL, NULL},
+        {"batch_size", NULL, FLAG_INT, &o.run.batch_size, "samples per step PER RANK", 1, 1000000, NULL, NULL},
+        {"lr", NULL, FLAG_DOUBLE, &o.run.lr, "learning rate", 0, 100, NULL, NULL},
+        {"momentum", NULL, FLAG_DOUBLE, &o.run.momentum, "SGD momentum", 0, 0.999, NULL, NULL},
+        {"features", NULL, FLAG_INT, &o.run.features, "input features D", 1, 65536, NULL, NULL},
+        {"samples", NULL, FLAG_INT, &o.run.samples, "training samples", 1, 100000000, NULL, NULL},
+        {"seed", NULL, FLAG_INT, &o.run.seed, "seed for data and shuffling", 0, 2147483647, NULL, NULL},
         {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl", "COURSE_BACKEND"},
         {"device", NULL, FLAG_STRING, &o.device, "where to compute", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
         {"timeout", NULL, FLAG_DOUBLE, &o.timeout, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL},
-        {"fail_rank", NULL, FLAG_INT, &o.fail_rank, "fault injection: this rank dies... (-1: none)", -1, 1000000, NULL, "COURSE_FAIL_RANK"},
-        {"fail_step", NULL, FLAG_INT, &o.fail_step, "...at this global step", -1, 1000000000, NULL, "COURSE_FAIL_STEP"},
-        {"fail_mode", NULL, FLAG_STRING, &o.fail_mode, "...by exit(3) or SIGKILL", 1, 0, "exit|kill", "COURSE_FAIL_MODE"},
-        {"fail_attempts", NULL, FLAG_INT, &o.fail_attempts, "...in the first N attempts (restarts) only", 0, 1000000, NULL, "COURSE_FAIL_ATTEMPTS"},
     };
+    int count = fault_add_flags(&o.fault, flags, 13);
     flag_set set = {"07_multinode", "data-parallel training across several nodes, with snapshots",
-                    NULL, flags, (int)(sizeof flags / sizeof flags[0])};
+                    NULL, flags, count};
     flags_parse(&set, argc, argv);
     return o;
 }
@@ -119,92 +114,6 @@ static void report_layout(dist_t *d) {
     free(node_of);
 }
 
-// ---------------------------------------------------------------- snapshots
-// As in chapter 06, but only at epoch ends, which keeps the state small:
-// parameters, momentum, the epoch and step reached, and the configuration
-// a resume must match. Rank 0 writes and reads them, on node 0's disk; the
-// other nodes get the state by broadcast, so no shared filesystem is needed.
-static void config_meta(const options *o, snapshot_meta *m, int *n) {
-    m[(*n)++] = snapshot_meta_of("features", "%d", o->features);
-    m[(*n)++] = snapshot_meta_of("samples", "%d", o->samples);
-    m[(*n)++] = snapshot_meta_of("batch_size", "%d", o->batch_size);
-    m[(*n)++] = snapshot_meta_of("seed", "%d", o->seed);
-    m[(*n)++] = snapshot_meta_of("lr", "%.9g", o->lr);
-    m[(*n)++] = snapshot_meta_of("momentum", "%.9g", o->momentum);
-}
-
-static void save_snapshot(const options *o, linreg_model *model, int64_t epoch, int64_t step) {
-    size_t count = (size_t)o->features + 1;
-    float *params = xmalloc(count * sizeof(float)), *velocity = xmalloc(count * sizeof(float));
-    linreg_get_params(model, params);
-    device_to_host(model->device, velocity, linreg_velocity(model), count * sizeof(float));
-    int64_t shape[1] = {(int64_t)count};
-    snapshot_tensor tensors[2] = {snapshot_tensor_of("params", "F32", params, 1, shape),
-                                  snapshot_tensor_of("momentum_buffer", "F32", velocity, 1, shape)};
-    snapshot_meta meta[12];
-    int n = 0;
-    config_meta(o, meta, &n);
-    meta[n++] = snapshot_meta_of("epoch", "%lld", (long long)epoch);
-    meta[n++] = snapshot_meta_of("global_step", "%lld", (long long)step);
-    char err[1400];
-    if (!snapshot_save_step(o->snapshot_path, step, tensors, 2, meta, n, o->keep, err, sizeof err))
-        die("could not save the snapshot: %s", err);
-    log_main("snapshot saved: Epoch %lld (step %lld) in %s\n", (long long)epoch, (long long)step,
-             o->snapshot_path);
-    free(params);
-    free(velocity);
-}
-
-// Rank 0: loads the newest valid snapshot into the model; false when there is none.
-static bool load_snapshot(const options *o, linreg_model *model, int64_t *epoch, int64_t *step) {
-    char report[4096], dir[1024], err[1400];
-    const char *slash = strrchr(o->snapshot_path, '/');
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - o->snapshot_path) : 1, slash ? o->snapshot_path : ".");
-    make_dirs(dir);
-    snapshot_t snap;
-    int found = snapshot_load_latest(o->snapshot_path, &snap, report, sizeof report);
-    if (report[0]) log_main("%s\n", report);
-    if (found == 0) return false;
-    if (found < 0) die("no valid snapshot for %s; remove the damaged files to start afresh", o->snapshot_path);
-    snapshot_meta want[8];
-    int n = 0;
-    config_meta(o, want, &n);
-    for (int i = 0; i < n; i++)
-        if (!snapshot_expect_meta(&snap, want[i].key, want[i].value, err, sizeof err))
-            die("cannot resume from %s: %s", snap.path, err);
-    size_t count = (size_t)o->features + 1;
-    int64_t shape[1] = {(int64_t)count};
-    float *params = xmalloc(count * sizeof(float)), *velocity = xmalloc(count * sizeof(float));
-    if (!snapshot_copy(&snap, "params", "F32", 1, shape, params, err, sizeof err) ||
-        !snapshot_copy(&snap, "momentum_buffer", "F32", 1, shape, velocity, err, sizeof err) ||
-        !snapshot_meta_i64(&snap, "epoch", epoch, err, sizeof err) ||
-        !snapshot_meta_i64(&snap, "global_step", step, err, sizeof err))
-        die("cannot resume from %s: %s", snap.path, err);
-    if (*epoch < 0 || *epoch > o->total_epochs || *step < 0)
-        die("snapshot %s says epoch %lld, step %lld: outside this run", snap.path,
-            (long long)*epoch, (long long)*step);
-    linreg_set_params(model, params);
-    device_from_host(model->device, linreg_velocity(model), velocity, count * sizeof(float));
-    free(params);
-    free(velocity);
-    snapshot_release(&snap);
-    return true;
-}
-
-// Fault injection, as in chapter 06: rank R dies just before the all-reduce
-// of global step S, in the first N attempts only.
-static void maybe_fail(const options *o, const dist_t *d, int64_t global_step) {
-    if (d->rank != o->fail_rank || global_step != o->fail_step) return;
-    if (d->env.restart_count >= o->fail_attempts) return;
-    bool kill = !strcmp(o->fail_mode, "kill");
-    fprintf(stderr, "[rank %d] fault injection on node %d: dying at step %lld by %s (attempt %d)\n",
-            d->rank, d->env.group_rank, (long long)global_step, kill ? "SIGKILL" : "exit(3)",
-            d->env.restart_count);
-    fflush(NULL);
-    if (kill) raise(SIGKILL);
-    exit(3);
-}
-
 // ---------------------------------------------------------------- main
 int main(int argc, char **argv) {
     options opt = parse_options(argc, argv);
@@ -219,38 +128,34 @@ int main(int argc, char **argv) {
 
     // --- Data and model: every rank builds the same dataset and takes the
     // share its GLOBAL rank gives it; the node does not matter.
-    linreg_data data = linreg_make_data(opt.features, opt.samples, (uint64_t)opt.seed);
-    sampler_t sampler = sampler_create(opt.samples, dist.world_size, dist.rank, true,
-                                       (uint64_t)opt.seed, false);
+    const linreg_run *run = &opt.run;
+    linreg_data data = linreg_make_data(run->features, run->samples, (uint64_t)run->seed);
+    sampler_t sampler = sampler_create(run->samples, dist.world_size, dist.rank, true,
+                                       (uint64_t)run->seed, false);
     linreg_model model;
-    linreg_init(&model, &dist.device, &data, opt.batch_size);
-    size_t nparams = (size_t)opt.features + 1;
+    linreg_init(&model, &dist.device, &data, run->batch_size);
+    size_t nparams = (size_t)run->features + 1;
 
     // --- Resume: rank 0 reads node 0's snapshot; a broadcast carries the
     // state to every rank of every node.
-    int64_t where[3] = {0, 0, 0};   // resumed?, epoch, global step
-    if (dist.rank == 0) where[0] = load_snapshot(&opt, &model, &where[1], &where[2]);
-    dist_broadcast_host(&dist, where, 3, DTYPE_I64, 0);
-    ddp_broadcast_parameters(dist.pg, model.params, nparams);
-    ddp_broadcast_parameters(dist.pg, linreg_velocity(&model), nparams);
-    if (where[0])
-        log_main("Resuming training from snapshot at Epoch %lld (step %lld)\n", (long long)where[1],
-                 (long long)where[2]);
+    // Snapshots are taken at epoch ends only here (chapter 06 shows mid-epoch ones).
+    linreg_progress where;
+    linreg_resume(&dist, opt.snapshot_path, run, opt.total_epochs, &model, &where);
 
     // --- Training loop: exactly chapter 06's, whatever the number of nodes.
-    int64_t step = where[2];
+    int64_t step = where.global_step;
     double start = now_seconds();
-    for (int64_t epoch = where[1]; epoch < opt.total_epochs; epoch++) {
+    for (int64_t epoch = where.epoch; epoch < opt.total_epochs; epoch++) {
         sampler_set_epoch(&sampler, (int)epoch);
         linreg_set_order(&model, sampler.indices, sampler.num_samples);
         double batches = 0;
-        for (int64_t first = 0; first < sampler.num_samples; first += opt.batch_size) {
-            int size = (int)(sampler.num_samples - first < opt.batch_size
-                                 ? sampler.num_samples - first : opt.batch_size);
+        for (int64_t first = 0; first < sampler.num_samples; first += run->batch_size) {
+            int size = (int)(sampler.num_samples - first < run->batch_size
+                                 ? sampler.num_samples - first : run->batch_size);
             linreg_forward_backward(&model, first, size);
-            maybe_fail(&opt, &dist, step + 1);
+            fault_maybe_die(&opt.fault, &dist, step + 1);
             ddp_average_gradients(dist.pg, model.grads, nparams);
-            linreg_momentum_step(&model, (float)opt.lr, (float)opt.momentum);
+            linreg_momentum_step(&model, (float)run->lr, (float)run->momentum);
             step++;
             batches++;
         }
@@ -258,8 +163,10 @@ int main(int argc, char **argv) {
         dist_all_reduce_host(&dist, loss, 2, OP_SUM);
         log_main("epoch %lld | loss %.6f | step %lld | %.3f s\n", (long long)epoch,
                  loss[1] > 0 ? loss[0] / loss[1] : 0.0, (long long)step, now_seconds() - start);
-        if ((epoch + 1) % opt.save_every == 0 && dist.rank == 0)
-            save_snapshot(&opt, &model, epoch + 1, step);
+        if ((epoch + 1) % opt.save_every == 0 && dist.rank == 0) {
+            linreg_progress now = {epoch + 1, 0, step, dist.world_size};
+            linreg_snapshot_save(opt.snapshot_path, opt.keep, run, &model, &now);
+        }
     }
 
     // --- Teardown: the result, in full precision so runs can be compared.
@@ -267,7 +174,7 @@ int main(int argc, char **argv) {
     float *params = xmalloc(sizeof(float) * nparams);
     linreg_get_params(&model, params);
     log_main("final weight %.9g  bias %.9g  (true 2.0, 3.0)  parameters checksum %016llx\n",
-             params[0], params[opt.features],
+             params[0], params[run->features],
              (unsigned long long)checksum_bytes(params, sizeof(float) * nparams));
     free(params);
     linreg_free(&model);
