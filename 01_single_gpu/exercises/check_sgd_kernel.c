@@ -16,8 +16,8 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "check.h"
 #include "device.h"
+#include "exercise_check.h"
 #include "exercises.h"
 
 #define CANNOT_RUN 77
@@ -52,25 +52,26 @@ static bool explain(int count, const float *got, const float *before, const floa
         float want = before[j] - lr * grads[j];
         if (close_to(got[j], want)) continue;
         int untouched = first_untouched(got, before, grads, count);
-        printf("  WRONG %d parameters: element %d: got %g, expected %g", count, j, got[j], want);
+        char why[200];
         if (untouched == j && j > 0)
-            printf(": elements 0..%d were updated, element %d and later were not: the grid is too "
-                   "small; launch (count + threads - 1) / threads blocks\n", j - 1, j);
+            snprintf(why, sizeof why, "elements 0..%d were updated, element %d and later were not: the grid "
+                     "is too small; launch (count + threads - 1) / threads blocks", j - 1, j);
         else if (untouched == j)
-            printf(": it was not updated at all: is the kernel body still empty?\n");
+            snprintf(why, sizeof why, "it was not updated at all: is the kernel body still empty?");
         else if (close_to(got[j], before[j] + lr * grads[j]))
-            printf(": it went UP the gradient: subtract lr * grads[j]\n");
+            snprintf(why, sizeof why, "it went UP the gradient: subtract lr * grads[j]");
         else if (close_to(got[j], before[j] - 2 * lr * grads[j]))
-            printf(": it was updated twice: do two threads compute the same index? "
-                   "(j = blockIdx.x * blockDim.x + threadIdx.x)\n");
+            snprintf(why, sizeof why, "it was updated twice: do two threads compute the same index? "
+                     "(j = blockIdx.x * blockDim.x + threadIdx.x)");
         else
-            printf(": expected params[j] - lr * grads[j]\n");
+            snprintf(why, sizeof why, "expected params[j] - lr * grads[j]");
+        verdict(false, "%d parameters: element %d: got %g, expected %g: %s", count, j, got[j], want, why);
         return false;
     }
     for (int k = 0; k < GUARD; k++)
         if (got[count + k] != GUARD_VALUE) {
-            printf("  WRONG %d parameters: params[%d], %d past the last parameter, was changed: "
-                   "threads with j >= count must do nothing (if (j < count))\n", count, count + k, k);
+            verdict(false, "%d parameters: params[%d], %d past the last parameter, was changed: "
+                    "threads with j >= count must do nothing (if (j < count))", count, count + k, k);
             return false;
         }
     return true;
@@ -94,12 +95,12 @@ static bool check_size(int count, float lr) {
     cudaError_t err = cudaDeviceSynchronize();   // kernels run later: their errors show here
     bool ok = err == cudaSuccess;
     if (!ok)
-        printf("  WRONG %d parameters: the kernel failed on the GPU: %s (an index outside the "
-               "arrays?)\n", count, cudaGetErrorString(err));
+        verdict(false, "%d parameters: the kernel failed on the GPU: %s (an index outside the "
+                "arrays?)", count, cudaGetErrorString(err));
     else {
         CHECK_CUDA(cudaMemcpy(got, d_params, bytes, cudaMemcpyDeviceToHost));
         ok = explain(count, got, before, grads, lr);
-        if (ok) printf("  ok    %d parameters\n", count);
+        if (ok) verdict(true, "%d parameters", count);
     }
     cudaFree(d_params);
     cudaFree(d_grads);
@@ -113,7 +114,7 @@ int main(void) {
     printf("check 01/sgd_kernel: the SGD update as a CUDA kernel (sgd_kernel.cu)\n");
     char reason[200] = "";
     if (device_count_gpus(reason, sizeof reason) == 0) {
-        printf("  ok    sgd_kernel.cu compiled with nvcc\n");
+        verdict(true, "sgd_kernel.cu compiled with nvcc");
         printf("CANNOT CHECK HERE: no usable GPU on this machine (%s); run the check where there is one\n",
                reason);
         return CANNOT_RUN;

@@ -11,11 +11,10 @@
 //   3. Training: chapter 01's data and loop with your two functions. It must
 //      learn w = 2 and b = 3, as ./01_single_gpu does.
 #include <math.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "check.h"
+#include "exercise_check.h"
 #include "exercises.h"
 #include "linreg.h"
 #include "rng.h"
@@ -23,30 +22,6 @@
 // What the check writes into grads before each call: a value still there
 // afterwards was never written.
 #define MARKER 777.0f
-
-// ---------------------------------------------------------------- verdicts
-static int problems = 0;
-static char first_problem[700];
-
-__attribute__((format(printf, 2, 3)))
-static void verdict(bool ok, const char *fmt, ...) {
-    char text[700];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(text, sizeof text, fmt, args);
-    va_end(args);
-    printf("  %-5s %s\n", ok ? "ok" : "WRONG", text);
-    if (!ok && problems++ == 0) snprintf(first_problem, sizeof first_problem, "%s", text);
-}
-
-static int finish(const char *praise) {
-    if (problems == 0) {
-        printf("PASSED: %s\n", praise);
-        return 0;
-    }
-    printf("NOT YET: %s%s\n", first_problem, problems > 1 ? " (more problems above)" : "");
-    return 1;
-}
 
 static bool close_to(double got, double expected) {
     return fabs(got - expected) <= 1e-4 * fmax(1.0, fabs(expected));
@@ -211,5 +186,5 @@ int main(void) {
     bool update_ok = stage_update();
     if (gradient_ok && update_ok) stage_training();
     else printf("3. training: skipped until 1 and 2 pass\n");
-    return finish("your gradient and update match the reference and learn w = 2, b = 3");
+    return check_finish("your gradient and update match the reference and learn w = 2, b = 3");
 }

@@ -10,17 +10,13 @@
 // and the parent turns the first wrong element into words ("rank 0's buffer
 // shows 1 round trip of 5"). A rank that is still inside your function
 // after EXERCISE_DEADLINE seconds (default 10) is called deadlocked.
-#include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
-#include <sys/mman.h>
 
-#include "dist.h"
+#include "exercise_check.h"
 #include "exercises.h"
-#include "spawn.h"
 #include "timer.h"
 
-enum { MAX_WORLD = 3, CASES = 3, STUCK_STATUS = 86 };
+enum { MAX_WORLD = 3, CASES = 3 };
 #define RANK1_MARKER (-7777)
 #define IDLE_VALUE 55
 
@@ -34,78 +30,18 @@ typedef struct {
 
 // What the ranks leave for the parent: memory mapped shared before spawn.
 typedef struct {
-    int finished[MAX_WORLD];   // returned from every call
-    int stuck[MAX_WORLD];      // still inside pingpong at the deadline
     finding found[MAX_WORLD][CASES];
     double round_trip_us;      // rank 0, the 1-element case
 } shared_results;
 
 static shared_results *shared;
 
-// ---------------------------------------------------------------- verdicts
-static int problems = 0;
-static char first_problem[700];
-
-__attribute__((format(printf, 2, 3)))
-static void verdict(bool ok, const char *fmt, ...) {
-    char text[700];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(text, sizeof text, fmt, args);
-    va_end(args);
-    printf("  %-5s %s\n", ok ? "ok" : "WRONG", text);
-    fflush(stdout);
-    if (!ok && problems++ == 0) snprintf(first_problem, sizeof first_problem, "%s", text);
-}
-
-// ---------------------------------------------------------------- ranks, deadlines
-static int deadline_seconds(void) {
-    const char *text = getenv("EXERCISE_DEADLINE");
-    int seconds = text ? atoi(text) : 0;
-    return seconds > 0 ? seconds : 10;
-}
-
-static int deadline_rank;
-
-static void on_deadline(int sig) {
-    (void)sig;
-    shared->stuck[deadline_rank] = 1;
-    _exit(STUCK_STATUS);
-}
-
-// From here on, this rank has deadline_seconds() to finish.
-static void arm_deadline(int rank) {
-    deadline_rank = rank;
-    struct sigaction on = {0};
-    on.sa_handler = on_deadline;
-    sigemptyset(&on.sa_mask);
-    CHECK_SYS(sigaction(SIGALRM, &on, NULL));
-    alarm((unsigned)deadline_seconds());
-}
-
-// Runs fn on `world` ranks; false (after saying why) when not all finished.
-static bool run_ranks(int world, spawn_fn fn, const char *what) {
-    memset(shared, 0, sizeof *shared);
-    fflush(stdout);
-    if (spawn(world, fn, NULL) == 0) return true;
-    char stuck[64] = "", gone[64] = "", done[64] = "";
-    for (int r = 0; r < world; r++) {
-        char *list = shared->stuck[r] ? stuck : !shared->finished[r] ? gone : done;
-        snprintf(list + strlen(list), 64 - strlen(list), "%s%d", list[0] ? ", " : "", r);
-    }
-    if (stuck[0])
-        verdict(false, "%s: deadlock: after %d s rank(s) %s were still inside pingpong with no result: "
-                "do the ranks send and receive in a matching order (one sends while the other "
-                "receives)?", what, deadline_seconds(), stuck);
-    else if (done[0] && gone[0])
-        verdict(false, "%s: rank(s) %s stopped inside pingpong while rank(s) %s had returned from it: "
-                "every rank must make the same pg_ calls in the same order (the error above says "
-                "which call did not match)", what, gone, done);
-    else
-        verdict(false, "%s: rank(s) %s stopped before finishing: a crash, exit() or a failed pg_ "
-                "call (its error is printed above)", what, gone[0] ? gone : "?");
-    return false;
-}
+// What run_ranks says of a deadlock: a printf format given the case, the
+// deadline in seconds and the ranks still inside the function.
+static const char deadlock_verdict[] =
+    "%s: deadlock: after %d s rank(s) %s were still inside pingpong with no result: "
+    "do the ranks send and receive in a matching order (one sends while the other "
+    "receives)?";
 
 // ---------------------------------------------------------------- the ranks
 static int32_t start_value(size_t i) { return (int32_t)(i % 100000) * 3 + 1; }
@@ -122,8 +58,7 @@ static int pingpong_rank(int rank, int world, void *arg) {
     (void)arg;
     (void)world;
     dist_t d;
-    dist_options how = {"env://", "cpu", "cpu", deadline_seconds() + 30.0};
-    dist_init(&d, &how);
+    rank_join(&d);
     for (int k = 0; k < CASES; k++) {
         size_t count = cases[k].count;
         int32_t *buf = xmalloc(count * sizeof *buf);
@@ -142,7 +77,7 @@ static int pingpong_rank(int rank, int world, void *arg) {
         free(buf);
         pg_barrier(d.pg);   // no rank's next case mixes with this one
     }
-    shared->finished[rank] = 1;
+    rank_finished(rank);
     dist_finish(&d);
     return 0;
 }
@@ -184,20 +119,13 @@ static bool check_world(int world) {
 
 int main(void) {
     printf("check 02/pingpong: round trips between rank 0 and rank 1 (pingpong.c)\n");
-    shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (shared == MAP_FAILED) die("mmap of %zu bytes failed: %s", sizeof *shared, strerror(errno));
-    setenv("COURSE_KILL_GRACE", "2", 0);
+    shared = ranks_setup(sizeof *shared, "pingpong", deadlock_verdict);
     for (int world = 2; world <= MAX_WORLD; world++) {
         char what[32];
         snprintf(what, sizeof what, "%d ranks", world);
         if (run_ranks(world, pingpong_rank, what)) check_world(world);
     }
-    munmap(shared, sizeof *shared);
-    if (problems == 0) {
-        printf("PASSED: the message goes to rank 1 and back every round trip, for 1 to a million "
-               "elements, and other ranks stay out\n");
-        return 0;
-    }
-    printf("NOT YET: %s%s\n", first_problem, problems > 1 ? " (more problems above)" : "");
-    return 1;
+    ranks_teardown();
+    return check_finish("the message goes to rank 1 and back every round trip, for 1 to a million "
+                        "elements, and other ranks stay out");
 }

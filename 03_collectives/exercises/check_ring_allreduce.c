@@ -13,17 +13,13 @@
 // function after EXERCISE_DEADLINE seconds (default 10) is called
 // deadlocked, and the ranks are stopped.
 #include <math.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
-#include <sys/mman.h>
 
-#include "dist.h"
+#include "exercise_check.h"
 #include "exercises.h"
 #include "rng.h"
-#include "spawn.h"
 
-enum { MAX_WORLD = 4, SIZES = 6, RANDOM_COUNT = 10007, STUCK_STATUS = 86 };
+enum { MAX_WORLD = 4, SIZES = 6, RANDOM_COUNT = 10007 };
 static const size_t sizes[SIZES] = {0, 1, 3, 7, 1000, 65537};
 
 // The first wrong element a rank found in one of its buffers (index -1: none).
@@ -34,78 +30,18 @@ typedef struct {
 
 // What the ranks leave for the parent: memory mapped shared before spawn.
 typedef struct {
-    int finished[MAX_WORLD];   // returned from every call
-    int stuck[MAX_WORLD];      // still inside ring_all_reduce at the deadline
     finding found[MAX_WORLD][SIZES];
     float random[MAX_WORLD][RANDOM_COUNT];
 } shared_results;
 
 static shared_results *shared;
 
-// ---------------------------------------------------------------- verdicts
-static int problems = 0;
-static char first_problem[700];
-
-__attribute__((format(printf, 2, 3)))
-static void verdict(bool ok, const char *fmt, ...) {
-    char text[700];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(text, sizeof text, fmt, args);
-    va_end(args);
-    printf("  %-5s %s\n", ok ? "ok" : "WRONG", text);
-    fflush(stdout);
-    if (!ok && problems++ == 0) snprintf(first_problem, sizeof first_problem, "%s", text);
-}
-
-// ---------------------------------------------------------------- ranks, deadlines
-static int deadline_seconds(void) {
-    const char *text = getenv("EXERCISE_DEADLINE");
-    int seconds = text ? atoi(text) : 0;
-    return seconds > 0 ? seconds : 10;
-}
-
-static int deadline_rank;
-
-static void on_deadline(int sig) {
-    (void)sig;
-    shared->stuck[deadline_rank] = 1;
-    _exit(STUCK_STATUS);
-}
-
-// From here on, this rank has deadline_seconds() to finish.
-static void arm_deadline(int rank) {
-    deadline_rank = rank;
-    struct sigaction on = {0};
-    on.sa_handler = on_deadline;
-    sigemptyset(&on.sa_mask);
-    CHECK_SYS(sigaction(SIGALRM, &on, NULL));
-    alarm((unsigned)deadline_seconds());
-}
-
-// Runs fn on `world` ranks; false (after saying why) when not all finished.
-static bool run_ranks(int world, spawn_fn fn, const char *what) {
-    memset(shared, 0, sizeof *shared);
-    fflush(stdout);
-    if (spawn(world, fn, NULL) == 0) return true;
-    char stuck[64] = "", gone[64] = "", done[64] = "";
-    for (int r = 0; r < world; r++) {
-        char *list = shared->stuck[r] ? stuck : !shared->finished[r] ? gone : done;
-        snprintf(list + strlen(list), 64 - strlen(list), "%s%d", list[0] ? ", " : "", r);
-    }
-    if (stuck[0])
-        verdict(false, "%s: deadlock: no result after %d s; rank(s) %s were still inside "
-                "ring_all_reduce: do all ranks send and receive in a matching order (every receive "
-                "has a send from the left neighbour in the same step)?", what, deadline_seconds(), stuck);
-    else if (done[0] && gone[0])
-        verdict(false, "%s: rank(s) %s stopped inside ring_all_reduce while rank(s) %s had returned from it: "
-                "every rank must make the same pg_ calls in the same order (the error above says "
-                "which call did not match)", what, gone, done);
-    else
-        verdict(false, "%s: rank(s) %s stopped before finishing: a crash, exit() or a failed pg_ "
-                "call (its error is printed above)", what, gone[0] ? gone : "?");
-    return false;
-}
+// What run_ranks says of a deadlock: a printf format given the case, the
+// deadline in seconds and the ranks still inside the function.
+static const char deadlock_verdict[] =
+    "%s: deadlock: no result after %d s; rank(s) %s were still inside "
+    "ring_all_reduce: do all ranks send and receive in a matching order (every receive "
+    "has a send from the left neighbour in the same step)?";
 
 // ---------------------------------------------------------------- the ranks
 static float counting_input(int rank, size_t i) { return (float)((1 << (3 * rank)) * (int)(1 + i % 3)); }
@@ -122,8 +58,7 @@ static void random_input(int rank, float *out) {
 static int ring_rank(int rank, int world, void *arg) {
     (void)arg;
     dist_t d;
-    dist_options how = {"env://", "cpu", "cpu", deadline_seconds() + 30.0};
-    dist_init(&d, &how);
+    rank_join(&d);
     arm_deadline(rank);
     for (int k = 0; k < SIZES; k++) {
         size_t count = sizes[k];
@@ -139,7 +74,7 @@ static int ring_rank(int rank, int world, void *arg) {
     random_input(rank, shared->random[rank]);
     ring_all_reduce(d.pg, shared->random[rank], RANDOM_COUNT);
     alarm(0);
-    shared->finished[rank] = 1;
+    rank_finished(rank);
     dist_finish(&d);
     return 0;
 }
@@ -205,9 +140,7 @@ static bool check_random(int world) {
 
 int main(void) {
     printf("check 03/ring_allreduce: all-reduce (sum) around a ring from send/recv (ring_allreduce.c)\n");
-    shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (shared == MAP_FAILED) die("mmap of %zu bytes failed: %s", sizeof *shared, strerror(errno));
-    setenv("COURSE_KILL_GRACE", "2", 0);
+    shared = ranks_setup(sizeof *shared, "ring_all_reduce", deadlock_verdict);
     for (int world = 1; world <= MAX_WORLD; world++) {
         char what[32];
         snprintf(what, sizeof what, "%d rank(s)", world);
@@ -215,12 +148,7 @@ int main(void) {
             verdict(true, "%d rank(s): exact sums for 0 to 65537 elements; 10007 random floats summed to "
                     "the same bytes on every rank", world);
     }
-    munmap(shared, sizeof *shared);
-    if (problems == 0) {
-        printf("PASSED: your ring gives every rank the sum, byte for byte the same, for 1 to 4 ranks "
-               "and any size\n");
-        return 0;
-    }
-    printf("NOT YET: %s%s\n", first_problem, problems > 1 ? " (more problems above)" : "");
-    return 1;
+    ranks_teardown();
+    return check_finish("your ring gives every rank the sum, byte for byte the same, for 1 to 4 ranks "
+                        "and any size");
 }

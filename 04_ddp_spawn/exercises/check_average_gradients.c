@@ -15,24 +15,18 @@
 // A rank that is still inside your function after EXERCISE_DEADLINE seconds
 // (default 10) is called deadlocked, and the ranks are stopped.
 #include <math.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
-#include <sys/mman.h>
 
-#include "dist.h"
+#include "exercise_check.h"
 #include "exercises.h"
 #include "linreg.h"
 #include "rng.h"
 #include "sampler.h"
-#include "spawn.h"
 
-enum { MAX_WORLD = 3, SMALL = 7, LARGE = 1000, FEATURES = 4, STUCK_STATUS = 86 };
+enum { MAX_WORLD = 3, SMALL = 7, LARGE = 1000, FEATURES = 4 };
 
 // What the ranks leave for the parent: memory mapped shared before spawn.
 typedef struct {
-    int finished[MAX_WORLD];   // returned from every call
-    int stuck[MAX_WORLD];      // still inside average_gradients at the deadline
     float small[MAX_WORLD][SMALL];
     float large[MAX_WORLD][LARGE];
     float ddp_params[FEATURES + 1];
@@ -40,78 +34,11 @@ typedef struct {
 
 static shared_results *shared;
 
-// ---------------------------------------------------------------- verdicts
-static int problems = 0;
-static char first_problem[700];
-
-__attribute__((format(printf, 2, 3)))
-static void verdict(bool ok, const char *fmt, ...) {
-    char text[700];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(text, sizeof text, fmt, args);
-    va_end(args);
-    printf("  %-5s %s\n", ok ? "ok" : "WRONG", text);
-    fflush(stdout);
-    if (!ok && problems++ == 0) snprintf(first_problem, sizeof first_problem, "%s", text);
-}
-
-// ---------------------------------------------------------------- ranks, deadlines
-static int deadline_seconds(void) {
-    const char *text = getenv("EXERCISE_DEADLINE");
-    int seconds = text ? atoi(text) : 0;
-    return seconds > 0 ? seconds : 10;
-}
-
-static int deadline_rank;
-
-static void on_deadline(int sig) {
-    (void)sig;
-    shared->stuck[deadline_rank] = 1;
-    _exit(STUCK_STATUS);
-}
-
-// From here on, this rank has deadline_seconds() to finish.
-static void arm_deadline(int rank) {
-    deadline_rank = rank;
-    struct sigaction on = {0};
-    on.sa_handler = on_deadline;
-    sigemptyset(&on.sa_mask);
-    CHECK_SYS(sigaction(SIGALRM, &on, NULL));
-    alarm((unsigned)deadline_seconds());
-}
-
-// Joins the job spawn() set up: cpu device, cpu backend, so it runs anywhere.
-// The process group's own timeout is longer than the deadline, so that the
-// check, not the library, reports a hang.
-static void join(dist_t *d) {
-    dist_options how = {"env://", "cpu", "cpu", deadline_seconds() + 30.0};
-    dist_init(d, &how);
-}
-
-// Runs fn on `world` ranks; false (after saying why) when not all finished.
-static bool run_ranks(int world, spawn_fn fn, const char *what) {
-    memset(shared, 0, sizeof *shared);
-    fflush(stdout);
-    if (spawn(world, fn, NULL) == 0) return true;
-    char stuck[64] = "", gone[64] = "", done[64] = "";
-    for (int r = 0; r < world; r++) {
-        char *list = shared->stuck[r] ? stuck : !shared->finished[r] ? gone : done;
-        snprintf(list + strlen(list), 64 - strlen(list), "%s%d", list[0] ? ", " : "", r);
-    }
-    if (stuck[0])
-        verdict(false, "%s: deadlock: after %d s rank(s) %s were still inside average_gradients with "
-                "no result: do all ranks make the same pg_ calls in the same order?", what,
-                deadline_seconds(), stuck);
-    else if (done[0] && gone[0])
-        verdict(false, "%s: rank(s) %s stopped inside average_gradients while rank(s) %s had returned from it: "
-                "every rank must make the same pg_ calls in the same order (the error above says "
-                "which call did not match)", what, gone, done);
-    else
-        verdict(false, "%s: rank(s) %s stopped before finishing: a crash, exit() or a failed pg_ "
-                "call (its error is printed above)", what, gone[0] ? gone : "?");
-    return false;
-}
+// What run_ranks says of a deadlock: a printf format given the case, the
+// deadline in seconds and the ranks still inside the function.
+static const char deadlock_verdict[] =
+    "%s: deadlock: after %d s rank(s) %s were still inside average_gradients with "
+    "no result: do all ranks make the same pg_ calls in the same order?";
 
 // ---------------------------------------------------------------- stage 1: the mean
 static float small_input(int rank, int j) { return (float)((rank + 1) * (j + 1)); }
@@ -125,7 +52,7 @@ static int mean_rank(int rank, int world, void *arg) {
     (void)arg;
     (void)world;
     dist_t d;
-    join(&d);
+    rank_join(&d);
     float *small = shared->small[rank], *large = shared->large[rank], empty[1] = {0};
     for (int j = 0; j < SMALL; j++) small[j] = small_input(rank, j);
     large_input(rank, large);
@@ -134,7 +61,7 @@ static int mean_rank(int rank, int world, void *arg) {
     average_gradients(d.pg, large, LARGE);
     average_gradients(d.pg, empty, 0);
     alarm(0);
-    shared->finished[rank] = 1;
+    rank_finished(rank);
     dist_finish(&d);
     return 0;
 }
@@ -225,7 +152,7 @@ static void train(linreg_model *model, sampler_t *sampler, int batch, pg_t *pg) 
 static int ddp_rank(int rank, int world, void *arg) {
     (void)arg;
     dist_t d;
-    join(&d);
+    rank_join(&d);
     linreg_data data = linreg_make_data(FEATURES, SAMPLES, SEED);
     sampler_t sampler = sampler_create(SAMPLES, world, rank, true, SEED, false);
     linreg_model model;
@@ -234,7 +161,7 @@ static int ddp_rank(int rank, int world, void *arg) {
     train(&model, &sampler, BATCH, d.pg);
     alarm(0);
     if (rank == 0) linreg_get_params(&model, shared->ddp_params);
-    shared->finished[rank] = 1;
+    rank_finished(rank);
     linreg_free(&model);
     sampler_free(&sampler);
     linreg_free_data(&data);
@@ -260,7 +187,7 @@ static void stage_training(void) {
                 "with the same global batch", j, j == FEATURES ? "the bias" : "a weight", got, single[j]);
         break;
     }
-    if (problems == 0)
+    if (check_problems() == 0)
         verdict(true, "after one epoch both runs have w[0] = %.6f, b = %.6f (within 1e-5)", single[0],
                 single[FEATURES]);
     linreg_free(&model);
@@ -270,17 +197,10 @@ static void stage_training(void) {
 
 int main(void) {
     printf("check 04/average_gradients: the mean of the gradients over all ranks (average_gradients.c)\n");
-    shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (shared == MAP_FAILED) die("mmap of %zu bytes failed: %s", sizeof *shared, strerror(errno));
-    setenv("COURSE_KILL_GRACE", "2", 0);
+    shared = ranks_setup(sizeof *shared, "average_gradients", deadlock_verdict);
     if (stage_mean()) stage_training();
     else printf("2. training: skipped until 1 passes\n");
-    munmap(shared, sizeof *shared);
-    if (problems == 0) {
-        printf("PASSED: every rank gets the mean, bit-identical, on 1 to 3 ranks, and DDP with it "
-               "trains exactly like one process with the whole batch\n");
-        return 0;
-    }
-    printf("NOT YET: %s%s\n", first_problem, problems > 1 ? " (more problems above)" : "");
-    return 1;
+    ranks_teardown();
+    return check_finish("every rank gets the mean, bit-identical, on 1 to 3 ranks, and DDP with it "
+                        "trains exactly like one process with the whole batch");
 }

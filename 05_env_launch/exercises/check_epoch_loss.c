@@ -11,90 +11,25 @@
 // A rank that is still inside your function after EXERCISE_DEADLINE
 // seconds (default 10) is called deadlocked, and the ranks are stopped.
 #include <math.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
-#include <sys/mman.h>
 
-#include "dist.h"
+#include "exercise_check.h"
 #include "exercises.h"
-#include "spawn.h"
 
-enum { MAX_WORLD = 3, EPOCHS = 2, STUCK_STATUS = 86 };
+enum { MAX_WORLD = 3, EPOCHS = 2 };
 
 // What the ranks leave for the parent: memory mapped shared before spawn.
 typedef struct {
-    int finished[MAX_WORLD];   // returned from every call
-    int stuck[MAX_WORLD];      // still inside epoch_mean_loss at the deadline
     double result[MAX_WORLD][EPOCHS];
 } shared_results;
 
 static shared_results *shared;
 
-// ---------------------------------------------------------------- verdicts
-static int problems = 0;
-static char first_problem[700];
-
-__attribute__((format(printf, 2, 3)))
-static void verdict(bool ok, const char *fmt, ...) {
-    char text[700];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(text, sizeof text, fmt, args);
-    va_end(args);
-    printf("  %-5s %s\n", ok ? "ok" : "WRONG", text);
-    fflush(stdout);
-    if (!ok && problems++ == 0) snprintf(first_problem, sizeof first_problem, "%s", text);
-}
-
-// ---------------------------------------------------------------- ranks, deadlines
-static int deadline_seconds(void) {
-    const char *text = getenv("EXERCISE_DEADLINE");
-    int seconds = text ? atoi(text) : 0;
-    return seconds > 0 ? seconds : 10;
-}
-
-static int deadline_rank;
-
-static void on_deadline(int sig) {
-    (void)sig;
-    shared->stuck[deadline_rank] = 1;
-    _exit(STUCK_STATUS);
-}
-
-// From here on, this rank has deadline_seconds() to finish.
-static void arm_deadline(int rank) {
-    deadline_rank = rank;
-    struct sigaction on = {0};
-    on.sa_handler = on_deadline;
-    sigemptyset(&on.sa_mask);
-    CHECK_SYS(sigaction(SIGALRM, &on, NULL));
-    alarm((unsigned)deadline_seconds());
-}
-
-// Runs fn on `world` ranks; false (after saying why) when not all finished.
-static bool run_ranks(int world, spawn_fn fn, const char *what) {
-    memset(shared, 0, sizeof *shared);
-    fflush(stdout);
-    if (spawn(world, fn, NULL) == 0) return true;
-    char stuck[64] = "", gone[64] = "", done[64] = "";
-    for (int r = 0; r < world; r++) {
-        char *list = shared->stuck[r] ? stuck : !shared->finished[r] ? gone : done;
-        snprintf(list + strlen(list), 64 - strlen(list), "%s%d", list[0] ? ", " : "", r);
-    }
-    if (stuck[0])
-        verdict(false, "%s: deadlock: after %d s rank(s) %s were still inside epoch_mean_loss with "
-                "no result: do all ranks make the same calls (an all-reduce on every rank)?", what,
-                deadline_seconds(), stuck);
-    else if (done[0] && gone[0])
-        verdict(false, "%s: rank(s) %s stopped inside epoch_mean_loss while rank(s) %s had returned from it: "
-                "every rank must make the same pg_ calls in the same order (the error above says "
-                "which call did not match)", what, gone, done);
-    else
-        verdict(false, "%s: rank(s) %s stopped before finishing: a crash, exit() or a failed pg_ "
-                "call (its error is printed above)", what, gone[0] ? gone : "?");
-    return false;
-}
+// What run_ranks says of a deadlock: a printf format given the case, the
+// deadline in seconds and the ranks still inside the function.
+static const char deadlock_verdict[] =
+    "%s: deadlock: after %d s rank(s) %s were still inside epoch_mean_loss with "
+    "no result: do all ranks make the same calls (an all-reduce on every rank)?";
 
 // ---------------------------------------------------------------- the numbers
 // Rank r trained on 2 + 3r batches whose mean loss was mean_of(r, epoch).
@@ -105,14 +40,13 @@ static int loss_rank(int rank, int world, void *arg) {
     (void)arg;
     (void)world;
     dist_t d;
-    dist_options how = {"env://", "cpu", "cpu", deadline_seconds() + 30.0};
-    dist_init(&d, &how);   // reads RANK, WORLD_SIZE, ... which spawn set, as a launcher would
+    rank_join(&d);   // reads RANK, WORLD_SIZE, ... which spawn set, as a launcher would
     arm_deadline(rank);
     for (int epoch = 0; epoch < EPOCHS; epoch++)
         shared->result[rank][epoch] = epoch_mean_loss(&d, mean_of(rank, epoch) * batches_of(rank),
                                                       batches_of(rank));
     alarm(0);
-    shared->finished[rank] = 1;
+    rank_finished(rank);
     dist_finish(&d);
     return 0;
 }
@@ -159,9 +93,7 @@ static bool check_world(int world) {
 
 int main(void) {
     printf("check 05/epoch_loss: the epoch's mean loss over all ranks (epoch_loss.c)\n");
-    shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (shared == MAP_FAILED) die("mmap of %zu bytes failed: %s", sizeof *shared, strerror(errno));
-    setenv("COURSE_KILL_GRACE", "2", 0);
+    shared = ranks_setup(sizeof *shared, "epoch_mean_loss", deadlock_verdict);
     for (int world = 1; world <= MAX_WORLD; world++) {
         char what[32];
         snprintf(what, sizeof what, "%d rank(s)", world);
@@ -169,12 +101,7 @@ int main(void) {
             verdict(true, "%d rank(s): every rank returns the mean over all %g batches, two epochs in a row",
                     world, world == 1 ? 2.0 : world == 2 ? 7.0 : 15.0);
     }
-    munmap(shared, sizeof *shared);
-    if (problems == 0) {
-        printf("PASSED: every rank gets the epoch's mean loss over all ranks' batches, weighted by "
-               "their number, on 1 to 3 ranks\n");
-        return 0;
-    }
-    printf("NOT YET: %s%s\n", first_problem, problems > 1 ? " (more problems above)" : "");
-    return 1;
+    ranks_teardown();
+    return check_finish("every rank gets the epoch's mean loss over all ranks' batches, weighted by "
+                        "their number, on 1 to 3 ranks");
 }

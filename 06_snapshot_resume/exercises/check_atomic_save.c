@@ -17,7 +17,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,30 +26,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "check.h"
+#include "exercise_check.h"
 #include "exercises.h"
 
 enum { NEW_BYTES = 100000, OLD_BYTES = 5000, SHORT_WRITE = 4000, CRASHED = 97, CASE_SECONDS = 10 };
-
-// ---------------------------------------------------------------- verdicts
-// Shared with the child processes that run the cases.
-typedef struct {
-    int problems;
-    char first_problem[700];
-} verdicts;
-static verdicts *shared;
-
-__attribute__((format(printf, 2, 3)))
-static void verdict(bool ok, const char *fmt, ...) {
-    char text[700];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(text, sizeof text, fmt, args);
-    va_end(args);
-    printf("  %-5s %s\n", ok ? "ok" : "WRONG", text);
-    fflush(stdout);
-    if (!ok && shared->problems++ == 0) snprintf(shared->first_problem, sizeof shared->first_problem, "%s", text);
-}
 
 // ---------------------------------------------------------------- watching the calls
 ssize_t __real_write(int fd, const void *buf, size_t n);
@@ -450,8 +429,7 @@ static void run_case(const char *name, bool has_old, void (*body)(save_case *), 
 
 int main(void) {
     printf("check 06/atomic_save: a save that a crash cannot leave half-done (atomic_save.c)\n");
-    shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (shared == MAP_FAILED) die("mmap failed: %s", strerror(errno));
+    verdict_tally_share();   // the cases run in child processes
     const char *tmp = getenv("TMPDIR");
     char pattern[PATH_MAX];
     snprintf(pattern, sizeof pattern, "%s/check_atomic_save.XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
@@ -471,11 +449,6 @@ int main(void) {
     free(c);
     remove_tree(root);
 
-    if (shared->problems == 0) {
-        printf("PASSED: temporary file, fsync, rename, fsync of the directory; a crash leaves the old "
-               "file, and failures are reported and cleaned up\n");
-        return 0;
-    }
-    printf("NOT YET: %s%s\n", shared->first_problem, shared->problems > 1 ? " (more problems above)" : "");
-    return 1;
+    return check_finish("temporary file, fsync, rename, fsync of the directory; a crash leaves the old "
+                        "file, and failures are reported and cleaned up");
 }

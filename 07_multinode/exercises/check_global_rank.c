@@ -6,26 +6,11 @@
 // global rank, and compares with the numbering tools/ddprun uses: node by
 // node, node 0's workers first. A wrong number is explained when it is a
 // familiar mistake (node_rank times this node's count, say).
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 
+#include "exercise_check.h"
 #include "exercises.h"
-
-// ---------------------------------------------------------------- verdicts
-static int problems = 0;
-static char first_problem[700];
-
-__attribute__((format(printf, 2, 3)))
-static void verdict(bool ok, const char *fmt, ...) {
-    char text[700];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(text, sizeof text, fmt, args);
-    va_end(args);
-    printf("  %-5s %s\n", ok ? "ok" : "WRONG", text);
-    if (!ok && problems++ == 0) snprintf(first_problem, sizeof first_problem, "%s", text);
-}
 
 // ---------------------------------------------------------------- layouts
 typedef struct {
@@ -100,11 +85,6 @@ int main(void) {
         bool inverse = check_inverse(&layouts[k], name);
         if (forward && inverse) verdict(true, "%s: every worker's rank, and back", name);
     }
-    if (problems == 0) {
-        printf("PASSED: ranks are handed out node by node, as ddprun does, for even and uneven nodes, "
-               "and rank_location undoes it\n");
-        return 0;
-    }
-    printf("NOT YET: %s%s\n", first_problem, problems > 1 ? " (more problems above)" : "");
-    return 1;
+    return check_finish("ranks are handed out node by node, as ddprun does, for even and uneven nodes, "
+                        "and rank_location undoes it");
 }

@@ -10,12 +10,11 @@
 // differences of the forward pass: the gradient check that proves a
 // backward pass without trusting any formula.
 #include <math.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "check.h"
+#include "exercise_check.h"
 #include "exercises.h"
 #include "rng.h"
 
@@ -23,21 +22,6 @@
 #define DW0 0.25f    // dweight
 #define DB0 (-0.75f) // dbias
 #define EPS 1e-5
-
-// ---------------------------------------------------------------- verdicts
-static int problems = 0;
-static char first_problem[700];
-
-__attribute__((format(printf, 2, 3)))
-static void verdict(bool ok, const char *fmt, ...) {
-    char text[700];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(text, sizeof text, fmt, args);
-    va_end(args);
-    printf("  %-5s %s\n", ok ? "ok" : "WRONG", text);
-    if (!ok && problems++ == 0) snprintf(first_problem, sizeof first_problem, "%s", text);
-}
 
 static bool close_to(double got, double want) { return fabs(got - want) <= 1e-4 * fmax(1.0, fabs(want)); }
 
@@ -212,11 +196,6 @@ int main(void) {
         check_case(&cases[k], k == 0);
         free_case(&cases[k]);
     }
-    if (problems == 0) {
-        printf("PASSED: dinp, dweight and dbias match the double-precision gradients and finite "
-               "differences, and are added to what was there\n");
-        return 0;
-    }
-    printf("NOT YET: %s%s\n", first_problem, problems > 1 ? " (more problems above)" : "");
-    return 1;
+    return check_finish("dinp, dweight and dbias match the double-precision gradients and finite "
+                        "differences, and are added to what was there");
 }
