@@ -409,6 +409,7 @@ static inline void encoder_forward(gpt_real *out, const uint16_t *tokens, const 
     for (int n = 0; n < B * T; n++) {
         const gpt_real *tok = wte + (size_t)tokens[n] * C, *pos = wpe + (size_t)(n % T) * C;
         gpt_real *o = out + (size_t)n * C;
+#pragma omp simd
         for (int c = 0; c < C; c++) o[c] = tok[c] + pos[c];
     }
 }
@@ -425,6 +426,7 @@ static inline void encoder_backward(gpt_real *dwte, gpt_real *dwpe, const gpt_re
         for (int n = 0; n < B * T; n++) {
             const gpt_real *d = dout + (size_t)n * C;
             gpt_real *tok = dwte + (size_t)tokens[n] * C, *pos = dwpe + (size_t)(n % T) * C;
+#pragma omp simd
             for (size_t c = c0; c < c1; c++) {
                 tok[c] += d[c];
                 pos[c] += d[c];
@@ -444,12 +446,15 @@ static inline void layernorm_forward(gpt_real *out, gpt_real *mean, gpt_real *rs
     for (int n = 0; n < N; n++) {
         const gpt_real *x = inp + (size_t)n * C;
         gpt_real m = 0, v = 0;
+#pragma omp simd reduction(+ : m)
         for (int c = 0; c < C; c++) m += x[c];
         m /= C;
+#pragma omp simd reduction(+ : v)
         for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
         v /= C;
         gpt_real s = 1 / sqrt(v + eps);
         gpt_real *y = out + (size_t)n * C;
+#pragma omp simd
         for (int c = 0; c < C; c++) y[c] = (x[c] - m) * s * weight[c] + bias[c];
         mean[n] = m;
         rstd[n] = s;
@@ -471,6 +476,7 @@ static inline void layernorm_backward(gpt_real *dinp, gpt_real *dweight, gpt_rea
         for (int n = 0; n < N; n++) {
             const gpt_real *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
             gpt_real g_mean = 0, gx_mean = 0;
+#pragma omp simd reduction(+ : g_mean, gx_mean)
             for (int c = 0; c < C; c++) {
                 gpt_real g = dy[c] * weight[c];
                 g_mean += g;
@@ -479,6 +485,7 @@ static inline void layernorm_backward(gpt_real *dinp, gpt_real *dweight, gpt_rea
             g_mean /= C;
             gx_mean /= C;
             gpt_real *dx = dinp + (size_t)n * C;
+#pragma omp simd
             for (int c = 0; c < C; c++) {
                 gpt_real xhat = (x[c] - mean[n]) * rstd[n];
                 dx[c] += rstd[n] * (dy[c] * weight[c] - g_mean - xhat * gx_mean);
@@ -488,6 +495,7 @@ static inline void layernorm_backward(gpt_real *dinp, gpt_real *dweight, gpt_rea
         gpt_thread_share((size_t)C, 16, &c0, &c1);
         for (int n = 0; n < N; n++) {
             const gpt_real *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+#pragma omp simd
             for (size_t c = c0; c < c1; c++) {
                 dweight[c] += dy[c] * (x[c] - mean[n]) * rstd[n];
                 dbias[c] += dy[c];
@@ -501,8 +509,11 @@ static inline void layernorm_backward(gpt_real *dinp, gpt_real *dweight, gpt_rea
 static inline void matmul_forward(gpt_real *out, const gpt_real *inp, const gpt_real *weight,
                                   const gpt_real *bias, int N, int C, int OC) {
 #pragma omp parallel for
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] = bias ? bias[o] : 0;
+    for (int n = 0; n < N; n++) {
+        gpt_real *row = out + (size_t)n * OC;
+        if (bias) memcpy(row, bias, sizeof(gpt_real) * (size_t)OC);
+        else memset(row, 0, sizeof(gpt_real) * (size_t)OC);
+    }
     gemm_parallel(false, true, N, OC, C, inp, C, weight, C, 1, out, OC);
 }
 
@@ -520,8 +531,11 @@ static inline void matmul_backward(gpt_real *dinp, gpt_real *dweight, gpt_real *
     {
         size_t o0, o1;
         gpt_thread_share((size_t)OC, 16, &o0, &o1);
-        for (int n = 0; n < N; n++)
-            for (size_t o = o0; o < o1; o++) dbias[o] += dout[(size_t)n * OC + o];
+        for (int n = 0; n < N; n++) {
+            const gpt_real *row = dout + (size_t)n * OC;
+#pragma omp simd
+            for (size_t o = o0; o < o1; o++) dbias[o] += row[o];
+        }
     }
 }
 
@@ -583,7 +597,9 @@ static inline void attention_backward(gpt_real *dqkv, const gpt_real *dout, cons
             for (int t = 0; t < T; t++) {
                 const gpt_real *pr = p + (size_t)t * T;
                 gpt_real *dr = ds + (size_t)t * T, dot = 0;
+#pragma omp simd reduction(+ : dot)
                 for (int s = 0; s <= t; s++) dot += dr[s] * pr[s];
+#pragma omp simd
                 for (int s = 0; s < T; s++) dr[s] = pr[s] * (dr[s] - dot) * scale;
             }
             gemm_serial(false, false, T, hs, T, ds, T, k, C3, 0, dq, C3);
@@ -661,6 +677,7 @@ static inline void crossentropy_backward(gpt_real *probs_dlogits, const uint16_t
     for (int n = 0; n < N; n++) {
         gpt_real *d = probs_dlogits + (size_t)n * V;
         d[targets[n]] -= 1;
+#pragma omp simd
         for (int i = 0; i < V; i++) d[i] *= dloss;
     }
 }

@@ -15,10 +15,12 @@ if ! make -C "$ROOT/tests" -s >"$TMP/make_tests.log" 2>&1; then
     fail "gpt tests build" "make -C tests failed: $(grep -m1 -i error "$TMP/make_tests.log")"
     exit 1
 fi
+# Sanitizers make the double-precision gradient checks about 5x slower.
+unit_limit=120; [[ "${ASAN:-0}" == 1 ]] && unit_limit=600
 for unit in test_gpt_gradcheck test_gpt_model; do
     if [[ -x "$ROOT/tests/unit/$unit" ]]; then
         # OMP_NUM_THREADS=2: the machine's cores, and a real test of the threaded paths.
-        OMP_NUM_THREADS=2 timeout -k 5 120 "$ROOT/tests/unit/$unit" || echo "FAIL $unit: exited with status $?"
+        OMP_NUM_THREADS=2 timeout -k 5 "$unit_limit" "$ROOT/tests/unit/$unit" || echo "FAIL $unit: exited with status $?"
     else
         fail "$unit" "not built (see make -C tests)"
     fi

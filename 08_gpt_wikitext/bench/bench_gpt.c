@@ -1,11 +1,12 @@
 // bench_gpt.c - training throughput of gpt.h on synthetic tokens (no data
 // set, no tokenizer): what the chapter's README quotes as tokens/s.
 //
-// Build and run from 08_gpt_wikitext/:  make bench   (or see bench/README.md)
-//   bench/bench_gpt [B] [steps] [preset]
+// Build and run from 08_gpt_wikitext/:  make bench
+//   build/bench_gpt [B] [steps] [default|tiny]
 // Prints the median time of the training steps after 2 warm-up steps.
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "../gpt.h"
 #include "timer.h"
@@ -15,7 +16,16 @@ static int compare_doubles(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+// As in 08_gpt_wikitext.c: OpenMP threads spin only briefly at barriers,
+// so that other work on the machine does not make every barrier slow.
+static void spin_briefly_in_openmp(char **argv) {
+    if (getenv("GOMP_SPINCOUNT") || getenv("OMP_WAIT_POLICY")) return;
+    if (setenv("GOMP_SPINCOUNT", "1000", 1) != 0) return;
+    execv("/proc/self/exe", argv); // returns only if it failed
+}
+
 int main(int argc, char **argv) {
+    spin_briefly_in_openmp(argv);
     int B = argc > 1 ? atoi(argv[1]) : 8, steps = argc > 2 ? atoi(argv[2]) : 10;
     gpt_config cfg = {5000, 0, 0, 0, 0};
     if (!gpt_preset(argc > 3 ? argv[3] : "default", &cfg) || B < 1 || steps < 1) {

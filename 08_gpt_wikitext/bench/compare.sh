@@ -3,7 +3,9 @@
 # (gpt.h with OpenBLAS and with the blocked C kernel, 2 threads and 1) and in
 # a straightforward PyTorch CPU model (bench/bench_torch.py), each run ROUNDS
 # times, interleaved so that a busy moment on the machine hits all of them.
-# Prints every run's median step and, last, the best of each line.
+# Prints every run's median step and, last, the best of each line. The C
+# benchmark, like the chapter's program, sets GOMP_SPINCOUNT=1000 (see
+# spin_briefly_in_openmp in 08_gpt_wikitext.c); one PyTorch line does too.
 # Needs python3 with torch for the PyTorch lines (skipped without it).
 #   bench/compare.sh [ROUNDS=3] [STEPS=20]      (from 08_gpt_wikitext/)
 set -u
@@ -34,6 +36,8 @@ for r in $(seq "$rounds"); do
         record "PyTorch, torch threads 1, OpenBLAS 2" "$(OPENBLAS_NUM_THREADS=2 torch_run --threads 1)"
         record "PyTorch, torch threads 2, OpenBLAS 1" "$(OPENBLAS_NUM_THREADS=1 torch_run --threads 2)"
         record "PyTorch, 1 thread" "$(OPENBLAS_NUM_THREADS=1 torch_run --threads 1)"
+        record "PyTorch, torch threads 2, OpenBLAS 1, GOMP_SPINCOUNT=1000" \
+            "$(GOMP_SPINCOUNT=1000 OPENBLAS_NUM_THREADS=1 torch_run --threads 2)"
     fi
 done
 echo "--- best of $rounds rounds (median step of $steps after 2 warm-up steps each)"
