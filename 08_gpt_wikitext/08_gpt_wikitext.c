@@ -141,8 +141,8 @@ static void announce_device(const options *o) {
         char cpu[128];
         device_t c = device_choose("cpu", 0);
         snprintf(cpu, sizeof cpu, "%s", c.name);
-        log_main("%s: running on %s; why: %s was found, but the GPU path of this chapter arrives in a "
-                 "later part, so the CPU\n", CHAPTER, cpu, d.name);
+        log_main("%s: running on %s; why: %s was found, but this program does not use the GPU path "
+                 "(gpt_cuda.cu, README.gpu.md) yet, so the CPU\n", CHAPTER, cpu, d.name);
     } else {
         log_main("%s: running on %s; why: %s\n", CHAPTER, d.name, d.why);
     }

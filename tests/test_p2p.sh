@@ -62,7 +62,7 @@ COURSE_SHM=0 expect_failure "p2p: a rank killed mid all_reduce (tcp) stops the o
     'rank 1 closed the connection during all_reduce' --mode kill -n 3
 export COURSE_KILL_GRACE=2
 COURSE_TIMEOUT=2 expect_failure "p2p: a missing rank ends in a timeout naming the op and the rank" 20 \
-    'timed out after 2 s in all_reduce: .* from rank 1' --mode stall -n 3
+    'timed out after 2 s in all_reduce: .* from rank [0-9]+' --mode stall -n 3
 expect_failure "p2p: ranks in different collectives get a clear error" 20 \
     'rank 0 sent data for broadcast while this rank is in all_reduce' --mode mismatch -n 2
 

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.." || exit 1
 rounds=${1:-3} steps=${2:-20}
 make -s build/bench_gpt >/dev/null || exit 1
 # The same program without OpenBLAS: gpt.h's own blocked kernel.
-cc -std=c11 -D_GNU_SOURCE -O3 -fno-trapping-math -march=native -fopenmp -I../common \
+cc -std=c11 -D_GNU_SOURCE -O2 -fno-trapping-math -march=native -fopenmp -I../common \
    bench/bench_gpt.c -o build/bench_gpt_noblas -lm || exit 1
 python=/usr/bin/python3
 $python -c 'import torch' 2>/dev/null || python=""
