@@ -23,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source tests/lib.sh >/dev/null
 
-if ! has_gpu; then
+if ! has_real_gpu; then
     echo "bench/gpt_gpu.sh: needs a GPU (nvidia-smi lists none here); nothing measured"
     exit 0
 fi

@@ -3,8 +3,9 @@
 # A folder's Makefile sets PROGRAMS (binaries, each built from NAME.c),
 # optionally CU_SRCS (CUDA files linked into every program of the folder in
 # a CUDA build), then includes this file. It finds the tools, chooses CPU
-# or CUDA, and builds. Variables you can set: CUDA=0|1 (default: 1 when
-# nvcc, NCCL and cuBLAS are found), ASAN=1 (CPU build with sanitizers),
+# or CUDA, and builds. Variables you can set: CUDA=0|1|emu (default: 1 when
+# nvcc, NCCL and cuBLAS are found; emu: the emulated GPU of emu/, which
+# needs only g++), ASAN=1 (build with sanitizers),
 # CUDA_HOME, NCCL_HOME, CUDA_ARCH (e.g. sm_90).
 
 COURSE_ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST))/..)))
@@ -21,7 +22,7 @@ NVCC_ARCH := $(if $(filter native,$(CUDA_ARCH)),-arch=native,-gencode arch=compu
 CC ?= cc
 CFLAGS := -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -I$(COMMON) -pthread -DCOURSE_ROOT='"$(COURSE_ROOT)"'
 LDLIBS := -lm -pthread
-NVCCFLAGS := -O2 -g -std=c++17 -I$(COMMON) $(NVCC_ARCH) -Xcompiler -Wall,-Wextra -DCOURSE_CUDA
+NVCCFLAGS := -O2 -g -std=c++17 -I$(COMMON) $(if $(NCCL_INC),-I$(NCCL_INC)) $(NVCC_ARCH) -Xcompiler -Wall,-Wextra -DCOURSE_CUDA
 ifeq ($(HAVE_OPENMP),yes)
 CFLAGS += -fopenmp
 LDLIBS += -fopenmp
@@ -32,8 +33,21 @@ LDLIBS += -fsanitize=address,undefined
 endif
 ifeq ($(CUDA),1)
 CFLAGS += -DCOURSE_CUDA -I$(CUDA_HOME)/include -I$(NCCL_INC)
-LDLIBS += -L$(CUDA_LIBDIR) -L$(NCCL_LIB) -L$(CUBLAS_LIB) -lcublas -lnccl -lcudart -lstdc++ \
+LDLIBS += -L$(CUDA_LIBDIR) -L$(NCCL_LIB) -L$(CUBLAS_LIB) -lcublas $(NCCL_LINK) -lcudart -lstdc++ \
           -Wl,-rpath,$(CUDA_LIBDIR) -Wl,-rpath,$(NCCL_LIB)
+CU_OBJS := $(patsubst %.cu,build/%.o,$(notdir $(CU_SRCS)))
+else ifeq ($(CUDA),emu)
+# The emulated GPU: the same sources against emu/include's drop-in headers,
+# .cu files rewritten by cu2emu (<<<...>>> and __shared__) and compiled by
+# g++ as nvcc would compile them, linked with emu's library.
+EMU := $(COURSE_ROOT)/emu
+EMU_LIB := $(EMU)/build/$(if $(filter 1,$(ASAN)),asan,plain)/libcudaemu.a
+CU2EMU := $(EMU)/build/cu2emu
+CXX ?= g++
+CXXFLAGS := $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -DCOURSE_CUDA -DCOURSE_EMU -D__CUDACC__ -I$(EMU)/include \
+            -include cuda_runtime.h
+CFLAGS += -DCOURSE_CUDA -DCOURSE_EMU -I$(EMU)/include
+LDLIBS += $(EMU_LIB) -lstdc++ -lrt -ldl
 CU_OBJS := $(patsubst %.cu,build/%.o,$(notdir $(CU_SRCS)))
 else
 CU_OBJS :=
@@ -52,12 +66,22 @@ build/%.o: %.c
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 vpath %.cu $(sort $(dir $(CU_SRCS)))
+ifeq ($(CUDA),emu)
+build/%.o: %.cu $(CU2EMU) $(EMU_LIB)
+	@mkdir -p $(dir $@)
+	$(CU2EMU) $< build/$*.emu.cpp
+	$(CXX) $(CXXFLAGS) -I$(dir $<) -MMD -MP -c build/$*.emu.cpp -o $@
+
+$(EMU_LIB) $(CU2EMU): $(wildcard $(EMU)/src/*.c $(EMU)/src/*.h $(EMU)/include/*.h $(EMU)/tools/*.c)
+	@$(MAKE) --no-print-directory -C $(EMU) ASAN=$(ASAN)
+else
 build/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC_PATH) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+endif
 
-$(PROGRAMS): %: build/%.o $(CU_OBJS) $(EXTRA_OBJS)
-	$(CC) $^ -o $@ $(LDLIBS)
+$(PROGRAMS): %: build/%.o $(CU_OBJS) $(EXTRA_OBJS) $(if $(filter emu,$(CUDA)),$(EMU_LIB))
+	$(CC) $(filter-out %.a,$^) -o $@ $(LDLIBS)
 
 clean:
 	rm -rf build $(PROGRAMS)

@@ -9,7 +9,16 @@ NVCC_PATH := $(or $(shell command -v nvcc 2>/dev/null),$(wildcard $(CUDA_HOME)/b
 CUDA_HOME ?= $(if $(NVCC_PATH),$(abspath $(dir $(firstword $(NVCC_PATH)))/..),/usr/local/cuda)
 CUDA_LIBDIR := $(firstword $(dir $(wildcard $(CUDA_HOME)/lib64/libcudart.so $(CUDA_HOME)/lib/libcudart.so $(CUDA_HOME)/targets/x86_64-linux/lib/libcudart.so)))
 NCCL_INC := $(firstword $(dir $(wildcard $(NCCL_HOME)/include/nccl.h $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h)))
-NCCL_LIB := $(firstword $(dir $(wildcard $(NCCL_HOME)/lib/libnccl.so $(NCCL_HOME)/lib64/libnccl.so $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/lib/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so /usr/lib64/libnccl.so /usr/local/lib/libnccl.so)))
+# No system NCCL? PyTorch's machines often carry one inside a Python package
+# (pip's nvidia-nccl-cu12/13): use it, as NCCL_HOME=<its folder> would.
+ifeq ($(NCCL_INC)$(NCCL_HOME),)
+NCCL_HOME := $(shell python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
+NCCL_INC := $(firstword $(dir $(wildcard $(NCCL_HOME)/include/nccl.h)))
+NCCL_FROM_PYTHON := $(if $(NCCL_INC),yes)
+endif
+NCCL_LIB := $(firstword $(dir $(wildcard $(foreach d,$(NCCL_HOME)/lib $(NCCL_HOME)/lib64 $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/lib,$(d)/libnccl.so $(d)/libnccl.so.2))))
+# pip's NCCL has libnccl.so.2 but no libnccl.so for -lnccl to find.
+NCCL_LINK := $(if $(wildcard $(NCCL_LIB)libnccl.so),-lnccl,-l:libnccl.so.2)
 CUBLAS_LIB := $(firstword $(dir $(wildcard $(CUDA_HOME)/lib64/libcublas.so $(CUDA_HOME)/lib/libcublas.so /usr/lib/x86_64-linux-gnu/libcublas.so)))
 HAVE_CUBLAS_H := $(wildcard $(CUDA_HOME)/include/cublas_v2.h /usr/include/cublas_v2.h)
 HAVE_OPENMP := $(shell printf 'int main(void){return 0;}' | $(or $(CC),cc) -fopenmp -x c - -o /dev/null 2>/dev/null && echo yes)
@@ -18,16 +27,27 @@ HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
 CUDA_FOUND := $(if $(and $(NVCC_PATH),$(CUDA_LIBDIR),$(NCCL_INC),$(NCCL_LIB),$(CUBLAS_LIB),$(HAVE_CUBLAS_H)),yes)
 
 $(info [build] nvcc:    $(if $(NVCC_PATH),found at $(firstword $(NVCC_PATH)),not found: no GPU code is built))
-$(info [build] NCCL:    $(if $(and $(NCCL_INC),$(NCCL_LIB)),found (header $(NCCL_INC)nccl.h, library $(NCCL_LIB)),not found (need nccl.h and libnccl.so): the nccl backend is not built))
+$(info [build] NCCL:    $(if $(and $(NCCL_INC),$(NCCL_LIB)),found (header $(NCCL_INC)nccl.h, library $(NCCL_LIB)$(if $(NCCL_FROM_PYTHON), - the Python package nvidia-nccl)),not found (need nccl.h and libnccl.so; NCCL_HOME=folder sets where): the nccl backend is not built))
 $(info [build] cuBLAS:  $(if $(and $(CUBLAS_LIB),$(HAVE_CUBLAS_H)),found in $(CUBLAS_LIB),not found: GPU matrix products are not built))
 $(info [build] OpenMP:  $(if $(HAVE_OPENMP),found: CPU kernels use all cores,not found: CPU kernels run on one thread))
 $(info [build] gnuplot: $(if $(HAVE_GNUPLOT),found: make plots draws PNG figures,not found: make plots writes CSV only (apt-get install gnuplot-nox)))
 export COURSE_DETECTED := 1
-export NVCC_PATH CUDA_HOME CUDA_LIBDIR NCCL_INC NCCL_LIB CUBLAS_LIB HAVE_CUBLAS_H HAVE_OPENMP HAVE_GNUPLOT HAVE_GPU CUDA_FOUND
+export NVCC_PATH CUDA_HOME CUDA_LIBDIR NCCL_HOME NCCL_INC NCCL_LIB NCCL_LINK CUBLAS_LIB HAVE_CUBLAS_H HAVE_OPENMP HAVE_GNUPLOT HAVE_GPU CUDA_FOUND
 endif
 
+# The sanitizers cannot instrument nvcc's code, so ASAN=1 builds the CPU
+# paths only - or the emulated GPU (CUDA=emu), whose kernels are ordinary
+# host code that ASan checks like any other.
 ifeq ($(ASAN),1)
+ifneq ($(CUDA),emu)
 CUDA := 0
+endif
+endif
+ifeq ($(CUDA),emu)
+HAVE_CXX := $(shell printf 'int main(){return 0;}' | $(or $(CXX),g++) -x c++ - -o /dev/null 2>/dev/null && echo yes)
+ifneq ($(HAVE_CXX),yes)
+$(error CUDA=emu compiles the .cu files as C++, as nvcc does, and needs a C++ compiler: apt-get install g++ (or set CXX))
+endif
 endif
 ifeq ($(CUDA),1)
 ifneq ($(CUDA_FOUND),yes)
@@ -36,7 +56,7 @@ endif
 endif
 CUDA ?= $(if $(CUDA_FOUND),1,0)
 ifndef COURSE_MODE_SHOWN
-$(info [build] mode:    $(if $(filter 1,$(CUDA)),CUDA build (GPU paths + CPU fallback),CPU-only build)$(if $(filter 1,$(ASAN)), with AddressSanitizer + UBSan))
+$(info [build] mode:    $(if $(filter 1,$(CUDA)),CUDA build (GPU paths + CPU fallback),$(if $(filter emu,$(CUDA)),emulated GPU (the CUDA code on the CPU; see emu/README.md),CPU-only build))$(if $(filter 1,$(ASAN)), with AddressSanitizer + UBSan))
 export COURSE_MODE_SHOWN := 1
 endif
 export CUDA

@@ -17,14 +17,21 @@ include $(EXERCISES_DIR)/../../common/course.mk
 CFLAGS += -I$(EXERCISES_DIR)
 vpath check_%.c $(EXERCISES_DIR)
 
-# A CUDA exercise is compiled by nvcc, and only in a CUDA build: in a
-# CPU-only build its check program says that it cannot run here.
+# A CUDA exercise is compiled by nvcc in a CUDA build, or for the emulated
+# GPU (CUDA=emu, see emu/README.md); in a CPU-only build its check program
+# says that it cannot run here.
 ifeq ($(suffix $(EXERCISE_SRC)),.cu)
 ifeq ($(CUDA),1)
 check_$(EXERCISE): build/$(EXERCISE).o
 build/$(EXERCISE).o: $(EXERCISE_SRC)
 	@mkdir -p build
 	$(NVCC_PATH) $(NVCCFLAGS) -I$(EXERCISES_DIR) -MMD -MP -c $< -o $@
+else ifeq ($(CUDA),emu)
+check_$(EXERCISE): build/$(EXERCISE).o
+build/$(EXERCISE).o: $(EXERCISE_SRC) $(CU2EMU) $(EMU_LIB)
+	@mkdir -p build
+	$(CU2EMU) $< build/$(EXERCISE).emu.cpp
+	$(CXX) $(CXXFLAGS) -I$(EXERCISES_DIR) -I$(dir $<) -MMD -MP -c build/$(EXERCISE).emu.cpp -o $@
 endif
 else
 check_$(EXERCISE): build/$(EXERCISE).o

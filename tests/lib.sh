@@ -45,8 +45,12 @@ rel_near() {
         exit !(d <= t * m) }'
 }
 
-# has_gpu : true when a CUDA build of the course can use a GPU here.
-has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
+# has_real_gpu : true when nvidia-smi lists a GPU here.
+has_real_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
+
+# has_gpu : true when the course's GPU paths can run here: a CUDA build on
+# a machine with a GPU, or the emulated GPU (CUDA=emu), which has 8.
+has_gpu() { is_emu || has_real_gpu; }
 
 # no_leftovers NAME PATTERN : PASS when no process whose command line
 # matches PATTERN is left running (tests must not leave orphans).
@@ -56,4 +60,23 @@ no_leftovers() {
         fail "$1" "processes left behind: $(pgrep -af -- "$2" | head -3 | tr '\n' '|')"
         pkill -9 -f -- "$2" 2>/dev/null
     else pass "$1"; fi
+}
+
+# build_mode : the CUDA= mode the tests were built in (0, 1 or emu), read
+# from the stamp course.mk leaves in tests/build.
+build_mode() {
+    local stamp
+    stamp=$(ls "$ROOT"/tests/build/mode-* 2>/dev/null | head -n 1)
+    stamp=${stamp##*/mode-}
+    echo "${stamp%%-*}"
+}
+
+# is_emu : true when the course was built against the emulated GPU (CUDA=emu).
+is_emu() { [[ $(build_mode) == emu ]]; }
+
+# gpu_count : the GPUs the course's programs see here (the emulated build
+# has EMU_GPUS of them, 8 unless set).
+gpu_count() {
+    if is_emu; then echo "${EMU_GPUS:-8}"
+    else nvidia-smi -L 2>/dev/null | grep -c '^GPU'; fi
 }

@@ -48,7 +48,7 @@ if [[ $status -ne 0 ]] && grep -q "replicas diverged at step 10: the parameters 
 else fail "04: a diverging replica is caught and named" "status $status: $(grep -m1 -i 'diverged\|error' "$TMP/drift")"; fi
 
 # NCCL's one-rank-per-GPU rule gets one clear explanation.
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+gpus=$(gpu_count)
 run_capture 60 "$TMP/nccl" "$bin" --nprocs $((gpus + 1)) --backend nccl; status=$?
 if [[ $status -ne 0 ]] && grep -q "needs one GPU per rank" "$TMP/nccl" && grep -q -- "--backend cpu" "$TMP/nccl"; then
     pass "04: more ranks than GPUs with --backend nccl is one clear error"

@@ -33,7 +33,7 @@ run_unit() {
     fi
 }
 
-run_unit test_gpt_cuda 120 "$bin"
+run_unit test_gpt_cuda 300 "$bin"
 
 cpu_only=false
 grep -q 'CPU-only build' "$TMP/test_gpt_cuda.log" && cpu_only=true
@@ -58,6 +58,8 @@ for candidate in "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" /usr/loca
 done
 if $cpu_only; then
     skip "gpt cuda compute-sanitizer memcheck" "this is a CPU-only build"
+elif is_emu; then
+    skip "gpt cuda compute-sanitizer memcheck" "compute-sanitizer needs a real GPU; the emulated GPU checks memory itself (tests/test_emu.sh, make CUDA=emu ASAN=1)"
 elif ! has_gpu; then
     skip "gpt cuda compute-sanitizer memcheck" "no GPU here (nvidia-smi lists none)"
 elif [[ -z "$sanitizer" ]]; then
@@ -70,6 +72,14 @@ else
         pass "gpt cuda compute-sanitizer memcheck: no errors in the parity checks"
     else
         fail "gpt cuda compute-sanitizer memcheck" "status $status: $(grep -m3 -E 'ERROR SUMMARY|Invalid|^FAIL|error' "$TMP/memcheck.log" | tr '\n' '|')"
+    fi
+    # racecheck: shared-memory hazards (a missing __syncthreads) in the kernels.
+    run_capture 600 "$TMP/racecheck.log" "$sanitizer" --tool racecheck --error-exitcode 99 "$bin" --mode sanitize
+    status=$?
+    if [[ $status -eq 0 ]] && grep -q 'ERROR SUMMARY: 0 ' "$TMP/racecheck.log" && ! grep -q '^FAIL ' "$TMP/racecheck.log"; then
+        pass "gpt cuda compute-sanitizer racecheck: no shared-memory hazards"
+    else
+        fail "gpt cuda compute-sanitizer racecheck" "status $status: $(grep -m3 -E 'ERROR SUMMARY|hazard|^FAIL|error' "$TMP/racecheck.log" | tr '\n' '|')"
     fi
 fi
 exit 0

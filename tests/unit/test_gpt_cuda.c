@@ -430,8 +430,16 @@ static float train_step(gpt_cuda_t *g, const uint16_t *in, const uint16_t *tg, i
     return loss;
 }
 
+// 300 steps on a GPU; on the emulated one (thousands of times slower)
+// 120, which still shows the loss fall and the two precisions agree.
+#ifdef COURSE_EMU
+enum { TRACK_STEPS = 120, TRACK_WINDOW = 20 };
+#else
+enum { TRACK_STEPS = 300, TRACK_WINDOW = 50 };
+#endif
+
 static void test_training_tracks(rng_t *r) {
-    enum { STEPS = 300, WINDOW = 50, B = 8, T = 32, V = 64 };
+    enum { STEPS = TRACK_STEPS, WINDOW = TRACK_WINDOW, B = 8, T = 32, V = 64 };
     gpt_config c = {V, T, 2, 2, 64};
     gpt_t init;
     gpt_init(&init, c, rng_next(r));
@@ -458,8 +466,9 @@ static void test_training_tracks(rng_t *r) {
     int last = STEPS / WINDOW - 1;
     EXPECT("gpt cuda fp32 training learns the made-up language", lf[last] < 0.6 * lf[0],
            "mean loss %.3f in the first %d steps, %.3f in the last %d", lf[0], WINDOW, lf[last], WINDOW);
-    EXPECT("gpt cuda bf16 training tracks fp32 within 5% over 300 steps", worst <= 0.05,
-           "window means differ by up to %.1f%%", 100 * worst);
+    char name[100];
+    snprintf(name, sizeof name, "gpt cuda bf16 training tracks fp32 within 5%% over %d steps", STEPS);
+    EXPECT(name, worst <= 0.05, "window means differ by up to %.1f%%", 100 * worst);
     gpt_cuda_free(f);
     gpt_cuda_free(h);
     gpt_free(&init);

@@ -1,0 +1,741 @@
+// device.c - the emulated GPUs and their memory.
+//
+// A real GPU's memory is a separate chip: host code cannot dereference a
+// device pointer (it gets garbage or a crash), and copies go through
+// cudaMemcpy. To make the same mistakes visible here, every cudaMalloc is a
+// mapping of its own that is PROT_NONE - unreadable - whenever host code
+// runs, and readable only while the emulator runs queued GPU work. A host
+// read of a device pointer is then a fault at once, which the SIGSEGV
+// handler below turns into a sentence naming the allocation.
+//
+// Each allocation is placed so that it ends at (or within 255 bytes of)
+// the end of its pages, with an unmapped guard page after it: a kernel
+// that runs past the end of a buffer faults. The few bytes of slack that
+// the 256-byte alignment leaves are filled with a canary that is checked
+// after every kernel, so even a one-element overrun is named (with the
+// kernel). Under AddressSanitizer the slack is poisoned instead, and ASan
+// reports the overrun with the kernel's source line. Fresh allocations are filled with 0xFF
+// bytes (a NaN in every float), as a GPU gives no zeros: code that forgets
+// a cudaMemset computes with NaNs instead of passing by luck.
+#include <dlfcn.h>
+#include <errno.h>
+#include <execinfo.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "emu_internal.h"
+#include "emu_kernel_abi.h"
+
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/asan_interface.h>
+#define EMU_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define EMU_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define EMU_POISON(p, n) ((void)(p), (void)(n))
+#define EMU_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+#define EMU_MAX_DEVICES 64
+#define EMU_ALIGN 256        // cudaMalloc's alignment
+#define EMU_POISON_BYTE 0xFF // NaN in float, bf16 and double; -1 in integers
+#define EMU_CANARY_BYTE 0xCD // fills the slack around an allocation: a changed byte is an overrun
+
+// ================================================================ messages, time, lock
+
+static void vreport(const char *prefix, const char *fmt, va_list args) {
+    char text[2048];
+    vsnprintf(text, sizeof text, fmt, args);
+    fflush(stdout);
+    fprintf(stderr, "%s%s\n", prefix, text);
+}
+
+void emu_warn(const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    vreport("emulated GPU: ", fmt, args);
+    va_end(args);
+}
+
+void emu_fatal(const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    vreport("emulated GPU: error: ", fmt, args);
+    va_end(args);
+    exit(1);
+}
+
+double emu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double emu_timeout_s(void) {
+    const char *s = getenv("EMU_TIMEOUT");
+    double t = s ? atof(s) : 0;
+    return t > 0 ? t : 300;
+}
+
+static pthread_mutex_t big_lock;
+static pthread_once_t big_lock_once = PTHREAD_ONCE_INIT;
+
+static void big_lock_init(void) {
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&big_lock, &attr);
+    pthread_mutexattr_destroy(&attr);
+}
+
+void emu_lock(void) {
+    pthread_once(&big_lock_once, big_lock_init);
+    pthread_mutex_lock(&big_lock);
+}
+
+void emu_unlock(void) { pthread_mutex_unlock(&big_lock); }
+
+// ================================================================ errors
+
+static __thread cudaError_t last_error = cudaSuccess;
+
+cudaError_t emu_set_error(cudaError_t err) {
+    if (err != cudaSuccess) last_error = err;
+    return err;
+}
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
+
+typedef struct { cudaError_t code; const char *name, *text; } error_text;
+
+// NVIDIA's names; the sentences are the emulator's own.
+static const error_text error_texts[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorCudartUnloading, "cudaErrorCudartUnloading", "driver shutting down"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration", "invalid configuration argument"},
+    {cudaErrorInvalidPitchValue, "cudaErrorInvalidPitchValue", "invalid pitch argument"},
+    {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer", "invalid device pointer"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection", "invalid copy direction for memcpy"},
+    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorDeviceUninitialized, "cudaErrorDeviceUninitialized", "invalid device context"},
+    {cudaErrorNoKernelImageForDevice, "cudaErrorNoKernelImageForDevice", "no kernel image is available for execution on the device"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
+    {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources", "too many resources requested for launch"},
+    {cudaErrorLaunchTimeout, "cudaErrorLaunchTimeout", "the launch timed out and was terminated"},
+    {cudaErrorContextIsDestroyed, "cudaErrorContextIsDestroyed", "context is destroyed"},
+    {cudaErrorAssert, "cudaErrorAssert", "device-side assert triggered"},
+    {cudaErrorHostMemoryAlreadyRegistered, "cudaErrorHostMemoryAlreadyRegistered", "part or all of the requested memory range is already mapped"},
+    {cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+    {cudaErrorNotPermitted, "cudaErrorNotPermitted", "operation not permitted"},
+    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported", "operation not permitted when stream is capturing"},
+    {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
+};
+
+static const error_text *find_error(cudaError_t e) {
+    for (size_t i = 0; i < sizeof error_texts / sizeof error_texts[0]; i++)
+        if (error_texts[i].code == e) return &error_texts[i];
+    return NULL;
+}
+
+const char *cudaGetErrorString(cudaError_t e) {
+    const error_text *t = find_error(e);
+    return t ? t->text : "unrecognized error code";
+}
+
+const char *cudaGetErrorName(cudaError_t e) {
+    const error_text *t = find_error(e);
+    return t ? t->name : "cudaErrorUnknown";
+}
+
+cudaError_t cudaRuntimeGetVersion(int *v) {
+    if (!v) return emu_set_error(cudaErrorInvalidValue);
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int *v) {
+    if (!v) return emu_set_error(cudaErrorInvalidValue);
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+
+// ================================================================ fork
+// A CUDA context does not survive fork(): a child of a process that has
+// used CUDA cannot use it (this is why mp.spawn does not fork). The
+// emulator refuses the same way, so the course's fork-before-CUDA rule is
+// tested here too.
+static pid_t initialised_in = 0; // the process that made the first CUDA call
+
+// Every entry point that needs a device calls this first.
+static cudaError_t ready(void) {
+    pid_t me = getpid();
+    if (initialised_in == 0) initialised_in = me;
+    if (initialised_in != me) {
+        static bool told = false;
+        if (!told)
+            emu_warn("this process was forked from one that had already used CUDA (pid %d); a CUDA "
+                     "context does not survive fork(): start workers before touching CUDA, or exec them",
+                     (int)initialised_in);
+        told = true;
+        return cudaErrorInitializationError;
+    }
+    return cudaSuccess;
+}
+
+// ================================================================ devices
+
+static int visible[EMU_MAX_DEVICES]; // visible index -> emulated device number
+static int visible_count = -1;
+static __thread int current_device = 0;
+
+// EMU_GPUS emulated GPUs (default 8, a full server), then CUDA_VISIBLE_DEVICES
+// picks and renumbers them as it does on a real machine.
+static void discover_devices(void) {
+    if (visible_count >= 0) return;
+    const char *env = getenv("EMU_GPUS");
+    int total = env && *env ? atoi(env) : 8;
+    if (total < 0) total = 0;
+    if (total > EMU_MAX_DEVICES) total = EMU_MAX_DEVICES;
+    visible_count = 0;
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (!cvd) {
+        for (int i = 0; i < total; i++) visible[visible_count++] = i;
+        return;
+    }
+    // As CUDA does: a comma-separated list; parsing stops at the first
+    // entry that is not a valid device.
+    const char *p = cvd;
+    while (*p && visible_count < EMU_MAX_DEVICES) {
+        char *end;
+        long d = strtol(p, &end, 10);
+        if (end == p || d < 0 || d >= total) break;
+        visible[visible_count++] = (int)d;
+        p = *end == ',' ? end + 1 : end;
+        if (*end != ',') break;
+    }
+}
+
+int emu_device_count(void) {
+    discover_devices();
+    return visible_count;
+}
+
+int emu_current_device(void) { return current_device; }
+
+int emu_physical_device(int d) {
+    discover_devices();
+    return d >= 0 && d < visible_count ? visible[d] : -1;
+}
+
+cudaError_t cudaGetDeviceCount(int *count) {
+    if (!count) return emu_set_error(cudaErrorInvalidValue);
+    *count = 0;
+    cudaError_t err = ready();
+    if (err) return emu_set_error(err);
+    *count = emu_device_count();
+    return *count ? cudaSuccess : emu_set_error(cudaErrorNoDevice);
+}
+
+static cudaError_t check_device(int d) {
+    cudaError_t err = ready();
+    if (err) return err;
+    if (emu_device_count() == 0) return cudaErrorNoDevice;
+    return d >= 0 && d < emu_device_count() ? cudaSuccess : cudaErrorInvalidDevice;
+}
+
+cudaError_t cudaSetDevice(int d) {
+    cudaError_t err = check_device(d);
+    if (err) return emu_set_error(err);
+    current_device = d;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *d) {
+    if (!d) return emu_set_error(cudaErrorInvalidValue);
+    cudaError_t err = check_device(current_device);
+    if (err) return emu_set_error(err);
+    *d = current_device;
+    return cudaSuccess;
+}
+
+static size_t device_memory_bytes(void) {
+    const char *s = getenv("EMU_MEMORY_GB");
+    double gb = s ? atof(s) : 0;
+    return (size_t)((gb > 0 ? gb : 16) * 1073741824.0);
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
+    if (!p) return emu_set_error(cudaErrorInvalidValue);
+    cudaError_t err = check_device(d);
+    if (err) return emu_set_error(err);
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "emulated GPU (CPU, for testing)");
+    p->totalGlobalMem = device_memory_bytes();
+    p->sharedMemPerBlock = EMU_STATIC_SHARED_LIMIT;
+    p->sharedMemPerBlockOptin = EMU_DYNAMIC_SHARED_OPTIN;
+    p->sharedMemPerMultiprocessor = EMU_DYNAMIC_SHARED_OPTIN + 1024;
+    p->regsPerBlock = 65536;
+    p->warpSize = 32;
+    p->memPitch = (size_t)1 << 31;
+    p->maxThreadsPerBlock = 1024;
+    p->maxThreadsDim[0] = 1024, p->maxThreadsDim[1] = 1024, p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 2147483647, p->maxGridSize[1] = 65535, p->maxGridSize[2] = 65535;
+    p->totalConstMem = 65536;
+    p->major = 9, p->minor = 0; // an sm_90 device: what the course's kernels are written for
+    p->multiProcessorCount = 132;
+    p->maxThreadsPerMultiProcessor = 2048;
+    p->pciBusID = emu_physical_device(d);
+    p->l2CacheSize = 50 << 20;
+    p->unifiedAddressing = 1;
+    p->concurrentKernels = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int d) {
+    if (!value) return emu_set_error(cudaErrorInvalidValue);
+    struct cudaDeviceProp p;
+    cudaError_t err = cudaGetDeviceProperties(&p, d);
+    if (err) return err;
+    switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock: *value = p.maxThreadsPerBlock; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = (int)p.sharedMemPerBlock; break;
+    case cudaDevAttrWarpSize: *value = p.warpSize; break;
+    case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = p.major; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = p.minor; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)p.sharedMemPerBlockOptin; break;
+    default: return emu_set_error(cudaErrorInvalidValue);
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char *bus, int len, int d) {
+    if (!bus || len < 13) return emu_set_error(cudaErrorInvalidValue);
+    cudaError_t err = check_device(d);
+    if (err) return emu_set_error(err);
+    snprintf(bus, (size_t)len, "0000:%02x:00.0", emu_physical_device(d) & 0xff);
+    return cudaSuccess;
+}
+
+// ================================================================ device memory
+
+typedef struct allocation {
+    char *map;       // the whole mapping: data pages + one guard page
+    size_t map_len;
+    char *ptr;       // what cudaMalloc returned
+    size_t size;
+    size_t data_len; // bytes of the mapping the data pages cover (no guard)
+    int device;
+    bool freed;      // kept PROT_NONE for a while, so a use after cudaFree is named
+    struct allocation *next;
+} allocation;
+
+static allocation *allocations;       // live first, then recently freed
+static size_t allocated_bytes[EMU_MAX_DEVICES];
+static int access_depth = 0;          // > 0 while the emulator runs GPU work
+static int freed_kept = 0;
+enum { FREED_KEPT_MAX = 256 };
+
+static size_t page_size(void) {
+    static size_t p;
+    if (!p) p = (size_t)sysconf(_SC_PAGESIZE);
+    return p;
+}
+
+static void protect(allocation *a, int prot) {
+    if (mprotect(a->map, a->data_len, prot) != 0)
+        emu_fatal("mprotect of a %zu-byte device allocation failed: %s", a->size, strerror(errno));
+}
+
+void emu_device_access_begin(void) {
+    emu_lock();
+    if (access_depth++ == 0)
+        for (allocation *a = allocations; a; a = a->next)
+            if (!a->freed) protect(a, PROT_READ | PROT_WRITE);
+    emu_unlock();
+}
+
+void emu_device_access_end(void) {
+    emu_lock();
+    if (--access_depth == 0)
+        for (allocation *a = allocations; a; a = a->next)
+            if (!a->freed) protect(a, PROT_NONE);
+    emu_unlock();
+}
+
+static allocation *find_allocation(const void *p, bool include_guard) {
+    const char *c = (const char *)p;
+    for (allocation *a = allocations; a; a = a->next) {
+        if (include_guard ? (c >= a->map && c < a->map + a->map_len) : (c >= a->ptr && c < a->ptr + a->size))
+            return a;
+    }
+    return NULL;
+}
+
+cudaError_t cudaMalloc(void **out, size_t size) {
+    if (!out) return emu_set_error(cudaErrorInvalidValue);
+    *out = NULL;
+    emu_lock();
+    cudaError_t err = check_device(current_device);
+    if (err) {
+        emu_unlock();
+        return emu_set_error(err);
+    }
+    int dev = current_device;
+    if (size == 0) { // CUDA returns success and a NULL pointer
+        emu_unlock();
+        return cudaSuccess;
+    }
+    if (allocated_bytes[dev] + size > device_memory_bytes() || size > device_memory_bytes()) {
+        emu_unlock();
+        return emu_set_error(cudaErrorMemoryAllocation);
+    }
+    size_t pg = page_size(), data_len = (size + pg - 1) / pg * pg;
+    char *map = mmap(NULL, data_len + pg, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (map == MAP_FAILED) {
+        emu_unlock();
+        return emu_set_error(cudaErrorMemoryAllocation);
+    }
+    allocation *a = calloc(1, sizeof *a);
+    if (!a) emu_fatal("out of host memory for allocation bookkeeping");
+    // End the data as close to the guard page as the 256-byte alignment allows.
+    size_t start = (data_len - size) / EMU_ALIGN * EMU_ALIGN;
+    *a = (allocation){map, data_len + pg, map + start, size, data_len, dev, false, allocations};
+    allocations = a;
+    allocated_bytes[dev] += size;
+    protect(a, PROT_READ | PROT_WRITE);
+    memset(a->ptr, EMU_POISON_BYTE, size);
+    memset(map, EMU_CANARY_BYTE, start);
+    memset(a->ptr + size, EMU_CANARY_BYTE, data_len - start - size);
+    EMU_POISON(map, start);
+    EMU_POISON(a->ptr + size, data_len - start - size);
+    if (access_depth == 0) protect(a, PROT_NONE);
+    *out = a->ptr;
+    emu_unlock();
+    return cudaSuccess;
+}
+
+// Forget the oldest freed allocations once there are many.
+static void trim_freed(void) {
+    while (freed_kept > FREED_KEPT_MAX) {
+        allocation **link = &allocations, *oldest = NULL, **oldest_link = NULL;
+        for (; *link; link = &(*link)->next)
+            if ((*link)->freed) oldest = *link, oldest_link = link;
+        if (!oldest) return;
+        *oldest_link = oldest->next;
+        EMU_UNPOISON(oldest->map, oldest->data_len);
+        munmap(oldest->map, oldest->map_len);
+        free(oldest);
+        freed_kept--;
+    }
+}
+
+void emu_stream_sync_device_for_free(int device); // stream.c: cudaFree waits for the device
+
+cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    emu_lock();
+    cudaError_t err = ready();
+    if (err) {
+        emu_unlock();
+        return emu_set_error(err);
+    }
+    allocation *a = find_allocation(p, false);
+    if (!a || a->ptr != (char *)p || a->freed) {
+        bool twice = a && a->freed;
+        emu_unlock();
+        emu_warn("cudaFree(%p): %s", p, twice ? "this memory was already freed" : "not a pointer cudaMalloc returned");
+        return emu_set_error(cudaErrorInvalidValue);
+    }
+    // cudaFree waits for the device: work queued on it may still use the memory.
+    emu_stream_sync_device_for_free(a->device);
+    a->freed = true;
+    protect(a, PROT_NONE);
+    allocated_bytes[a->device] -= a->size;
+    freed_kept++;
+    trim_freed();
+    emu_unlock();
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
+    if (!free_bytes || !total) return emu_set_error(cudaErrorInvalidValue);
+    cudaError_t err = check_device(current_device);
+    if (err) return emu_set_error(err);
+    *total = device_memory_bytes();
+    *free_bytes = *total - allocated_bytes[current_device];
+    return cudaSuccess;
+}
+
+// After a kernel: did it write into the slack around an allocation?
+void emu_check_redzones(const char *kernel) {
+#ifndef __SANITIZE_ADDRESS__ // ASan watches the slack itself, and would object to reading it
+    for (allocation *a = allocations; a; a = a->next) {
+        if (a->freed) continue;
+        const char *slack[2] = {a->map, a->ptr + a->size};
+        size_t bytes[2] = {(size_t)(a->ptr - a->map), a->data_len - (size_t)(a->ptr - a->map) - a->size};
+        for (int side = 0; side < 2; side++)
+            for (size_t i = 0; i < bytes[side]; i++)
+                if ((unsigned char)slack[side][i] != EMU_CANARY_BYTE) {
+                    long offset = side ? (long)i : -(long)(bytes[0] - i);
+                    emu_fatal("kernel %s wrote outside a %zu-byte device allocation at %p: byte %ld %s it was "
+                              "changed (out of bounds; build with make CUDA=emu ASAN=1 to see the line)",
+                              kernel, a->size, (void *)a->ptr, offset < 0 ? -offset : offset + 1,
+                              side ? "past its end" : "before its start");
+                }
+    }
+#else
+    (void)kernel;
+#endif
+}
+
+// ---------------------------------------------------------------- pinned host memory
+// Page-locked host memory is ordinary memory here, but the emulator must
+// know it: copies into it from the device are truly asynchronous (the host
+// may read stale bytes before a synchronize), as on a GPU.
+typedef struct pinned {
+    char *ptr;
+    size_t size;
+    bool owned; // cudaMallocHost (freed by cudaFreeHost) or registered
+    struct pinned *next;
+} pinned;
+
+static pinned *pinned_list;
+
+static pinned *find_pinned(const void *p) {
+    const char *c = (const char *)p;
+    for (pinned *q = pinned_list; q; q = q->next)
+        if (c >= q->ptr && c < q->ptr + q->size) return q;
+    return NULL;
+}
+
+static cudaError_t add_pinned(void *p, size_t size, bool owned) {
+    pinned *q = calloc(1, sizeof *q);
+    if (!q) return cudaErrorMemoryAllocation;
+    *q = (pinned){p, size, owned, pinned_list};
+    pinned_list = q;
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void **out, size_t size, unsigned int flags) {
+    (void)flags;
+    if (!out) return emu_set_error(cudaErrorInvalidValue);
+    cudaError_t err = ready();
+    if (err) return emu_set_error(err);
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, size ? size : 1) != 0) return emu_set_error(cudaErrorMemoryAllocation);
+    emu_lock();
+    err = add_pinned(p, size ? size : 1, true);
+    emu_unlock();
+    if (err) {
+        free(p);
+        return emu_set_error(err);
+    }
+    *out = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **out, size_t size) { return cudaHostAlloc(out, size, 0); }
+
+static cudaError_t remove_pinned(void *p, bool owned) {
+    emu_lock();
+    for (pinned **link = &pinned_list; *link; link = &(*link)->next) {
+        pinned *q = *link;
+        if (q->ptr == p && q->owned == owned) {
+            *link = q->next;
+            emu_unlock();
+            if (owned) free(q->ptr);
+            free(q);
+            return cudaSuccess;
+        }
+    }
+    emu_unlock();
+    return emu_set_error(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaFreeHost(void *p) {
+    if (!p) return cudaSuccess;
+    cudaDeviceSynchronize(); // as on a GPU: queued copies may still use it
+    return remove_pinned(p, true);
+}
+
+cudaError_t cudaHostRegister(void *p, size_t size, unsigned int flags) {
+    (void)flags;
+    if (!p || !size) return emu_set_error(cudaErrorInvalidValue);
+    emu_lock();
+    cudaError_t err = find_pinned(p) ? cudaErrorHostMemoryAlreadyRegistered : add_pinned(p, size, false);
+    emu_unlock();
+    return err ? emu_set_error(err) : cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void *p) { return remove_pinned(p, false); }
+
+// ---------------------------------------------------------------- what a pointer is
+
+emu_memory_kind emu_memory_kind_of(const void *p, size_t bytes, const char *what) {
+    emu_lock();
+    allocation *a = find_allocation(p, true);
+    if (a && a->freed) {
+        emu_unlock();
+        emu_fatal("%s: %p points into device memory that was freed with cudaFree", what, p);
+    }
+    if (a && ((const char *)p < a->ptr || (const char *)p >= a->ptr + a->size)) {
+        emu_unlock();
+        emu_fatal("%s: %p is outside its device allocation (%zu bytes at %p)", what, p, a->size, (void *)a->ptr);
+    }
+    if (a) {
+        size_t offset = (size_t)((const char *)p - a->ptr);
+        if (bytes > a->size - offset) {
+            emu_unlock();
+            emu_fatal("%s: %zu bytes from %p run %zu bytes past the end of its device allocation "
+                      "(%zu bytes at %p, %zu of them after this pointer)",
+                      what, bytes, p, bytes - (a->size - offset), a->size, (void *)a->ptr, a->size - offset);
+        }
+        emu_unlock();
+        return EMU_DEVICE;
+    }
+    emu_memory_kind kind = find_pinned(p) ? EMU_HOST_PINNED : EMU_HOST;
+    emu_unlock();
+    return kind;
+}
+
+int emu_device_of(const void *p) {
+    emu_lock();
+    allocation *a = find_allocation(p, false);
+    int d = a && !a->freed ? a->device : -1;
+    emu_unlock();
+    return d;
+}
+
+// ================================================================ the fault handler
+// Turns a fault into a sentence: which memory, why it cannot be touched
+// there, and how to find the line (addr2line, or ASan with make ASAN=1).
+
+static struct sigaction previous_segv, previous_bus;
+
+static void say(const char *text) {
+    size_t n = strlen(text);
+    while (n > 0) {
+        ssize_t w = write(STDERR_FILENO, text, n);
+        if (w <= 0) return;
+        text += w, n -= (size_t)w;
+    }
+}
+
+static void print_where(void) {
+    void *frames[12];
+    int n = backtrace(frames, 12);
+    say("emulated GPU: where (newest first; `addr2line -f -C -e PROGRAM OFFSET` gives the line):\n");
+    for (int i = 2; i < n; i++) {
+        Dl_info info;
+        char line[512];
+        if (dladdr(frames[i], &info) && info.dli_fname) {
+            snprintf(line, sizeof line, "    %s +0x%lx%s%s\n", info.dli_fname,
+                     (unsigned long)((char *)frames[i] - (char *)info.dli_fbase), info.dli_sname ? "  " : "",
+                     info.dli_sname ? info.dli_sname : "");
+        } else {
+            snprintf(line, sizeof line, "    %p\n", frames[i]);
+        }
+        say(line);
+    }
+}
+
+static void describe_fault(const char *addr) {
+    char text[1024];
+    allocation *a = find_allocation(addr, true);
+    const char *kernel = emu_current_kernel();
+    char who[256];
+    if (kernel) emu_kernel_thread_name(who, sizeof who);
+    if (a && a->freed) {
+        snprintf(text, sizeof text,
+                 "emulated GPU: error: %s used device memory at %p after cudaFree released it (a %zu-byte allocation)\n",
+                 kernel ? who : "host code", (void *)addr, a->size);
+    } else if (a && addr >= a->ptr && addr < a->ptr + a->size) {
+        snprintf(text, sizeof text,
+                 "emulated GPU: error: host code touched device memory at %p (byte %zu of a %zu-byte cudaMalloc "
+                 "allocation). A GPU's memory is not the host's: copy it with cudaMemcpy (and synchronize) before "
+                 "reading it on the host\n",
+                 (void *)addr, (size_t)(addr - a->ptr), a->size);
+    } else if (a) {
+        long past = addr >= a->ptr ? (long)(addr - (a->ptr + a->size)) : -(long)(a->ptr - addr);
+        snprintf(text, sizeof text,
+                 "emulated GPU: error: %s accessed %p, %ld bytes %s a %zu-byte device allocation at %p "
+                 "(out of bounds)\n",
+                 kernel ? who : "host code", (void *)addr, past >= 0 ? past + 0 : -past,
+                 past >= 0 ? "past the end of" : "before the start of", a->size, (void *)a->ptr);
+    } else if (kernel && emu_fiber_stack_guard(addr)) {
+        snprintf(text, sizeof text,
+                 "emulated GPU: error: %s overflowed its stack (large local arrays or deep recursion in a "
+                 "kernel; EMU_STACK_KB sets the emulated thread's stack size)\n",
+                 who);
+    } else {
+        return;
+    }
+    say(text);
+    print_where();
+    _exit(1);
+}
+
+static void on_fault(int sig, siginfo_t *info, void *context) {
+    describe_fault((const char *)info->si_addr);
+    // Not ours: hand it to whoever handled it before (ASan, or the default).
+    struct sigaction *prev = sig == SIGSEGV ? &previous_segv : &previous_bus;
+    if (prev->sa_flags & SA_SIGINFO) {
+        if (prev->sa_sigaction) {
+            prev->sa_sigaction(sig, info, context);
+            return;
+        }
+    } else if (prev->sa_handler != SIG_DFL && prev->sa_handler != SIG_IGN && prev->sa_handler) {
+        prev->sa_handler(sig);
+        return;
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+// Faults in a kernel thread can be stack overflows, so the handler needs a
+// stack of its own on every host thread that runs kernels.
+void emu_install_fault_handler(void) {
+    static __thread bool have_altstack = false;
+    if (!have_altstack) {
+        stack_t ss;
+        ss.ss_size = 64 * 1024;
+        ss.ss_sp = malloc(ss.ss_size);
+        ss.ss_flags = 0;
+        if (ss.ss_sp && sigaltstack(&ss, NULL) == 0) have_altstack = true;
+    }
+    static bool installed = false;
+    if (installed) return;
+    installed = true;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &previous_segv);
+    sigaction(SIGBUS, &sa, &previous_bus);
+}
+
+__attribute__((constructor)) static void emu_device_init(void) { emu_install_fault_handler(); }

@@ -1,0 +1,504 @@
+// launch.c - running a kernel: a grid of blocks, each a set of threads.
+//
+// kernel<<<grid, block, shared, stream>>>(args) becomes, in the emulated
+// build, a call to emu_launch_kernel with the arguments copied (as CUDA
+// copies them at launch). The launch is checked against a GPU's limits at
+// once and queued on the stream; when the stream runs it, the blocks run
+// one after another, and inside a block every thread runs on its own fiber:
+//
+//   - a thread runs until it reaches __syncthreads() or a warp operation
+//     (a shuffle, a vote, __syncwarp), or ends; then the next ready thread
+//     of the block runs, in order of threadIdx;
+//   - __syncthreads() releases the block once every thread is waiting
+//     there (at the same __syncthreads; a thread that left the kernel
+//     early is an error, as CUDA's rules make it);
+//   - a warp operation releases once every lane its mask names has reached
+//     a warp operation; values move through 32 slots, one per lane.
+//
+// Running each thread as far as it can go before the next one starts is
+// the most adversarial schedule a GPU could legally pick for code without
+// barriers: thread 0 finishes before thread 1 begins. A reduction missing a
+// __syncthreads then reads shared memory nobody has written yet, which the
+// emulator fills with NaNs at the start of every block - so the bug shows
+// as a wrong answer every time instead of once in a thousand runs. When no
+// thread can go on (some wait at a barrier others never reach) the
+// emulator says who waits where, instead of hanging like a GPU.
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "emu_fiber.h"
+#include "emu_internal.h"
+#include "emu_kernel_abi.h"
+
+void emu_install_fault_handler(void);         // device.c
+void emu_check_redzones(const char *kernel);   // device.c
+
+#define SHARED_BYTES (EMU_STATIC_SHARED_LIMIT + EMU_DYNAMIC_SHARED_OPTIN)
+#define POISON 0xFF
+
+__thread emu_thread_view *emu_self;
+
+typedef enum { READY, AT_BARRIER, AT_WARP, EXITED } thread_state;
+
+typedef struct {
+    emu_thread_view view;
+    thread_state state;
+    const char *wait_what, *wait_file; // where it waits, for messages
+    int wait_line;
+    int result_bank;                   // the warp slots it reads after a release
+    emu_fiber *fiber;
+} kthread;
+
+typedef struct {
+    unsigned existing;  // lanes the block has in this warp
+    unsigned exited;
+    unsigned arrived;   // lanes waiting at the current warp operation
+    unsigned wanted;    // lanes the arrived lanes' masks name
+    int bank;           // which of the two slot banks the next exchange fills
+    unsigned char slots[2][EMU_WARP_SIZE][EMU_WARP_SLOT_BYTES];
+} warp;
+
+typedef struct {
+    emu_launch_config cfg;
+    const char *name, *file;
+    int line;
+    void (*body)(void *);
+    void (*destroy)(void *);
+    void *closure;
+} kernel_launch;
+
+// The block being run (one at a time per host thread).
+typedef struct {
+    const kernel_launch *k;
+    int count;       // threads in the block
+    int live;        // not exited
+    int at_barrier;
+    int current;
+    kthread *threads;
+    warp *warps;
+    unsigned long long serial;
+    unsigned char *shared;      // [static area | dynamic area]
+    size_t static_used, static_poisoned;
+} block_run;
+
+static __thread block_run *running;
+static unsigned long long block_serial_counter;
+
+// ---------------------------------------------------------------- messages
+
+const char *emu_current_kernel(void) { return running ? running->k->name : NULL; }
+
+void emu_kernel_thread_name(char *buf, size_t size) {
+    if (!running || !emu_self) {
+        snprintf(buf, size, "host code");
+        return;
+    }
+    const emu_thread_view *v = emu_self;
+    snprintf(buf, size, "kernel %s (launched at %s:%d), block (%u,%u,%u), thread (%u,%u,%u)", running->k->name,
+             running->k->file, running->k->line, v->block_idx.x, v->block_idx.y, v->block_idx.z, v->thread_idx.x,
+             v->thread_idx.y, v->thread_idx.z);
+}
+
+void emu_not_in_kernel(const char *what) {
+    emu_fatal("%s was used outside a kernel (only code launched with <<<...>>> has one)", what);
+}
+
+void emu_kernel_error(const char *what, const char *problem) {
+    char who[300];
+    emu_kernel_thread_name(who, sizeof who);
+    emu_fatal("%s in %s: %s", what, who, problem);
+}
+
+static kthread *self_thread(const char *what) {
+    if (!running || !emu_self) emu_not_in_kernel(what);
+    return &running->threads[running->current];
+}
+
+// ---------------------------------------------------------------- switching
+
+// The next thread that can run, after `from` in threadIdx order (wrapping), or -1.
+static int next_ready(const block_run *b, int from) {
+    for (int n = 1; n <= b->count; n++) {
+        int i = (from + n) % b->count;
+        if (b->threads[i].state == READY) return i;
+    }
+    return -1;
+}
+
+// Thread t must wait (or has ended): hand the core straight to the next
+// ready thread - one switch, not two through the scheduler - or, when none
+// is ready, back to the scheduler in run_block, which then finds the block
+// finished or stuck.
+static void switch_away(kthread *t, bool finished) {
+    block_run *b = running;
+    int next = next_ready(b, t->view.linear);
+    if (next < 0 || next == t->view.linear) {
+        emu_fiber_switch(t->fiber, emu_fiber_host(), finished);
+        return;
+    }
+    b->current = next;
+    emu_self = &b->threads[next].view;
+    emu_fiber_switch(t->fiber, b->threads[next].fiber, finished);
+}
+
+static void yield_to_scheduler(kthread *t) { switch_away(t, false); }
+
+static void release_barrier(block_run *b) {
+    const kthread *first = NULL;
+    for (int i = 0; i < b->count; i++) {
+        kthread *t = &b->threads[i];
+        if (t->state != AT_BARRIER) continue;
+        if (!first) first = t;
+        else if (t->wait_line != first->wait_line || strcmp(t->wait_file, first->wait_file) != 0)
+            emu_fatal("in kernel %s, block (%u,%u,%u), threads wait at two different __syncthreads: thread %d at "
+                      "%s:%d, thread %d at %s:%d (a barrier inside a branch that not every thread takes; CUDA "
+                      "leaves this undefined)",
+                      b->k->name, t->view.block_idx.x, t->view.block_idx.y, t->view.block_idx.z,
+                      first->view.linear, first->wait_file, first->wait_line, t->view.linear, t->wait_file,
+                      t->wait_line);
+        t->state = READY;
+    }
+    b->at_barrier = 0;
+}
+
+// CUDA allows __syncthreads() in conditional code only when the condition
+// is the same for the whole block: a thread that has left the kernel (an
+// early `return`) while others wait at a barrier breaks that rule. GPUs
+// may hang, or count it as arrived; the emulator names it.
+__attribute__((noreturn)) static void barrier_without(const block_run *b, const kthread *gone,
+                                                      const kthread *waiting) {
+    emu_fatal("in kernel %s, block (%u,%u,%u), thread %d waits at __syncthreads (%s:%d) but thread %d has left the "
+              "kernel without reaching it (every thread of a block must reach each __syncthreads; an early "
+              "`return` before one is a bug)",
+              b->k->name, waiting->view.block_idx.x, waiting->view.block_idx.y, waiting->view.block_idx.z,
+              waiting->view.linear, waiting->wait_file, waiting->wait_line, gone->view.linear);
+}
+
+static const kthread *first_in_state(const block_run *b, thread_state s) {
+    for (int i = 0; i < b->count; i++)
+        if (b->threads[i].state == s) return &b->threads[i];
+    return NULL;
+}
+
+void emu_syncthreads(const char *file, int line) {
+    kthread *t = self_thread("__syncthreads()");
+    block_run *b = running;
+    t->wait_what = "__syncthreads", t->wait_file = file, t->wait_line = line;
+    if (b->live < b->count) barrier_without(b, first_in_state(b, EXITED), t);
+    t->state = AT_BARRIER;
+    if (++b->at_barrier == b->live) {
+        release_barrier(b);
+        return;
+    }
+    yield_to_scheduler(t);
+}
+
+// ---------------------------------------------------------------- warps
+
+static unsigned lane_bit(int lane) { return 1u << lane; }
+
+static void check_mask_lanes(const block_run *b, const warp *w, const kthread *t, unsigned mask, const char *what,
+                             const char *file, int line) {
+    unsigned gone = mask & w->exited;
+    if (!gone) return;
+    int lane = __builtin_ctz(gone);
+    emu_fatal("%s at %s:%d in kernel %s, block (%u,%u,%u), thread %d: its mask 0x%08x names lane %d, which has "
+              "exited (every lane in the mask must reach the call; CUDA leaves this undefined)",
+              what, file, line, b->k->name, t->view.block_idx.x, t->view.block_idx.y, t->view.block_idx.z,
+              t->view.linear, mask, lane);
+}
+
+static void release_warp(block_run *b, warp *w, int warp_index) {
+    int bank = w->bank;
+    for (int lane = 0; lane < EMU_WARP_SIZE; lane++) {
+        if (w->arrived & lane_bit(lane)) {
+            kthread *t = &b->threads[warp_index * EMU_WARP_SIZE + lane];
+            t->state = READY;
+            t->result_bank = bank;
+        } else {
+            memset(w->slots[bank][lane], POISON, EMU_WARP_SLOT_BYTES);
+        }
+    }
+    w->bank ^= 1;
+    w->arrived = w->wanted = 0;
+}
+
+const void *emu_warp_share(unsigned mask, const void *value, size_t size, const char *what, const char *file,
+                           int line) {
+    kthread *t = self_thread(what);
+    block_run *b = running;
+    int wi = t->view.linear / EMU_WARP_SIZE, lane = t->view.lane;
+    warp *w = &b->warps[wi];
+    if (!(mask & lane_bit(lane)))
+        emu_fatal("%s at %s:%d in kernel %s: thread %d calls it with mask 0x%08x, which does not include its own "
+                  "lane %d",
+                  what, file, line, b->k->name, t->view.linear, mask, lane);
+    if (size > EMU_WARP_SLOT_BYTES) emu_fatal("%s: a %zu-byte value is larger than a shuffle moves", what, size);
+    memcpy(w->slots[w->bank][lane], value, size);
+    check_mask_lanes(b, w, t, mask, what, file, line);
+    t->state = AT_WARP;
+    t->wait_what = what, t->wait_file = file, t->wait_line = line;
+    w->arrived |= lane_bit(lane);
+    w->wanted |= mask;
+    if ((w->wanted & w->existing & ~w->arrived) == 0) release_warp(b, w, wi);
+    else yield_to_scheduler(t);
+    return w->slots[t->result_bank];
+}
+
+unsigned emu_active_mask(void) {
+    kthread *t = self_thread("__activemask()");
+    const warp *w = &running->warps[t->view.linear / EMU_WARP_SIZE];
+    return w->existing & ~w->exited;
+}
+
+// ---------------------------------------------------------------- shared memory
+
+void *emu_shared_static(emu_shared_site *site, size_t size, size_t align, const char *name) {
+    kthread *t = self_thread("__shared__ memory");
+    (void)t;
+    block_run *b = running;
+    if (site->block_serial != b->serial) {
+        size_t offset = (b->static_used + align - 1) / align * align;
+        if (offset + size > EMU_STATIC_SHARED_LIMIT)
+            emu_fatal("kernel %s declares more than %d KiB of __shared__ memory (at '%s'); a GPU refuses to "
+                      "compile that: use dynamic shared memory with cudaFuncSetAttribute",
+                      b->k->name, EMU_STATIC_SHARED_LIMIT / 1024, name);
+        site->offset = offset;
+        site->block_serial = b->serial;
+        b->static_used = offset + size;
+        if (b->static_used > b->static_poisoned) { // first use of these bytes: they hold garbage, as on a GPU
+            memset(b->shared + b->static_poisoned, POISON, b->static_used - b->static_poisoned);
+            b->static_poisoned = b->static_used;
+        }
+    }
+    return b->shared + site->offset;
+}
+
+void *emu_shared_dynamic(void) {
+    self_thread("extern __shared__ memory");
+    return running->shared + EMU_STATIC_SHARED_LIMIT;
+}
+
+// ---------------------------------------------------------------- one block
+
+static void describe_waits(const block_run *b, char *out, size_t size) {
+    size_t used = 0;
+    out[0] = 0;
+    for (int i = 0; i < b->count && used + 200 < size;) {
+        const kthread *t = &b->threads[i];
+        int j = i + 1;
+        while (j < b->count && b->threads[j].state == t->state && b->threads[j].wait_line == t->wait_line &&
+               (t->state == EXITED || !strcmp(b->threads[j].wait_file, t->wait_file)))
+            j++;
+        if (t->state == EXITED)
+            used += (size_t)snprintf(out + used, size - used, "%sthreads %d-%d have exited", used ? "; " : "", i, j - 1);
+        else
+            used += (size_t)snprintf(out + used, size - used, "%sthreads %d-%d wait in %s at %s:%d", used ? "; " : "",
+                                     i, j - 1, t->wait_what, t->wait_file, t->wait_line);
+        i = j;
+    }
+}
+
+__attribute__((noreturn)) static void deadlock(const block_run *b) {
+    char waits[1500];
+    describe_waits(b, waits, sizeof waits);
+    const emu_thread_view *v = &b->threads[0].view;
+    emu_fatal("kernel %s (launched at %s:%d) cannot go on in block (%u,%u,%u): %s. On a GPU this hangs; threads "
+              "must all reach the same barrier, and every lane a warp operation's mask names must reach one",
+              b->k->name, b->k->file, b->k->line, v->block_idx.x, v->block_idx.y, v->block_idx.z, waits);
+}
+
+static void thread_exit(block_run *b, kthread *t) {
+    t->state = EXITED;
+    b->live--;
+    warp *w = &b->warps[t->view.linear / EMU_WARP_SIZE];
+    w->exited |= lane_bit(t->view.lane);
+    if (w->arrived && (w->wanted & lane_bit(t->view.lane))) {
+        const kthread *waiter = &b->threads[(t->view.linear / EMU_WARP_SIZE) * EMU_WARP_SIZE + __builtin_ctz(w->arrived)];
+        emu_fatal("in kernel %s, thread %d exited while lane %d of its warp waits for it in %s at %s:%d",
+                  b->k->name, t->view.linear, waiter->view.lane, waiter->wait_what, waiter->wait_file,
+                  waiter->wait_line);
+    }
+    if (b->at_barrier > 0) barrier_without(b, t, first_in_state(b, AT_BARRIER));
+}
+
+static void thread_main(void *arg) {
+    kthread *t = (kthread *)arg;
+    block_run *b = running;
+    b->k->body(b->k->closure);
+    thread_exit(b, t);
+    switch_away(t, true);
+}
+
+static void setup_threads(block_run *b, uint3 block_idx) {
+    const emu_launch_config *c = &b->k->cfg;
+    int bx = (int)c->block.x, by = (int)c->block.y;
+    for (int i = 0; i < b->count; i++) {
+        kthread *t = &b->threads[i];
+        t->view.thread_idx = (uint3){(unsigned)(i % bx), (unsigned)((i / bx) % by), (unsigned)(i / (bx * by))};
+        t->view.block_idx = block_idx;
+        t->view.block_dim = c->block;
+        t->view.grid_dim = c->grid;
+        t->view.linear = i;
+        t->view.lane = i % EMU_WARP_SIZE;
+        t->state = READY;
+        t->fiber = emu_fiber_for_thread(i);
+        emu_fiber_prepare(t->fiber, thread_main, t);
+    }
+    int warps = (b->count + EMU_WARP_SIZE - 1) / EMU_WARP_SIZE;
+    for (int w = 0; w < warps; w++) {
+        int lanes = b->count - w * EMU_WARP_SIZE;
+        warp *wp = &b->warps[w]; // the slots need no reset: a release poisons the ones not written
+        wp->exited = wp->arrived = wp->wanted = 0;
+        wp->bank = 0;
+        wp->existing = lanes >= EMU_WARP_SIZE ? 0xffffffffu : (1u << lanes) - 1;
+    }
+}
+
+static void run_block(block_run *b, uint3 block_idx) {
+    b->serial = ++block_serial_counter;
+    b->static_used = 0;
+    b->live = b->count;
+    b->at_barrier = 0;
+    setup_threads(b, block_idx);
+    // Garbage in shared memory, as a GPU leaves it: the static area as each
+    // declaration first claims it, the dynamic area now.
+    b->static_poisoned = 0;
+    if (b->k->cfg.shared_bytes) memset(b->shared + EMU_STATIC_SHARED_LIMIT, POISON, b->k->cfg.shared_bytes);
+    // Threads hand over to each other (switch_away); control comes back
+    // here only when none is ready: the block is done, or stuck.
+    int last = b->count - 1;
+    while (b->live > 0) {
+        int found = next_ready(b, last);
+        if (found < 0) deadlock(b);
+        b->current = found;
+        emu_self = &b->threads[found].view;
+        emu_fiber_switch(emu_fiber_host(), b->threads[found].fiber, false);
+        emu_self = NULL;
+        last = b->current;
+    }
+}
+
+// ---------------------------------------------------------------- the grid, as a queued op
+
+static emu_op_status run_kernel(void *state) {
+    kernel_launch *k = (kernel_launch *)state;
+    static __thread unsigned char *shared_memory;
+    static __thread kthread *threads;
+    static __thread warp *warps;
+    if (!shared_memory) {
+        shared_memory = aligned_alloc(256, SHARED_BYTES);
+        threads = calloc(EMU_MAX_BLOCK_THREADS, sizeof *threads);
+        warps = calloc(EMU_MAX_BLOCK_THREADS / EMU_WARP_SIZE, sizeof *warps);
+        if (!shared_memory || !threads || !warps) emu_fatal("out of host memory for running a kernel");
+    }
+    emu_install_fault_handler();
+    block_run b = {.k = k,
+                   .count = (int)(k->cfg.block.x * k->cfg.block.y * k->cfg.block.z),
+                   .threads = threads,
+                   .warps = warps,
+                   .shared = shared_memory};
+    block_run *outer = running;
+    running = &b;
+    for (unsigned z = 0; z < k->cfg.grid.z; z++)
+        for (unsigned y = 0; y < k->cfg.grid.y; y++)
+            for (unsigned x = 0; x < k->cfg.grid.x; x++) run_block(&b, (uint3){x, y, z});
+    running = outer;
+    emu_check_redzones(k->name);
+    return EMU_OP_DONE;
+}
+
+static void free_launch(void *state) {
+    kernel_launch *k = (kernel_launch *)state;
+    k->destroy(k->closure);
+    free(k);
+}
+
+// ---------------------------------------------------------------- attributes and limits
+
+typedef struct { const void *kernel; int max_dynamic_shared; } kernel_attr;
+static kernel_attr attrs[256];
+static int attr_count;
+
+static int max_dynamic_shared(const void *kernel) {
+    for (int i = 0; i < attr_count; i++)
+        if (attrs[i].kernel == kernel) return attrs[i].max_dynamic_shared;
+    return EMU_STATIC_SHARED_LIMIT;
+}
+
+cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int value) {
+    if (!func) return emu_set_error(cudaErrorInvalidValue);
+    if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return cudaSuccess;
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > EMU_DYNAMIC_SHARED_OPTIN)
+        return emu_set_error(cudaErrorInvalidValue);
+    emu_lock();
+    int i = 0;
+    while (i < attr_count && attrs[i].kernel != func) i++;
+    if (i == attr_count) {
+        if (attr_count == 256) {
+            emu_unlock();
+            return emu_set_error(cudaErrorNotSupported);
+        }
+        attr_count++;
+    }
+    attrs[i] = (kernel_attr){func, value};
+    emu_unlock();
+    return cudaSuccess;
+}
+
+// The checks a GPU makes before it runs anything. A refused launch queues
+// nothing; the error waits for cudaGetLastError, as on a GPU, and the
+// emulator says why on stderr.
+static cudaError_t check_config(const emu_launch_config *c, const void *kernel, const char *name) {
+    unsigned long long threads = (unsigned long long)c->block.x * c->block.y * c->block.z;
+    const char *why = NULL;
+    char text[300];
+    if (!c->block.x || !c->block.y || !c->block.z || !c->grid.x || !c->grid.y || !c->grid.z)
+        why = "a grid or block dimension is 0";
+    else if (threads > EMU_MAX_BLOCK_THREADS) {
+        snprintf(text, sizeof text, "%llu threads per block (%ux%ux%u); a GPU allows at most %d", threads,
+                 c->block.x, c->block.y, c->block.z, EMU_MAX_BLOCK_THREADS);
+        why = text;
+    } else if (c->block.z > 64)
+        why = "blockDim.z is above 64";
+    else if (c->grid.x > 2147483647u || c->grid.y > 65535 || c->grid.z > 65535) {
+        snprintf(text, sizeof text, "a grid of %ux%ux%u blocks; gridDim.y and gridDim.z may be at most 65535",
+                 c->grid.x, c->grid.y, c->grid.z);
+        why = text;
+    }
+    if (why) {
+        emu_warn("launch of %s refused (cudaErrorInvalidConfiguration): %s", name, why);
+        return cudaErrorInvalidConfiguration;
+    }
+    int limit = max_dynamic_shared(kernel);
+    if (c->shared_bytes > (size_t)limit) {
+        emu_warn("launch of %s refused (cudaErrorInvalidValue): %zu bytes of dynamic shared memory, above the "
+                 "kernel's limit of %d (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, "
+                 "bytes) raises it to at most %d)",
+                 name, c->shared_bytes, limit, EMU_DYNAMIC_SHARED_OPTIN);
+        return cudaErrorInvalidValue;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t emu_launch_kernel(const emu_launch_config *cfg, const void *kernel_id, const char *name,
+                              const char *file, int line, void (*body)(void *), void (*destroy)(void *),
+                              void *closure) {
+    if (running) {
+        destroy(closure);
+        emu_fatal("kernel %s was launched from inside kernel %s (dynamic parallelism is not emulated)", name,
+                  running->k->name);
+    }
+    cudaError_t err = check_config(cfg, kernel_id, name);
+    if (err) {
+        destroy(closure);
+        return emu_set_error(err);
+    }
+    kernel_launch *k = calloc(1, sizeof *k);
+    if (!k) emu_fatal("out of host memory queueing a kernel");
+    *k = (kernel_launch){*cfg, name, file, line, body, destroy, closure};
+    err = emu_stream_enqueue(cfg->stream, name, run_kernel, k, free_launch);
+    return err ? emu_set_error(err) : cudaSuccess;
+}

@@ -1,0 +1,661 @@
+// stream.c - streams and events: work runs as late as CUDA allows.
+//
+// On a GPU, a kernel launch or an async copy only queues work: the host
+// goes on at once, and the GPU gets to it whenever it gets to it. Code
+// that reads a result without waiting for it, or that lets two streams
+// touch one buffer without an event between them, works or fails by luck
+// of timing. The emulator removes the luck: queued work runs only when
+// something must wait for it -
+//   - the host: cudaStreamSynchronize, cudaDeviceSynchronize,
+//     cudaEventSynchronize, a copy to pageable host memory, cudaFree;
+//   - another stream: cudaStreamWaitEvent, or the legacy default stream,
+//     which waits for (and is waited for by) every stream created without
+//     cudaStreamNonBlocking;
+//   - a query: cudaStreamQuery and cudaEventQuery run one queued operation
+//     per call and say "not ready" while any was left at the call.
+// So a missing dependency gives stale data every time, in a test.
+//
+// Each stream is a queue of operations numbered 1, 2, ...; an operation
+// carries the (stream, number) pairs it must wait for, fixed when it was
+// queued, so "run stream S up to operation N" first runs what those pairs
+// name. The legacy stream of each device is made on first use.
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "emu_internal.h"
+
+#define STREAM_MAGIC 0x5354524dU
+#define EVENT_MAGIC 0x4556454eU
+#define MAX_DEVICES 64
+
+typedef struct CUstream_st stream;
+
+typedef struct {
+    stream *on;
+    uint64_t seq;
+} dependency;
+
+typedef struct op {
+    uint64_t seq;
+    const char *what;
+    emu_op_fn fn;
+    void *state;
+    void (*free_state)(void *);
+    dependency *deps;
+    int dep_count;
+    struct op *next;
+} op;
+
+struct CUstream_st {
+    unsigned magic;
+    int device;
+    bool legacy, nonblocking, destroyed;
+    op *head, *tail;
+    uint64_t enqueued, completed;
+    int refs;             // dependencies and events that point here
+    bool failed;
+    char why[800];        // why it failed
+    stream *next;         // the device's streams
+};
+
+struct CUevent_st {
+    unsigned magic;
+    unsigned flags;
+    stream *on;           // the stream of the latest record, and its position there
+    uint64_t seq;
+    unsigned long long generation;
+    double time;          // when the latest record ran (emulated time: host clock)
+    bool recorded, destroyed;
+    int refs;             // queued records that will write here, plus the owner
+};
+
+static stream *devices_streams[MAX_DEVICES];
+static stream *legacy_streams[MAX_DEVICES];
+static __thread char fail_reason[600];
+
+// ================================================================ handles
+
+static stream *new_stream(int device, bool legacy, bool nonblocking) {
+    stream *s = calloc(1, sizeof *s);
+    if (!s) emu_fatal("out of host memory for a stream");
+    s->magic = STREAM_MAGIC;
+    s->device = device, s->legacy = legacy, s->nonblocking = nonblocking;
+    s->next = devices_streams[device];
+    devices_streams[device] = s;
+    return s;
+}
+
+static stream *legacy_of(int device) {
+    if (!legacy_streams[device]) legacy_streams[device] = new_stream(device, true, false);
+    return legacy_streams[device];
+}
+
+// 0, cudaStreamLegacy and cudaStreamPerThread are the current device's
+// legacy stream (per-thread default streams are not emulated separately).
+static stream *resolve(cudaStream_t handle) {
+    int dev = emu_current_device();
+    if (dev < 0 || dev >= MAX_DEVICES || dev >= emu_device_count()) return NULL;
+    if (!handle || handle == cudaStreamLegacy || handle == cudaStreamPerThread) return legacy_of(dev);
+    stream *s = (stream *)handle;
+    return s->magic == STREAM_MAGIC && !s->destroyed ? s : NULL;
+}
+
+int emu_stream_device(cudaStream_t handle) {
+    emu_lock();
+    stream *s = resolve(handle);
+    int d = s ? s->device : -1;
+    emu_unlock();
+    return d;
+}
+
+static bool unfinished(const stream *s) { return s->completed < s->enqueued; }
+
+// A destroyed stream is freed once nothing is queued on it and nothing points to it.
+static void maybe_free(stream *s) {
+    if (!s->destroyed || unfinished(s) || s->refs > 0 || s->legacy) return;
+    for (stream **link = &devices_streams[s->device]; *link; link = &(*link)->next)
+        if (*link == s) {
+            *link = s->next;
+            break;
+        }
+    s->magic = 0;
+    free(s);
+}
+
+// ================================================================ queueing
+
+static void add_dependency(op *o, stream *on, uint64_t seq) {
+    dependency *d = realloc(o->deps, sizeof *d * (size_t)(o->dep_count + 1));
+    if (!d) emu_fatal("out of host memory queueing GPU work");
+    o->deps = d;
+    d[o->dep_count++] = (dependency){on, seq};
+    on->refs++;
+}
+
+// The legacy stream waits for all work queued so far on the device's
+// blocking streams, and they wait for the legacy stream's.
+static void add_implicit_dependencies(op *o, stream *s) {
+    if (s->nonblocking) return;
+    if (s->legacy) {
+        for (stream *b = devices_streams[s->device]; b; b = b->next)
+            if (b != s && !b->nonblocking && unfinished(b)) add_dependency(o, b, b->enqueued);
+    } else {
+        stream *l = legacy_streams[s->device];
+        if (l && unfinished(l)) add_dependency(o, l, l->enqueued);
+    }
+}
+
+static op *append(stream *s, const char *what, emu_op_fn fn, void *state, void (*free_state)(void *)) {
+    op *o = calloc(1, sizeof *o);
+    if (!o) emu_fatal("out of host memory queueing GPU work");
+    o->what = what, o->fn = fn, o->state = state, o->free_state = free_state;
+    add_implicit_dependencies(o, s);
+    o->seq = ++s->enqueued;
+    if (s->tail) s->tail->next = o;
+    else s->head = o;
+    s->tail = o;
+    return o;
+}
+
+cudaError_t emu_stream_enqueue(cudaStream_t handle, const char *what, emu_op_fn fn, void *state,
+                               void (*free_state)(void *)) {
+    emu_lock();
+    stream *s = resolve(handle);
+    if (!s) {
+        emu_unlock();
+        if (free_state) free_state(state);
+        return cudaErrorInvalidResourceHandle;
+    }
+    append(s, what, fn, state, free_state);
+    emu_unlock();
+    return cudaSuccess;
+}
+
+void emu_op_fail_reason(const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(fail_reason, sizeof fail_reason, fmt, args);
+    va_end(args);
+}
+
+static emu_op_status done_at_once(void *state) {
+    (void)state;
+    return EMU_OP_DONE;
+}
+
+void emu_stream_discard_if(bool (*match)(void *state, void *owner), void *owner) {
+    emu_lock();
+    for (int d = 0; d < MAX_DEVICES; d++)
+        for (stream *s = devices_streams[d]; s; s = s->next)
+            for (op *o = s->head; o; o = o->next)
+                if (o->fn != done_at_once && match(o->state, owner)) {
+                    if (o->free_state) o->free_state(o->state);
+                    o->fn = done_at_once, o->state = NULL, o->free_state = NULL;
+                }
+    emu_unlock();
+}
+
+// ================================================================ running
+
+// Stopped at a failed op (not one that was discarded since).
+static bool stuck(const stream *s) { return s->failed && s->head && s->head->fn != done_at_once; }
+
+static void retire(stream *s) {
+    op *o = s->head;
+    s->head = o->next;
+    if (!s->head) s->tail = NULL;
+    s->completed = o->seq;
+    for (int i = 0; i < o->dep_count; i++) {
+        o->deps[i].on->refs--;
+        maybe_free(o->deps[i].on);
+    }
+    if (o->free_state) o->free_state(o->state);
+    free(o->deps);
+    free(o);
+}
+
+// Run stream s until operation `target` has completed, or at most
+// max_ops of its own operations (what it depends on runs in full).
+static emu_op_status run(stream *s, uint64_t target, int max_ops) {
+    while (s->completed < target && max_ops-- > 0) {
+        op *o = s->head;
+        if (s->failed && o->fn != done_at_once) return EMU_OP_FAILED;
+        s->failed = false; // the failed op was discarded (ncclCommAbort): the stream runs on
+        for (int i = 0; i < o->dep_count; i++) {
+            emu_op_status r = run(o->deps[i].on, o->deps[i].seq, 1 << 30);
+            if (r != EMU_OP_DONE) return r;
+        }
+        fail_reason[0] = 0;
+        emu_op_status r = o->fn(o->state);
+        if (r == EMU_OP_PENDING) return r;
+        if (r == EMU_OP_FAILED) {
+            s->failed = true;
+            snprintf(s->why, sizeof s->why, "%s failed: %s", o->what, fail_reason[0] ? fail_reason : "no reason given");
+            return r;
+        }
+        retire(s);
+    }
+    return s->completed >= target ? EMU_OP_DONE : EMU_OP_PENDING;
+}
+
+static cudaError_t failed(stream *s, const char *call) {
+    emu_warn("%s: queued work on this stream failed: %s", call, s->why);
+    return emu_set_error(cudaErrorLaunchFailure);
+}
+
+// The host waits: run until `target`, sleeping while queued work waits
+// for another process. Called with the lock held once.
+static cudaError_t wait_for(stream *s, uint64_t target, const char *call) {
+    // A little later than the NCCL ops' own timeout, which names the missing rank.
+    double start = emu_now(), limit = emu_timeout_s() + 2;
+    long pause_ns = 20000;
+    emu_device_access_begin();
+    for (;;) {
+        emu_op_status r = run(s, target, 1 << 30);
+        if (r == EMU_OP_DONE) break;
+        if (r == EMU_OP_FAILED) {
+            emu_device_access_end();
+            return failed(s, call);
+        }
+        if (emu_now() - start > limit) {
+            const char *what = s->head ? s->head->what : "queued work";
+            emu_device_access_end();
+            emu_warn("%s waited %.0f s for %s, which waits for another process (a rank that never made the "
+                     "matching call? EMU_TIMEOUT sets this limit)",
+                     call, limit, what);
+            return emu_set_error(cudaErrorLaunchTimeout);
+        }
+        emu_unlock();
+        struct timespec ts = {0, pause_ns};
+        nanosleep(&ts, NULL);
+        if (pause_ns < 200000) pause_ns *= 2;
+        emu_lock();
+    }
+    emu_device_access_end();
+    return cudaSuccess;
+}
+
+static cudaError_t sync_device(int device, const char *call) {
+    for (;;) {
+        stream *pending = NULL;
+        for (stream *s = devices_streams[device]; s && !pending; s = s->next)
+            if (unfinished(s) || stuck(s)) pending = s;
+        if (!pending) return cudaSuccess;
+        if (stuck(pending)) return failed(pending, call);
+        cudaError_t err = wait_for(pending, pending->enqueued, call);
+        if (err) return err;
+        maybe_free(pending);
+    }
+}
+
+void emu_stream_sync_device_for_free(int device) {
+    emu_lock();
+    sync_device(device, "cudaFree");
+    emu_unlock();
+}
+
+// ================================================================ the stream API
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags) {
+    if (!out || (flags & ~1u)) return emu_set_error(cudaErrorInvalidValue);
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err) return err;
+    emu_lock();
+    *out = new_stream(emu_current_device(), false, flags & cudaStreamNonBlocking);
+    emu_unlock();
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *out) { return cudaStreamCreateWithFlags(out, cudaStreamDefault); }
+
+// As in CUDA: destroying a stream with queued work returns at once; the
+// work still runs (when the device is next synchronized, or something
+// waits for it), then the stream is freed.
+cudaError_t cudaStreamDestroy(cudaStream_t handle) {
+    emu_lock();
+    stream *s = handle && handle != cudaStreamLegacy && handle != cudaStreamPerThread ? resolve(handle) : NULL;
+    if (!s) {
+        emu_unlock();
+        return emu_set_error(cudaErrorInvalidResourceHandle);
+    }
+    s->destroyed = true;
+    maybe_free(s);
+    emu_unlock();
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
+    emu_lock();
+    stream *s = resolve(handle);
+    cudaError_t err = s ? wait_for(s, s->enqueued, "cudaStreamSynchronize") : cudaErrorInvalidResourceHandle;
+    emu_unlock();
+    return err ? emu_set_error(err) : cudaSuccess;
+}
+
+// One step per call: a polling loop sees "not ready" as long as work was
+// queued when it asked, and the work moves on as it polls.
+cudaError_t cudaStreamQuery(cudaStream_t handle) {
+    emu_lock();
+    stream *s = resolve(handle);
+    cudaError_t err = cudaSuccess;
+    if (!s) err = emu_set_error(cudaErrorInvalidResourceHandle);
+    else if (stuck(s)) err = failed(s, "cudaStreamQuery");
+    else if (unfinished(s)) {
+        emu_device_access_begin();
+        emu_op_status r = run(s, s->enqueued, 1);
+        emu_device_access_end();
+        err = r == EMU_OP_FAILED ? failed(s, "cudaStreamQuery") : cudaErrorNotReady;
+    }
+    emu_unlock();
+    return err;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err) return err;
+    emu_lock();
+    err = sync_device(emu_current_device(), "cudaDeviceSynchronize");
+    emu_unlock();
+    return err;
+}
+
+cudaError_t cudaDeviceReset(void) { return cudaDeviceSynchronize(); }
+
+// ================================================================ events
+
+static struct CUevent_st *event_of(cudaEvent_t e) {
+    return e && e->magic == EVENT_MAGIC && !e->destroyed ? e : NULL;
+}
+
+static void event_release(struct CUevent_st *e) {
+    if (--e->refs > 0) return;
+    if (e->on) {
+        e->on->refs--;
+        maybe_free(e->on);
+    }
+    e->magic = 0;
+    free(e);
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags) {
+    if (!out || (flags & ~7u)) return emu_set_error(cudaErrorInvalidValue);
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err) return err;
+    struct CUevent_st *e = calloc(1, sizeof *e);
+    if (!e) return emu_set_error(cudaErrorMemoryAllocation);
+    e->magic = EVENT_MAGIC, e->flags = flags, e->refs = 1;
+    *out = e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *out) { return cudaEventCreateWithFlags(out, cudaEventDefault); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t handle) {
+    emu_lock();
+    struct CUevent_st *e = event_of(handle);
+    if (!e) {
+        emu_unlock();
+        return emu_set_error(cudaErrorInvalidResourceHandle);
+    }
+    e->destroyed = true;
+    event_release(e);
+    emu_unlock();
+    return cudaSuccess;
+}
+
+typedef struct {
+    struct CUevent_st *event;
+    unsigned long long generation;
+} record_state;
+
+static emu_op_status run_record(void *state) {
+    record_state *r = (record_state *)state;
+    if (r->generation == r->event->generation) r->event->time = emu_now();
+    return EMU_OP_DONE;
+}
+
+static void free_record(void *state) {
+    record_state *r = (record_state *)state;
+    event_release(r->event);
+    free(r);
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t handle, cudaStream_t stream_handle) {
+    emu_lock();
+    struct CUevent_st *e = event_of(handle);
+    stream *s = resolve(stream_handle);
+    if (!e || !s) {
+        emu_unlock();
+        return emu_set_error(cudaErrorInvalidResourceHandle);
+    }
+    record_state *r = malloc(sizeof *r);
+    if (!r) emu_fatal("out of host memory recording an event");
+    r->event = e, r->generation = ++e->generation;
+    e->refs++;
+    op *o = append(s, "cudaEventRecord", run_record, r, free_record);
+    if (e->on) {
+        e->on->refs--;
+        maybe_free(e->on);
+    }
+    e->on = s, e->seq = o->seq, e->recorded = true;
+    s->refs++;
+    emu_unlock();
+    return cudaSuccess;
+}
+
+// A later operation on `stream` waits for the event's latest record as it
+// is now (CUDA semantics: a record made after this call does not count).
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream_handle, cudaEvent_t handle, unsigned int flags) {
+    if (flags != 0) return emu_set_error(cudaErrorInvalidValue);
+    emu_lock();
+    struct CUevent_st *e = event_of(handle);
+    stream *s = resolve(stream_handle);
+    if (!e || !s) {
+        emu_unlock();
+        return emu_set_error(cudaErrorInvalidResourceHandle);
+    }
+    if (e->recorded) {
+        op *o = append(s, "cudaStreamWaitEvent", done_at_once, NULL, NULL);
+        add_dependency(o, e->on, e->seq);
+    }
+    emu_unlock();
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t handle) {
+    emu_lock();
+    struct CUevent_st *e = event_of(handle);
+    cudaError_t err = cudaSuccess;
+    if (!e) err = emu_set_error(cudaErrorInvalidResourceHandle);
+    else if (e->recorded && e->on->completed < e->seq) {
+        if (stuck(e->on)) err = failed(e->on, "cudaEventQuery");
+        else {
+            emu_device_access_begin();
+            emu_op_status r = run(e->on, e->seq, 1);
+            emu_device_access_end();
+            err = r == EMU_OP_FAILED ? failed(e->on, "cudaEventQuery") : cudaErrorNotReady;
+        }
+    }
+    emu_unlock();
+    return err;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t handle) {
+    emu_lock();
+    struct CUevent_st *e = event_of(handle);
+    cudaError_t err = cudaSuccess;
+    if (!e) err = emu_set_error(cudaErrorInvalidResourceHandle);
+    else if (e->recorded) err = wait_for(e->on, e->seq, "cudaEventSynchronize");
+    emu_unlock();
+    return err;
+}
+
+// Emulated time: the host clock when each record ran. It measures the
+// emulator, not a GPU, and says nothing about a GPU's speed.
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    if (!ms) return emu_set_error(cudaErrorInvalidValue);
+    emu_lock();
+    struct CUevent_st *a = event_of(start), *b = event_of(end);
+    cudaError_t err = cudaSuccess;
+    if (!a || !b || (a->flags & cudaEventDisableTiming) || (b->flags & cudaEventDisableTiming))
+        err = cudaErrorInvalidResourceHandle;
+    else if (!a->recorded || !b->recorded || a->on->completed < a->seq || b->on->completed < b->seq)
+        err = cudaErrorNotReady;
+    else
+        *ms = (float)((b->time - a->time) * 1000.0);
+    emu_unlock();
+    return err ? emu_set_error(err) : cudaSuccess;
+}
+
+// ================================================================ copies and fills
+//
+// When a copy happens, following CUDA's "API synchronization behavior":
+//   cudaMemcpy  host->device: the host's bytes are taken at the call (a
+//               pageable buffer is staged) and written when the legacy
+//               stream gets there; from pinned memory the call waits.
+//               device->host: returns when the copy is done.
+//               device->device: queued only.
+//   cudaMemcpyAsync  from pageable host memory: taken at the call; to
+//               pageable host memory: returns when done (CUDA must stage
+//               it); pinned host memory and device->device: queued - the
+//               host must synchronize before it reads the result.
+//   cudaMemset(Async): queued.
+
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t bytes;
+    void *staged; // a copy of pageable host bytes taken at the call
+    int fill;
+} copy_state;
+
+static emu_op_status run_copy(void *state) {
+    copy_state *c = (copy_state *)state;
+    memmove(c->dst, c->staged ? c->staged : c->src, c->bytes);
+    return EMU_OP_DONE;
+}
+
+static emu_op_status run_fill(void *state) {
+    copy_state *c = (copy_state *)state;
+    memset(c->dst, c->fill, c->bytes);
+    return EMU_OP_DONE;
+}
+
+static void free_copy(void *state) {
+    copy_state *c = (copy_state *)state;
+    free(c->staged);
+    free(c);
+}
+
+static const char *kind_name(cudaMemcpyKind k) {
+    switch (k) {
+    case cudaMemcpyHostToHost: return "cudaMemcpyHostToHost";
+    case cudaMemcpyHostToDevice: return "cudaMemcpyHostToDevice";
+    case cudaMemcpyDeviceToHost: return "cudaMemcpyDeviceToHost";
+    case cudaMemcpyDeviceToDevice: return "cudaMemcpyDeviceToDevice";
+    case cudaMemcpyDefault: return "cudaMemcpyDefault";
+    }
+    return "an unknown cudaMemcpyKind";
+}
+
+// The direction the call says must be the direction the pointers have.
+static cudaError_t check_direction(const char *call, cudaMemcpyKind kind, bool dst_dev, bool src_dev) {
+    bool want_src_dev, want_dst_dev;
+    switch (kind) {
+    case cudaMemcpyHostToHost: want_src_dev = false, want_dst_dev = false; break;
+    case cudaMemcpyHostToDevice: want_src_dev = false, want_dst_dev = true; break;
+    case cudaMemcpyDeviceToHost: want_src_dev = true, want_dst_dev = false; break;
+    case cudaMemcpyDeviceToDevice: want_src_dev = true, want_dst_dev = true; break;
+    case cudaMemcpyDefault: return cudaSuccess;
+    default:
+        emu_warn("%s: %d is not a cudaMemcpyKind", call, (int)kind);
+        return cudaErrorInvalidMemcpyDirection;
+    }
+    if (want_src_dev != src_dev || want_dst_dev != dst_dev) {
+        emu_warn("%s(..., %s): the source is %s memory and the destination is %s memory", call, kind_name(kind),
+                 src_dev ? "device" : "host", dst_dev ? "device" : "host");
+        return cudaErrorInvalidValue;
+    }
+    return cudaSuccess;
+}
+
+static cudaError_t memcpy_common(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                                 cudaStream_t handle, bool async) {
+    const char *call = async ? "cudaMemcpyAsync" : "cudaMemcpy";
+    if (bytes == 0) return cudaSuccess;
+    if (!dst || !src) return emu_set_error(cudaErrorInvalidValue);
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err) return err;
+    emu_memory_kind dk = emu_memory_kind_of(dst, bytes, async ? "cudaMemcpyAsync destination" : "cudaMemcpy destination");
+    emu_memory_kind sk = emu_memory_kind_of(src, bytes, async ? "cudaMemcpyAsync source" : "cudaMemcpy source");
+    err = check_direction(call, kind, dk == EMU_DEVICE, sk == EMU_DEVICE);
+    if (err) return emu_set_error(err);
+    if (dk != EMU_DEVICE && sk != EMU_DEVICE) { // host to host: fully synchronous
+        memmove(dst, src, bytes);
+        return cudaSuccess;
+    }
+    emu_lock();
+    stream *s = resolve(async ? handle : 0);
+    if (!s) {
+        emu_unlock();
+        return emu_set_error(cudaErrorInvalidResourceHandle);
+    }
+    if (!async && sk != EMU_DEVICE) { // cudaMemcpy from the host first waits for the legacy stream
+        err = wait_for(s, s->enqueued, call);
+        if (err) {
+            emu_unlock();
+            return err;
+        }
+    }
+    copy_state *c = calloc(1, sizeof *c);
+    if (!c) emu_fatal("out of host memory queueing a copy");
+    c->dst = dst, c->src = src, c->bytes = bytes;
+    if (sk == EMU_HOST) { // pageable: staged now, the caller may reuse its buffer at once
+        c->staged = malloc(bytes);
+        if (!c->staged) emu_fatal("out of host memory staging a %zu-byte copy", bytes);
+        memcpy(c->staged, src, bytes);
+    }
+    op *o = append(s, call, run_copy, c, free_copy);
+    bool host_waits = (dk != EMU_DEVICE && (!async || dk == EMU_HOST)) || (!async && sk == EMU_HOST_PINNED);
+    if (host_waits) err = wait_for(s, o->seq, call);
+    emu_unlock();
+    return err;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+    return memcpy_common(dst, src, bytes, kind, 0, false);
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+    return memcpy_common(dst, src, bytes, kind, stream, true);
+}
+
+static cudaError_t memset_common(void *dst, int value, size_t bytes, cudaStream_t handle, const char *call) {
+    if (bytes == 0) return cudaSuccess;
+    if (!dst) return emu_set_error(cudaErrorInvalidValue);
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err) return err;
+    if (emu_memory_kind_of(dst, bytes, call) != EMU_DEVICE) {
+        emu_warn("%s(%p, ...): the destination is host memory; it fills device memory only", call, dst);
+        return emu_set_error(cudaErrorInvalidValue);
+    }
+    copy_state *c = calloc(1, sizeof *c);
+    if (!c) emu_fatal("out of host memory queueing a memset");
+    c->dst = dst, c->bytes = bytes, c->fill = value;
+    err = emu_stream_enqueue(handle, call, run_fill, c, free);
+    return err ? emu_set_error(err) : cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *dst, int value, size_t bytes) { return memset_common(dst, value, bytes, 0, "cudaMemset"); }
+
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t stream) {
+    return memset_common(dst, value, bytes, stream, "cudaMemsetAsync");
+}

@@ -1,0 +1,340 @@
+// cu2emu.c - prepares a .cu file for the emulated GPU's C++ compiler.
+//
+// Usage: cu2emu INPUT.cu OUTPUT.cpp
+//
+// Two pieces of CUDA syntax are not C++, and this tool rewrites exactly
+// those, leaving every other character (and every line break) in place so
+// that compiler messages, sanitizer reports and __LINE__ point at the
+// original .cu line:
+//
+//   kernel<<<grid, block, shared, stream>>>(a, b);
+//     -> emu_launch(kernel, "kernel", __FILE__, __LINE__, emu_config(grid, block, shared, stream), a, b);
+//
+//   __shared__ float tile[32][33];       (inside a function)
+//     -> a reference named tile to this declaration's place in the block's
+//        shared memory (emu_shared_static), one place per block
+//
+//   extern __shared__ float buffer[];    (dynamic shared memory)
+//     -> an object named buffer that indexes the block's dynamic part
+//
+// Comments, strings, character literals and preprocessor lines are copied
+// untouched. A __shared__ declaration it cannot understand (several names
+// in one declaration, __shared__ at file scope) stops the build with the
+// file, the line and what to write instead.
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+} text;
+
+static const char *input_name;
+
+static void put(text *t, const char *s, size_t n) {
+    if (t->len + n + 1 > t->cap) {
+        t->cap = (t->len + n + 1) * 2;
+        t->data = realloc(t->data, t->cap);
+        if (!t->data) {
+            fprintf(stderr, "cu2emu: out of memory\n");
+            exit(1);
+        }
+    }
+    memcpy(t->data + t->len, s, n);
+    t->len += n;
+    t->data[t->len] = 0;
+}
+
+static void puts_text(text *t, const char *s) { put(t, s, strlen(s)); }
+
+static void putf(text *t, const char *fmt, ...) {
+    char buf[4096];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(buf, sizeof buf, fmt, args);
+    va_end(args);
+    puts_text(t, buf);
+}
+
+__attribute__((noreturn)) static void fail(int line, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    fprintf(stderr, "%s:%d: error: (cu2emu, the CUDA=emu build) ", input_name, line);
+    vfprintf(stderr, fmt, args);
+    fputc('\n', stderr);
+    va_end(args);
+    exit(1);
+}
+
+static bool ident_char(char c) { return isalnum((unsigned char)c) || c == '_'; }
+
+static int line_at(const char *src, size_t pos) {
+    int line = 1;
+    for (size_t i = 0; i < pos; i++) line += src[i] == '\n';
+    return line;
+}
+
+// Length of the comment, string or character literal starting at s[i], or 0.
+static size_t skip_opaque(const char *s, size_t i, size_t n) {
+    size_t j = i;
+    if (s[j] == '/' && j + 1 < n && s[j + 1] == '/') {
+        while (j < n && s[j] != '\n') j++;
+        return j - i;
+    }
+    if (s[j] == '/' && j + 1 < n && s[j + 1] == '*') {
+        j += 2;
+        while (j + 1 < n && !(s[j] == '*' && s[j + 1] == '/')) j++;
+        return (j + 2 <= n ? j + 2 : n) - i;
+    }
+    if (s[j] == '"' || s[j] == '\'') {
+        char q = s[j++];
+        while (j < n && s[j] != q) {
+            if (s[j] == '\\') j++;
+            j++;
+        }
+        return (j < n ? j + 1 : n) - i;
+    }
+    return 0;
+}
+
+// A preprocessor line (with its continuations) starting at s[i], or 0.
+static size_t skip_directive(const char *s, size_t i, size_t n, bool at_line_start) {
+    if (!at_line_start || s[i] != '#') return 0;
+    size_t j = i;
+    while (j < n && s[j] != '\n') {
+        if (s[j] == '\\' && j + 1 < n && s[j + 1] == '\n') j++;
+        j++;
+    }
+    return j - i;
+}
+
+// The callee just before "<<<": identifier, template arguments, '::' parts.
+static size_t callee_start(const text *out) {
+    size_t j = out->len;
+    while (j > 0 && isspace((unsigned char)out->data[j - 1])) j--;
+    for (;;) {
+        if (j > 0 && out->data[j - 1] == '>') {
+            int depth = 0;
+            while (j > 0) {
+                char c = out->data[--j];
+                if (c == '>') depth++;
+                else if (c == '<' && --depth == 0) break;
+            }
+        }
+        while (j > 0 && ident_char(out->data[j - 1])) j--;
+        if (j >= 2 && out->data[j - 1] == ':' && out->data[j - 2] == ':') j -= 2;
+        else return j;
+    }
+}
+
+// From s[i] (just after "<<<") to the matching ">>>"; returns its index.
+static size_t find_config_end(const char *s, size_t i, size_t n, int line) {
+    int depth = 0;
+    while (i + 2 < n) {
+        size_t opaque = skip_opaque(s, i, n);
+        if (opaque) {
+            i += opaque;
+            continue;
+        }
+        char c = s[i];
+        if (c == '(' || c == '[' || c == '{') depth++;
+        else if (c == ')' || c == ']' || c == '}') depth--;
+        else if (depth == 0 && c == '>' && s[i + 1] == '>' && s[i + 2] == '>') return i;
+        i++;
+    }
+    fail(line, "a kernel launch's <<< has no matching >>>");
+}
+
+static size_t rewrite_launch(const char *s, size_t i, size_t n, text *out) {
+    int line = line_at(s, i);
+    size_t start = callee_start(out), end = out->len;
+    while (end > start && isspace((unsigned char)out->data[end - 1])) end--;
+    if (start == end) fail(line, "cannot find the kernel's name before <<<");
+    char callee[512];
+    size_t clen = end - start < sizeof callee - 1 ? end - start : sizeof callee - 1;
+    memcpy(callee, out->data + start, clen);
+    callee[clen] = 0;
+    // Keep the whitespace after the name (its line breaks), drop the name.
+    char *tail = strdup(out->data + end);
+    out->len = start;
+    puts_text(out, tail);
+    free(tail);
+    putf(out, "emu_launch(%s, \"%s\", __FILE__, __LINE__, emu_config(", callee, callee);
+    size_t cfg_end = find_config_end(s, i + 3, n, line);
+    put(out, s + i + 3, cfg_end - (i + 3));
+    puts_text(out, ")");
+    size_t j = cfg_end + 3;
+    while (j < n && isspace((unsigned char)s[j])) put(out, s + j++, 1);
+    if (j >= n || s[j] != '(') fail(line, "a kernel launch's >>> must be followed by its arguments in parentheses");
+    size_t k = j + 1;
+    while (k < n && isspace((unsigned char)s[k])) k++;
+    if (k < n && s[k] == ')') { // no arguments
+        put(out, s + j + 1, k - j - 1);
+        puts_text(out, ")");
+        return k + 1;
+    }
+    puts_text(out, ", ");
+    return j + 1;
+}
+
+// Removes a trailing keyword (extern, static) from the output; true if it was there.
+static bool drop_keyword(text *out, const char *word) {
+    size_t j = out->len, w = strlen(word);
+    while (j > 0 && isspace((unsigned char)out->data[j - 1])) j--;
+    if (j < w || strncmp(out->data + j - w, word, w) != 0 || (j > w && ident_char(out->data[j - w - 1])))
+        return false;
+    char *tail = strdup(out->data + j);
+    out->len = j - w;
+    puts_text(out, tail);
+    free(tail);
+    return true;
+}
+
+static void trim(char *s) {
+    size_t n = strlen(s);
+    while (n > 0 && isspace((unsigned char)s[n - 1])) s[--n] = 0;
+    size_t k = 0;
+    while (s[k] && isspace((unsigned char)s[k])) k++;
+    memmove(s, s + k, strlen(s + k) + 1);
+}
+
+// Pulls "__align__(N)" or "alignas(N)" out of decl; returns N text or "".
+static void take_alignment(char *decl, char *align, size_t size) {
+    align[0] = 0;
+    const char *words[] = {"__align__", "alignas"};
+    for (int w = 0; w < 2; w++) {
+        char *p = strstr(decl, words[w]);
+        if (!p) continue;
+        char *open = strchr(p, '('), *close = open ? strchr(open, ')') : NULL;
+        if (!close) continue;
+        snprintf(align, size, "%.*s", (int)(close - open - 1), open + 1);
+        memmove(p, close + 1, strlen(close + 1) + 1);
+    }
+}
+
+static size_t rewrite_shared(const char *s, size_t i, size_t n, text *out, int brace_depth) {
+    int line = line_at(s, i);
+    bool is_extern = drop_keyword(out, "extern");
+    drop_keyword(out, "static");
+    size_t j = i + strlen("__shared__"), semi = j;
+    while (semi < n && s[semi] != ';') semi++;
+    if (semi >= n) fail(line, "__shared__ declaration without ';'");
+    char decl[1024];
+    snprintf(decl, sizeof decl, "%.*s", (int)(semi - j), s + j);
+    if (strchr(decl, '\n')) fail(line, "write each __shared__ declaration on one line");
+    if (strchr(decl, ',') && !strchr(decl, '<'))
+        fail(line, "declare one __shared__ variable per declaration (split '%s')", decl);
+    if (strchr(decl, '=')) fail(line, "__shared__ variables cannot have initialisers");
+    char align[128];
+    take_alignment(decl, align, sizeof align);
+    trim(decl);
+    char *bracket = strchr(decl, '[');
+    char dims[512] = "";
+    if (bracket) {
+        snprintf(dims, sizeof dims, "%s", bracket);
+        *bracket = 0;
+        trim(decl);
+    }
+    size_t dl = strlen(decl), name_at = dl;
+    while (name_at > 0 && ident_char(decl[name_at - 1])) name_at--;
+    if (name_at == dl || name_at == 0) fail(line, "cannot read the type and name of '__shared__ %s'", decl);
+    char name[128], type[512];
+    snprintf(name, sizeof name, "%s", decl + name_at);
+    decl[name_at] = 0;
+    snprintf(type, sizeof type, "%s", decl);
+    trim(type);
+    if (is_extern) {
+        if (strcmp(dims, "[]") != 0) fail(line, "extern __shared__ must be an array of unknown size: T name[]");
+        putf(out, "static const emu_dynamic_shared<%s> %s = {}", type, name);
+        return semi;
+    }
+    if (brace_depth == 0)
+        fail(line, "__shared__ '%s' at file scope is not emulated; declare it inside the kernel or device function", name);
+    const char *al = align[0] ? align : "1";
+    // An array becomes a reference to an array (T (&name)[N]), a scalar a plain reference.
+    char ref[700], ptr[700];
+    if (dims[0]) {
+        snprintf(ref, sizeof ref, "%s (&%s)%s", type, name, dims);
+        snprintf(ptr, sizeof ptr, "%s (*)%s", type, dims);
+    } else {
+        snprintf(ref, sizeof ref, "%s &%s", type, name);
+        snprintf(ptr, sizeof ptr, "%s *", type);
+    }
+    putf(out,
+         "static emu_shared_site emu_site_%s_%d; %s = *reinterpret_cast<%s>(emu_shared_static(&emu_site_%s_%d, "
+         "sizeof(%s %s), (alignof(%s) > (%s) ? alignof(%s) : (%s)), \"%s\"))",
+         name, line, ref, ptr, name, line, type, dims, type, al, type, al, name);
+    return semi;
+}
+
+static char *read_file(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "cu2emu: cannot open %s\n", path);
+        exit(1);
+    }
+    text t = {0};
+    char buf[65536];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0) put(&t, buf, got);
+    if (ferror(f)) {
+        fprintf(stderr, "cu2emu: cannot read %s\n", path);
+        exit(1);
+    }
+    fclose(f);
+    if (!t.data) put(&t, "", 0);
+    *size = t.len;
+    return t.data;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: cu2emu INPUT.cu OUTPUT.cpp\n");
+        return 2;
+    }
+    input_name = argv[1];
+    size_t n;
+    char *s = read_file(argv[1], &n);
+    text out = {0};
+    putf(&out, "#line 1 \"%s\"\n", argv[1]);
+    int depth = 0;
+    bool line_start = true;
+    for (size_t i = 0; i < n;) {
+        size_t skip = skip_opaque(s, i, n);
+        if (!skip) skip = skip_directive(s, i, n, line_start);
+        if (skip) {
+            put(&out, s + i, skip);
+            i += skip;
+            line_start = false;
+            continue;
+        }
+        char c = s[i];
+        if (c == '<' && i + 2 < n && s[i + 1] == '<' && s[i + 2] == '<') {
+            i = rewrite_launch(s, i, n, &out);
+            continue;
+        }
+        if (c == '_' && !strncmp(s + i, "__shared__", 10) && (i == 0 || !ident_char(s[i - 1])) &&
+            !ident_char(s[i + 10])) {
+            i = rewrite_shared(s, i, n, &out, depth);
+            continue;
+        }
+        if (c == '{') depth++;
+        if (c == '}') depth--;
+        if (c == '\n') line_start = true;
+        else if (!isspace((unsigned char)c)) line_start = false;
+        put(&out, s + i, 1);
+        i++;
+    }
+    FILE *f = fopen(argv[2], "wb");
+    if (!f || fwrite(out.data, 1, out.len, f) != out.len || fclose(f) != 0) {
+        fprintf(stderr, "cu2emu: cannot write %s\n", argv[2]);
+        return 1;
+    }
+    free(s);
+    free(out.data);
+    return 0;
+}
