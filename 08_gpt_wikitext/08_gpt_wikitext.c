@@ -16,12 +16,17 @@
 // Read it top to bottom: options, device, data, model, training loop,
 // evaluation, sampling, saving. The model itself, layer by layer, is in gpt.h.
 //
+// Where it computes: on a GPU when there is one (gpt_cuda.cu: our kernels
+// and cuBLAS, in bf16 mixed precision by default), else on the CPU
+// (gpt.h); model.h hides the difference, and everything else - data,
+// sampler, snapshots, samples, the printed lines - is the same on both.
+//
 // Data parallel as in chapters 04-06: --nprocs N spawns N ranks, or
 // ddprun starts them; each trains on its share of every epoch's blocks
 // (common/sampler.h) and the gradients are averaged (common/ddp.h) before
-// every step. With --snapshot_path, rank 0 writes a resumable snapshot
-// (common/snapshot.h) every --save_every epochs, and a restarted run goes
-// on from it. This part computes on the CPU.
+// every step - on GPUs while the backward pass still runs. With
+// --snapshot_path, rank 0 writes a resumable snapshot (common/snapshot.h)
+// every --save_every epochs, and a restarted run goes on from it.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +41,7 @@
 #include "launch_env.h"
 #include "log.h"
 #include "metrics.h"
+#include "model.h"
 #include "rng.h"
 #include "sampler.h"
 #include "sha256.h"
@@ -54,7 +60,7 @@ typedef struct {
     double timeout;
     const char *backend;
     bool generate, verify_data;
-    const char *preset, *data_dir, *out_dir, *snapshot_path, *prompt, *device;
+    const char *preset, *data_dir, *out_dir, *snapshot_path, *prompt, *device, *precision;
 } options;
 
 // ===================================================================== options
@@ -94,6 +100,7 @@ static flag_set option_flags(options *o, flag_t *f, int *count) {
     f[n++] = (flag_t){"num_samples", NULL, FLAG_INT, &o->num_samples, "continuations to print", 0, 100, NULL, NULL};
     f[n++] = (flag_t){"sample_tokens", NULL, FLAG_INT, &o->sample_tokens, "tokens per continuation", 1, 100000, NULL, NULL};
     f[n++] = (flag_t){"device", NULL, FLAG_STRING, &o->device, "where to compute", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"};
+    f[n++] = (flag_t){"precision", NULL, FLAG_STRING, &o->precision, "number format on a GPU (auto: bf16 there, fp32 on the CPU)", 1, 0, "auto|bf16|fp32", NULL};
     *count = n;
     flag_set set = {CHAPTER, "train a GPT language model on WikiText-2 and sample from it", NULL, f, n};
     return set;
@@ -117,7 +124,8 @@ static options parse_options(int argc, char **argv) {
                  .eval_every = 1000, .log_every = 10, .save_every = 0, .seed = 1337, .vocab_size = 5000,
                  .lr = 1e-3, .min_lr = -1, .weight_decay = 0.1, .grad_clip = 1.0, .temperature = 0.8,
                  .top_k = 40, .num_samples = 3, .sample_tokens = 64, .verify_data = true,
-                 .preset = "default", .prompt = "The", .device = "auto", .nprocs = 1, .backend = "auto"};
+                 .preset = "default", .prompt = "The", .device = "auto", .nprocs = 1, .backend = "auto",
+                 .precision = "auto"};
     static char default_out_dir[1024]; // outlives this function: o.out_dir points at it
     runs_dir(default_out_dir, sizeof default_out_dir, CHAPTER);
     o.out_dir = default_out_dir;
@@ -129,23 +137,21 @@ static options parse_options(int argc, char **argv) {
     if (o.min_lr < 0) o.min_lr = o.lr / 10;
     if (o.min_lr > o.lr) flags_fail(&set, "--min_lr %g is above --lr %g", o.min_lr, o.lr);
     if (strlen(o.out_dir) > 900) flags_fail(&set, "--out_dir is too long (at most 900 characters)");
+    if (!strcmp(o.device, "cpu") && !strcmp(o.precision, "bf16"))
+        flags_fail(&set, "--precision bf16 needs a GPU: the CPU model computes in fp32 (use --device auto or cuda)");
     return o;
 }
 
 // ===================================================================== device and threads
 
-// This part computes on the CPU only; a GPU, if chosen, is named and passed over.
-static void announce_device(const options *o) {
-    device_t d = device_choose(o->device, launch_env_read().local_rank);
-    if (device_is_cuda(&d)) {
-        char cpu[128];
-        device_t c = device_choose("cpu", 0);
-        snprintf(cpu, sizeof cpu, "%s", c.name);
-        log_main("%s: running on %s; why: %s was found, but this program does not use the GPU path "
-                 "(gpt_cuda.cu, README.gpu.md) yet, so the CPU\n", CHAPTER, cpu, d.name);
-    } else {
-        log_main("%s: running on %s; why: %s\n", CHAPTER, d.name, d.why);
-    }
+// The first line: where this run computes, and why. A GPU trains in bf16
+// unless --precision fp32 says otherwise; the CPU always in fp32.
+static bool announce_device(const options *o, const device_t *d) {
+    log_main("%s: running on %s; why: %s\n", CHAPTER, d->name, d->why);
+    bool bf16 = device_is_cuda(d) && strcmp(o->precision, "fp32") != 0;
+    if (!device_is_cuda(d) && !strcmp(o->precision, "bf16"))
+        die("--precision bf16 needs a GPU, and this run computes on the CPU (in fp32): use --precision fp32 or auto");
+    return bf16;
 }
 
 // OpenMP threads that reach a barrier first wait for the others by
@@ -269,7 +275,7 @@ static corpus_t load_corpus(const options *o, const char *cache_dir) {
 // The ranks share the pieces (rank r takes pieces r, r+W, ...; rank 0 the
 // short one), then add up their loss sums and token counts: no piece is
 // counted twice, whatever the world size.
-static double evaluate(gpt_t *m, dist_t *d, const uint16_t *tokens, size_t count, int B, int T) {
+static double evaluate(model_t *m, dist_t *d, const uint16_t *tokens, size_t count, int B, int T) {
     double loss_sum = 0;
     size_t predicted = 0, piece = (size_t)T + 1, full = count / piece;
     size_t mine = full > (size_t)d->rank ? (full - (size_t)d->rank + (size_t)d->world_size - 1) / (size_t)d->world_size : 0;
@@ -281,13 +287,13 @@ static double evaluate(gpt_t *m, dist_t *d, const uint16_t *tokens, size_t count
             memcpy(in + (size_t)i * T, p, sizeof(uint16_t) * T);
             memcpy(tg + (size_t)i * T, p + 1, sizeof(uint16_t) * T);
         }
-        loss_sum += (double)gpt_forward(m, in, tg, b, T) * b * T;
+        loss_sum += (double)model_forward(m, in, tg, b, T) * b * T;
         predicted += (size_t)b * T;
     }
     size_t rest = count - full * piece;
     if (rest >= 2 && d->rank == 0) {
         const uint16_t *last = tokens + full * piece;
-        loss_sum += (double)gpt_forward(m, last, last + 1, 1, (int)rest - 1) * (double)(rest - 1);
+        loss_sum += (double)model_forward(m, last, last + 1, 1, (int)rest - 1) * (double)(rest - 1);
         predicted += rest - 1;
     }
     free(in);
@@ -301,7 +307,7 @@ static double evaluate(gpt_t *m, dist_t *d, const uint16_t *tokens, size_t count
 // ===================================================================== sampling
 
 // Continuations of the prompt; the same seed gives the same text.
-static void print_samples(gpt_t *m, const bpe_t *t, const options *o) {
+static void print_samples(model_t *m, const bpe_t *t, const options *o) {
     size_t prompt_len;
     uint16_t *prompt = bpe_encode(t, o->prompt, strlen(o->prompt), &prompt_len);
     if (prompt_len == 0) { // an empty prompt starts a new document
@@ -315,7 +321,7 @@ static void print_samples(gpt_t *m, const bpe_t *t, const options *o) {
     rng_t rng = rng_seed((uint64_t)o->seed);
     for (int s = 0; s < o->num_samples; s++) {
         memcpy(tokens, prompt, sizeof(uint16_t) * prompt_len);
-        gpt_generate(m, tokens, (int)prompt_len, total, (float)o->temperature, o->top_k, &rng);
+        model_generate(m, tokens, (int)prompt_len, total, (float)o->temperature, o->top_k, &rng);
         size_t len;
         char *text = bpe_decode(t, tokens, (size_t)total, &len);
         log_main("--- sample %d (temperature %g, top_k %d, seed %d) ---\n%.*s\n", s + 1, o->temperature,
@@ -334,12 +340,13 @@ static void model_paths(const options *o, char *model, char *tokenizer, size_t s
 }
 
 // The model as safetensors and, beside it, the tokenizer that gives its token ids meaning.
-static void save_model(const gpt_t *m, const bpe_t *t, const options *o) {
+static void save_model(model_t *m, const bpe_t *t, const options *o) {
     char model[1100], tokenizer[1100], err[2048];
     model_paths(o, model, tokenizer, sizeof model);
-    if (!gpt_save_safetensors(m, model, err, sizeof err)) die("saving the model: %s", err);
+    model_to_host(m);
+    if (!gpt_save_safetensors(&m->host, model, err, sizeof err)) die("saving the model: %s", err);
     if (!bpe_save_json(t, tokenizer, err, sizeof err)) die("saving the tokenizer: %s", err);
-    log_main("saved: %s (%zu parameters) and %s\n", model, m->num_params, tokenizer);
+    log_main("saved: %s (%zu parameters) and %s\n", model, m->host.num_params, tokenizer);
 }
 
 // --generate: no data, no training; the saved model and tokenizer only.
@@ -348,18 +355,24 @@ static int generate_only(const options *o) {
     model_paths(o, model, tokenizer, sizeof model);
     if (access(model, R_OK) != 0)
         die("no trained model at %s: train one first (./%s --preset tiny), or point --out_dir at a run", model, CHAPTER);
-    gpt_t m;
-    if (!gpt_load_safetensors(&m, model, err, sizeof err)) die("loading the model: %s", err);
+    gpt_t loaded;
+    if (!gpt_load_safetensors(&loaded, model, err, sizeof err)) die("loading the model: %s", err);
     bpe_t *t = bpe_load_json(tokenizer, err, sizeof err);
     if (!t) die("loading the tokenizer: %s", err);
-    if (bpe_vocab_size(t) != m.cfg.vocab_size)
+    if (bpe_vocab_size(t) != loaded.cfg.vocab_size)
         die("%s has %d tokens but the model %s expects %d: they are not from the same run", tokenizer,
-            bpe_vocab_size(t), model, m.cfg.vocab_size);
-    log_main("model: %s: %zu parameters (block %d, %d layers, %d heads, %d channels, vocabulary %d)\n", model,
-             m.num_params, m.cfg.block_size, m.cfg.n_layer, m.cfg.n_head, m.cfg.n_embd, m.cfg.vocab_size);
+            bpe_vocab_size(t), model, loaded.cfg.vocab_size);
+    device_t d = device_choose(o->device, launch_env_read().local_rank);
+    bool bf16 = announce_device(o, &d);
+    choose_threads();
+    model_t m;
+    model_create(&m, loaded, &d, bf16, 1, loaded.cfg.block_size);
+    log_main("model: %s: %zu parameters (block %d, %d layers, %d heads, %d channels, vocabulary %d), %s\n", model,
+             m.host.num_params, m.host.cfg.block_size, m.host.cfg.n_layer, m.host.cfg.n_head, m.host.cfg.n_embd,
+             m.host.cfg.vocab_size, model_precision(&m));
     print_samples(&m, t, o);
     bpe_free(t);
-    gpt_free(&m);
+    model_free(&m);
     return 0;
 }
 
@@ -414,20 +427,23 @@ static void fill_batch(trainer_t *tr, const uint16_t *train, int index, int B, i
 
 // One optimizer step: grad_accum micro-batches, the gradients averaged over
 // the ranks, then clip and AdamW. Returns the mean loss over all ranks.
-static float train_step(gpt_t *m, trainer_t *tr, const options *o, const uint16_t *train, int step_in_epoch, int step) {
-    gpt_zero_grad(m);
+static float train_step(model_t *m, trainer_t *tr, const options *o, const uint16_t *train, int step_in_epoch, int step) {
+    model_zero_grad(m);
     double loss = 0;
     for (int micro = 0; micro < o->grad_accum; micro++) {
         fill_batch(tr, train, step_in_epoch * o->grad_accum + micro, o->batch_size, o->block_size);
-        loss += gpt_forward(m, tr->inputs, tr->targets, o->batch_size, o->block_size);
-        gpt_backward(m, 1.0f / (float)o->grad_accum); // the mean over micro-batches
+        loss += model_forward(m, tr->inputs, tr->targets, o->batch_size, o->block_size);
+        // The mean over micro-batches; on the last one, a GPU starts
+        // averaging each bucket of gradients as soon as it is computed.
+        bool last = micro == o->grad_accum - 1;
+        model_backward(m, 1.0f / (float)o->grad_accum, last ? tr->dist->pg : NULL);
     }
     // DDP: every rank ends with the same averaged gradient, so every rank
     // clips and steps the same way, and the replicas stay identical.
-    ddp_average_gradients(tr->dist->pg, m->grads, m->num_params);
-    gpt_clip_grad_norm(m, (float)o->grad_clip);
+    model_average_gradients(m, tr->dist->pg);
+    model_clip_grad_norm(m, (float)o->grad_clip);
     float lr = gpt_lr_schedule(step, tr->warmup, tr->total_steps, (float)o->lr, (float)o->min_lr);
-    gpt_adamw_step(m, lr, 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
+    model_adamw(m, lr, 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
     double mean = loss / o->grad_accum;
     dist_all_reduce_host(tr->dist, &mean, 1, OP_AVG); // for the progress line: all ranks' loss
     return (float)mean;
@@ -456,7 +472,7 @@ static void report_progress(trainer_t *tr, const options *o, int step, int epoch
     tr->interval_start = now_seconds();
 }
 
-static void validate(gpt_t *m, trainer_t *tr, const corpus_t *c, const options *o, int step, int epoch) {
+static void validate(model_t *m, trainer_t *tr, const corpus_t *c, const options *o, int step, int epoch) {
     double start = now_seconds();
     double loss = evaluate(m, tr->dist, c->split[1], c->count[1], o->batch_size, o->block_size);
     log_main("validation after step %d (epoch %d): loss %.4f | perplexity %.2f | %zu tokens in %.1f s\n", step,
@@ -470,7 +486,9 @@ static void validate(gpt_t *m, trainer_t *tr, const corpus_t *c, const options *
 // The resumable state, as in chapter 06: the parameters, both AdamW moments
 // and its step count, where the run is, and the configuration that must
 // match. Written by rank 0 at the end of an epoch.
-static void save_snapshot(const gpt_t *m, const options *o, int epochs_done, int step, int world) {
+static void save_snapshot(model_t *model, const options *o, int epochs_done, int step, int world) {
+    model_to_host(model);
+    const gpt_t *m = &model->host;
     int64_t shape[1] = {(int64_t)m->num_params};
     float *zeros = m->adam_m ? NULL : xcalloc(m->num_params, sizeof(float));
     snapshot_tensor t[3] = {snapshot_tensor_of("params", "F32", m->params, 1, shape),
@@ -502,7 +520,8 @@ static int64_t snapshot_int(const snapshot_t *s, const char *key) {
 
 // Rank 0 loads the newest valid snapshot; everyone receives it by broadcast.
 // Returns the epochs already done (0: a fresh start) and sets *step.
-static int resume(gpt_t *m, const options *o, dist_t *d, int *step) {
+static int resume(model_t *model, const options *o, dist_t *d, int *step) {
+    gpt_t *m = &model->host;
     int64_t where[3] = {0, 0, 0}; // epoch, step, adam_step
     if (d->rank == 0 && o->snapshot_path) {
         snapshot_t s;
@@ -533,12 +552,10 @@ static int resume(gpt_t *m, const options *o, dist_t *d, int *step) {
     if (where[2] > 0) {
         if (!m->adam_m) m->adam_m = xcalloc(m->num_params, sizeof(gpt_real));
         if (!m->adam_v) m->adam_v = xcalloc(m->num_params, sizeof(gpt_real));
-        ddp_broadcast_parameters(d->pg, m->adam_m, m->num_params);
-        ddp_broadcast_parameters(d->pg, m->adam_v, m->num_params);
         m->adam_step = (int)where[2];
         log_main("Resuming training from snapshot at Epoch %lld (step %lld)\n", (long long)where[0], (long long)where[1]);
     }
-    ddp_broadcast_parameters(d->pg, m->params, m->num_params); // equal replicas from the start
+    model_broadcast_state(model, d); // equal replicas from the start
     *step = (int)where[1];
     return (int)where[0];
 }
@@ -554,7 +571,7 @@ static void maybe_fail(const dist_t *d, int step) {
     exit(3);
 }
 
-static void train(gpt_t *m, const corpus_t *c, const options *o, trainer_t *tr) {
+static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr) {
     log_main("training: %d step(s) (%d per epoch) of %d tokens (%d rank(s) x %d x batch %d x block %d) | lr %g -> "
              "%g, warm-up %d\n", tr->total_steps, tr->steps_per_epoch,
              tr->dist->world_size * o->grad_accum * o->batch_size * o->block_size, tr->dist->world_size,
@@ -594,9 +611,9 @@ static int run_rank(int rank, int world, void *arg) {
     (void)rank, (void)world;
     // --- Set-up: join the job (a job of one rank without a launcher).
     dist_t dist;
-    dist_options how = {"env://", o->backend, "cpu", o->timeout};
+    dist_options how = {"env://", o->backend, o->device, o->timeout};
     dist_init(&dist, &how);
-    announce_device(o);
+    bool bf16 = announce_device(o, &dist.device);
     choose_threads();
     log_main("ranks: %d, backend %s\n", dist.world_size, pg_describe(dist.pg));
     char cache_dir[1000]; // --out_dir has at most 900 bytes
@@ -614,10 +631,13 @@ static int run_rank(int rank, int world, void *arg) {
     // seed gives every rank the same initial weights (and rank 0's are
     // broadcast anyway when training starts).
     gpt_config cfg = {bpe_vocab_size(corpus.tokenizer), o->block_size, o->n_layer, o->n_head, o->n_embd};
-    gpt_t model;
-    gpt_init(&model, cfg, (uint64_t)o->seed);
-    log_main("model: %zu parameters (vocabulary %d, block %d, %d layers, %d heads, %d channels)\n",
-             model.num_params, cfg.vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd);
+    gpt_t initial;
+    gpt_init(&initial, cfg, (uint64_t)o->seed);
+    model_t model;
+    model_create(&model, initial, &dist.device, bf16, o->batch_size, o->block_size);
+    log_main("model: %zu parameters (vocabulary %d, block %d, %d layers, %d heads, %d channels), %s\n",
+             model.host.num_params, cfg.vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd,
+             model_precision(&model));
 
     // --- Training, with validation after every epoch.
     trainer_t tr = make_trainer(o, &corpus, &dist);
@@ -630,10 +650,11 @@ static int run_rank(int rank, int world, void *arg) {
     if (dist.rank == 0) {
         print_samples(&model, corpus.tokenizer, o);
         save_model(&model, corpus.tokenizer, o);
+        const gpt_t *h = &model.host; // up to date: save_model brought it back from the device
         double l2 = 0;
-        for (size_t i = 0; i < model.num_params; i++) l2 += (double)model.params[i] * model.params[i];
+        for (size_t i = 0; i < h->num_params; i++) l2 += (double)h->params[i] * h->params[i];
         log_main("final parameters checksum %016llx, l2 norm %.9g\n",
-                 (unsigned long long)checksum_bytes(model.params, sizeof(gpt_real) * model.num_params), sqrt(l2));
+                 (unsigned long long)checksum_bytes(h->params, sizeof(gpt_real) * h->num_params), sqrt(l2));
         log_main("metrics: %s (plot: gnuplot plots/08_gpt_loss.gp)\n", tr.csv.path);
     }
 
@@ -641,7 +662,7 @@ static int run_rank(int rank, int world, void *arg) {
     sampler_free(&tr.sampler);
     for (int s = 0; s < 3; s++) free(corpus.split[s]);
     bpe_free(corpus.tokenizer);
-    gpt_free(&model);
+    model_free(&model);
     dist_finish(&dist);
     return 0;
 }
@@ -649,11 +670,7 @@ static int run_rank(int rank, int world, void *arg) {
 int main(int argc, char **argv) {
     spin_briefly_in_openmp(argv);
     options o = parse_options(argc, argv);
-    if (o.generate) {
-        announce_device(&o);
-        choose_threads();
-        return generate_only(&o);
-    }
+    if (o.generate) return generate_only(&o);
     // Started by a launcher, or one rank: this process is the rank.
     // Otherwise --nprocs N spawns N ranks (mp.spawn style, chapter 04).
     if (launch_env_read().launched || o.nprocs == 1) return run_rank(0, 1, &o);

@@ -54,6 +54,24 @@ static inline void ddp_average_gradients(pg_t *pg, float *grads, size_t count) {
     ddp_maybe_perturb(pg, grads);
 }
 
+#ifdef COURSE_CUDA
+// Rule 2 on a GPU, overlapped with the backward pass: the model calls this
+// for each bucket of gradients once the kernels that finish it are queued
+// (`ready` is recorded after them), so bucket i is all-reduced on the
+// process group's stream while the GPU computes bucket i+1 - what
+// PyTorch's DDP does with its autograd hooks. ddp_finish_gradients waits
+// for the last bucket.
+static inline void ddp_average_bucket_after(pg_t *pg, float *grads, size_t count, cudaEvent_t ready) {
+    if (pg_world_size(pg) > 1) pg_all_reduce_after(pg, grads, count, DTYPE_F32, OP_AVG, ready);
+}
+
+static inline void ddp_finish_gradients(pg_t *pg, float *grads) {
+    if (pg_world_size(pg) == 1) return;
+    pg_wait_queued(pg);
+    ddp_maybe_perturb(pg, grads);
+}
+#endif
+
 // FNV-1a over the bytes: equal bytes, equal checksum; one flipped bit, a different one.
 static inline uint64_t checksum_bytes(const void *data, size_t bytes) {
     const unsigned char *p = data;

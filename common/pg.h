@@ -769,4 +769,34 @@ static inline void pg_barrier(pg_t *pg) {
     cpu_barrier(pg->cpu);
 }
 
+#ifdef COURSE_CUDA
+// ---------------------------------------------------------------- overlapping with the GPU
+//
+// Every call above returns when its result is ready. DDP on a GPU wants
+// more: to all-reduce one bucket of gradients while the GPU is still
+// computing the next, so that communication hides behind computation.
+// pg_all_reduce_after(pg, buf, ..., ready) all-reduces (in place) a GPU
+// buffer that becomes final when the event `ready` happens:
+//   - nccl: queued on the group's stream behind `ready`; returns at once.
+//   - cpu (GPU buffers staged through host memory): waits for `ready`,
+//     then runs now; no overlap, the same result.
+// pg_wait_queued returns when everything queued so has finished (or stops
+// the job with a message, as the blocking calls do).
+static inline void pg_all_reduce_after(pg_t *pg, void *buf, size_t count, dtype_t t, redop_t op,
+                                       cudaEvent_t ready) {
+    if (pg->nccl) {
+        pg_bytes(pg, count, t, 1, "all_reduce");
+        pg_check_reduction(t, op, "all_reduce");
+        if (count > 0) nccl_all_reduce_after(pg->nccl, buf, count, t, op, ready);
+        return;
+    }
+    CHECK_CUDA(cudaEventSynchronize(ready));
+    pg_all_reduce(pg, buf, buf, count, t, op);
+}
+
+static inline void pg_wait_queued(pg_t *pg) {
+    if (pg->nccl) nccl_wait_queued(pg->nccl);
+}
+#endif
+
 #endif

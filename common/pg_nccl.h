@@ -446,6 +446,21 @@ static inline void nccl_all_to_all(nccl_pg *pg, const void *send, void *recv, si
     if (copy) CHECK_CUDA(cudaFree(copy));
 }
 
+// Queued behind `ready` on our stream (which waits for the event, not for
+// the host); pg_wait_queued waits for it, polling as nccl_wait does.
+static inline void nccl_all_reduce_after(nccl_pg *pg, void *buf, size_t count, dtype_t t, redop_t op,
+                                         cudaEvent_t ready) {
+    nccl_begin(pg, "all_reduce (overlapped)");
+    CHECK_CUDA(cudaStreamWaitEvent(pg->stream, ready, 0));
+    nccl_check(pg, ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), pg->comm, pg->stream),
+               "ncclAllReduce");
+}
+
+static inline void nccl_wait_queued(nccl_pg *pg) {
+    pg->op = "all_reduce (overlapped)";
+    nccl_wait(pg, NULL);
+}
+
 static inline void nccl_barrier(nccl_pg *pg) {
     nccl_begin(pg, "barrier");
     nccl_check(pg, ncclAllReduce(pg->scratch, pg->scratch, 1, ncclInt32, ncclSum, pg->comm,

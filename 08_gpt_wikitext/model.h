@@ -1,0 +1,210 @@
+// model.h - the GPT on the device the run chose: the CPU (gpt.h) or a GPU
+// (gpt_cuda.h, real or emulated).
+//
+// The training loop in 08_gpt_wikitext.c is the same on both: it calls the
+// functions below, and only here does the code ask which device computes.
+// The CPU model (a gpt_t) always exists. It knows the configuration and
+// the parameter layout; on a GPU run it is also the host copy of the state
+// - parameters, AdamW moments and step - which snapshots, the saved model
+// and the start of data parallelism read and write (model_to_host and
+// model_to_device move it; the layout is the same flat array on both
+// sides, so a GPU run resumes a CPU snapshot and the other way round).
+//
+// Precision: fp32 on the CPU; on a GPU bf16 by default (fp32 master
+// weights, gradients and AdamW moments, bf16 copies of the weights and
+// activations for the matrix products; gpt_cuda.h explains it) or fp32.
+//
+// Data parallelism (ddp.h's three rules): model_backward, given the
+// process group on the last micro-batch, lets each bucket of gradients
+// start its all-reduce on the GPU as soon as the backward pass has queued
+// the kernels that finish it - the communication overlaps the rest of the
+// backward pass, as in PyTorch's DDP; model_average_gradients waits for
+// the last bucket. On the CPU the average is taken after the backward pass.
+#ifndef GPT_MODEL_H
+#define GPT_MODEL_H
+
+#include <stdbool.h>
+
+#include "ddp.h"
+#include "device.h"
+#include "dist.h"
+#include "gpt.h"
+#include "gpt_cuda.h"
+
+typedef struct {
+    gpt_t host;        // the CPU model; on a GPU run, the host copy of the state
+    bool on_gpu, bf16;
+#ifdef COURSE_CUDA
+    gpt_cuda_t *gpu;
+    pg_t *averaging;   // during model_backward: the group the buckets are averaged over
+#endif
+} model_t;
+
+static inline const char *model_precision(const model_t *m) {
+    if (!m->on_gpu) return "fp32";
+    return m->bf16 ? "bf16 (fp32 master weights, gradients and AdamW)" : "fp32";
+}
+
+// Takes over `host` (initialised or loaded); on a GPU, copies it there and
+// sizes the GPU's buffers for batches of up to B x T tokens.
+static inline void model_create(model_t *m, gpt_t host, const device_t *d, bool bf16, int B, int T) {
+    memset(m, 0, sizeof *m);
+    m->host = host;
+    m->on_gpu = device_is_cuda(d);
+    m->bf16 = m->on_gpu && bf16;
+#ifdef COURSE_CUDA
+    if (m->on_gpu) m->gpu = gpt_cuda_create(&host.cfg, host.params, B, T, m->bf16);
+#else
+    (void)B, (void)T;
+#endif
+}
+
+static inline void model_free(model_t *m) {
+#ifdef COURSE_CUDA
+    if (m->gpu) gpt_cuda_free(m->gpu);
+#endif
+    gpt_free(&m->host);
+}
+
+// Mean cross-entropy of the batch; with targets NULL, logits only (-1).
+static inline float model_forward(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T) {
+#ifdef COURSE_CUDA
+    if (m->gpu) return gpt_cuda_forward(m->gpu, in, tg, B, T);
+#endif
+    return gpt_forward(&m->host, in, tg, B, T);
+}
+
+static inline void model_zero_grad(model_t *m) {
+#ifdef COURSE_CUDA
+    if (m->gpu) { gpt_cuda_zero_grad(m->gpu); return; }
+#endif
+    gpt_zero_grad(&m->host);
+}
+
+#ifdef COURSE_CUDA
+// gpt_cuda_backward calls this as each bucket's gradients are final on the GPU.
+static inline void model_bucket_ready(void *user, const gpt_cuda_bucket *bucket, cudaEvent_t ready) {
+    model_t *m = user;
+    ddp_average_bucket_after(m->averaging, gpt_cuda_grads_device(m->gpu) + bucket->offset, bucket->count, ready);
+}
+#endif
+
+// Adds grad_scale * the gradient of the last forward pass's loss. With a
+// process group of several ranks (pass it on the last micro-batch only),
+// the GPU starts averaging each bucket as soon as it is computed.
+static inline void model_backward(model_t *m, float grad_scale, pg_t *pg) {
+#ifdef COURSE_CUDA
+    if (m->gpu) {
+        bool overlap = pg && pg_world_size(pg) > 1;
+        m->averaging = pg;
+        gpt_cuda_backward(m->gpu, grad_scale, overlap ? model_bucket_ready : NULL, m);
+        m->averaging = NULL;
+        return;
+    }
+#endif
+    (void)pg;
+    gpt_backward(&m->host, grad_scale);
+}
+
+// Every rank ends with the mean of all ranks' gradients (ddp.h, rule 2).
+static inline void model_average_gradients(model_t *m, pg_t *pg) {
+#ifdef COURSE_CUDA
+    if (m->gpu) { ddp_finish_gradients(pg, gpt_cuda_grads_device(m->gpu)); return; }
+#endif
+    ddp_average_gradients(pg, m->host.grads, m->host.num_params);
+}
+
+static inline float model_clip_grad_norm(model_t *m, float max_norm) {
+#ifdef COURSE_CUDA
+    if (m->gpu) return gpt_cuda_clip_grad_norm(m->gpu, max_norm);
+#endif
+    return gpt_clip_grad_norm(&m->host, max_norm);
+}
+
+static inline void model_adamw(model_t *m, float lr, float beta1, float beta2, float eps, float weight_decay) {
+#ifdef COURSE_CUDA
+    if (m->gpu) {
+        gpt_cuda_adamw(m->gpu, lr, beta1, beta2, eps, weight_decay);
+        m->host.adam_step++; // the step count is known on the host; the moments stay on the GPU
+        return;
+    }
+#endif
+    gpt_adamw_step(&m->host, lr, beta1, beta2, eps, weight_decay);
+}
+
+// The host copy of the state, up to date (a no-op on the CPU). AdamW's
+// moments exist once the first step is taken.
+static inline void model_to_host(model_t *m) {
+#ifdef COURSE_CUDA
+    if (!m->gpu) return;
+    gpt_cuda_get_params(m->gpu, m->host.params);
+    if (m->host.adam_step > 0) {
+        if (!m->host.adam_m) m->host.adam_m = xcalloc(m->host.num_params, sizeof(gpt_real));
+        if (!m->host.adam_v) m->host.adam_v = xcalloc(m->host.num_params, sizeof(gpt_real));
+        int step;
+        gpt_cuda_get_adam(m->gpu, m->host.adam_m, m->host.adam_v, &step);
+    }
+#else
+    (void)m;
+#endif
+}
+
+// The host copy's state onto the GPU (after a resume or a broadcast).
+static inline void model_to_device(model_t *m) {
+#ifdef COURSE_CUDA
+    if (!m->gpu) return;
+    gpt_cuda_set_params(m->gpu, m->host.params);
+    if (m->host.adam_m && m->host.adam_v)
+        gpt_cuda_set_adam(m->gpu, m->host.adam_m, m->host.adam_v, m->host.adam_step);
+#else
+    (void)m;
+#endif
+}
+
+// Rule 1: every rank starts from rank 0's state (its parameters, and its
+// AdamW moments when it resumed from a snapshot). On a GPU run the host
+// copy travels; the GPU then takes it.
+static inline void model_broadcast_state(model_t *m, dist_t *d) {
+    gpt_t *h = &m->host;
+    if (!m->on_gpu) {
+        ddp_broadcast_parameters(d->pg, h->params, h->num_params);
+        if (h->adam_step > 0) {
+            ddp_broadcast_parameters(d->pg, h->adam_m, h->num_params);
+            ddp_broadcast_parameters(d->pg, h->adam_v, h->num_params);
+        }
+        return;
+    }
+    dist_broadcast_host(d, h->params, h->num_params, DTYPE_F32, 0);
+    if (h->adam_step > 0) {
+        dist_broadcast_host(d, h->adam_m, h->num_params, DTYPE_F32, 0);
+        dist_broadcast_host(d, h->adam_v, h->num_params, DTYPE_F32, 0);
+    }
+    model_to_device(m);
+}
+
+// The logits of sequence 0, position t, of the last forward pass.
+static inline const float *model_logits(model_t *m, int t, float *scratch) {
+#ifdef COURSE_CUDA
+    if (m->gpu) {
+        gpt_cuda_logits(m->gpu, 0, t, scratch);
+        return scratch;
+    }
+#endif
+    (void)scratch;
+    return gpt_logits(&m->host, 0, t);
+}
+
+// Continues tokens[0..len) up to `total` tokens, as gpt_generate does.
+static inline void model_generate(model_t *m, uint16_t *tokens, int len, int total, float temperature,
+                                  int top_k, rng_t *rng) {
+    float *scratch = xmalloc(sizeof(float) * (size_t)m->host.cfg.vocab_size);
+    for (int n = len; n < total; n++) {
+        int start = n > m->host.cfg.block_size ? n - m->host.cfg.block_size : 0;
+        model_forward(m, tokens + start, NULL, 1, n - start);
+        const float *logits = model_logits(m, n - start - 1, scratch);
+        tokens[n] = (uint16_t)gpt_sample_next(logits, m->host.cfg.vocab_size, temperature, top_k, rng);
+    }
+    free(scratch);
+}
+
+#endif
