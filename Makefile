@@ -9,7 +9,7 @@ include common/detect.mk
 CHAPTERS := $(patsubst %/Makefile,%,$(sort $(wildcard [0-9][0-9]_*/Makefile)))
 TOOLS := $(if $(wildcard tools/Makefile),tools)
 
-.PHONY: all help test asan bench bench-gpt plots speedup clean data $(CHAPTERS) tools unit-tests
+.PHONY: all help test asan bench bench-gpt gpu-check plots speedup clean data $(CHAPTERS) tools unit-tests
 
 all: $(CHAPTERS) $(TOOLS)
 
@@ -43,6 +43,11 @@ bench: all
 bench-gpt: all unit-tests
 	@bash bench/gpt_gpu.sh
 
+# On a machine with a real GPU: every test with its GPU cases, then
+# bench-gpt, and one report under runs/gpu-check/ (tools/gpu_check.sh).
+gpu-check:
+	@bash tools/gpu_check.sh
+
 speedup: all
 	@bash tools/speedup.sh
 
@@ -64,12 +69,13 @@ clean:
 
 help:
 	@echo "targets:"
-	@echo "  make              build every chapter and tool (CUDA=0 forces a CPU-only build)"
+	@echo "  make              build every chapter and tool (CUDA=0: CPU only; CUDA=emu: the emulated GPU of emu/)"
 	@echo "  make NN_name      build one chapter, e.g. make 01_single_gpu"
 	@echo "  make test         build, then run all tests (ends with 'N passed, N failed, N skipped')"
 	@echo "  make asan         CPU build with AddressSanitizer + UBSan, then the tests"
 	@echo "  make bench        benchmarks: tables on the terminal, CSV under runs/"
 	@echo "  make bench-gpt    chapter 08 on a GPU: tokens/s, MFU, memory (needs a GPU)"
+	@echo "  make gpu-check    on a real GPU: every test with its GPU cases, bench-gpt, a report in runs/gpu-check/"
 	@echo "  make speedup      measure speedup vs number of ranks (CSV + figure data)"
 	@echo "  make plots        run missing measurements, draw gnuplot figures (PNG) under runs/plots/"
 	@echo "  make data         download WikiText-2 for chapter 08 (if ../shared/data is absent)"
