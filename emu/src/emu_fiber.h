@@ -15,5 +15,7 @@ void emu_fiber_prepare(emu_fiber *f, void (*entry)(void *), void *arg);
 // Save the current context in `from`, continue `to`. from_finished: `from`
 // will never run again (its thread has ended).
 void emu_fiber_switch(emu_fiber *from, emu_fiber *to, bool from_finished);
+// After a block that used stacks 0..used-1: stop with a message if one overflowed.
+void emu_fiber_check_stacks(int used, const char *kernel);
 
 #endif

@@ -48,7 +48,8 @@ typedef struct {
     const char *wait_what, *wait_file; // where it waits, for messages
     int wait_line;
     int result_bank;                   // the warp slots it reads after a release
-    emu_fiber *fiber;
+    bool started;
+    emu_fiber *fiber;                  // the stack it runs on, once started
 } kthread;
 
 typedef struct {
@@ -81,6 +82,8 @@ typedef struct {
     unsigned long long serial;
     unsigned char *shared;      // [static area | dynamic area]
     size_t static_used, static_poisoned;
+    int free_stacks[EMU_MAX_BLOCK_THREADS]; // fiber stacks no started thread holds
+    int free_count, fewest_free;            // fewest_free: how deep into the stacks this block went
 } block_run;
 
 static __thread block_run *running;
@@ -118,32 +121,50 @@ static kthread *self_thread(const char *what) {
 
 // ---------------------------------------------------------------- switching
 
-// The next thread that can run, after `from` in threadIdx order (wrapping), or -1.
+// The next thread that can run, or -1: first the lanes of `from`'s warp
+// (after it, wrapping round), then the block's threads in threadIdx order.
+// Finishing one warp before starting the next keeps few stacks in use - a
+// legal schedule, and a fast one for kernels that work one warp per row.
 static int next_ready(const block_run *b, int from) {
-    for (int n = 1; n <= b->count; n++) {
-        int i = (from + n) % b->count;
+    int warp0 = from & ~(EMU_WARP_SIZE - 1);
+    for (int k = 1; k <= EMU_WARP_SIZE; k++) {
+        int i = warp0 + ((from - warp0 + k) & (EMU_WARP_SIZE - 1));
+        if (i < b->count && b->threads[i].state == READY) return i;
+    }
+    for (int k = 1; k <= b->count; k++) {
+        int i = (from + k) % b->count;
         if (b->threads[i].state == READY) return i;
     }
     return -1;
 }
 
-// Thread t must wait (or has ended): hand the core straight to the next
-// ready thread - one switch, not two through the scheduler - or, when none
-// is ready, back to the scheduler in run_block, which then finds the block
-// finished or stuck.
-static void switch_away(kthread *t, bool finished) {
-    block_run *b = running;
-    int next = next_ready(b, t->view.linear);
-    if (next < 0 || next == t->view.linear) {
-        emu_fiber_switch(t->fiber, emu_fiber_host(), finished);
-        return;
-    }
+static void fiber_main(void *arg);
+
+// Continue thread `next` from the context `from`: on the stack it holds, or,
+// if it has not started, on a free stack (fiber_main starts it there).
+static void run_thread(block_run *b, int next, emu_fiber *from, bool from_finished) {
+    kthread *t = &b->threads[next];
     b->current = next;
-    emu_self = &b->threads[next].view;
-    emu_fiber_switch(t->fiber, b->threads[next].fiber, finished);
+    emu_self = &t->view;
+    if (!t->started) {
+        int stack = b->free_stacks[--b->free_count];
+        if (b->free_count < b->fewest_free) b->fewest_free = b->free_count;
+        t->fiber = emu_fiber_for_thread(stack);
+        emu_fiber_prepare(t->fiber, fiber_main, (void *)(intptr_t)stack);
+        t->started = true;
+    }
+    emu_fiber_switch(from, t->fiber, from_finished);
 }
 
-static void yield_to_scheduler(kthread *t) { switch_away(t, false); }
+// Thread t must wait: hand the core straight to the next ready thread -
+// one switch, not two through the scheduler - or, when none is ready,
+// back to the scheduler in run_block, which then finds the block stuck.
+static void yield_to_scheduler(kthread *t) {
+    block_run *b = running;
+    int next = next_ready(b, t->view.linear);
+    if (next < 0) emu_fiber_switch(t->fiber, emu_fiber_host(), false);
+    else run_thread(b, next, t->fiber, false);
+}
 
 static void release_barrier(block_run *b) {
     const kthread *first = NULL;
@@ -324,12 +345,30 @@ static void thread_exit(block_run *b, kthread *t) {
     if (b->at_barrier > 0) barrier_without(b, t, first_in_state(b, AT_BARRIER));
 }
 
-static void thread_main(void *arg) {
-    kthread *t = (kthread *)arg;
+// A stack runs threads one after another: when its thread ends and the
+// next ready thread has not started yet (the common case: most kernels
+// never wait), the next one runs right here, without a switch. Otherwise
+// the stack is given back and the core goes to a waiting thread.
+static void fiber_main(void *arg) {
+    int stack = (int)(intptr_t)arg;
+    emu_fiber *me = emu_fiber_for_thread(stack);
     block_run *b = running;
-    b->k->body(b->k->closure);
-    thread_exit(b, t);
-    switch_away(t, true);
+    for (;;) {
+        kthread *t = &b->threads[b->current];
+        b->k->body(b->k->closure);
+        thread_exit(b, t);
+        int next = next_ready(b, t->view.linear);
+        if (next >= 0 && !b->threads[next].started) {
+            kthread *n = &b->threads[next];
+            n->started = true, n->fiber = me;
+            b->current = next;
+            emu_self = &n->view;
+            continue;
+        }
+        b->free_stacks[b->free_count++] = stack;
+        if (next < 0) emu_fiber_switch(me, emu_fiber_host(), true);
+        else run_thread(b, next, me, true);
+    }
 }
 
 static void setup_threads(block_run *b, uint3 block_idx) {
@@ -344,9 +383,11 @@ static void setup_threads(block_run *b, uint3 block_idx) {
         t->view.linear = i;
         t->view.lane = i % EMU_WARP_SIZE;
         t->state = READY;
-        t->fiber = emu_fiber_for_thread(i);
-        emu_fiber_prepare(t->fiber, thread_main, t);
+        t->started = false;
+        t->fiber = NULL;
+        b->free_stacks[i] = b->count - 1 - i; // handed out from the top: thread 0 gets stack 0
     }
+    b->free_count = b->fewest_free = b->count;
     int warps = (b->count + EMU_WARP_SIZE - 1) / EMU_WARP_SIZE;
     for (int w = 0; w < warps; w++) {
         int lanes = b->count - w * EMU_WARP_SIZE;
@@ -367,18 +408,17 @@ static void run_block(block_run *b, uint3 block_idx) {
     // declaration first claims it, the dynamic area now.
     b->static_poisoned = 0;
     if (b->k->cfg.shared_bytes) memset(b->shared + EMU_STATIC_SHARED_LIMIT, POISON, b->k->cfg.shared_bytes);
-    // Threads hand over to each other (switch_away); control comes back
+    // Threads hand over to each other (run_thread); control comes back
     // here only when none is ready: the block is done, or stuck.
     int last = b->count - 1;
     while (b->live > 0) {
         int found = next_ready(b, last);
         if (found < 0) deadlock(b);
-        b->current = found;
-        emu_self = &b->threads[found].view;
-        emu_fiber_switch(emu_fiber_host(), b->threads[found].fiber, false);
+        run_thread(b, found, emu_fiber_host(), false);
         emu_self = NULL;
         last = b->current;
     }
+    emu_fiber_check_stacks(b->count - b->fewest_free, b->k->name);
 }
 
 // ---------------------------------------------------------------- the grid, as a queued op
