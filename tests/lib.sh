@@ -52,13 +52,27 @@ has_real_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/n
 # a machine with a GPU, or the emulated GPU (CUDA=emu), which has 8.
 has_gpu() { is_emu || has_real_gpu; }
 
-# no_leftovers NAME PATTERN : PASS when no process whose command line
-# matches PATTERN is left running (tests must not leave orphans).
+# ours PATTERN : the processes whose command line matches PATTERN and that
+# belong to this checkout (their command line or folder is under $ROOT), so
+# that two checkouts tested at once never count - or kill - each other's.
+ours() {
+    local pid
+    for pid in $(pgrep -f -- "$1"); do
+        [[ $pid == "$$" ]] && continue
+        if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$ROOT" ||
+           [[ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" == "$ROOT"* ]]; then echo "$pid"; fi
+    done
+}
+
+# no_leftovers NAME PATTERN : PASS when no process of this checkout whose
+# command line matches PATTERN is left running (tests must not leave orphans).
 no_leftovers() {
     sleep 0.3
-    if pgrep -f -- "$2" >/dev/null; then
-        fail "$1" "processes left behind: $(pgrep -af -- "$2" | head -3 | tr '\n' '|')"
-        pkill -9 -f -- "$2" 2>/dev/null
+    local left
+    left=$(ours "$2")
+    if [[ -n "$left" ]]; then
+        fail "$1" "processes left behind: $(for p in $left; do tr '\0' ' ' <"/proc/$p/cmdline"; echo; done | head -3 | tr '\n' '|')"
+        kill -9 $left 2>/dev/null
     else pass "$1"; fi
 }
 

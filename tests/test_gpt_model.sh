@@ -57,7 +57,9 @@ make_corpus() {
 corpus="$TMP/corpus"
 out="$TMP/out"
 make_corpus "$corpus"
-common=(--data_dir "$corpus" --verify_data=false --preset tiny --vocab_size 300 --out_dir "$out")
+# The program on the CPU, whatever the build (tests/test_gpt_ddp.sh trains
+# it on GPUs); --generate below takes the default device.
+common=(--data_dir "$corpus" --verify_data=false --preset tiny --vocab_size 300 --out_dir "$out" --device cpu)
 
 # --- training end to end
 run_capture 120 "$TMP/train.out" env OMP_NUM_THREADS=2 "$prog" "${common[@]}" --max_steps 40 --eval_every 20 \
