@@ -64,7 +64,7 @@ check-exercise:
 	@bash tools/check_exercise.sh "$(EX)" $(if $(filter 1,$(SOLUTION)),--solution)
 
 clean:
-	@for d in $(CHAPTERS) $(TOOLS) tests; do $(MAKE) --no-print-directory -C $$d clean; done
+	@for d in $(CHAPTERS) $(TOOLS) tests tests/emu emu; do $(MAKE) --no-print-directory -C $$d clean; done
 	rm -rf runs */exercises/build
 
 help:

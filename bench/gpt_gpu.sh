@@ -61,3 +61,31 @@ if command -v column >/dev/null; then cut -d, -f2- "$csv" | column -t -s,; else 
 echo
 echo "CSV: $csv"
 cat "$csv"
+
+# ---- PyTorch, side by side (optional: needs python3 with a CUDA torch)
+# The same model in PyTorch (08_gpt_wikitext/bench/bench_torch.py), bf16
+# autocast, eager and torch.compile'd, the same batch and timing method.
+py=${PYTHON:-python3}
+if ! "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo
+    echo "PyTorch with CUDA not found ($py): no side-by-side rows (set PYTHON=... to point at one)"
+    exit 0
+fi
+torch_csv="$out_dir/gpu_bench_torch.csv"
+echo
+echo "=== the same model in PyTorch (bench_torch.py: bf16 autocast; $steps timed steps after 3 warm-up)"
+echo "config,implementation,tokens_per_s,step_ms" >"$torch_csv.tmp"
+c_tokens() { awk -F, -v c="$1" -v d=bf16 '$2 == c && $3 == d { print $7 }' "$csv"; }
+for config in default large; do
+    for mode in eager compiled; do
+        flags=(--device cuda --precision bf16 --config "$config" --batch_size 8 --steps "$steps" --warmup 3)
+        [[ $mode == compiled ]] && flags+=(--compile)
+        line=$("$py" 08_gpt_wikitext/bench/bench_torch.py "${flags[@]}" 2>"$out_dir/torch_${config}_${mode}.err" | grep 'tokens/s' || true)
+        tps=$(sed -n 's/.*-> \([0-9]*\) tokens\/s.*/\1/p' <<<"$line"); ms=$(sed -n 's/median step \([0-9.]*\) ms.*/\1/p' <<<"$line")
+        if [[ -z "$tps" ]]; then echo "  $config $mode: did not run ($(tail -n 1 "$out_dir/torch_${config}_${mode}.err"))"; continue; fi
+        echo "$config,pytorch $mode,$tps,$ms" >>"$torch_csv.tmp"
+        echo "  $config, PyTorch $mode: $tps tokens/s; C bf16: $(c_tokens "$config") tokens/s (ratio C/PyTorch $(awk -v a="$(c_tokens "$config")" -v b="$tps" 'BEGIN { printf "%.2f", a / b }'))"
+    done
+done
+mv "$torch_csv.tmp" "$torch_csv"
+echo "CSV: $torch_csv"

@@ -26,9 +26,13 @@ HAVE_GNUPLOT := $(shell command -v gnuplot 2>/dev/null)
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
 CUDA_FOUND := $(if $(and $(NVCC_PATH),$(CUDA_LIBDIR),$(NCCL_INC),$(NCCL_LIB),$(CUBLAS_LIB),$(HAVE_CUBLAS_H)),yes)
 
+ifeq ($(CUDA),emu)
+$(info [build] CUDA:    not needed: emu/ stands in for the CUDA runtime, cuBLAS and NCCL (CUDA=emu))
+else
 $(info [build] nvcc:    $(if $(NVCC_PATH),found at $(firstword $(NVCC_PATH)),not found: no GPU code is built))
 $(info [build] NCCL:    $(if $(and $(NCCL_INC),$(NCCL_LIB)),found (header $(NCCL_INC)nccl.h, library $(NCCL_LIB)$(if $(NCCL_FROM_PYTHON), - the Python package nvidia-nccl)),not found (need nccl.h and libnccl.so; NCCL_HOME=folder sets where): the nccl backend is not built))
 $(info [build] cuBLAS:  $(if $(and $(CUBLAS_LIB),$(HAVE_CUBLAS_H)),found in $(CUBLAS_LIB),not found: GPU matrix products are not built))
+endif
 $(info [build] OpenMP:  $(if $(HAVE_OPENMP),found: CPU kernels use all cores,not found: CPU kernels run on one thread))
 $(info [build] gnuplot: $(if $(HAVE_GNUPLOT),found: make plots draws PNG figures,not found: make plots writes CSV only (apt-get install gnuplot-nox)))
 export COURSE_DETECTED := 1

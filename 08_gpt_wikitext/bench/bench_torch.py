@@ -1,12 +1,20 @@
 #!/usr/bin/env python3
-"""bench_torch.py - the same GPT in a straightforward PyTorch CPU implementation,
-to compare training throughput with gpt.h (see README.md, "Speed").
+"""bench_torch.py - the same GPT in a straightforward PyTorch implementation,
+to compare training throughput with gpt.h on the CPU (README.md, "Speed") and
+with gpt_cuda.cu on a GPU (bench/gpt_gpu.sh, README.gpu.md).
 
 Not part of the course's tools: it needs python3 and torch (Debian: python3-torch).
     python3 bench/bench_torch.py [--batch_size 8] [--steps 10] [--threads 2]
+    python3 bench/bench_torch.py --device cuda --precision bf16 [--compile] [--config large]
 Same model as the C code: pre-LayerNorm blocks, causal attention, 4x GELU(tanh)
-MLP, tied LM head, vocab 5000, block 128, 4 layers, 4 heads, 256 channels;
-AdamW (weight decay on matrices), gradient clipping at 1.0.
+MLP, tied LM head; default config vocab 5000, block 128, 4 layers, 4 heads,
+256 channels; large: GPT-2 small's shape (50257, 1024, 12, 12, 768). AdamW
+(weight decay on matrices), gradient clipping at 1.0. On a GPU, bf16 is
+autocast (fp32 master weights and AdamW, as gpt_cuda.cu's bf16 mode); the
+attention is written out as the C code's reference path is (no fused
+scaled_dot_product_attention), eager or torch.compile'd.
+Timing: `--warmup` steps, then the median of `--steps` timed steps; on a GPU
+each step ends with torch.cuda.synchronize().
 """
 import argparse
 import math
@@ -32,7 +40,7 @@ class Block(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.NH, C // self.NH).transpose(1, 2) for t in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
-        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         return self.c_proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
 
@@ -55,43 +63,66 @@ class GPT(nn.Module):
                 nn.init.zeros_(p)
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1)))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
         for block in self.h:
             x = block(x)
         logits = self.ln_f(x) @ self.wte.weight.t()
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+CONFIGS = {"default": (5000, 128, 4, 4, 256), "large": (50257, 1024, 12, 12, 768)}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--config", choices=sorted(CONFIGS), default="default")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
-    V, T = 5000, 128
-    model = GPT(V, T, 4, 4, 256)
+    dev = torch.device(a.device)
+    V, T, L, NH, C = CONFIGS[a.config]
+    model = GPT(V, T, L, NH, C).to(dev)
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}], lr=1e-3, betas=(0.9, 0.95))
-    data = torch.randint(0, V, (a.batch_size * T + 1,))
+    if a.compile and not hasattr(torch, "compile"):
+        p.error(f"--compile needs torch.compile (PyTorch 2.0 or newer); this is torch {torch.__version__}")
+    step_fn = torch.compile(model) if a.compile else model
+    data = torch.randint(0, V, (a.batch_size * T + 1,), device=dev)
     x, y = data[:-1].view(a.batch_size, T), data[1:].view(a.batch_size, T)
+    bf16 = a.precision == "bf16"
+    if bf16 and a.device == "cpu":
+        p.error("--precision bf16 is for --device cuda (autocast on the GPU)")
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     times = []
-    for step in range(a.steps + 2):
+    for step in range(a.steps + a.warmup):
+        sync()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        with torch.autocast(device_type=a.device, dtype=torch.bfloat16, enabled=bf16):
+            loss = step_fn(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if step >= 2:
+        sync()
+        if step >= a.warmup:
             times.append(time.perf_counter() - t0)
     med = statistics.median(times)
     n = sum(p.numel() for p in model.parameters())
-    print(f"torch {torch.__version__}: {n} params, B={a.batch_size} T={T}, {torch.get_num_threads()} threads")
+    where = torch.cuda.get_device_name() if a.device == "cuda" else f"{torch.get_num_threads()} threads"
+    mode = ("compiled" if a.compile else "eager") + (" bf16 autocast" if bf16 else " fp32")
+    print(f"torch {torch.__version__}: {n} params, {a.config} B={a.batch_size} T={T}, {where}, {mode}")
     print(f"median step {med * 1e3:.1f} ms -> {a.batch_size * T / med:.0f} tokens/s (last loss {loss.item():.4f})")
+    if a.device == "cuda":
+        print(f"peak memory {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":
