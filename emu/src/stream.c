@@ -338,18 +338,21 @@ cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
 
 // One step per call: a polling loop sees "not ready" as long as work was
 // queued when it asked, and the work moves on as it polls.
+// A query's answer: done, or run one more queued operation toward `target`
+// and say "not ready".
+static cudaError_t step_toward(stream *s, uint64_t target, const char *call) {
+    if (s->completed >= target) return cudaSuccess;
+    if (stuck(s)) return failed(s, call);
+    emu_device_access_begin();
+    emu_op_status r = run(s, target, 1);
+    emu_device_access_end();
+    return r == EMU_OP_FAILED ? failed(s, call) : cudaErrorNotReady;
+}
+
 cudaError_t cudaStreamQuery(cudaStream_t handle) {
     emu_lock();
     stream *s = resolve(handle);
-    cudaError_t err = cudaSuccess;
-    if (!s) err = emu_set_error(cudaErrorInvalidResourceHandle);
-    else if (stuck(s)) err = failed(s, "cudaStreamQuery");
-    else if (unfinished(s)) {
-        emu_device_access_begin();
-        emu_op_status r = run(s, s->enqueued, 1);
-        emu_device_access_end();
-        err = r == EMU_OP_FAILED ? failed(s, "cudaStreamQuery") : cudaErrorNotReady;
-    }
+    cudaError_t err = s ? step_toward(s, s->enqueued, "cudaStreamQuery") : emu_set_error(cudaErrorInvalidResourceHandle);
     emu_unlock();
     return err;
 }
@@ -473,15 +476,7 @@ cudaError_t cudaEventQuery(cudaEvent_t handle) {
     struct CUevent_st *e = event_of(handle);
     cudaError_t err = cudaSuccess;
     if (!e) err = emu_set_error(cudaErrorInvalidResourceHandle);
-    else if (e->recorded && e->on->completed < e->seq) {
-        if (stuck(e->on)) err = failed(e->on, "cudaEventQuery");
-        else {
-            emu_device_access_begin();
-            emu_op_status r = run(e->on, e->seq, 1);
-            emu_device_access_end();
-            err = r == EMU_OP_FAILED ? failed(e->on, "cudaEventQuery") : cudaErrorNotReady;
-        }
-    }
+    else if (e->recorded) err = step_toward(e->on, e->seq, "cudaEventQuery");
     emu_unlock();
     return err;
 }
