@@ -60,11 +60,11 @@ check-exercise:
 
 clean:
 	@for d in $(CHAPTERS) $(TOOLS) tests; do $(MAKE) --no-print-directory -C $$d clean; done
-	rm -rf runs */exercises/build
+	rm -rf runs build */exercises/build
 
 help:
 	@echo "targets:"
-	@echo "  make              build every chapter and tool (CUDA=0 forces a CPU-only build)"
+	@echo "  make              build every chapter and tool (CUDA=0: CPU-only; a mode given sticks until make clean)"
 	@echo "  make NN_name      build one chapter, e.g. make 01_single_gpu"
 	@echo "  make test         build, then run all tests (ends with 'N passed, N failed, N skipped')"
 	@echo "  make asan         CPU build with AddressSanitizer + UBSan, then the tests"

@@ -5,7 +5,7 @@
 # process behind.
 source "$(dirname "$0")/lib.sh"
 
-if ! make -C "$ROOT/tests" -s -B unit/test_spawn_job >"$TMP/build.log" 2>&1; then
+if ! make -C "$ROOT/tests" -s unit/test_spawn_job >"$TMP/build.log" 2>&1; then
     fail spawn_build "make -C tests failed: $(grep -m3 -E 'error|Error' "$TMP/build.log" | tr '\n' '|')"
     exit 1
 fi

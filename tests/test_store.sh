@@ -5,7 +5,7 @@
 # comes, a stranger on the store's port, a port already taken, another job's token.
 source "$(dirname "$0")/lib.sh"
 
-if ! make -C "$ROOT/tests" -s -B unit/test_store unit/test_store_rdzv >"$TMP/build.log" 2>&1; then
+if ! make -C "$ROOT/tests" -s unit/test_store unit/test_store_rdzv >"$TMP/build.log" 2>&1; then
     fail store_build "make -C tests failed: $(grep -m3 -E 'error|Error' "$TMP/build.log" | tr '\n' '|')"
     exit 1
 fi
