@@ -11,6 +11,10 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/course-test.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 # Keep every rendezvous in the tests short, so a broken test fails fast.
 export COURSE_TIMEOUT=${COURSE_TIMEOUT:-60}
+# Every program writes its CSVs and snapshots into this test's own fresh
+# folder, never into runs/: a file a test checks was written by this test
+# (not left by an earlier run), and a student's runs/ stays untouched.
+export COURSE_RUNS_DIR=$TMP/runs
 
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }

@@ -4,11 +4,9 @@ source "$(dirname "$0")/lib.sh"
 bin="$ROOT/02_p2p/02_p2p"
 [[ -x "$bin" ]] || make --no-print-directory -s -C "$ROOT/02_p2p" >/dev/null 2>&1
 
-# The benchmark writes runs/02_p2p/pingpong.csv: keep a student's own
-# measurement safe and put it back afterwards.
-csv="$ROOT/runs/02_p2p/pingpong.csv"
-[[ -f "$csv" ]] && cp "$csv" "$TMP/saved.csv"
-restore_csv() { if [[ -f "$TMP/saved.csv" ]]; then cp "$TMP/saved.csv" "$csv"; else rm -f "$csv"; fi; }
+# The benchmark writes <runs>/02_p2p/pingpong.csv; lib.sh points <runs> at
+# this test's own fresh folder, so the file checked below is this run's.
+csv="$COURSE_RUNS_DIR/02_p2p/pingpong.csv"
 
 # --- the lesson, as a student first runs it
 run_capture 60 "$TMP/lesson" "$bin"; status=$?
@@ -60,7 +58,6 @@ else fail "02: CSV has the comment line the plot title reads" "$(sed -n 2p "$csv
 run_capture 90 "$TMP/big" "$bin" --bench -b 16M -e 16M -n 100 -w 1; status=$?
 if [[ $status -eq 0 ]] && grep -Eq '^ +16777216 +64 ' "$TMP/big"; then pass "02: --bench -n 100 at 16 MiB runs 64 round trips (1 GiB cap)"
 else fail "02: --bench -n 100 at 16 MiB runs 64 round trips (1 GiB cap)" "status $status: $(grep -E '^ +[0-9]' "$TMP/big")"; fi
-restore_csv
 
 # --- GPUs
 if has_gpu; then

@@ -4,11 +4,9 @@ source "$(dirname "$0")/lib.sh"
 bin="$ROOT/03_collectives/03_collectives"
 [[ -x "$bin" ]] || make --no-print-directory -s -C "$ROOT/03_collectives" >/dev/null 2>&1
 
-# The benchmark writes runs/03_collectives/*.csv: keep a student's own
-# measurements safe and put them back afterwards.
-csv_dir="$ROOT/runs/03_collectives"
-[[ -d "$csv_dir" ]] && cp -r "$csv_dir" "$TMP/saved"
-restore_csvs() { rm -rf "$csv_dir"; if [[ -d "$TMP/saved" ]]; then cp -r "$TMP/saved" "$csv_dir"; fi; }
+# The benchmark writes <runs>/03_collectives/*.csv; lib.sh points <runs> at
+# this test's own fresh folder, so the files checked below are this run's.
+csv_dir="$COURSE_RUNS_DIR/03_collectives"
 
 # after_of SECTION RANK FILE [LABEL]: what rank RANK holds after SECTION
 # (or in the block LABEL: before, after, times), spaces squeezed: "[600 604 608 612]".
@@ -130,7 +128,6 @@ bench_case "-d uint8 -o prod, 2 ranks" -d uint8 -o prod --nprocs 2 --collective 
 bench_case "-d int32 -o avg (integer division), 3 ranks" -d int32 -o avg --nprocs 3 --collective reduce_scatter
 bench_case "-d int64 -o max -r 2, 3 ranks" -d int64 -o max -r 2 --nprocs 3 --collective reduce
 bench_case "-d double -o min -r 1, 2 ranks" -d double -o min -r 1 --nprocs 2 --collective scatter
-restore_csvs
 
 # --- GPUs
 if has_gpu; then
@@ -138,8 +135,7 @@ if has_gpu; then
     result=$(check_table "$TMP/gpu")
     if [[ $status -eq 0 && "$result" == "|9 tables 8 OK" ]]; then pass "03: --device cuda --bench: #wrong 0 everywhere"
     else fail "03: --device cuda --bench: #wrong 0 everywhere" "status $status: $result"; fi
-    restore_csvs
-else
+    else
     skip "03: --device cuda --bench: #wrong 0 everywhere" "no GPU on this machine"
 fi
 
