@@ -128,7 +128,7 @@ static inline bool flags_parse_bytes(const char *text, size_t *out) {
 static inline void flags_check_range(const flag_set *set, const flag_t *f, double v,
                                      const char *text) {
     if (f->min <= f->max && (v < f->min || v > f->max))
-        flags_fail(set, "--%s must be between %g and %g, got '%s'", f->name, f->min,
+        flags_fail(set, "--%s must be between %.15g and %.15g, got '%s'", f->name, f->min,
                    f->max, text);
 }
 
