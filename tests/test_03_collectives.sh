@@ -115,6 +115,22 @@ if [[ $(head -n 1 "$csv_dir/all_reduce.csv" 2>/dev/null) == "size_bytes,count,ty
     pass "03: runs/03_collectives/all_reduce.csv has the columns and 6 rows"
 else fail "03: runs/03_collectives/all_reduce.csv has the columns and 6 rows" "$(head -n 3 "$csv_dir/all_reduce.csv" 2>/dev/null | tr '\n' '|')"; fi
 
+# The check itself: one wrong element on rank 1 per checked operation
+# (COURSE_BENCH_CORRUPT_RANK) must show as #wrong = the check rounds on every
+# row, FAILED in the footer, and a non-zero exit status.
+corrupt_case() {
+    local what=$1 want_rows=$2; shift 2
+    COURSE_BENCH_CORRUPT_RANK=1 run_capture 60 "$TMP/corrupt" "$bin" --bench --nprocs 2 -b 64 -e 4K -f 8 -c 2 -n 2 -w 1 "$@"; local status=$?
+    local wrongs; wrongs=$(awk '/^ +[0-9]+ +[0-9]+ / { printf "%s ", $9 }' "$TMP/corrupt")
+    if [[ $status -ne 0 && $status -ne 124 && "$wrongs" == "$want_rows" ]] &&
+       grep -q '^# Out of bounds values : 6 FAILED$' "$TMP/corrupt" && grep -q '^# FAILED: 6 wrong values in all$' "$TMP/corrupt"; then
+        pass "03: --bench $what: a wrong element on rank 1 is counted in #wrong, and the run fails"
+    else fail "03: --bench $what: a wrong element on rank 1 is counted in #wrong, and the run fails" \
+        "status $status, #wrong per row '$wrongs' (want '$want_rows'): $(grep -E 'Out of bounds|FAILED' "$TMP/corrupt" | tr '\n' '|')"; fi
+}
+corrupt_case "all_reduce" "2 2 2 " --collective all_reduce
+corrupt_case "all_to_all" "2 2 2 " --collective all_to_all
+
 # Other types, reductions, roots and world sizes: still exact.
 bench_case() {
     local what=$1; shift
