@@ -27,7 +27,9 @@ bad_input "flags: below the lower bound (size)" "--minbytes must be between 1 an
 "$bin" --epochs 1000 --lr 10 -b 1G >"$TMP/out" 2>"$TMP/err"
 if [[ $? -eq 0 ]] && grep -q '^epochs=1000 lr=10 .* bytes=1073741824$' "$TMP/out"; then pass "flags: values equal to the bounds are accepted"
 else fail "flags: values equal to the bounds are accepted" "$(head -n 1 "$TMP/err")$(cat "$TMP/out")"; fi
-bad_input "flags: unknown flag" "unknown flag '--epoch'" --epoch 3
+bad_input "flags: unknown flag, with the flag it resembles" "unknown flag '--epoch' \(did you mean --epochs\?\)$" --epoch 3
+bad_input "flags: a mistyped flag in the other spelling" "unknown flag '--verbose-ouptut' \(did you mean --verbose_output\?\)$" --verbose-ouptut
+bad_input "flags: unknown flag like no other: no guess" "unknown flag '--frobnicate'$" --frobnicate
 bad_input "flags: missing value" "--lr needs a value" --lr
 bad_input "flags: bad choice" "--device must be one of auto\|cpu\|cuda" --device tpu
 bad_input "flags: bad bool" "--verbose_output expects true or false" --verbose-output=maybe

@@ -146,7 +146,8 @@ status=$?
 kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
 if [[ $status -ne 0 && $status -ne 124 ]]; then pass port_in_use_fails
 else fail port_in_use_fails "exit status $status"; fi
-expect_output port_in_use_message "$TMP/inuse.log" "port $port is already in use on 127.0.0.1 .*--master_port or --standalone"
+# Started by hand (no launcher): the advice is MASTER_PORT, not a ddprun flag.
+expect_output port_in_use_message "$TMP/inuse.log" "port $port is already in use on 127.0.0.1 \(another job\? set MASTER_PORT to a free port"
 
 # ------------------------------------------------------------------ token mismatch
 port=$(pick_port)

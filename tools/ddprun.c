@@ -946,6 +946,7 @@ static void serve_and_connect(job_t *job) {
         sigaddset(&block, SIGCHLD);
         int rc = pthread_sigmask(SIG_BLOCK, &block, &old);
         if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+        store_port_advice = "use --master_port or --standalone";
         job->server = store_server_start(bind_host(job->master_addr), job->master_port,
                                          job->token);
         rc = pthread_sigmask(SIG_SETMASK, &old, NULL);
