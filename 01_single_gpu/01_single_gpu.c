@@ -105,7 +105,7 @@ int main(int argc, char **argv) {
     // --- Report: did the model find the true parameters?
     float *params = xmalloc(sizeof(float) * (size_t)(opt.features + 1));
     linreg_get_params(&model, params);
-    printf("training time: %.3f s (%.0f samples/s) on %s\n", seconds,
+    printf("training time: %.6f s (%.0f samples/s) on %s\n", seconds,
            (double)opt.samples * opt.epochs / seconds, device.name);
     if (opt.features == 1) {
         printf("learned weight: %.6f (true 2.0)\n", params[0]);
