@@ -281,7 +281,7 @@ int main(int argc, char **argv) {
             if (speedups[i] < worst) worst = speedups[i];
         }
         double speedup = median(speedups, n);
-        printf("speedup %.2fx (median of %d; range %.2f-%.2fx), parallel efficiency %.0f%% (ideal: %dx, 100%%)\n",
+        printf("speedup %.3gx (median of %d; range %.3g-%.3gx), parallel efficiency %.0f%% (ideal: %dx, 100%%)\n",
                speedup, n, worst, best, 100.0 * speedup / opt.nprocs, opt.nprocs);
     } else {
         print_result(label, ddp, ddp->seconds, "one run", opt.features, opt.samples, opt.epochs);
