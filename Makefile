@@ -13,8 +13,11 @@ TOOLS := $(if $(wildcard tools/Makefile),tools)
 
 all: $(CHAPTERS) $(TOOLS)
 
+# `make 04_ddp_spawn` here builds 04_ddp_spawn/04_ddp_spawn; ./04_ddp_spawn is
+# the folder, so the last line says how to run the program from here.
 $(CHAPTERS) tools:
 	@$(MAKE) --no-print-directory -C $@
+	@$(if $(filter $@,$(filter-out tools,$(MAKECMDGOALS))),echo "built $@/$@; run it from here with ./$@/$@ (or: cd $@ && ./$@)")
 
 unit-tests:
 	@$(MAKE) --no-print-directory -C tests

@@ -92,6 +92,19 @@ port1=$(value "$TMP/sa1.log" 0 MASTER_PORT); port2=$(value "$TMP/sa2.log" 0 MAST
 if [[ $s1 -eq 0 && $s2 -eq 0 && -n "$port1" && "$port1" != "$port2" ]]; then pass "ddprun: two --standalone jobs at once get their own ports"
 else fail "ddprun: two --standalone jobs at once get their own ports" "statuses $s1 $s2, ports '$port1' '$port2'; $(tail -n 2 "$TMP/sa2.log" | tr '\n' '|')"; fi
 
+# ---------------------------------------------------------------- a folder for PROGRAM
+# Every chapter is a folder holding a program of its own name: ddprun given
+# the folder (as a path, or as a bare name that PATH does not know) runs
+# the program inside and says so.
+mkdir -p "$TMP/wk"
+cp "$WORKER" "$TMP/wk/wk"
+for given in wk ./wk/ "$TMP/wk"; do
+    (cd "$TMP" && timeout -k 5 $LIMIT "$DDPRUN" --standalone --nproc_per_node=2 "$given" env) >"$TMP/folder.log" 2>&1; status=$?
+    if [[ $status -eq 0 ]] && grep -q "^ddprun: $given is a folder; running the program of the same name in it, ${given%/}/wk$" "$TMP/folder.log" &&
+       [[ $(value "$TMP/folder.log" 1 RANK) == 1 ]]; then pass "ddprun: PROGRAM '$given', a folder, runs the program of its name inside"
+    else fail "ddprun: PROGRAM '$given', a folder, runs the program of its name inside" "status $status: $(head -n 2 "$TMP/folder.log" | tr '\n' '|')"; fi
+done
+
 # ---------------------------------------------------------------- a port in use
 # A second job on the port of a running one is told how to pick another.
 port=$(free_port)
@@ -182,6 +195,7 @@ bad_flag "a non-numeric --nproc_per_node" --nproc_per_node=two "$WORKER"
 bad_flag "a missing program" --nproc_per_node=2
 bad_flag "--node_rank not below --nnodes" --nnodes=2 --node_rank=2 "$WORKER"
 bad_flag "a program not found" --nproc_per_node=1 "./no-such-program-$TAG"
+bad_flag "a folder without a program of its name" --nproc_per_node=1 "$ROOT/common"
 
 # ---------------------------------------------------------------- restarts
 out=$TMP/restart.log
