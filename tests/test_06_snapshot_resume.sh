@@ -36,6 +36,12 @@ else fail "06: an exhausted restart budget ends the job, naming the rank" "statu
 # the checksum would catch: that must not be needed.)
 snap="$TMP/kill/s.safetensors"
 "$bin" --total_epochs 1 --save_every 1 --device cpu --snapshot_path "$snap" >"$TMP/k1" 2>&1
+# The epoch's line comes first, then its snapshot, which names the epoch
+# the run goes on with (epochs count from 0, as the lines do).
+order=$(grep -n -e '^epoch 0 | loss' -e '^snapshot saved at step 313: epoch 0 done, resumes at Epoch 1;' "$TMP/k1" | cut -d: -f1 | tr '\n' ' ')
+if [[ $(wc -w <<<"$order") -eq 2 && ${order%% *} -lt $(echo $order | cut -d' ' -f2) ]]; then
+    pass "06: 'epoch 0 | loss' comes before its snapshot line, 'epoch 0 done, resumes at Epoch 1'"
+else fail "06: 'epoch 0 | loss' comes before its snapshot line, 'epoch 0 done, resumes at Epoch 1'" "$(head -n 4 "$TMP/k1" | tr '\n' '|')"; fi
 before=$(cd "$TMP/kill" && ls s.*.safetensors | tr '\n' ' ')
 COURSE_SNAPSHOT_PAUSE_MS=20000 "$bin" --total_epochs 2 --save_every 1 --device cpu --snapshot_path "$snap" >"$TMP/k2" 2>&1 &
 victim=$!
@@ -54,7 +60,7 @@ if [[ -n "$temp" && "$before" == "s.0000000313.safetensors " && "$during" == "$b
 else fail "06: a snapshot being written is a hidden temporary file; the snapshot names hold only the previous one" \
     "temporary file: '${temp:-none within 10 s}'; snapshots before '$before', while writing '$during', after the kill '$after'"; fi
 run_capture 60 "$TMP/k3" "$bin" --total_epochs 2 --save_every 1 --device cpu --snapshot_path "$snap"; status=$?
-if [[ $status -eq 0 ]] && grep -q "Resuming training from snapshot at Epoch 1 (step 313)" "$TMP/k3" && ! grep -qi "damaged\|older snapshot" "$TMP/k3"; then
+if [[ $status -eq 0 ]] && grep -q "Resuming training from snapshot at Epoch 1, sample 0 (step 313)" "$TMP/k3" && ! grep -qi "damaged\|older snapshot" "$TMP/k3"; then
     pass "06: killed during a snapshot write, the run resumes from the previous snapshot, with nothing to reject"
 else fail "06: killed during a snapshot write, the run resumes from the previous snapshot, with nothing to reject" "status $status: $(head -n 3 "$TMP/k3" | tr '\n' '|')"; fi
 
@@ -63,7 +69,7 @@ newest=$(ls "$TMP/kill"/s.*.safetensors | sort | tail -n 1)
 size=$(stat -c %s "$newest")
 printf 'garbage' | dd of="$newest" bs=1 seek=$((size - 7)) conv=notrunc 2>/dev/null # in the tensor bytes
 run_capture 60 "$TMP/damaged" "$bin" --total_epochs 3 --save_every 1 --device cpu --snapshot_path "$snap"; status=$?
-if [[ $status -eq 0 ]] && grep -qi "resuming from older snapshot" "$TMP/damaged" && grep -q "Resuming training from snapshot at Epoch 1 (step 313)" "$TMP/damaged"; then
+if [[ $status -eq 0 ]] && grep -qi "resuming from older snapshot" "$TMP/damaged" && grep -q "Resuming training from snapshot at Epoch 1, sample 0 (step 313)" "$TMP/damaged"; then
     pass "06: a damaged newest snapshot is reported and the older one used"
 else fail "06: a damaged newest snapshot is reported and the older one used" "status $status: $(head -n 3 "$TMP/damaged" | tr '\n' '|')"; fi
 
