@@ -61,4 +61,10 @@ COURSE_DDP_PERTURB_RANK=1 run_capture 120 "$TMP/drift" "$ddprun" --standalone --
 if [[ $status -ne 0 ]] && grep -q "replicas diverged at step 10: the parameters of rank(s) 1 differ" "$TMP/drift"; then
     pass "05: a diverging replica is caught and named"
 else fail "05: a diverging replica is caught and named" "status $status: $(grep -m1 -i 'diverged\|error' "$TMP/drift")"; fi
+# 4 ranks x lr 0.3 (the linear scaling rule makes it 1.2): the loss blows
+# up, and the job says so and what to use instead, rather than ending well.
+run_capture 120 "$TMP/diverged" "$ddprun" --standalone --nproc_per_node=4 "$bin" --lr 0.3 --device cpu; status=$?
+if [[ $status -ne 0 && $status -ne 124 ]] && grep -q "error: training diverged: the loss went from .* lr 1.2 (lr x world size, the linear scaling rule) is too large.*Use --lr 0.125 or less" "$TMP/diverged"; then
+    pass "05: a diverging run (lr 0.3 x 4 ranks) fails, saying which lr to use"
+else fail "05: a diverging run (lr 0.3 x 4 ranks) fails, saying which lr to use" "status $status: $(grep -m1 error "$TMP/diverged")"; fi
 no_leftovers "05: no process left behind" "05_env_launch/05_env_launch"
