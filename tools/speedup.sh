@@ -83,7 +83,7 @@ measure() { # NAME EPOCHS SAMPLES ARGS...
         awk -v w="$w" -v t="$tmed" -v t0="$tmin" -v t1="$tmax" -v n="$samples" -v s="$smed" -v s0="$smin" -v s1="$smax" -v l="${losses[w]}" 'BEGIN {
             printf "%d,%.6f,%.1f,%.4f,%.4f,%s,%.6f,%.6f,%.4f,%.4f\n", w, t, n / t, s, s / w, l, t0, t1, s0, s1 }' >>"$csv.tmp"
         tail -n 1 "$csv.tmp" | awk -F, '{ printf "%6d %12.6f %21s %14.0f %20s %10.0f%% %12s\n", $1, $2, sprintf("(%.6f-%.6f)", $7, $8),
-            $3, sprintf("%.2fx (%.2f-%.2fx)", $4, $9, $10), 100 * $5, $6 }'
+            $3, sprintf("%.3gx (%.3g-%.3gx)", $4, $9, $10), 100 * $5, $6 }'
         # Above the ideal: say what can cause it, with this run's numbers.
         if awk -v s="$smed" -v w="$w" 'BEGIN { exit !(w > 1 && s > w * 1.02) }'; then
             local l3 mib
