@@ -52,12 +52,28 @@ rel_near() {
 # has_gpu : true when a CUDA build of the course can use a GPU here.
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
 
-# no_leftovers NAME PATTERN : PASS when no process whose command line
-# matches PATTERN is left running (tests must not leave orphans).
+# Every process this test file starts (and theirs, orphans included)
+# inherits COURSE_TEST_RUN: leftovers are looked for among those only, so a
+# test never reports, let alone kills, the processes of another test run
+# (another checkout's, another engineer's) that happen to match.
+export COURSE_TEST_RUN=$TMP
+
+# ours PATTERN : the pids of this test's processes whose command line matches PATTERN.
+ours() {
+    local pid
+    for pid in $(pgrep -f -- "$1"); do
+        [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
+        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "COURSE_TEST_RUN=$COURSE_TEST_RUN" && echo "$pid"
+    done
+}
+
+# no_leftovers NAME PATTERN : PASS when no process of this test whose
+# command line matches PATTERN is left running (tests must not leave orphans).
 no_leftovers() {
     sleep 0.3
-    if pgrep -f -- "$2" >/dev/null; then
-        fail "$1" "processes left behind: $(pgrep -af -- "$2" | head -3 | tr '\n' '|')"
-        pkill -9 -f -- "$2" 2>/dev/null
+    local pids; pids=$(ours "$2" | paste -sd, -)
+    if [[ -n "$pids" ]]; then
+        fail "$1" "processes left behind: $(ps -o pid=,args= -p "$pids" 2>/dev/null | head -3 | tr '\n' '|')"
+        kill -9 ${pids//,/ } 2>/dev/null
     else pass "$1"; fi
 }

@@ -319,6 +319,6 @@ elif [[ $status -eq 0 ]] && last_line "$TMP/make_target" | grep -q '^PASSED: '; 
 else fail "exercises: make check-exercise EX=07/global_rank SOLUTION=1 passes" "status $status: $(last_line "$TMP/make_target")"; fi
 
 # ---------------------------------------------------------------- nothing left behind
-no_leftovers "exercises: no check process left behind" "exercises/build/[a-z-]+/check_"
+no_leftovers "exercises: no check process left behind" "check_[a-z_]+"
 scratch_after=$(ls -d "$tmp_dir"/check_atomic_save.* 2>/dev/null | wc -l)
 check "exercises: the atomic_save checks remove their scratch folders" test "$scratch_after" -le "$scratch_before"
