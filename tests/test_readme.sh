@@ -185,7 +185,7 @@ else
     run README.md . 600 "make speedup" '^speedup: CSV in runs/speedup/'
     rows=$(grep -c '^[0-9]' "$course/runs/speedup/speedup_large.csv" 2>/dev/null)
     if [[ "$(head -n 1 "$course/runs/speedup/speedup_large.csv" 2>/dev/null)" == *",speedup_min,speedup_max" && ${rows:-0} -ge 2 ]] &&
-       grep -q '^# command: make speedup: ' "$course/runs/speedup/speedup_large.csv"; then
+       grep -q '^# command: speedup.sh 1\.\.[0-9]* ranks, 3 rounds of ' "$course/runs/speedup/speedup_large.csv"; then
         pass "README.md: make speedup writes the median and range per world size, and how it measured"
     else fail "README.md: make speedup writes the median and range per world size, and how it measured" "$(head -n 3 "$course/runs/speedup/speedup_large.csv" 2>/dev/null | tr '\n' '|')"; fi
     run README.md . 600 "make plots"

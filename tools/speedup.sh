@@ -69,7 +69,8 @@ measure() { # NAME EPOCHS SAMPLES ARGS...
     done
     {
         echo "world_size,seconds_per_epoch,samples_per_s,speedup,efficiency,final_loss,seconds_min,seconds_max,speedup_min,speedup_max"
-        echo "# command: make speedup: tools/ddprun --standalone --nproc_per_node=1..$max 05_env_launch --epochs $epochs --samples $samples $*; $rounds rounds, median (range)"
+        # (the figure's subtitle: the model is in its legend, the full command in the table above)
+        echo "# command: speedup.sh 1..$max ranks, $rounds rounds of $epochs epochs (the first untimed): median (min-max)"
         echo "# $(sed -n 's/.*rank 0 on \([^:]*\):.*/\1/p' "$out/${name}_w1.log" | head -n 1) | backend $(sed -n 's/.*backend \([a-z]*\).*/\1/p' "$out/${name}_w$max.log" | head -n 1) | $cores cores | $(date +%Y-%m-%d)"
     } >"$csv.tmp"
     printf '%6s %12s %21s %14s %20s %11s %12s\n' ranks "s/epoch" "(range)" "samples/s" "speedup (range)" efficiency "final loss"
@@ -81,7 +82,7 @@ measure() { # NAME EPOCHS SAMPLES ARGS...
         tmed=$(printf '%s\n' ${times[w]} | median); tmin=$(printf '%s\n' ${times[w]} | sort -g | head -n 1); tmax=$(printf '%s\n' ${times[w]} | sort -g | tail -n 1)
         smed=$(printf '%s\n' $ratios | median); smin=$(printf '%s\n' $ratios | sort -g | head -n 1); smax=$(printf '%s\n' $ratios | sort -g | tail -n 1)
         awk -v w="$w" -v t="$tmed" -v t0="$tmin" -v t1="$tmax" -v n="$samples" -v s="$smed" -v s0="$smin" -v s1="$smax" -v l="${losses[w]}" 'BEGIN {
-            printf "%d,%.6f,%.1f,%.4f,%.4f,%s,%.6f,%.6f,%.4f,%.4f\n", w, t, n / t, s, s / w, l, t0, t1, s0, s1 }' >>"$csv.tmp"
+            printf "%d,%.6f,%.1f,%.4g,%.4g,%s,%.6f,%.6f,%.4g,%.4g\n", w, t, n / t, s, s / w, l, t0, t1, s0, s1 }' >>"$csv.tmp"
         tail -n 1 "$csv.tmp" | awk -F, '{ printf "%6d %12.6f %21s %14.0f %20s %10.0f%% %12s\n", $1, $2, sprintf("(%.6f-%.6f)", $7, $8),
             $3, sprintf("%.3gx (%.3g-%.3gx)", $4, $9, $10), 100 * $5, $6 }'
         # Above the ideal: say what can cause it, with this run's numbers.
