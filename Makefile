@@ -13,8 +13,11 @@ TOOLS := $(if $(wildcard tools/Makefile),tools)
 
 all: $(CHAPTERS) $(TOOLS)
 
+# `make 04_ddp_spawn` here builds 04_ddp_spawn/04_ddp_spawn; ./04_ddp_spawn is
+# the folder, so the last line says how to run the program from here.
 $(CHAPTERS) tools:
 	@$(MAKE) --no-print-directory -C $@
+	@$(if $(filter $@,$(filter-out tools,$(MAKECMDGOALS))),echo "built $@/$@; run it from here with ./$@/$@ (or: cd $@ && ./$@)")
 
 unit-tests:
 	@$(MAKE) --no-print-directory -C tests
@@ -65,11 +68,11 @@ check-exercise:
 
 clean:
 	@for d in $(CHAPTERS) $(TOOLS) tests tests/emu emu; do $(MAKE) --no-print-directory -C $$d clean; done
-	rm -rf runs */exercises/build
+	rm -rf runs build */exercises/build
 
 help:
 	@echo "targets:"
-	@echo "  make              build every chapter and tool (CUDA=0: CPU only; CUDA=emu: the emulated GPU of emu/)"
+	@echo "  make              build every chapter and tool (CUDA=0: CPU only; CUDA=emu: the emulated GPU of emu/; a mode given sticks until make clean)"
 	@echo "  make NN_name      build one chapter, e.g. make 01_single_gpu"
 	@echo "  make test         build, then run all tests (ends with 'N passed, N failed, N skipped')"
 	@echo "  make asan         CPU build with AddressSanitizer + UBSan, then the tests"

@@ -10,6 +10,7 @@
 // common/linreg.h (CPU) and common/linreg_gpu.cu (GPU), because chapters
 // 04-07 train the very same model on many devices.
 #include <stdio.h>
+#include <time.h>
 
 #include "device.h"
 #include "flags.h"
@@ -65,6 +66,11 @@ int main(int argc, char **argv) {
     char out_dir[1024];
     runs_dir(out_dir, sizeof out_dir, "01_single_gpu");
     metrics_csv csv = metrics_open(out_dir, "loss", "step,epoch,loss");
+    char date[32];
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%d", localtime(&now));
+    // One comment line that plots/make_plots.sh reads for the figure's title.
+    metrics_row(&csv, "# %s | backend none (1 process) | %s", device.name, date);
 
     // --- Training loop. Each epoch visits every sample once, in a new
     // random order (seed + epoch, as PyTorch's DistributedSampler does, so
@@ -99,7 +105,7 @@ int main(int argc, char **argv) {
     // --- Report: did the model find the true parameters?
     float *params = xmalloc(sizeof(float) * (size_t)(opt.features + 1));
     linreg_get_params(&model, params);
-    printf("training time: %.3f s (%.0f samples/s) on %s\n", seconds,
+    printf("training time: %.6f s (%.0f samples/s) on %s\n", seconds,
            (double)opt.samples * opt.epochs / seconds, device.name);
     if (opt.features == 1) {
         printf("learned weight: %.6f (true 2.0)\n", params[0]);

@@ -126,8 +126,8 @@ static void nonblocking_exchange(dist_t *d, double timeout_s) {
         nanosleep(&busy, NULL);
         float one = 1.0f;
         device_from_host(&d->device, tensor, &one, sizeof one);
-        printf("Rank 0 has data 1.0 and posts pg_isend: until pg_wait returns it may read the "
-               "tensor but must not write or free it\n");
+        printf("Rank 0 has data %.1f and posts pg_isend: until pg_wait returns it may read the "
+               "tensor but must not write or free it\n", tensor_read(&d->device, tensor));
         fflush(stdout);
         pg_request_t *request = pg_isend(d->pg, tensor, 1, DTYPE_F32, 1);
         long polls = poll_until_done(request, timeout_s);

@@ -434,6 +434,14 @@ static double time_op(bench_t *b, coll_id c, counts_t k, int warmup, int iters) 
     return over_ranks(b, seconds, OP_MAX);
 }
 
+// Test hook: COURSE_BENCH_CORRUPT_RANK=r makes one element of rank r's
+// result wrong after every checked operation, as a broken backend would, so
+// that the tests can see the #wrong column count it and the exit status fail.
+static int corrupt_rank(void) {
+    const char *text = getenv("COURSE_BENCH_CORRUPT_RANK");
+    return text && text[0] ? atoi(text) : -1;
+}
+
 // Correctness: fresh inputs, one operation, every element compared with the
 // exact expected value. Returns the wrong elements summed over all ranks.
 static long check_op(bench_t *b, coll_id c, counts_t k, int rounds) {
@@ -450,6 +458,7 @@ static long check_op(bench_t *b, coll_id c, counts_t k, int rounds) {
         device_from_host(b->dev, b->recv, b->host_recv, k.recv * t->size);
         run_op(b, c, k);
         device_to_host(b->dev, b->host_recv, b->recv, k.recv * t->size);
+        if (has_result && k.recv > 0 && corrupt_rank() == b->rank) store_value(t->type, b->host_recv, 0, poison(b));
         for (size_t j = 0; has_result && j < k.recv; j++) {
             double want = expected_value(b, c, k.count, j, seed);
             double got = load_value(t->type, b->host_recv, j);

@@ -91,6 +91,7 @@ int main(int argc, char **argv) {
     pg_barrier(dist.pg);
     double start = now_seconds();
     long step = 0;
+    double first_loss = 0, last_loss = 0;   // of the first and the last epoch
     for (int epoch = 0; epoch < opt.epochs; epoch++) {
         sampler_set_epoch(&sampler, epoch);
         linreg_set_order(&model, sampler.indices, sampler.num_samples);
@@ -112,6 +113,8 @@ int main(int argc, char **argv) {
         double loss_and_batches[2] = {linreg_take_loss_sum(&model), batches};
         dist_all_reduce_host(&dist, loss_and_batches, 2, OP_SUM);
         double epoch_loss = loss_and_batches[0] / loss_and_batches[1];
+        if (epoch == 0) first_loss = epoch_loss;
+        last_loss = epoch_loss;
         log_main("epoch %2d | loss %.6f (mean over all ranks) | %ld steps | %.3f s\n", epoch,
                  epoch_loss, step, now_seconds() - start);
         if (dist.rank == 0) metrics_row(&csv, "%d,%.8f,%.6f", epoch, epoch_loss, now_seconds() - start);
@@ -132,6 +135,15 @@ int main(int argc, char **argv) {
     linreg_free(&model);
     sampler_free(&sampler);
     linreg_free_data(&data);
+    // Did it learn, or blow up? Every rank knows (the loss is all-reduced);
+    // rank 0 says it before anyone leaves, then all of them exit with 1.
+    bool diverged = linreg_diverged(first_loss, last_loss);
+    if (diverged && dist.rank == 0)
+        course_say("error: training diverged: the loss went from %g (epoch 0) to %g (epoch %d). lr %g%s is "
+                   "too large: SGD on this data is stable only for lr below 1. Use --lr %g or less, or "
+                   "fewer ranks", first_loss, last_loss, opt.epochs - 1, lr,
+                   opt.scale_lr && dist.world_size > 1 ? " (lr x world size, the linear scaling rule)" : "",
+                   0.5 / (opt.scale_lr ? dist.world_size : 1));
     dist_finish(&dist);
-    return 0;
+    return diverged ? 1 : 0;
 }

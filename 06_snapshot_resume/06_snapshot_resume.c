@@ -124,14 +124,18 @@ int main(int argc, char **argv) {
             if (progress.position > run->samples) progress.position = run->samples; // padding at the end
             bool epoch_done = first + size >= sampler.num_samples;
             if (epoch_done) progress = (linreg_progress){epoch + 1, 0, progress.global_step, dist.world_size};
-            bool save = opt.save_every_steps > 0 && progress.global_step % opt.save_every_steps == 0;
-            save |= epoch_done && (epoch + 1) % opt.save_every == 0;
+            // Mid-epoch snapshots every --save_every_steps; the one at the
+            // epoch's end comes after the epoch's line, below.
+            bool save = !epoch_done && opt.save_every_steps > 0 && progress.global_step % opt.save_every_steps == 0;
             if (save && dist.rank == 0) linreg_snapshot_save(opt.snapshot_path, opt.keep, run, &model, &progress);
         }
         double loss[2] = {linreg_take_loss_sum(&model), batches};
         dist_all_reduce_host(&dist, loss, 2, OP_SUM);
         log_main("epoch %lld | loss %.6f | step %lld | %.3f s\n", (long long)epoch,
                  loss[1] > 0 ? loss[0] / loss[1] : 0.0, (long long)progress.global_step, now_seconds() - start);
+        bool save = (epoch + 1) % opt.save_every == 0 ||
+                    (opt.save_every_steps > 0 && progress.global_step % opt.save_every_steps == 0);
+        if (save && dist.rank == 0) linreg_snapshot_save(opt.snapshot_path, opt.keep, run, &model, &progress);
     }
     pg_barrier(dist.pg);
 

@@ -1,9 +1,9 @@
 #!/bin/bash
 # sbatch_example.sh - chapter 07 on a SLURM cluster: 2 nodes x 4 GPUs = 8 ranks.
 #
-# Submit from the course's root, after building it on a shared filesystem
-# (or the same path on every node):
-#     sbatch 07_multinode/sbatch_example.sh
+# Submit from the course's root or from 07_multinode/, after building the
+# course on a shared filesystem (or at the same path on every node):
+#     sbatch 07_multinode/sbatch_example.sh      (or, in 07_multinode/: sbatch sbatch_example.sh)
 # Adapt the #SBATCH lines to your cluster (partition, account, GPU syntax).
 #
 #SBATCH --job-name=course-07
@@ -21,6 +21,8 @@
 ##SBATCH --account=myproject
 
 set -euo pipefail
+# sbatch runs a copy of this script in the folder it was submitted from.
+if [[ -x 07_multinode/07_multinode ]]; then root=.; else root=..; fi
 
 # Rank 0 runs on the first node of the allocation, so its host name is
 # MASTER_ADDR; srun gives SLURM_PROCID 0 to the first task of that node.
@@ -44,11 +46,11 @@ echo "job $SLURM_JOB_ID: $SLURM_NNODES nodes ($SLURM_JOB_NODELIST), rendezvous a
 # store here, so rank 0 serves it at MASTER_ADDR:MASTER_PORT (env://).
 # --kill-on-bad-exit: one failed rank ends the step instead of leaving the
 # others waiting for it until their timeout.
-srun --kill-on-bad-exit=1 07_multinode/07_multinode --total_epochs 20 --save_every 2
+srun --kill-on-bad-exit=1 "$root/07_multinode/07_multinode" --total_epochs 20 --save_every 2
 
 # With automatic restarts instead: one ddprun per node, which starts that
 # node's workers and restarts them all after a failure (the variables are
 # read on each node, hence the single quotes):
-#   srun --ntasks-per-node=1 bash -c 'tools/ddprun --nnodes=$SLURM_NNODES \
+#   srun --ntasks-per-node=1 bash -c "$root"'/tools/ddprun --nnodes=$SLURM_NNODES \
 #       --node_rank=$SLURM_NODEID --nproc_per_node=4 --master_addr=$MASTER_ADDR \
-#       --master_port=$MASTER_PORT --max_restarts=3 07_multinode/07_multinode --total_epochs 20'
+#       --master_port=$MASTER_PORT --max_restarts=3 '"$root"'/07_multinode/07_multinode --total_epochs 20'

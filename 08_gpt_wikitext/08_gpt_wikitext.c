@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bpe.h"
 #include "ddp.h"
@@ -412,7 +413,15 @@ static trainer_t make_trainer(const options *o, const corpus_t *c, dist_t *d) {
     tr.warmup = o->warmup_steps < tr.total_steps / 5 ? o->warmup_steps : tr.total_steps / 5;
     tr.inputs = xmalloc(sizeof(uint16_t) * (size_t)B * T);
     tr.targets = xmalloc(sizeof(uint16_t) * (size_t)B * T);
-    if (d->rank == 0) tr.csv = metrics_open(o->out_dir, "metrics", "step,epoch,train_loss,valid_loss,tokens_per_s");
+    if (d->rank == 0) {
+        tr.csv = metrics_open(o->out_dir, "metrics", "step,epoch,train_loss,valid_loss,tokens_per_s");
+        char date[32];
+        time_t now = time(NULL);
+        strftime(date, sizeof date, "%Y-%m-%d", localtime(&now));
+        // One comment line that plots/make_plots.sh reads for the figures' titles.
+        metrics_row(&tr.csv, "# %s | backend %s | %d rank(s) | %s", d->device.name,
+                    backend_name(pg_backend(d->pg)), d->world_size, date);
+    }
     return tr;
 }
 

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef COURSE_CUDA
 #include <cuda_runtime_api.h>
@@ -28,34 +29,57 @@ static inline void course_print_prefix(FILE *out) {
     if (course_rank >= 0) fprintf(out, "[rank %d] ", course_rank);
 }
 
+// Prints "[rank R] <message>" and a newline on stderr with ONE write() call.
+// The ranks of a job share a terminal: one call per line keeps their lines
+// whole ("[rank 1] [rank 0] error: ..." is two ranks' lines glued together).
+__attribute__((format(printf, 1, 0)))
+static inline void course_vsay(const char *fmt, va_list args) {
+    char line[4096];
+    size_t n = 0;
+    if (course_rank >= 0) n = (size_t)snprintf(line, sizeof line, "[rank %d] ", course_rank);
+    int m = vsnprintf(line + n, sizeof line - n - 1, fmt, args);   // leaves room for the '\n'
+    if (m > 0) n += (size_t)m < sizeof line - n - 1 ? (size_t)m : sizeof line - n - 2;   // cut if too long
+    line[n++] = '\n';
+    fflush(stdout);
+    for (size_t done = 0; done < n;) {   // a write to a terminal or pipe may be partial
+        ssize_t w = write(STDERR_FILENO, line + done, n - done);
+        if (w <= 0 && errno != EINTR) break;   // stderr is gone: nowhere left to say it
+        if (w > 0) done += (size_t)w;
+    }
+}
+
+__attribute__((format(printf, 1, 2)))
+static inline void course_say(const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    course_vsay(fmt, args);
+    va_end(args);
+}
+
 // Print "error: <message>" on one line and exit 1.
 __attribute__((format(printf, 1, 2), noreturn))
 static inline void die(const char *fmt, ...) {
+    char message[3500];
     va_list args;
     va_start(args, fmt);
-    fflush(stdout);
-    course_print_prefix(stderr);
-    fputs("error: ", stderr);
-    vfprintf(stderr, fmt, args);
-    fputc('\n', stderr);
+    vsnprintf(message, sizeof message, fmt, args);
     va_end(args);
+    course_say("error: %s", message);
     exit(1);
 }
 
 __attribute__((noreturn))
 static inline void check_failed(const char *call, const char *file, int line,
                                 const char *reason, const char *hint) {
-    fflush(stdout);
-    course_print_prefix(stderr);
-    fprintf(stderr, "error: %s failed at %s:%d: %s", call, file, line, reason);
-    if (hint && hint[0]) fprintf(stderr, " (hint: %s)", hint);
-    fputc('\n', stderr);
+    course_say("error: %s failed at %s:%d: %s%s%s%s", call, file, line, reason,
+               hint && hint[0] ? " (hint: " : "", hint && hint[0] ? hint : "",
+               hint && hint[0] ? ")" : "");
     exit(1);
 }
 
 static inline const char *errno_hint(int err) {
     switch (err) {
-    case EADDRINUSE: return "another job uses this port; pick another with --master_port or use --standalone";
+    case EADDRINUSE: return "another program uses this address and port";
     case ECONNREFUSED: return "nothing listens there yet: is MASTER_ADDR/MASTER_PORT right and rank 0 started?";
     case ETIMEDOUT: return "the peer did not answer in time; check the address and firewall";
     case ENOSPC: return "the disk is full";

@@ -8,6 +8,7 @@
 //      all parameters lie in one flat buffer, cut into buckets (25 MiB, as
 //      DDP's default): a bucket can be sent while the next is still being
 //      computed, and one huge message would need one huge staging buffer.
+//      (COURSE_DDP_BUCKET_BYTES sets another size, see ddp_bucket_bytes.)
 //   3. Reduce identically: the process group gives every rank the same
 //      bytes, so no rank drifts by a rounding error.
 // A debug check (ddp_check_replicas) proves rule 3 held: it compares a
@@ -42,16 +43,37 @@ static inline void ddp_maybe_perturb(pg_t *pg, float *grads) {
     done = true;
 }
 
-// grads <- mean over ranks of grads, one bucket at a time. With one rank
-// there is nothing to average, and no communication happens at all.
-static inline void ddp_average_gradients(pg_t *pg, float *grads, size_t count) {
+// The bucket size: DDP_BUCKET_BYTES, or COURSE_DDP_BUCKET_BYTES when set
+// (PyTorch's bucket_cap_mb). The tests set a few bytes, so that even a small
+// model is averaged in many buckets and a bucket that is skipped shows.
+static inline size_t ddp_bucket_bytes(void) {
+    const char *text = getenv("COURSE_DDP_BUCKET_BYTES");
+    if (!text || !text[0]) return DDP_BUCKET_BYTES;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (end == text || *end || errno || v < sizeof(float) || v > (1ull << 40))
+        die("COURSE_DDP_BUCKET_BYTES must be a number of bytes from 4 to 2^40, got '%s'", text);
+    return (size_t)v;
+}
+
+// grads <- mean over ranks of grads, one bucket of bucket_bytes at a time
+// (the last bucket holds what is left). With one rank there is nothing to
+// average, and no communication happens at all.
+static inline void ddp_average_gradients_in_buckets(pg_t *pg, float *grads, size_t count,
+                                                    size_t bucket_bytes) {
     if (pg_world_size(pg) == 1) return;
-    size_t bucket = DDP_BUCKET_BYTES / sizeof(float);
+    size_t bucket = bucket_bytes / sizeof(float);
+    if (bucket == 0) bucket = 1;
     for (size_t first = 0; first < count; first += bucket) {
         size_t n = count - first < bucket ? count - first : bucket;
         pg_all_reduce(pg, grads + first, grads + first, n, DTYPE_F32, OP_AVG);
     }
     ddp_maybe_perturb(pg, grads);
+}
+
+static inline void ddp_average_gradients(pg_t *pg, float *grads, size_t count) {
+    ddp_average_gradients_in_buckets(pg, grads, count, ddp_bucket_bytes());
 }
 
 #ifdef COURSE_CUDA

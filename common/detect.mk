@@ -26,6 +26,21 @@ HAVE_GNUPLOT := $(shell command -v gnuplot 2>/dev/null)
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
 CUDA_FOUND := $(if $(and $(NVCC_PATH),$(CUDA_LIBDIR),$(NCCL_INC),$(NCCL_LIB),$(CUBLAS_LIB),$(HAVE_CUBLAS_H)),yes)
 
+# The build mode sticks: a make that names a mode (make CUDA=0) records it in
+# build/mode at the top of the course, and a later make that names none (a
+# chapter's `make`, or the `make -C tests` inside a test) builds in the
+# recorded mode instead of detecting again, so it never rebuilds the tree
+# in another mode halfway through a test run. `make clean` forgets it.
+COURSE_MODE_FILE := $(abspath $(dir $(lastword $(MAKEFILE_LIST)))../build/mode)
+ifeq ($(origin CUDA),undefined)
+COURSE_MODE_KEPT := $(strip $(shell cat $(COURSE_MODE_FILE) 2>/dev/null))
+ifneq ($(COURSE_MODE_KEPT),)
+CUDA := $(COURSE_MODE_KEPT)
+endif
+else ifneq ($(ASAN),1)
+$(shell mkdir -p $(dir $(COURSE_MODE_FILE)) && echo '$(CUDA)' >$(COURSE_MODE_FILE))
+endif
+
 ifeq ($(CUDA),emu)
 $(info [build] CUDA:    not needed: emu/ stands in for the CUDA runtime, cuBLAS and NCCL (CUDA=emu))
 else
@@ -35,6 +50,7 @@ $(info [build] cuBLAS:  $(if $(and $(CUBLAS_LIB),$(HAVE_CUBLAS_H)),found in $(CU
 endif
 $(info [build] OpenMP:  $(if $(HAVE_OPENMP),found: CPU kernels use all cores,not found: CPU kernels run on one thread))
 $(info [build] gnuplot: $(if $(HAVE_GNUPLOT),found: make plots draws PNG figures,not found: make plots writes CSV only (apt-get install gnuplot-nox)))
+
 export COURSE_DETECTED := 1
 export NVCC_PATH CUDA_HOME CUDA_LIBDIR NCCL_HOME NCCL_INC NCCL_LIB NCCL_LINK CUBLAS_LIB HAVE_CUBLAS_H HAVE_OPENMP HAVE_GNUPLOT HAVE_GPU CUDA_FOUND
 endif
@@ -60,7 +76,7 @@ endif
 endif
 CUDA ?= $(if $(CUDA_FOUND),1,0)
 ifndef COURSE_MODE_SHOWN
-$(info [build] mode:    $(if $(filter 1,$(CUDA)),CUDA build (GPU paths + CPU fallback),$(if $(filter emu,$(CUDA)),emulated GPU (the CUDA code on the CPU; see emu/README.md),CPU-only build))$(if $(filter 1,$(ASAN)), with AddressSanitizer + UBSan))
+$(info [build] mode:    $(if $(filter 1,$(CUDA)),CUDA build (GPU paths + CPU fallback),$(if $(filter emu,$(CUDA)),emulated GPU (the CUDA code on the CPU; see emu/README.md),CPU-only build))$(if $(filter 1,$(ASAN)), with AddressSanitizer + UBSan)$(if $(COURSE_MODE_KEPT), (CUDA=$(CUDA) kept from an earlier make; make CUDA=... or make clean to change)))
 export COURSE_MODE_SHOWN := 1
 endif
 export CUDA

@@ -123,15 +123,32 @@ static inline int deadline_seconds(void) {
     return seconds > 0 ? seconds : 10;
 }
 
+// What a stuck rank says before it goes (written in advance: a signal
+// handler may only write(), not format).
+static char deadline_message[256];
+
+// A rank still inside the student's function at the deadline: noted for
+// the verdict, said on stderr, and ended by the alarm's own signal, so that
+// spawn's line reads "killed by signal SIGALRM" rather than a bare status.
 static inline void on_deadline(int sig) {
-    (void)sig;
     ranks_job.outcomes->stuck[ranks_job.rank] = 1;
-    _exit(RANK_STUCK_STATUS);
+    ssize_t ignored = write(STDERR_FILENO, deadline_message, strlen(deadline_message));
+    (void)ignored;   // nothing better to do if stderr is gone
+    signal(sig, SIG_DFL);
+    sigset_t self;   // unblock it: a signal is blocked inside its own handler
+    sigemptyset(&self);
+    sigaddset(&self, sig);
+    sigprocmask(SIG_UNBLOCK, &self, NULL);
+    raise(sig);
+    _exit(RANK_STUCK_STATUS);   // not reached: SIGALRM's default action ends the process
 }
 
 // From here on, this rank has deadline_seconds() to finish (alarm(0) ends it).
 static inline void arm_deadline(int rank) {
     ranks_job.rank = rank;
+    snprintf(deadline_message, sizeof deadline_message,
+             "rank %d: still inside %s after %d s (EXERCISE_DEADLINE): stopped by the alarm (SIGALRM)\n",
+             rank, ranks_job.function, deadline_seconds());
     struct sigaction on = {0};
     on.sa_handler = on_deadline;
     sigemptyset(&on.sa_mask);

@@ -128,7 +128,7 @@ static inline bool flags_parse_bytes(const char *text, size_t *out) {
 static inline void flags_check_range(const flag_set *set, const flag_t *f, double v,
                                      const char *text) {
     if (f->min <= f->max && (v < f->min || v > f->max))
-        flags_fail(set, "--%s must be between %g and %g, got '%s'", f->name, f->min,
+        flags_fail(set, "--%s must be between %.15g and %.15g, got '%s'", f->name, f->min,
                    f->max, text);
 }
 
@@ -206,6 +206,45 @@ static inline const flag_t *flags_find(const flag_set *set, const char *name, si
     return NULL;
 }
 
+// How many one-letter edits turn a into b ('-' and '_' count as equal):
+// the Levenshtein distance, for "did you mean" on a mistyped flag.
+static inline int flags_edit_distance(const char *a, size_t la, const char *b) {
+    size_t lb = strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int row[64];
+    for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diagonal = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            char x = a[i - 1] == '-' ? '_' : a[i - 1], y = b[j - 1] == '-' ? '_' : b[j - 1];
+            int best = diagonal + (x != y);
+            if (row[j] + 1 < best) best = row[j] + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            diagonal = row[j];
+            row[j] = best;
+        }
+    }
+    return row[lb];
+}
+
+// The unknown flag, and the known one closest to it when it is close
+// enough to be a typo: "unknown flag '--epoch' (did you mean --epochs?)".
+__attribute__((noreturn))
+static inline void flags_fail_unknown(const flag_set *set, const char *arg, const char *name,
+                                      size_t len, bool is_long) {
+    const flag_t *closest = NULL;
+    int best = 99;
+    for (int i = 0; is_long && i < set->count; i++) {
+        int d = flags_edit_distance(name, len, set->flags[i].name);
+        if (d < best) best = d, closest = &set->flags[i];
+    }
+    int allowed = len < 6 ? 1 : len < 12 ? 2 : 3;   // a typo, not another word
+    if (closest && best <= allowed)
+        flags_fail(set, "unknown flag '%.*s' (did you mean --%s?)", (int)(len + 2), arg, closest->name);
+    flags_fail(set, "unknown flag '%.*s'", (int)(len + (is_long ? 2 : 1)), arg);
+}
+
 // Parse argv. Returns the index of the first positional argument (argc if
 // there is none). Parsing stops at the first positional when the set allows
 // positionals, so that "ddprun --nproc_per_node 2 prog --lr 1" leaves
@@ -234,7 +273,7 @@ static inline int flags_parse(flag_set *set, int argc, char **argv) {
         const char *eq = strchr(name, '=');
         size_t len = eq ? (size_t)(eq - name) : strlen(name);
         const flag_t *f = flags_find(set, name, len, is_short);
-        if (!f) flags_fail(set, "unknown flag '%.*s'", (int)(len + (is_long ? 2 : 1)), arg);
+        if (!f) flags_fail_unknown(set, arg, name, len, is_long);
         const char *value = eq ? eq + 1 : NULL;
         if (!value && f->type == FLAG_BOOL) {
             bool next_is_bool = i + 1 < argc &&

@@ -65,8 +65,16 @@ static inline void linreg_snapshot_save(const char *path, int keep, const linreg
     char err[1400];
     if (!snapshot_save_step(path, p->global_step, tensors, 2, meta, n, keep, err, sizeof err))
         die("could not save the snapshot: %s", err);
-    log_main("snapshot saved: Epoch %lld (step %lld) in %s (keeping the newest %d)\n",
-             (long long)p->epoch, (long long)p->global_step, path, keep);
+    // Epochs are counted from 0, as the training loop prints them. A
+    // snapshot names the epoch that training goes on with: the next one at
+    // an epoch's end (position 0), else the one in progress.
+    if (p->position == 0)
+        log_main("snapshot saved at step %lld: epoch %lld done, resumes at Epoch %lld; in %s (keeping the newest %d)\n",
+                 (long long)p->global_step, (long long)p->epoch - 1, (long long)p->epoch, path, keep);
+    else
+        log_main("snapshot saved at step %lld: resumes in Epoch %lld at sample %lld of %lld; in %s (keeping the newest %d)\n",
+                 (long long)p->global_step, (long long)p->epoch, (long long)p->position, (long long)run->samples,
+                 path, keep);
     free(params);
     free(velocity);
 }
@@ -130,8 +138,8 @@ static inline bool linreg_resume(dist_t *d, const char *path, const linreg_run *
     ddp_broadcast_parameters(d->pg, model->params, count);
     ddp_broadcast_parameters(d->pg, linreg_velocity(model), count);
     if (shared[0])
-        log_main("Resuming training from snapshot at Epoch %lld (step %lld)\n", (long long)p->epoch,
-                 (long long)p->global_step);
+        log_main("Resuming training from snapshot at Epoch %lld, sample %lld (step %lld)\n", (long long)p->epoch,
+                 (long long)p->position, (long long)p->global_step);
     return shared[0] != 0;
 }
 

@@ -969,8 +969,7 @@ static inline void snap_remove(const char *dir, const char *name) {
     char path[SNAPSHOT_PATH_MAX + 260];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     if (unlink(path) < 0 && errno != ENOENT) {
-        course_print_prefix(stderr);
-        fprintf(stderr, "warning: cannot delete old snapshot file %s: %s\n", path, strerror(errno));
+        course_say("warning: cannot delete old snapshot file %s: %s", path, strerror(errno));
     }
 }
 

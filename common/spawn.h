@@ -129,12 +129,11 @@ static inline void spawn_stop_all(spawn_job *job, int sig, int result) {
 
 static inline void spawn_report(int rank, int status, int alive) {
     fflush(stdout);
-    if (WIFSIGNALED(status))
-        fprintf(stderr, "spawn: rank %d killed by signal %s; stopping the other %d rank%s\n",
-                rank, spawn_signal_name(WTERMSIG(status)), alive, alive == 1 ? "" : "s");
-    else
-        fprintf(stderr, "spawn: rank %d exited with status %d; stopping the other %d rank%s\n",
-                rank, WEXITSTATUS(status), alive, alive == 1 ? "" : "s");
+    char what[64], rest[64] = "";
+    if (WIFSIGNALED(status)) snprintf(what, sizeof what, "killed by signal %s", spawn_signal_name(WTERMSIG(status)));
+    else snprintf(what, sizeof what, "exited with status %d", WEXITSTATUS(status));
+    if (alive > 0) snprintf(rest, sizeof rest, "; stopping the other %d rank%s", alive, alive == 1 ? "" : "s");
+    fprintf(stderr, "spawn: rank %d %s%s\n", rank, what, rest);
 }
 
 // Reap the children that have ended; the first failure stops the rest.

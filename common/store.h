@@ -709,6 +709,10 @@ static inline bool store_is_loopback(const char *host) {
 }
 
 // Bind and listen on host:port; dies with a message naming them.
+// What the "port already in use" error suggests: whoever chose the port
+// knows how to choose another (ddprun's flag, MASTER_PORT, a tcp:// URL).
+static const char *store_port_advice = "choose another port";
+
 static inline int store_listen(const char *host, int port) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *list;
@@ -727,8 +731,7 @@ static inline int store_listen(const char *host, int port) {
         freeaddrinfo(list);
         close(fd);
         if (err == EADDRINUSE)
-            die("port %d is already in use on %s (another job? use --master_port or "
-                "--standalone)", port, host);
+            die("port %d is already in use on %s (another job? %s)", port, host, store_port_advice);
         die("cannot serve the rendezvous store on %s:%d: %s", host, port, strerror(err));
     }
     freeaddrinfo(list);
@@ -1423,6 +1426,8 @@ static inline void rendezvous_env(rendezvous_t *r, const char *token, const char
         die("env:// rendezvous needs MASTER_PORT (a free port on rank 0's host), which is not "
             "set; start the job with ddprun, or export MASTER_PORT");
     const char *agent = getenv("COURSE_AGENT_STORE");
+    store_port_advice = "set MASTER_PORT to a free port, the same on every rank, or start the job with "
+                        "ddprun --standalone, which picks one";
     rendezvous_meet(r, addr, port, agent && !strcmp(agent, "1"), token, session);
 }
 
@@ -1431,6 +1436,7 @@ static inline void rendezvous_tcp(rendezvous_t *r, const char *where, const char
     char host[256];
     int port;
     rendezvous_host_port(where, "tcp:// address", host, sizeof host, &port);
+    store_port_advice = "use another port in tcp://HOST:PORT, the same on every rank";
     rendezvous_meet(r, host, port, false, token, session);
 }
 

@@ -165,9 +165,7 @@ static inline void versions_judge(store_t *st, int world, double timeout_s, char
 // The rank that serves the store (if one does) leaves last.
 __attribute__((noreturn))
 static inline void versions_refuse(rendezvous_t *r, const char *verdict) {
-    fflush(stdout);
-    course_print_prefix(stderr);
-    fprintf(stderr, "error: %s\n", verdict);
+    course_say("error: %s", verdict);
     store_add(r->store, "versions/refused", 1);
     double deadline = store_clock() + 10.0;
     while (store_add(r->store, "versions/refused", 0) < r->world_size && store_clock() < deadline)

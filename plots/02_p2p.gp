@@ -6,7 +6,8 @@
 #     gnuplot plots/02_p2p.gp
 # The title names the device, backend and date of the run. They come from the
 # CSV's comment line "# DEVICE | backend NAME | DATE", which the program
-# writes under the header; any of these can be given instead with -e:
+# writes under the header (after "# command: ...", the command that made
+# the file); any of these can be given instead with -e:
 #     gnuplot -e "info='2x H100 | backend nccl | 2025-01-31'" plots/02_p2p.gp
 #     gnuplot -e "csv='other.csv'; out='other.png'" plots/02_p2p.gp
 # plots/make_plots.sh's names infile, outfile and subtitle work as well.
@@ -16,7 +17,7 @@ if (exists("outfile")) out = outfile
 if (exists("subtitle")) info = subtitle
 if (!exists("csv")) csv = "runs/02_p2p/pingpong.csv"
 if (!exists("out")) out = "runs/plots/02_p2p.png"
-if (!exists("info")) info = system("sed -n 's/^# //p' '" . csv . "' 2>/dev/null | head -n 1")
+if (!exists("info")) info = system("sed -n -e '/^# command:/d' -e 's/^# //p' '" . csv . "' 2>/dev/null | head -n 1")
 if (system("test -s '" . csv . "' && echo yes") ne "yes") {
     print "02_p2p.gp: no " . csv . " yet (run ./02_p2p/02_p2p --bench); nothing to draw"
     exit

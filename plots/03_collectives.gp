@@ -22,7 +22,7 @@ if (strlen(names) == 0) {
     print "03_collectives.gp: no CSV in " . dir . " yet (run ./03_collectives/03_collectives --bench); nothing to draw"
     exit
 }
-if (!exists("info")) info = system("sed -n 's/^# //p' '" . dir . "/" . word(names, 1) . ".csv' | head -n 1")
+if (!exists("info")) info = system("sed -n -e '/^# command:/d' -e 's/^# //p' '" . dir . "/" . word(names, 1) . ".csv' | head -n 1")
 system "mkdir -p \"$(dirname '" . out . "')\""
 
 if (strstrt(GPVAL_TERMINALS, "pngcairo") > 0) {
@@ -44,6 +44,14 @@ set ylabel "busbw (GB/s, 1 GB = 1e9 B)"
 set grid
 set key left top
 positive(v) = v > 0 ? v : 1/0
+# Each collective keeps its own colour, point and dash, whichever are drawn:
+# eight colours that stay apart for colour-blind readers too (Okabe-Ito,
+# without its pale yellow, plus grey), and shapes for a grey-scale print.
+all = "broadcast reduce all_reduce gather all_gather scatter reduce_scatter all_to_all"
+colours = "#000000 #E69F00 #0072B2 #009E73 #D55E00 #56B4E9 #CC79A7 #7F7F7F"
+points = "7 5 9 11 13 4 6 8"
+index_of(c) = sum [k=1:8] (word(all, k) eq c ? k : 0)
 plot for [c in names] dir . "/" . c . ".csv" skip 1 using (positive($1)):(positive($8)) \
-     with linespoints pt 7 ps 0.5 lw 2 title c
+     with linespoints lc rgb word(colours, index_of(c)) pt int(word(points, index_of(c))) ps 0.8 \
+     dt index_of(c) lw 2 title c
 print "03_collectives.gp: wrote " . out

@@ -37,6 +37,9 @@ set link y2 via exp(y) inverse log(y)
 set format y2 "%.0f"
 set grid
 set key top right
+# A margin around the data, so that the last validation point, at the very
+# last step, is drawn whole instead of cut by the frame.
+set offsets graph 0.01, graph 0.03, graph 0.05, graph 0.05
 plot infile skip 1 using 1:3 with lines lw 2 title "training loss", \
      infile skip 1 using 1:4 with linespoints pt 7 ps 1 lw 2 title "validation loss (whole split)"
 print "08_gpt_loss.gp: wrote " . outfile

@@ -1,81 +1,110 @@
 #!/usr/bin/env bash
-# plots/make_plots.sh - `make plots`: run the short measurements whose CSV
-# is missing, then draw every figure with gnuplot into runs/plots/ (PNG).
-# Without gnuplot the CSVs are still written, and one line says how to
-# install it. Delete a CSV (or runs/) to measure again.
+# plots/make_plots.sh - `make plots`: draw every figure with gnuplot into
+# runs/plots/ (PNG), after measuring what has no CSV yet.
+#
+# A figure shows the CSV that is there: yours, if you ran the program
+# yourself (./01_single_gpu --lr 0.1 writes runs/01_single_gpu/loss.csv),
+# else a short default run measured here. Every CSV records the command that
+# made it ("# command: ...") and the device, backend and date; every
+# figure's subtitle repeats them, with the flags that differ from the
+# defaults ("default flags" when there were none), so a figure always says
+# which run it shows. Delete a CSV (or runs/) to measure again.
+#
+# COURSE_RUNS_DIR=DIR reads and writes DIR instead of runs/ (the tests use
+# it). Without gnuplot the CSVs are still written, and one line says how to
+# install it. Chapter 08's figures need WikiText-2 (make data): without it
+# they are skipped, and the last lines say so.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-mkdir -p runs/plots
-today=$(date +%Y-%m-%d)
+runs=${COURSE_RUNS_DIR:-runs}
+mkdir -p "$runs/plots" || exit 1
+export COURSE_RUNS_DIR=$(cd "$runs" && pwd)   # the programs write there too
 have_gnuplot=1
 command -v gnuplot >/dev/null || have_gnuplot=0
-drawn=() failed=()
+drawn=() failed=() skipped=()
 
-# draw NAME SCRIPT ARGS : gnuplot SCRIPT into runs/plots/NAME.png
+# draw NAME SCRIPT ARGS : gnuplot SCRIPT into $runs/plots/NAME.png
 draw() {
     local name=$1 script=$2 args=$3
     [[ $have_gnuplot -eq 1 ]] || return 0
-    if gnuplot -e "outfile='runs/plots/$name.png'; $args" "plots/$script" 2>runs/plots/$name.log; then
-        drawn+=("runs/plots/$name.png")
-    else failed+=("$name (see runs/plots/$name.log)"); fi
+    rm -f "$runs/plots/$name.png"
+    if gnuplot -e "outfile='$runs/plots/$name.png'; $args" "plots/$script" >"$runs/plots/$name.log" 2>&1 &&
+       [[ -s "$runs/plots/$name.png" ]]; then
+        drawn+=("$runs/plots/$name.png")
+    else failed+=("$name (see $runs/plots/$name.log)"); fi
 }
 
-# The device a chapter ran on: its first line says "running on X; why: ...".
-device_of() { sed -n 's/.*running on \([^;]*\);.*/\1/p; s/.*rank 0 on \([^:]*\):.*/\1/p' "$1" | head -n 1; }
+# subtitle CSV... : two lines, "DEVICE | backend B | DATE" and the flags of
+# the run(s) ("default flags" when none), from the CSVs' comment lines. The
+# result goes inside a gnuplot "string" (\n is a line break; quotes dropped).
+subtitle() {
+    local info flags
+    info=$(sed -n -e '/^# command:/d' -e 's/^# //p' "$1" | head -n 1)
+    flags=$(for csv in "$@"; do [[ -r $csv ]] || continue; sed -n 's/^# command: [^ ]*//p' "$csv" | head -n 1 | sed 's/^ *//; s/^$/default flags/'; done |
+            awk '!seen[$0]++' | paste -sd ';' | sed 's/;/; /g')
+    printf '%s\\nrun: %s' "${info:-(no device line)}" "${flags:-default flags}" | tr -d "'\""
+}
 
 # --- 01: loss curve
-if [[ ! -s runs/01_single_gpu/loss.csv || ! -s runs/01_single_gpu/run.log ]]; then
-    echo "plots: measuring 01_single_gpu (10 epochs)"
-    mkdir -p runs/01_single_gpu
-    01_single_gpu/01_single_gpu >runs/01_single_gpu/run.log 2>&1 || failed+=("01 run failed")
+csv01=$runs/01_single_gpu/loss.csv
+if [[ ! -s $csv01 ]]; then
+    echo "plots: measuring 01_single_gpu (10 epochs, default flags)"
+    01_single_gpu/01_single_gpu >"$runs/plots/01_single_gpu.log" 2>&1 || failed+=("01 run (see $runs/plots/01_single_gpu.log)")
 fi
-draw 01_loss 01_loss.gp "infile='runs/01_single_gpu/loss.csv'; subtitle='$(device_of runs/01_single_gpu/run.log) | no communication (1 process) | $today'"
+[[ -s $csv01 ]] && draw 01_loss 01_loss.gp "infile='$csv01'; subtitle=\"$(subtitle "$csv01")\""
 
-# --- 02: ping-pong latency and bandwidth; 03: busbw per collective. Their
-# gnuplot scripts read device, backend and date from the CSVs' comment line.
-if [[ ! -s runs/02_p2p/pingpong.csv ]]; then
+# --- 02: ping-pong latency and bandwidth; 03: busbw per collective.
+csv02=$runs/02_p2p/pingpong.csv
+if [[ ! -s $csv02 ]]; then
     echo "plots: measuring 02_p2p (bench/02_p2p.sh)"
-    bash bench/02_p2p.sh >runs/plots/02_p2p.bench.log 2>&1 || failed+=("02 benchmark (see runs/plots/02_p2p.bench.log)")
+    bash bench/02_p2p.sh >"$runs/plots/02_p2p.bench.log" 2>&1 || failed+=("02 benchmark (see $runs/plots/02_p2p.bench.log)")
 fi
-draw 02_p2p 02_p2p.gp "infile='runs/02_p2p/pingpong.csv'"
-if [[ ! -s runs/03_collectives/all_reduce.csv ]]; then
+[[ -s $csv02 ]] && draw 02_p2p 02_p2p.gp "infile='$csv02'; subtitle=\"$(subtitle "$csv02")\""
+dir03=$runs/03_collectives
+if [[ ! -s $dir03/all_reduce.csv ]]; then
     echo "plots: measuring 03_collectives (bench/03_collectives.sh)"
-    bash bench/03_collectives.sh >runs/plots/03_collectives.bench.log 2>&1 || failed+=("03 benchmark (see runs/plots/03_collectives.bench.log)")
+    bash bench/03_collectives.sh >"$runs/plots/03_collectives.bench.log" 2>&1 || failed+=("03 benchmark (see $runs/plots/03_collectives.bench.log)")
 fi
-draw 03_collectives 03_collectives.gp ""
+[[ -s $dir03/all_reduce.csv ]] && draw 03_collectives 03_collectives.gp "indir='$dir03'; subtitle=\"$(subtitle "$dir03"/{broadcast,all_reduce}.csv)\""
 
 # --- 04/05: speedup against world size
-if [[ ! -s runs/speedup/speedup_small.csv || ! -s runs/speedup/speedup_large.csv ]]; then
+sp=$runs/speedup
+if ! head -n 1 "$sp/speedup_small.csv" "$sp/speedup_large.csv" 2>/dev/null | grep -c speedup_max | grep -q 2; then
+    # missing, or written by an older speedup.sh without the ranges
     echo "plots: measuring the speedup (tools/speedup.sh)"
     bash tools/speedup.sh || failed+=("speedup measurement failed")
 fi
-if [[ -s runs/speedup/speedup_small.csv ]]; then
-    draw speedup speedup.gp "small='runs/speedup/speedup_small.csv'; large='runs/speedup/speedup_large.csv'; subtitle='$(cat runs/speedup/device.txt 2>/dev/null) | $today'"
+if [[ -s $sp/speedup_small.csv && -s $sp/speedup_large.csv ]]; then
+    draw speedup speedup.gp "small='$sp/speedup_small.csv'; large='$sp/speedup_large.csv'; subtitle=\"$(subtitle "$sp/speedup_small.csv" "$sp/speedup_large.csv")\""
 fi
 
-# --- 08: the GPT's loss curves and speed (a short run of the tiny preset
-# on WikiText-2 when no run has written its metrics yet).
-gpt_dir=runs/08_gpt_wikitext
-if [[ ! -s $gpt_dir/metrics.csv ]]; then
+# --- 08: the GPT's loss curves and speed. Measured, when no run has written
+# its metrics yet, by a short run of the tiny preset on WikiText-2.
+gpt_dir=$runs/08_gpt_wikitext
+wikitext=""
+for d in "${WIKITEXT_DIR:-}" ../shared/data/wikitext-2 data/wikitext-2; do
+    [[ -n "$d" && -r "$d/train.txt" ]] && { wikitext=$d; break; }
+done
+if [[ ! -s $gpt_dir/metrics.csv && -z $wikitext ]]; then
+    skipped+=("08_gpt_loss, 08_gpt_tokens: WikiText-2 is not here (WIKITEXT_DIR, ../shared/data/wikitext-2, data/wikitext-2); make data downloads it")
+elif [[ ! -s $gpt_dir/metrics.csv ]]; then
     echo "plots: measuring 08_gpt_wikitext (--preset tiny --max_steps 300)"
-    mkdir -p $gpt_dir
     08_gpt_wikitext/08_gpt_wikitext --preset tiny --max_steps 300 --eval_every 50 --num_samples 1 \
-        >$gpt_dir/run.log 2>&1 || failed+=("08 run (see $gpt_dir/run.log; WikiText-2 missing? make data)")
+        >"$runs/plots/08_gpt_wikitext.log" 2>&1 || failed+=("08 run (see $runs/plots/08_gpt_wikitext.log)")
 fi
 if [[ -s $gpt_dir/metrics.csv ]]; then
-    [[ -s $gpt_dir/run.log ]] || echo "08_gpt_wikitext: running on an earlier run's machine; why: metrics from a previous run" >$gpt_dir/run.log
-    gpt_title="$(device_of $gpt_dir/run.log) | backend $(sed -n 's/^ranks: [0-9]*, backend \([a-z]*\).*/\1/p' $gpt_dir/run.log | head -n 1) | $today"
-    draw 08_gpt_loss 08_gpt_loss.gp "infile='$gpt_dir/metrics.csv'; subtitle='$gpt_title'"
-    draw 08_gpt_tokens 08_gpt_tokens.gp "infile='$gpt_dir/metrics.csv'; subtitle='$gpt_title'"
+    draw 08_gpt_loss 08_gpt_loss.gp "infile='$gpt_dir/metrics.csv'; subtitle=\"$(subtitle "$gpt_dir/metrics.csv")\""
+    draw 08_gpt_tokens 08_gpt_tokens.gp "infile='$gpt_dir/metrics.csv'; subtitle=\"$(subtitle "$gpt_dir/metrics.csv")\""
 fi
 
 # On a GPU machine the measurements run on the GPU and through NCCL.
 if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
-    echo "plots: no GPU here: on a GPU server 01 and 08 would run on the GPU, 02/03 would also measure the nccl backend, and 04/05 would scale over GPUs instead of CPU cores"
+    echo "plots: no GPU here: on a GPU server 01 would run on the GPU, 02/03 would also measure the nccl backend, and 04/05 would scale over GPUs instead of CPU cores"
 fi
 if [[ $have_gnuplot -eq 0 ]]; then
-    echo "plots: gnuplot not found, so only the CSVs under runs/ were written; install it with: apt-get install gnuplot-nox"
+    echo "plots: gnuplot not found, so only the CSVs under $runs/ were written; install it with: apt-get install gnuplot-nox"
 fi
 for f in "${drawn[@]}"; do echo "plots: wrote $f"; done
+for f in "${skipped[@]}"; do echo "plots: skipped $f"; done
 for f in "${failed[@]}"; do echo "plots: FAILED $f"; done
 [[ ${#failed[@]} -eq 0 ]]

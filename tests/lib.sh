@@ -11,6 +11,10 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/course-test.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 # Keep every rendezvous in the tests short, so a broken test fails fast.
 export COURSE_TIMEOUT=${COURSE_TIMEOUT:-60}
+# Every program writes its CSVs and snapshots into this test's own fresh
+# folder, never into runs/: a file a test checks was written by this test
+# (not left by an earlier run), and a student's runs/ stays untouched.
+export COURSE_RUNS_DIR=$TMP/runs
 
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
@@ -52,27 +56,29 @@ has_real_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/n
 # a machine with a GPU, or the emulated GPU (CUDA=emu), which has 8.
 has_gpu() { is_emu || has_real_gpu; }
 
-# ours PATTERN : the processes whose command line matches PATTERN and that
-# belong to this checkout (their command line or folder is under $ROOT), so
-# that two checkouts tested at once never count - or kill - each other's.
+# Every process this test file starts (and theirs, orphans included)
+# inherits COURSE_TEST_RUN: leftovers are looked for among those only, so a
+# test never reports, let alone kills, the processes of another test run
+# (another checkout's, another engineer's) that happen to match.
+export COURSE_TEST_RUN=$TMP
+
+# ours PATTERN : the pids of this test's processes whose command line matches PATTERN.
 ours() {
     local pid
     for pid in $(pgrep -f -- "$1"); do
-        [[ $pid == "$$" ]] && continue
-        if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$ROOT" ||
-           [[ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" == "$ROOT"* ]]; then echo "$pid"; fi
+        [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
+        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "COURSE_TEST_RUN=$COURSE_TEST_RUN" && echo "$pid"
     done
 }
 
-# no_leftovers NAME PATTERN : PASS when no process of this checkout whose
+# no_leftovers NAME PATTERN : PASS when no process of this test whose
 # command line matches PATTERN is left running (tests must not leave orphans).
 no_leftovers() {
     sleep 0.3
-    local left
-    left=$(ours "$2")
-    if [[ -n "$left" ]]; then
-        fail "$1" "processes left behind: $(for p in $left; do tr '\0' ' ' <"/proc/$p/cmdline"; echo; done | head -3 | tr '\n' '|')"
-        kill -9 $left 2>/dev/null
+    local pids; pids=$(ours "$2" | paste -sd, -)
+    if [[ -n "$pids" ]]; then
+        fail "$1" "processes left behind: $(ps -o pid=,args= -p "$pids" 2>/dev/null | head -3 | tr '\n' '|')"
+        kill -9 ${pids//,/ } 2>/dev/null
     else pass "$1"; fi
 }
 

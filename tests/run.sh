@@ -1,23 +1,48 @@
 #!/usr/bin/env bash
-# tests/run.sh - run every tests/test_*.sh and count the results.
+# tests/run.sh - run the tests/test_*.sh files and count the results.
 #
-# Usage: tests/run.sh [PATTERN]   (PATTERN picks test files by name)
+# Usage: tests/run.sh [NAME...]   (make test TESTS="NAME...")
+# With no NAME every test file runs. Each NAME picks the files whose name
+# contains it (flags -> test_flags.sh; gpt -> every test_gpt_*.sh); a NAME
+# that picks no file is an error, so a typo never looks like a green run.
 # Each test file prints PASS/FAIL/SKIP lines (see tests/lib.sh). A test file
 # that exits non-zero or times out without saying FAIL counts as one failure,
 # so a crash can never look like a pass. The last line is the summary:
 #   N passed, N failed, N skipped
+# TEST_FILE_TIMEOUT (seconds; default 600, 1800 under make asan) bounds each file; TEST_DIR (default
+# tests/) is where the files are looked for (the harness's own test uses it).
 set -u
 cd "$(dirname "$0")/.." || exit 1
-pattern=${1:-}
-per_file_limit=${TEST_FILE_TIMEOUT:-900}
-log_dir=runs/test-logs
-mkdir -p "$log_dir"
+test_dir=${TEST_DIR:-tests}
+default_limit=600; [[ "${ASAN:-0}" == 1 ]] && default_limit=1800   # sanitizers are ~5x slower
+per_file_limit=${TEST_FILE_TIMEOUT:-$default_limit}
+log_dir=${COURSE_RUNS_DIR:-runs}/test-logs
+mkdir -p "$log_dir" || exit 1
+
+# The files to run: every one, or those that some NAME picks, in order.
+files=()
+for file in "$test_dir"/test_*.sh; do
+    [[ -e "$file" ]] || continue
+    name=$(basename "$file" .sh)
+    if [[ $# -eq 0 ]]; then files+=("$file"); continue; fi
+    for pattern in "$@"; do
+        if [[ "$name" == *"$pattern"* ]]; then files+=("$file"); break; fi
+    done
+done
+for pattern in "$@"; do
+    found=0
+    for file in "${files[@]}"; do [[ "$(basename "$file" .sh)" == *"$pattern"* ]] && found=1; done
+    if [[ $found -eq 0 ]]; then
+        echo "tests/run.sh: no test file in $test_dir/ matches '$pattern'; the files are:" >&2
+        (cd "$test_dir" && ls test_*.sh | sed 's/^test_/  /; s/\.sh$//') >&2
+        exit 2
+    fi
+done
 
 passed=0 failed=0 skipped=0
 failures=() skips=()
-for file in tests/test_*.sh; do
+for file in "${files[@]}"; do
     name=$(basename "$file" .sh)
-    [[ -n "$pattern" && "$name" != *$pattern* ]] && continue
     log="$log_dir/$name.log"
     start=$(date +%s)
     timeout -k 10 "$per_file_limit" bash "$file" >"$log" 2>&1
@@ -28,7 +53,7 @@ for file in tests/test_*.sh; do
     while IFS= read -r line; do skips+=("$name: ${line#SKIP }"); done < <(grep '^SKIP ' "$log")
     if [[ $status -ne 0 && $f -eq 0 ]]; then
         f=1
-        why="exited with status $status"; [[ $status -eq 124 ]] && why="timed out after ${per_file_limit}s"
+        why="exited with status $status"; [[ $status -eq 124 || $status -eq 137 ]] && why="timed out after ${per_file_limit}s"
         failures+=("$name: $why; see $log")
     fi
     passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))

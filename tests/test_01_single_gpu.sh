@@ -14,7 +14,15 @@ if near "$b" 3.0 0.05; then pass "01: bias within 0.05 of 3.0 ($b)"; else fail "
 if awk -v l="$loss" 'BEGIN { exit !(l >= 0.008 && l <= 0.013) }'; then pass "01: final loss at the noise floor ($loss)"
 else fail "01: final loss at the noise floor" "got '$loss', expected 0.008..0.013"; fi
 expect_output "01: prints [epoch, batch] loss every 100 batches" "$TMP/default" '^\[1,   100\] loss: '
-expect_output "01: prints the training time" "$TMP/default" '^training time: '
+# The time line: a positive time, the samples per second that 10 epochs of
+# 10000 samples in that time make, and the device of the first line.
+read -r secs rate on < <(sed -n 's/^training time: \([0-9.]*\) s (\([0-9]*\) samples\/s) on \(.*\)$/\1 \2 \3/p' "$TMP/default")
+device=$(sed -n 's/^01_single_gpu: running on \(.*\); why: .*/\1/p' "$TMP/default")
+if [[ -n "$secs" ]] && awk -v t="$secs" -v r="$rate" 'BEGIN { exit !(t > 0 && r > 0 && (r - 100000 / t)^2 <= (1e-3 * r + 1)^2 + (100000 / t * 1e-6 / t)^2 * 4) }' &&
+   [[ -n "$device" && "$on" == "$device" ]]; then
+    pass "01: training time $secs s, and samples/s = 10 x 10000 / time, on the device of the first line"
+else fail "01: training time, and samples/s = 10 x 10000 / time, on the device of the first line" \
+    "$(grep '^training time' "$TMP/default"); first line's device '$device'"; fi
 
 run_capture 120 "$TMP/wide" "$bin" --device cpu --features 64
 err=$(sed -n 's/.*largest error vs w_true: \([-0-9.e+]*\).*/\1/p' "$TMP/wide")

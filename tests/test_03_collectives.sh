@@ -4,11 +4,9 @@ source "$(dirname "$0")/lib.sh"
 bin="$ROOT/03_collectives/03_collectives"
 [[ -x "$bin" ]] || make --no-print-directory -s -C "$ROOT/03_collectives" >/dev/null 2>&1
 
-# The benchmark writes runs/03_collectives/*.csv: keep a student's own
-# measurements safe and put them back afterwards.
-csv_dir="$ROOT/runs/03_collectives"
-[[ -d "$csv_dir" ]] && cp -r "$csv_dir" "$TMP/saved"
-restore_csvs() { rm -rf "$csv_dir"; if [[ -d "$TMP/saved" ]]; then cp -r "$TMP/saved" "$csv_dir"; fi; }
+# The benchmark writes <runs>/03_collectives/*.csv; lib.sh points <runs> at
+# this test's own fresh folder, so the files checked below are this run's.
+csv_dir="$COURSE_RUNS_DIR/03_collectives"
 
 # after_of SECTION RANK FILE [LABEL]: what rank RANK holds after SECTION
 # (or in the block LABEL: before, after, times), spaces squeezed: "[600 604 608 612]".
@@ -117,6 +115,22 @@ if [[ $(head -n 1 "$csv_dir/all_reduce.csv" 2>/dev/null) == "size_bytes,count,ty
     pass "03: runs/03_collectives/all_reduce.csv has the columns and 6 rows"
 else fail "03: runs/03_collectives/all_reduce.csv has the columns and 6 rows" "$(head -n 3 "$csv_dir/all_reduce.csv" 2>/dev/null | tr '\n' '|')"; fi
 
+# The check itself: one wrong element on rank 1 per checked operation
+# (COURSE_BENCH_CORRUPT_RANK) must show as #wrong = the check rounds on every
+# row, FAILED in the footer, and a non-zero exit status.
+corrupt_case() {
+    local what=$1 want_rows=$2; shift 2
+    COURSE_BENCH_CORRUPT_RANK=1 run_capture 60 "$TMP/corrupt" "$bin" --bench --nprocs 2 -b 64 -e 4K -f 8 -c 2 -n 2 -w 1 "$@"; local status=$?
+    local wrongs; wrongs=$(awk '/^ +[0-9]+ +[0-9]+ / { printf "%s ", $9 }' "$TMP/corrupt")
+    if [[ $status -ne 0 && $status -ne 124 && "$wrongs" == "$want_rows" ]] &&
+       grep -q '^# Out of bounds values : 6 FAILED$' "$TMP/corrupt" && grep -q '^# FAILED: 6 wrong values in all$' "$TMP/corrupt"; then
+        pass "03: --bench $what: a wrong element on rank 1 is counted in #wrong, and the run fails"
+    else fail "03: --bench $what: a wrong element on rank 1 is counted in #wrong, and the run fails" \
+        "status $status, #wrong per row '$wrongs' (want '$want_rows'): $(grep -E 'Out of bounds|FAILED' "$TMP/corrupt" | tr '\n' '|')"; fi
+}
+corrupt_case "all_reduce" "2 2 2 " --collective all_reduce
+corrupt_case "all_to_all" "2 2 2 " --collective all_to_all
+
 # Other types, reductions, roots and world sizes: still exact.
 bench_case() {
     local what=$1; shift
@@ -130,7 +144,6 @@ bench_case "-d uint8 -o prod, 2 ranks" -d uint8 -o prod --nprocs 2 --collective 
 bench_case "-d int32 -o avg (integer division), 3 ranks" -d int32 -o avg --nprocs 3 --collective reduce_scatter
 bench_case "-d int64 -o max -r 2, 3 ranks" -d int64 -o max -r 2 --nprocs 3 --collective reduce
 bench_case "-d double -o min -r 1, 2 ranks" -d double -o min -r 1 --nprocs 2 --collective scatter
-restore_csvs
 
 # --- GPUs
 if has_gpu; then
@@ -138,8 +151,7 @@ if has_gpu; then
     result=$(check_table "$TMP/gpu")
     if [[ $status -eq 0 && "$result" == "|9 tables 8 OK" ]]; then pass "03: --device cuda --bench: #wrong 0 everywhere"
     else fail "03: --device cuda --bench: #wrong 0 everywhere" "status $status: $result"; fi
-    restore_csvs
-else
+    else
     skip "03: --device cuda --bench: #wrong 0 everywhere" "no GPU on this machine"
 fi
 

@@ -10,7 +10,33 @@ check "04: 2 ranks with the baseline exit 0" test $status -eq 0
 expect_output "04: per-rank start line of rank 0" "$TMP/two" '^\[CPU0\] Epoch 0 \| Batchsize: 32 \| Steps: 157$'
 expect_output "04: per-rank start line of rank 1" "$TMP/two" '^\[CPU1\] Epoch 0 \| Batchsize: 32 \| Steps: 157$'
 expect_output "04: rank 0 prints its loss every 100 steps" "$TMP/two" '^\[CPU0\] step   100 \| loss '
-expect_output "04: speedup and efficiency are reported" "$TMP/two" '^speedup [0-9.]+x, parallel efficiency [0-9]+%'
+# The timing: --repeats (5) more runs of each, whose times are listed; the
+# speedup is the median of the pairs' ratios (baseline / DDP), the range their
+# min and max, the efficiency the speedup over 2 ranks, and each result line's
+# time the median of its list. All recomputed here from the printed numbers.
+if awk '
+    function median(a, n,   i, j, t) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+                                       return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+    function near(a, b, tol) { return (a - b < tol && b - a < tol) }
+    /^=== timing: 5 more run/ { timing = 1 }
+    timing && /^baseline \(1\) +[0-9.]+ / { for (i = 3; i < NF; i++) base[++nb] = $i }
+    timing && /^DDP \(2\) +[0-9.]+ / { for (i = 3; i < NF; i++) ddp[++nd] = $i }
+    /^baseline \(1\) +weight .* \(median of 5\)/ { tb = $8 }
+    /^DDP \(2\) +weight .* \(median of 5\)/ { td = $8 }
+    /^speedup / { s = $2; sub(/x$/, "", s); lo = $7; sub(/;?$/, "", lo); split(lo, r, "-"); sub(/x\)?,?$/, "", r[2]); eff = $10; sub(/%/, "", eff) }
+    END {
+        if (nb != 5 || nd != 5 || s == "") { print "5 times each and a speedup line expected"; exit 1 }
+        min = 1e30; max = 0
+        for (i = 1; i <= 5; i++) { q[i] = base[i] / ddp[i]; if (q[i] < min) min = q[i]; if (q[i] > max) max = q[i] }
+        m = median(q, 5)
+        # 3 significant digits printed; the times have 6 decimals
+        if (!near(s, m, 0.006 * m)) { printf "speedup %s, median of the ratios %.5f\n", s, m; exit 1 }
+        if (!near(r[1], min, 0.006 * min) || !near(r[2], max, 0.006 * max)) { printf "range %s-%s, ratios %.5f-%.5f\n", r[1], r[2], min, max; exit 1 }
+        if (!near(eff, 100 * s / 2, 0.51 + 0.05 * s)) { printf "efficiency %s%%, speedup %s / 2 ranks\n", eff, s; exit 1 }
+        if (!near(tb, median(base, 5), 1e-6) || !near(td, median(ddp, 5), 1e-6)) { printf "result times %s %s are not the medians\n", tb, td; exit 1 }
+    }' "$TMP/two" >"$TMP/speedup.why"; then
+    pass "04: speedup = median of 5 interleaved baseline/DDP ratios, with their range and the efficiency"
+else fail "04: speedup = median of 5 interleaved baseline/DDP ratios, with their range and the efficiency" "$(cat "$TMP/speedup.why"): $(grep -A2 '^=== timing' "$TMP/two" | tr '\n' '|') $(grep '^speedup' "$TMP/two")"; fi
 for run in "baseline (1)" "DDP (2)"; do
     w=$(field "$run" 1 "$TMP/two"); b=$(field "$run" 2 "$TMP/two")
     if near "$w" 2 0.05 && near "$b" 3 0.05; then pass "04: $run learns weight 2, bias 3 ($w, $b)"
@@ -53,6 +79,28 @@ run_capture 60 "$TMP/nccl" "$bin" --nprocs $((gpus + 1)) --backend nccl; status=
 if [[ $status -ne 0 ]] && grep -q "needs one GPU per rank" "$TMP/nccl" && grep -q -- "--backend cpu" "$TMP/nccl"; then
     pass "04: more ranks than GPUs with --backend nccl is one clear error"
 else fail "04: more ranks than GPUs with --backend nccl is one clear error" "status $status: $(head -n 2 "$TMP/nccl" | tr '\n' '|')"; fi
+
+# Too large a learning rate (the linear rule makes it 8 x 0.2 = 1.6) is
+# caught and explained, not printed as a result of -nan.
+run_capture 120 "$TMP/diverged" "$bin" --nprocs 8 --lr 0.2 --no_baseline --device cpu; status=$?
+if [[ $status -eq 1 ]] && grep -q "error: the DDP run diverged: rank 0's loss went from .* Its lr 1.6 (= 0.2 x 8 ranks, the linear scaling rule) is too large.*Use --lr 0.0625 or less" "$TMP/diverged"; then
+    pass "04: a diverging run (lr 0.2 x 8 ranks) is reported with the lr to use"
+else fail "04: a diverging run (lr 0.2 x 8 ranks) is reported with the lr to use" "status $status: $(tail -n 1 "$TMP/diverged")"; fi
+run_capture 120 "$TMP/stable" "$bin" --nprocs 8 --lr 0.06 --no_baseline --device cpu; status=$?
+w=$(field "DDP (8)" 1 "$TMP/stable")
+if [[ $status -eq 0 ]] && near "$w" 2 0.05; then pass "04: the suggested lr (0.06 x 8 ranks) learns ($w)"
+else fail "04: the suggested lr (0.06 x 8 ranks) learns" "status $status, weight '$w': $(tail -n 1 "$TMP/stable")"; fi
+
+# Ctrl-C in a terminal reaches the whole foreground process group: the job
+# stops with status 130 (128 + SIGINT), as spawn says, without an error.
+setsid "$bin" --nprocs 2 --epochs 100000 --no_baseline --device cpu >"$TMP/ctrlc" 2>&1 & leader=$!
+for _ in $(seq 100); do grep -q 'step .* | loss' "$TMP/ctrlc" && break; sleep 0.1; done
+kill -INT -- -"$leader" 2>/dev/null
+for _ in $(seq 100); do kill -0 "$leader" 2>/dev/null || break; sleep 0.1; done
+kill -KILL -- -"$leader" 2>/dev/null; wait "$leader"; status=$?
+if [[ $status -eq 130 ]] && grep -q '^spawn: got SIGINT; stopping all 2 ranks' "$TMP/ctrlc" && ! grep -q 'error' "$TMP/ctrlc"; then
+    pass "04: Ctrl-C stops the job with status 130 and no error message"
+else fail "04: Ctrl-C stops the job with status 130 and no error message" "status $status: $(grep -v 'step\|Epoch' "$TMP/ctrlc" | tail -n 3 | tr '\n' '|')"; fi
 
 run_capture 10 "$TMP/bad" "$bin" --nprocs zero; status=$?
 if [[ $status -eq 2 ]] && grep -q -- "--nprocs expects an integer" "$TMP/bad"; then pass "04: bad flag exits 2"

@@ -27,24 +27,49 @@ if [[ $status -ne 0 ]] && grep -qi "giving up after 1 restart" "$TMP/budget" && 
     pass "06: an exhausted restart budget ends the job, naming the rank"
 else fail "06: an exhausted restart budget ends the job, naming the rank" "status $status: $(tail -n 2 "$TMP/budget" | tr '\n' '|')"; fi
 
-# kill -9 while a snapshot is being written: the older one still loads.
+# kill -9 while a snapshot is being written. COURSE_SNAPSHOT_PAUSE_MS makes
+# the writer sleep halfway through the tensor bytes. An atomic write is
+# then visible only as a hidden temporary file: the snapshot names hold the
+# previous snapshot alone, before the kill and after it, and the next run
+# resumes from it without having to reject anything. (A writer that wrote
+# the final name in place would leave a half-written snapshot, which only
+# the checksum would catch: that must not be needed.)
 snap="$TMP/kill/s.safetensors"
 "$bin" --total_epochs 1 --save_every 1 --device cpu --snapshot_path "$snap" >"$TMP/k1" 2>&1
+# The epoch's line comes first, then its snapshot, which names the epoch
+# the run goes on with (epochs count from 0, as the lines do).
+order=$(grep -n -e '^epoch 0 | loss' -e '^snapshot saved at step 313: epoch 0 done, resumes at Epoch 1;' "$TMP/k1" | cut -d: -f1 | tr '\n' ' ')
+if [[ $(wc -w <<<"$order") -eq 2 && ${order%% *} -lt $(echo $order | cut -d' ' -f2) ]]; then
+    pass "06: 'epoch 0 | loss' comes before its snapshot line, 'epoch 0 done, resumes at Epoch 1'"
+else fail "06: 'epoch 0 | loss' comes before its snapshot line, 'epoch 0 done, resumes at Epoch 1'" "$(head -n 4 "$TMP/k1" | tr '\n' '|')"; fi
+before=$(cd "$TMP/kill" && ls s.*.safetensors | tr '\n' ' ')
 COURSE_SNAPSHOT_PAUSE_MS=20000 "$bin" --total_epochs 2 --save_every 1 --device cpu --snapshot_path "$snap" >"$TMP/k2" 2>&1 &
 victim=$!
-for _ in $(seq 100); do ls "$TMP/kill"/.*tmp >/dev/null 2>&1 && break; sleep 0.1; done
-kill -9 $victim; wait $victim 2>/dev/null
+temp=""
+for _ in $(seq 100); do
+    temp=$(cd "$TMP/kill" && ls -A | grep '^\..*tmp$')
+    [[ -n "$temp" ]] && break
+    kill -0 $victim 2>/dev/null || break
+    sleep 0.1
+done
+during=$(cd "$TMP/kill" && ls s.*.safetensors | tr '\n' ' ')
+kill -9 $victim 2>/dev/null; wait $victim 2>/dev/null
+after=$(cd "$TMP/kill" && ls s.*.safetensors | tr '\n' ' ')
+if [[ -n "$temp" && "$before" == "s.0000000313.safetensors " && "$during" == "$before" && "$after" == "$before" ]]; then
+    pass "06: a snapshot being written is a hidden temporary file ($temp); the snapshot names hold only the previous one"
+else fail "06: a snapshot being written is a hidden temporary file; the snapshot names hold only the previous one" \
+    "temporary file: '${temp:-none within 10 s}'; snapshots before '$before', while writing '$during', after the kill '$after'"; fi
 run_capture 60 "$TMP/k3" "$bin" --total_epochs 2 --save_every 1 --device cpu --snapshot_path "$snap"; status=$?
-if [[ $status -eq 0 ]] && grep -q "Resuming training from snapshot at Epoch 1 (step 313)" "$TMP/k3"; then
-    pass "06: killed during a snapshot write, the run resumes from the previous snapshot"
-else fail "06: killed during a snapshot write, the run resumes from the previous snapshot" "status $status: $(head -n 3 "$TMP/k3" | tr '\n' '|')"; fi
+if [[ $status -eq 0 ]] && grep -q "Resuming training from snapshot at Epoch 1, sample 0 (step 313)" "$TMP/k3" && ! grep -qi "damaged\|older snapshot" "$TMP/k3"; then
+    pass "06: killed during a snapshot write, the run resumes from the previous snapshot, with nothing to reject"
+else fail "06: killed during a snapshot write, the run resumes from the previous snapshot, with nothing to reject" "status $status: $(head -n 3 "$TMP/k3" | tr '\n' '|')"; fi
 
 # A damaged newest snapshot: said so, and the older one is used.
 newest=$(ls "$TMP/kill"/s.*.safetensors | sort | tail -n 1)
 size=$(stat -c %s "$newest")
 printf 'garbage' | dd of="$newest" bs=1 seek=$((size - 7)) conv=notrunc 2>/dev/null # in the tensor bytes
 run_capture 60 "$TMP/damaged" "$bin" --total_epochs 3 --save_every 1 --device cpu --snapshot_path "$snap"; status=$?
-if [[ $status -eq 0 ]] && grep -qi "resuming from older snapshot" "$TMP/damaged" && grep -q "Resuming training from snapshot at Epoch 1 (step 313)" "$TMP/damaged"; then
+if [[ $status -eq 0 ]] && grep -qi "resuming from older snapshot" "$TMP/damaged" && grep -q "Resuming training from snapshot at Epoch 1, sample 0 (step 313)" "$TMP/damaged"; then
     pass "06: a damaged newest snapshot is reported and the older one used"
 else fail "06: a damaged newest snapshot is reported and the older one used" "status $status: $(head -n 3 "$TMP/damaged" | tr '\n' '|')"; fi
 

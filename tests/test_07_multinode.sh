@@ -99,7 +99,7 @@ if [[ $status -eq 0 && -n "${rs_sum:-}" && "$rs_sum" == "${same_mode_sum:-x}" ]]
    grep -q "^ddprun: restarting workers (restart 1 of 1)" "$TMP/rs/node0.log" &&
    grep -q "^ddprun: restarting workers (restart 1 of 1)" "$TMP/rs/node1.log" &&
    grep -q "fault injection: rank 3 on node 1" "$TMP/rs/node1.log" &&
-   grep -q "Resuming training from snapshot at Epoch 2 (step 126)" "$TMP/rs/node0.log"
+   grep -q "Resuming training from snapshot at Epoch 2, sample 0 (step 126)" "$TMP/rs/node0.log"
 then pass "07: a worker of node 1 fails: both nodes restart and resume, parameters byte-identical ($rs_sum, $mode)"
 else fail "07: a worker of node 1 fails: both nodes restart and resume, byte-identical" "status $status, checksum '${rs_sum:-}' vs '${same_mode_sum:-}': $(grep -h '^ddprun' "$TMP"/rs/node*.log | tail -n 3 | tr '\n' '|')"; fi
 

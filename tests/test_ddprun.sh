@@ -8,6 +8,11 @@ source "$(dirname "$0")/lib.sh"
 DDPRUN=$ROOT/tools/ddprun
 WORKER=$ROOT/tests/unit/test_ddprun_worker
 TAG=ddprun-test-$$   # on every worker's command line, to find leftovers
+# Every case below ends in about a second when ddprun works (a dead worker is
+# noticed in ~0.1 s). Its deadline is a few seconds more than that, never
+# the workers' `sleep 60`: a broken ddprun fails each case in seconds, and
+# the whole file within a few minutes, instead of waiting out every sleep.
+LIMIT=15
 
 if ! make -C "$ROOT/tools" -s ddprun >"$TMP/build.log" 2>&1 ||
    ! make -C "$ROOT/tests" -s unit/test_ddprun_worker >>"$TMP/build.log" 2>&1; then
@@ -40,7 +45,7 @@ value() { sed -n "s/^\[rank $2\]: $3=//p" "$1" | head -1; }
 
 # ---------------------------------------------------------------- environment
 out=$TMP/env.log
-env -u OMP_NUM_THREADS "$DDPRUN" --standalone --nproc_per_node=2 "$WORKER" env >"$out" 2>&1
+env -u OMP_NUM_THREADS timeout -k 5 $LIMIT "$DDPRUN" --standalone --nproc_per_node=2 "$WORKER" env >"$out" 2>&1
 status=$?
 port=$(sed -n 's/.*store at 127\.0\.0\.1:\([0-9]*\);.*/\1/p' "$out")
 ok=1
@@ -63,14 +68,14 @@ if [[ $(value "$out" 0 OMP_NUM_THREADS) == 1 && $(value "$out" 1 OMP_NUM_THREADS
 else fail "ddprun: OMP_NUM_THREADS=1 with a notice when unset" "workers saw '$(value "$out" 0 OMP_NUM_THREADS)'"; fi
 
 out=$TMP/omp.log
-OMP_NUM_THREADS=7 "$DDPRUN" --standalone --nproc-per-node 2 "$WORKER" env >"$out" 2>&1
+OMP_NUM_THREADS=7 timeout -k 5 $LIMIT "$DDPRUN" --standalone --nproc-per-node 2 "$WORKER" env >"$out" 2>&1
 if [[ $(value "$out" 1 OMP_NUM_THREADS) == 7 ]] && ! grep -q 'setting OMP_NUM_THREADS' "$out"
 then pass "ddprun: an OMP_NUM_THREADS that is set passes through"
 else fail "ddprun: an OMP_NUM_THREADS that is set passes through" "rank 1 saw '$(value "$out" 1 OMP_NUM_THREADS)'"; fi
 
 # ---------------------------------------------------------------- output relay
 out=$TMP/output.log
-"$DDPRUN" --standalone --nproc_per_node=2 --log_dir="$TMP/logs" "$WORKER" partial echo-err "on stderr" tail "no newline" >"$out" 2>&1
+timeout -k 5 $LIMIT "$DDPRUN" --standalone --nproc_per_node=2 --log_dir="$TMP/logs" "$WORKER" partial echo-err "on stderr" tail "no newline" >"$out" 2>&1
 if grep -qx '\[rank 1\]: first half, second half' "$out" && grep -qx '\[rank 0\]: no newline' "$out" &&
    grep -qx '\[rank 1\]: on stderr' "$out"; then pass "ddprun: output prefixed per line, partial lines joined"
 else fail "ddprun: output prefixed per line, partial lines joined" "output: $(tr '\n' '|' <"$out")"; fi
@@ -82,14 +87,38 @@ else fail "ddprun: --log_dir keeps each rank's output in files" "files: $(find "
 # ---------------------------------------------------------------- standalone twice at once
 "$DDPRUN" --standalone --nproc_per_node=2 "$WORKER" env sleep 1 >"$TMP/sa1.log" 2>&1 & p1=$!
 "$DDPRUN" --standalone --nproc_per_node=2 "$WORKER" env sleep 1 >"$TMP/sa2.log" 2>&1 & p2=$!
-wait_deadline $p1 50; s1=$?; wait_deadline $p2 10; s2=$?
+wait_deadline $p1 $LIMIT; s1=$?; wait_deadline $p2 5; s2=$?
 port1=$(value "$TMP/sa1.log" 0 MASTER_PORT); port2=$(value "$TMP/sa2.log" 0 MASTER_PORT)
 if [[ $s1 -eq 0 && $s2 -eq 0 && -n "$port1" && "$port1" != "$port2" ]]; then pass "ddprun: two --standalone jobs at once get their own ports"
 else fail "ddprun: two --standalone jobs at once get their own ports" "statuses $s1 $s2, ports '$port1' '$port2'; $(tail -n 2 "$TMP/sa2.log" | tr '\n' '|')"; fi
 
+# ---------------------------------------------------------------- a folder for PROGRAM
+# Every chapter is a folder holding a program of its own name: ddprun given
+# the folder (as a path, or as a bare name that PATH does not know) runs
+# the program inside and says so.
+mkdir -p "$TMP/wk"
+cp "$WORKER" "$TMP/wk/wk"
+for given in wk ./wk/ "$TMP/wk"; do
+    (cd "$TMP" && timeout -k 5 $LIMIT "$DDPRUN" --standalone --nproc_per_node=2 "$given" env) >"$TMP/folder.log" 2>&1; status=$?
+    if [[ $status -eq 0 ]] && grep -q "^ddprun: $given is a folder; running the program of the same name in it, ${given%/}/wk$" "$TMP/folder.log" &&
+       [[ $(value "$TMP/folder.log" 1 RANK) == 1 ]]; then pass "ddprun: PROGRAM '$given', a folder, runs the program of its name inside"
+    else fail "ddprun: PROGRAM '$given', a folder, runs the program of its name inside" "status $status: $(head -n 2 "$TMP/folder.log" | tr '\n' '|')"; fi
+done
+
+# ---------------------------------------------------------------- a port in use
+# A second job on the port of a running one is told how to pick another.
+port=$(free_port)
+"$DDPRUN" --master_port="$port" --nproc_per_node=1 "$WORKER" echo "$TAG" sleep 60 >"$TMP/holder.log" 2>&1 & holder=$!
+for _ in $(seq 100); do grep -q "$TAG" "$TMP/holder.log" && break; sleep 0.1; done
+run_capture $LIMIT "$TMP/inuse.log" "$DDPRUN" --master_port="$port" --nproc_per_node=1 "$WORKER" env; status=$?
+kill -TERM $holder 2>/dev/null; wait_deadline $holder $LIMIT >/dev/null
+if [[ $status -ne 0 && $status -ne 124 ]] && grep -q "port $port is already in use on 127.0.0.1 (another job? use --master_port or --standalone)" "$TMP/inuse.log"
+then pass "ddprun: a port in use is refused, suggesting --master_port or --standalone"
+else fail "ddprun: a port in use is refused, suggesting --master_port or --standalone" "status $status: $(tail -n 2 "$TMP/inuse.log" | tr '\n' '|')"; fi
+
 # ---------------------------------------------------------------- failures
 out=$TMP/fail.log
-run_capture 60 "$out" "$DDPRUN" --standalone --nproc_per_node=3 "$WORKER" echo "$TAG" exit-if-rank 1 3 sleep 60
+run_capture $LIMIT "$out" "$DDPRUN" --standalone --nproc_per_node=3 "$WORKER" echo "$TAG" exit-if-rank 1 3 sleep 60
 status=$?
 if [[ $status -ne 0 && $status -ne 124 ]] && grep -q '^ddprun: rank 1 (local 1, pid [0-9]*) exited with status 3; stopping the other workers' "$out" &&
    grep -q '^ddprun: root cause (first failure): rank 1 .* exited with status 3' "$out"
@@ -98,7 +127,7 @@ else fail "ddprun: a failing worker ends the job, naming its rank and status" "s
 no_leftovers "ddprun: the other workers are stopped after a failure" "$TAG"
 
 out=$TMP/signal.log
-run_capture 60 "$out" "$DDPRUN" --standalone --nproc_per_node=2 "$WORKER" echo "$TAG" kill-if-rank 1 9 sleep 60
+run_capture $LIMIT "$out" "$DDPRUN" --standalone --nproc_per_node=2 "$WORKER" echo "$TAG" kill-if-rank 1 9 sleep 60
 status=$?
 if [[ $status -ne 0 && $status -ne 124 ]] && grep -q 'rank 1 (local 1, pid [0-9]*) was killed by signal 9 (SIGKILL)' "$out"
 then pass "ddprun: a worker killed by a signal is named with the signal"
@@ -106,7 +135,7 @@ else fail "ddprun: a worker killed by a signal is named with the signal" "status
 no_leftovers "ddprun: no workers left after a killed worker" "$TAG"
 
 out=$TMP/stubborn.log
-COURSE_KILL_GRACE=1 run_capture 60 "$out" "$DDPRUN" --standalone --nproc_per_node=2 "$WORKER" ignore-term echo "$TAG" sleep 0.5 exit-if-rank 0 4 sleep 60
+COURSE_KILL_GRACE=1 run_capture $LIMIT "$out" "$DDPRUN" --standalone --nproc_per_node=2 "$WORKER" ignore-term echo "$TAG" sleep 0.5 exit-if-rank 0 4 sleep 60
 status=$?
 if [[ $status -eq 1 ]] && grep -q 'still running 1 s after SIGTERM; sending SIGKILL' "$out"
 then pass "ddprun: a worker that ignores SIGTERM gets SIGKILL after COURSE_KILL_GRACE"
@@ -116,20 +145,21 @@ no_leftovers "ddprun: no worker left after SIGKILL" "$TAG"
 # A worker that fails at once gets its siblings SIGTERMed while some are still
 # between fork and exec; that must neither look like a signal to the launcher
 # nor need SIGKILL.
-bad=0
+bad=0 runs=0
 for _ in $(seq 10); do
-    COURSE_KILL_GRACE=2 run_capture 60 "$TMP/race.log" "$DDPRUN" --standalone --nproc_per_node=8 "$WORKER" echo "$TAG" exit-if-rank 1 5 sleep 60
+    runs=$((runs + 1))
+    COURSE_KILL_GRACE=2 run_capture $LIMIT "$TMP/race.log" "$DDPRUN" --standalone --nproc_per_node=8 "$WORKER" echo "$TAG" exit-if-rank 1 5 sleep 60
     status=$?
-    if [[ $status -ne 1 ]] || grep -qE '^ddprun: got SIG|sending SIGKILL' "$TMP/race.log"; then bad=$((bad + 1)); cp "$TMP/race.log" "$TMP/race-bad.log"; fi
+    if [[ $status -ne 1 ]] || grep -qE '^ddprun: got SIG|sending SIGKILL' "$TMP/race.log"; then bad=1; break; fi   # one is enough
 done
 if [[ $bad -eq 0 ]]; then pass "ddprun: workers stopped right after their start die by SIGTERM"
-else fail "ddprun: workers stopped right after their start die by SIGTERM" "$bad of 10 runs went wrong, e.g.: $(grep ddprun "$TMP/race-bad.log" | tail -n 2 | tr '\n' '|')"; fi
+else fail "ddprun: workers stopped right after their start die by SIGTERM" "run $runs of 10 went wrong (status $status): $(grep ddprun "$TMP/race.log" | tail -n 2 | tr '\n' '|')"; fi
 no_leftovers "ddprun: no workers left after quick failures" "$TAG"
 
 # ---------------------------------------------------------------- signals to the launcher
-# wait_for_lines FILE COUNT: until FILE has COUNT lines with the tag (at most 20 s).
+# wait_for_lines FILE COUNT: until FILE has COUNT lines with the tag (at most 10 s).
 wait_for_lines() {
-    for _ in $(seq 200); do
+    for _ in $(seq 100); do
         [[ $(grep -c "$TAG" "$1" 2>/dev/null) -ge $2 ]] && return 0
         sleep 0.1
     done
@@ -140,7 +170,7 @@ out=$TMP/ctrlc.log
 "$DDPRUN" --standalone --nproc_per_node=2 "$WORKER" echo "$TAG" sleep 60 >"$out" 2>&1 & launcher=$!
 wait_for_lines "$out" 2
 kill -INT $launcher
-wait_deadline $launcher 30; status=$?
+wait_deadline $launcher $LIMIT; status=$?
 if [[ $status -eq 130 ]] && grep -q '^ddprun: got SIGINT; passing it to the workers' "$out"
 then pass "ddprun: Ctrl-C (SIGINT) stops the job with status 130"
 else fail "ddprun: Ctrl-C (SIGINT) stops the job with status 130" "status $status; output: $(tail -n 3 "$out" | tr '\n' '|')"; fi
@@ -155,7 +185,7 @@ no_leftovers "ddprun: workers die with a SIGKILLed launcher" "$TAG"
 # ---------------------------------------------------------------- bad flags
 bad_flag() {
     local name=$1; shift
-    run_capture 30 "$TMP/bad.log" "$DDPRUN" "$@"
+    run_capture $LIMIT "$TMP/bad.log" "$DDPRUN" "$@"
     local status=$?
     if [[ $status -eq 2 ]] && grep -q '^ddprun: error: ' "$TMP/bad.log"; then pass "ddprun: $name exits 2"
     else fail "ddprun: $name exits 2" "status $status; output: $(head -n 2 "$TMP/bad.log" | tr '\n' '|')"; fi
@@ -165,10 +195,11 @@ bad_flag "a non-numeric --nproc_per_node" --nproc_per_node=two "$WORKER"
 bad_flag "a missing program" --nproc_per_node=2
 bad_flag "--node_rank not below --nnodes" --nnodes=2 --node_rank=2 "$WORKER"
 bad_flag "a program not found" --nproc_per_node=1 "./no-such-program-$TAG"
+bad_flag "a folder without a program of its name" --nproc_per_node=1 "$ROOT/common"
 
 # ---------------------------------------------------------------- restarts
 out=$TMP/restart.log
-run_capture 60 "$out" "$DDPRUN" --standalone --nproc_per_node=2 --max_restarts=1 "$WORKER" exit-if-first 1 5 env
+run_capture $LIMIT "$out" "$DDPRUN" --standalone --nproc_per_node=2 --max_restarts=1 "$WORKER" exit-if-first 1 5 env
 status=$?
 if [[ $status -eq 0 ]] && grep -q '^ddprun: restarting workers (restart 1 of 1)' "$out" &&
    grep -q '^\[rank 1\]: TORCHELASTIC_RESTART_COUNT=1$' "$out"
@@ -176,7 +207,7 @@ then pass "ddprun: --max_restarts=1 restarts after a first failure and succeeds"
 else fail "ddprun: --max_restarts=1 restarts after a first failure and succeeds" "status $status; output: $(grep ddprun "$out" | tr '\n' '|')"; fi
 
 out=$TMP/giveup.log
-run_capture 60 "$out" "$DDPRUN" --standalone --nproc_per_node=2 --max_restarts=2 "$WORKER" echo "$TAG" exit-if-rank 1 5 sleep 60
+run_capture $LIMIT "$out" "$DDPRUN" --standalone --nproc_per_node=2 --max_restarts=2 "$WORKER" echo "$TAG" exit-if-rank 1 5 sleep 60
 status=$?
 if [[ $status -ne 0 && $status -ne 124 ]] && [[ $(grep -c '^ddprun: restarting workers' "$out") -eq 2 ]] &&
    grep -q '^ddprun: giving up after 2 restarts; last failure: rank 1 exited with status 5' "$out"
@@ -188,7 +219,7 @@ no_leftovers "ddprun: no worker left after giving up" "$TAG"
 port=$(free_port)
 "$DDPRUN" --nnodes=2 --node_rank=0 --nproc_per_node=2 --master_port="$port" "$WORKER" env >"$TMP/node0.log" 2>&1 & n0=$!
 "$DDPRUN" --nnodes=2 --node-rank=1 --nproc-per-node=3 --master-port="$port" "$WORKER" env >"$TMP/node1.log" 2>&1 & n1=$!
-wait_deadline $n0 50; s0=$?; wait_deadline $n1 10; s1=$?
+wait_deadline $n0 $LIMIT; s0=$?; wait_deadline $n1 5; s1=$?
 ok=1
 for r in 0 1; do
     [[ $(value "$TMP/node0.log" $r RANK) == "$r" && $(value "$TMP/node0.log" $r WORLD_SIZE) == 5 &&
@@ -205,7 +236,7 @@ else fail "ddprun: two nodes with 2 and 3 workers get ranks 0-1 and 2-4 of 5" "s
 port=$(free_port)
 "$DDPRUN" --nnodes=2 --node_rank=0 --nproc_per_node=1 --master_port="$port" "$WORKER" echo "$TAG" sleep 60 >"$TMP/node0.log" 2>&1 & n0=$!
 "$DDPRUN" --nnodes=2 --node_rank=1 --nproc_per_node=2 --master_port="$port" "$WORKER" echo "$TAG" sleep 0.5 exit-if-rank 2 6 sleep 60 >"$TMP/node1.log" 2>&1 & n1=$!
-wait_deadline $n0 50; s0=$?; wait_deadline $n1 10; s1=$?
+wait_deadline $n0 $LIMIT; s0=$?; wait_deadline $n1 5; s1=$?
 if [[ $s0 -eq 1 && $s1 -eq 1 ]] && grep -q 'the job failed on node 1 .*rank 2 exited with status 6' "$TMP/node0.log"
 then pass "ddprun: a failure on node 1 stops node 0 too, naming the rank"
 else fail "ddprun: a failure on node 1 stops node 0 too, naming the rank" "statuses $s0 $s1; node 0 said: $(grep ddprun "$TMP/node0.log" | tail -n 2 | tr '\n' '|')"; fi
@@ -213,7 +244,7 @@ no_leftovers "ddprun: no workers left on either node" "$TAG"
 
 out=$TMP/missing.log
 port=$(free_port)
-COURSE_TIMEOUT=3 run_capture 60 "$out" "$DDPRUN" --nnodes=2 --node_rank=0 --nproc_per_node=2 --master_port="$port" "$WORKER" env
+COURSE_TIMEOUT=3 run_capture $LIMIT "$out" "$DDPRUN" --nnodes=2 --node_rank=0 --nproc_per_node=2 --master_port="$port" "$WORKER" env
 status=$?
 if [[ $status -eq 1 ]] && grep -q "within 3 s: 1 of 2 joined (node 0: 2 workers); missing: node 1\. The store is at 127\.0\.0\.1:$port" "$out"
 then pass "ddprun: a node that never arrives is named after COURSE_TIMEOUT"

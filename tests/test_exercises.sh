@@ -1,6 +1,9 @@
 # Classroom exercises (NN_chapter/exercises/, tools/check_exercise.sh):
-#   - every starter file compiles without warnings and FAILS its check with
-#     the helpful message that the check promises;
+#   - every starter file, as handed out, compiles without warnings and FAILS
+#     its check with the helpful message that the check promises. The tests
+#     keep their own copy of the starters (tests/starters/): a student's
+#     exercise file changes as they solve it, and their progress must never
+#     turn the course's tests red;
 #   - every reference solution (solutions/) passes;
 #   - the checks catch what they claim to catch (a deadlock, a half-written
 #     file, a sum where a mean belongs, ...): small broken versions written
@@ -20,10 +23,26 @@ scratch_before=$(ls -d "$tmp_dir"/check_atomic_save.* 2>/dev/null | wc -l)
 # last_line FILE: the verdict line.
 last_line() { tail -n 1 "$1"; }
 
+# starter_copy EX: the kept copy of EX's starter, tests/starters/NN_chapter/name.c (or .cu).
+starter_copy() { ls "$ROOT"/tests/starters/"${1%%/*}"_*/"${1#*/}".c* 2>/dev/null | head -n 1; }
+
+# mine_differs EX: the exercise file in the chapter is no longer the starter
+# (the student is solving it): said once, as a SKIP, since it is theirs to check.
+mine_differs() {
+    local ex=$1 copy; copy=$(starter_copy "$ex")
+    local mine; mine=$(ls "$ROOT"/"${ex%%/*}"_*/exercises/"${ex#*/}".c* 2>/dev/null | head -n 1)
+    if [[ -n "$mine" && -n "$copy" ]] && ! cmp -s "$mine" "$copy"; then
+        skip "exercises: your $ex" "${mine#"$ROOT"/} differs from the starter (solved, or in progress): make check-exercise EX=$ex checks it; here the starter as handed out is checked"
+    fi
+}
+
 # starter EX REGEX: the starter compiles warning-free, fails, and explains.
 starter() {
-    local ex=$1 regex=$2 out="$TMP/starter_${1//\//_}"
-    run_capture 180 "$out" "$check_ex" "$ex"; local status=$?
+    local ex=$1 regex=$2 out="$TMP/starter_${1//\//_}" copy
+    copy=$(starter_copy "$ex")
+    if [[ -z "$copy" ]]; then fail "exercises: starter $ex fails its check and says why" "no copy of it in tests/starters/"; return; fi
+    mine_differs "$ex"
+    run_capture 180 "$out" "$check_ex" "$ex" --file "$copy"; local status=$?
     if grep -q 'exercises/.*warning:' "$out"; then
         fail "exercises: starter $ex compiles without warnings" "$(grep -m1 'exercises/.*warning:' "$out")"
     elif [[ $status -eq 1 ]] && last_line "$out" | grep -q '^NOT YET: ' && grep -Eq -- "$regex" "$out"; then
@@ -90,7 +109,8 @@ cuda_case() {
     elif [[ $status -eq $want ]]; then pass "$name"
     else fail "$name" "status $status, wanted $want; last line: $(last_line "$out")"; fi
 }
-cuda_case starter 1
+mine_differs 01/sgd_kernel
+cuda_case starter 1 --file "$(starter_copy 01/sgd_kernel)"
 if $have_solutions; then cuda_case solution 0 --solution
 else skip "exercises: solution 01/sgd_kernel passes" "solutions/ is absent"; fi
 
@@ -299,6 +319,6 @@ elif [[ $status -eq 0 ]] && last_line "$TMP/make_target" | grep -q '^PASSED: '; 
 else fail "exercises: make check-exercise EX=07/global_rank SOLUTION=1 passes" "status $status: $(last_line "$TMP/make_target")"; fi
 
 # ---------------------------------------------------------------- nothing left behind
-no_leftovers "exercises: no check process left behind" "exercises/build/[a-z-]+/check_"
+no_leftovers "exercises: no check process left behind" "check_[a-z_]+"
 scratch_after=$(ls -d "$tmp_dir"/check_atomic_save.* 2>/dev/null | wc -l)
 check "exercises: the atomic_save checks remove their scratch folders" test "$scratch_after" -le "$scratch_before"

@@ -5,7 +5,7 @@
 # comes, a stranger on the store's port, a port already taken, another job's token.
 source "$(dirname "$0")/lib.sh"
 
-if ! make -C "$ROOT/tests" -s -B unit/test_store unit/test_store_rdzv >"$TMP/build.log" 2>&1; then
+if ! make -C "$ROOT/tests" -s unit/test_store unit/test_store_rdzv >"$TMP/build.log" 2>&1; then
     fail store_build "make -C tests failed: $(grep -m3 -E 'error|Error' "$TMP/build.log" | tr '\n' '|')"
     exit 1
 fi
@@ -146,7 +146,8 @@ status=$?
 kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
 if [[ $status -ne 0 && $status -ne 124 ]]; then pass port_in_use_fails
 else fail port_in_use_fails "exit status $status"; fi
-expect_output port_in_use_message "$TMP/inuse.log" "port $port is already in use on 127.0.0.1 .*--master_port or --standalone"
+# Started by hand (no launcher): the advice is MASTER_PORT, not a ddprun flag.
+expect_output port_in_use_message "$TMP/inuse.log" "port $port is already in use on 127.0.0.1 \(another job\? set MASTER_PORT to a free port"
 
 # ------------------------------------------------------------------ token mismatch
 port=$(pick_port)

@@ -400,8 +400,29 @@ static bool is_executable_file(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
 }
 
-// Like a shell: a name with '/' is a path; otherwise search PATH.
+// A folder that holds a program of its own name, as every chapter does
+// (05_env_launch/05_env_launch): the program inside, and a line that says so.
+// NULL when `name` is not such a folder.
+static char *program_in_folder(const char *name) {
+    struct stat st;
+    if (stat(name, &st) != 0 || !S_ISDIR(st.st_mode)) return NULL;
+    char folder[4096], candidate[8200];
+    snprintf(folder, sizeof folder, "%s", name);
+    size_t len = strlen(folder);
+    while (len > 1 && folder[len - 1] == '/') folder[--len] = '\0';
+    const char *base = strrchr(folder, '/') ? strrchr(folder, '/') + 1 : folder;
+    snprintf(candidate, sizeof candidate, "%s/%s", folder, base);
+    if (!is_executable_file(candidate)) return NULL;
+    say("%s is a folder; running the program of the same name in it, %s", name, candidate);
+    return xstrdup(candidate);
+}
+
+// Like a shell: a name with '/' is a path; otherwise search PATH. A folder
+// holding a program of its own name stands for that program (and a name
+// that is nowhere in PATH but is such a folder here, too).
 static char *resolve_program(const flag_set *set, const char *name) {
+    char *inside = strchr(name, '/') ? program_in_folder(name) : NULL;
+    if (inside) return inside;
     if (strchr(name, '/')) {
         if (!is_executable_file(name))
             flags_fail(set, "cannot run '%s': %s", name,
@@ -418,6 +439,8 @@ static char *resolve_program(const flag_set *set, const char *name) {
         if (is_executable_file(candidate)) return xstrdup(candidate);
         path += len + (path[len] == ':');
     }
+    inside = program_in_folder(name);
+    if (inside) return inside;
     flags_fail(set, "program '%s' was not found in PATH (for a program in this folder, "
                "write ./%s)", name, name);
 }
@@ -946,6 +969,7 @@ static void serve_and_connect(job_t *job) {
         sigaddset(&block, SIGCHLD);
         int rc = pthread_sigmask(SIG_BLOCK, &block, &old);
         if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+        store_port_advice = "use --master_port or --standalone";
         job->server = store_server_start(bind_host(job->master_addr), job->master_port,
                                          job->token);
         rc = pthread_sigmask(SIG_SETMASK, &old, NULL);

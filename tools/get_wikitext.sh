@@ -56,13 +56,19 @@ else
     die "neither curl nor wget is installed; install one, or copy train.txt, valid.txt and test.txt of WikiText-2 v1 into $dest (or set WIKITEXT_DIR=/path/to/them)"
 fi
 
-created_dest=0
-[[ -d "$dest" ]] || created_dest=1
+# The highest folder of dest that does not exist yet (data/, for make data):
+# a download that fails removes what it created, empty folders included.
+created=""
+d=$dest
+while [[ ! -e "$d" && "$d" != / && "$d" != . ]]; do created=$d; d=$(dirname "$d"); done
 mkdir -p "$dest" || die "cannot create $dest"
 partial=""
 cleanup() {
     [[ -n "$partial" ]] && rm -f "$partial"
-    [[ $created_dest -eq 1 ]] && { rmdir "$dest" 2>/dev/null || true; }
+    if [[ -n "$created" ]]; then   # rmdir: only folders that are still empty
+        d=$dest
+        while rmdir "$d" 2>/dev/null && [[ "$d" != "$created" ]]; do d=$(dirname "$d"); done
+    fi
     return 0
 }
 trap cleanup EXIT
@@ -85,5 +91,5 @@ for s in "${splits[@]}"; do
     partial=""
     echo "$target: sha256 ok"
 done
-created_dest=0
+created=""
 echo "WikiText-2 is ready in $dest"

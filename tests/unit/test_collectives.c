@@ -17,21 +17,28 @@
 // blocks are uneven) runs for f32 SUM in every collective, plus u8 MAX and
 // bf16 AVG all-reduce, to keep the file within a couple of minutes on 2 cores.
 //
+// Then ddp_average_gradients (common/ddp.h): with buckets of a few bytes,
+// for counts that fill the buckets exactly and that straddle their ends,
+// against one plain all-reduce (AVG) of the whole buffer and against the
+// exact mean: a bucket that is skipped or averaged twice shows.
+//
 // Results: the ranks add their failure counts per collective to the store
 // (not through the process group under test) and rank 0 prints one PASS or
 // FAIL line per collective and world size.
 #include <math.h>
 
+#include "ddp.h"
 #include "flags.h"
 #include "pg.h"
 #include "spawn.h"
 #include "test.h"
 
 enum { C_BROADCAST, C_REDUCE, C_ALL_REDUCE, C_GATHER, C_ALL_GATHER, C_SCATTER,
-       C_REDUCE_SCATTER, C_ALL_TO_ALL, C_BARRIER, C_IDENTICAL, C_COUNT };
+       C_REDUCE_SCATTER, C_ALL_TO_ALL, C_BARRIER, C_IDENTICAL, C_DDP, C_COUNT };
 static const char *coll_names[C_COUNT] = {"broadcast", "reduce", "all_reduce", "gather",
                                           "all_gather", "scatter", "reduce_scatter",
-                                          "all_to_all", "barrier", "identical bits"};
+                                          "all_to_all", "barrier", "identical bits",
+                                          "ddp_average_gradients buckets"};
 
 #define BIG_COUNT 1048577
 
@@ -337,6 +344,60 @@ static void check_identical(ctx_t *c, dtype_t t, redop_t op, size_t count) {
     free(sums);
 }
 
+// ---------------------------------------------------------------- DDP buckets
+
+// ddp_average_gradients in buckets of bucket_bytes (0: through the
+// COURSE_DDP_BUCKET_BYTES variable, set to env_bytes) against one plain
+// all-reduce of the whole buffer and against the exact mean.
+static void check_ddp(ctx_t *c, size_t count, size_t bucket_bytes, const char *env_bytes) {
+    size_t bytes = count * sizeof(float);
+    float *in = xcalloc(count, sizeof(float)), *want = xcalloc(count, sizeof(float));
+    fill(in, DTYPE_F32, OP_AVG, c->rank, 0, count);
+    expect_reduced(want, DTYPE_F32, OP_AVG, c->world, 0, count);
+    float *plain = dev_copy(c, in, bytes), *ddp = dev_copy(c, in, bytes);
+    pg_all_reduce(c->pg, plain, plain, count, DTYPE_F32, OP_AVG);
+    if (bucket_bytes) {
+        ddp_average_gradients_in_buckets(c->pg, ddp, count, bucket_bytes);
+    } else {
+        setenv("COURSE_DDP_BUCKET_BYTES", env_bytes, 1);
+        ddp_average_gradients(c->pg, ddp, count);
+        unsetenv("COURSE_DDP_BUCKET_BYTES");
+    }
+    float *got = xcalloc(count, sizeof(float)), *ref = xcalloc(count, sizeof(float));
+    device_to_host(c->dev, got, ddp, bytes);
+    device_to_host(c->dev, ref, plain, bytes);
+    size_t bad = 0;
+    while (bad < count && got[bad] == want[bad]) bad++;
+    char what[120];
+    if (bucket_bytes) snprintf(what, sizeof what, "count %zu, buckets of %zu bytes", count, bucket_bytes);
+    else snprintf(what, sizeof what, "count %zu, COURSE_DDP_BUCKET_BYTES=%s", count, env_bytes);
+    record(c, C_DDP, memcmp(ref, want, bytes) == 0, "%s: the plain all-reduce is not the exact mean", what);
+    size_t per_bucket = (bucket_bytes ? bucket_bytes : strtoull(env_bytes, NULL, 10)) / sizeof(float);
+    record(c, C_DDP, bad == count, "%s: element %zu (in bucket %zu) is %g, the mean is %g", what, bad,
+           bad / (per_bucket ? per_bucket : 1), bad < count ? got[bad] : 0.0, bad < count ? want[bad] : 0.0);
+    device_free(c->dev, plain);
+    device_free(c->dev, ddp);
+    free(in);
+    free(want);
+    free(got);
+    free(ref);
+}
+
+static void run_ddp(ctx_t *c) {
+    // Buckets of 1, 3, 10 and 1000 floats: one bucket, exactly full ones,
+    // and a last bucket that is partly full (or holds one element).
+    static const struct { size_t count, bucket_bytes; } cases[] = {
+        {0, 4}, {1, 4}, {2, 4}, {7, 4}, {3, 12}, {4, 12}, {8, 12}, {9, 12}, {10, 12},
+        {10, 40}, {11, 40}, {19, 40}, {1000, 40}, {1001, 40},
+        {999, 4000}, {1000, 4000}, {1001, 4000}, {70001, 4000}, {70001, 280004}, {70002, 280004},
+        {70001, DDP_BUCKET_BYTES},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        check_ddp(c, cases[k].count, cases[k].bucket_bytes, NULL);
+    check_ddp(c, 1001, 0, "40");   // the same through the variable the programs read
+    check_ddp(c, 5, 0, "6");       // 6 bytes: buckets of one float
+}
+
 // ---------------------------------------------------------------- the plan
 
 static bool allowed(dtype_t t, redop_t op) { return !redop_is_bitwise(op) || dtype_is_integer(t); }
@@ -430,6 +491,7 @@ static int worker(int rank, int world, void *arg) {
     check_identical(&c, DTYPE_F64, OP_SUM, 70001);
     check_identical(&c, DTYPE_BF16, OP_SUM, 70001);
     if (o->big) check_identical(&c, DTYPE_F32, OP_SUM, BIG_COUNT);
+    run_ddp(&c);
     pg_destroy(c.pg);
     report(&c, o);
     rendezvous_close(&rdzv);

@@ -14,7 +14,7 @@ int main(int argc, char **argv) {
         {"lr", NULL, FLAG_DOUBLE, &lr, "learning rate", 0, 10, NULL, NULL},
         {"device", NULL, FLAG_STRING, &device, "where to compute", 1, 0, "auto|cpu|cuda", "TEST_FLAGS_DEVICE"},
         {"verbose_output", NULL, FLAG_BOOL, &verbose, "say more", 1, 0, NULL, NULL},
-        {"minbytes", "b", FLAG_BYTES, &bytes, "smallest size", 1, 0, NULL, NULL},
+        {"minbytes", "b", FLAG_BYTES, &bytes, "smallest size", 1, 1 << 30, NULL, NULL},
     };
     flag_set set = {"test_flags", "flags parser test", NULL, flags, 5};
     if (argc > 1) { // the shell test drives bad input through here
