@@ -28,6 +28,21 @@ static inline void course_print_prefix(FILE *out) {
     if (course_rank >= 0) fprintf(out, "[rank %d] ", course_rank);
 }
 
+// Writes text on one line: control characters, which a message picks up
+// from what a user typed or a file held (a newline in a flag's value, say),
+// are shown as \n, \t or \xNN. Very long text is cut short with "...".
+static inline void course_put_one_line(FILE *out, const char *fmt, va_list args) {
+    char text[8192];
+    int n = vsnprintf(text, sizeof text, fmt, args);
+    for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
+        if (*c == '\n') fputs("\\n", out);
+        else if (*c == '\t') fputs("\\t", out);
+        else if (*c < 0x20 || *c == 0x7f) fprintf(out, "\\x%02x", *c);
+        else fputc(*c, out);
+    }
+    if (n >= (int)sizeof text) fputs("...", out);
+}
+
 // Print "error: <message>" on one line and exit 1.
 __attribute__((format(printf, 1, 2), noreturn))
 static inline void die(const char *fmt, ...) {
@@ -36,7 +51,7 @@ static inline void die(const char *fmt, ...) {
     fflush(stdout);
     course_print_prefix(stderr);
     fputs("error: ", stderr);
-    vfprintf(stderr, fmt, args);
+    course_put_one_line(stderr, fmt, args);
     fputc('\n', stderr);
     va_end(args);
     exit(1);
