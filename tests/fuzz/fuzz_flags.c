@@ -56,11 +56,10 @@ static void set_env(const char *name, const char *value) {
     else unsetenv(name);
 }
 
+// --help or -h anywhere (also where it is the value of another flag: an over-estimate is enough here).
 static bool has_help(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--")) return false;
+    for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
-    }
     return false;
 }
 
