@@ -9,7 +9,7 @@ include common/detect.mk
 CHAPTERS := $(patsubst %/Makefile,%,$(sort $(wildcard [0-9][0-9]_*/Makefile)))
 TOOLS := $(if $(wildcard tools/Makefile),tools)
 
-.PHONY: all help test asan bench bench-gpt plots speedup clean data $(CHAPTERS) tools unit-tests
+.PHONY: all help test asan fuzz bench bench-gpt plots speedup clean data $(CHAPTERS) tools unit-tests
 
 all: $(CHAPTERS) $(TOOLS)
 
@@ -32,6 +32,12 @@ test: all unit-tests
 asan:
 	@$(MAKE) --no-print-directory ASAN=1 all unit-tests
 	@ASAN=1 ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 tests/run.sh $(TESTS)
+
+# Fuzzing (tests/fuzz/README.md): every parser and the store's server under
+# libFuzzer with ASan and UBSan, FUZZ_SECONDS each. Needs clang's libFuzzer.
+FUZZ_SECONDS ?= 180
+fuzz:
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) bash tests/fuzz/run.sh
 
 BENCHES := $(wildcard bench/*.sh)
 bench: all
@@ -60,7 +66,7 @@ check-exercise:
 
 clean:
 	@for d in $(CHAPTERS) $(TOOLS) tests; do $(MAKE) --no-print-directory -C $$d clean; done
-	rm -rf runs */exercises/build
+	rm -rf runs */exercises/build tests/fuzz/build
 
 help:
 	@echo "targets:"
@@ -68,6 +74,7 @@ help:
 	@echo "  make NN_name      build one chapter, e.g. make 01_single_gpu"
 	@echo "  make test         build, then run all tests (ends with 'N passed, N failed, N skipped')"
 	@echo "  make asan         CPU build with AddressSanitizer + UBSan, then the tests"
+	@echo "  make fuzz         fuzz every parser and the store, FUZZ_SECONDS each (default 180; needs clang)"
 	@echo "  make bench        benchmarks: tables on the terminal, CSV under runs/"
 	@echo "  make bench-gpt    chapter 08 on a GPU: tokens/s, MFU, memory (needs a GPU)"
 	@echo "  make speedup      measure speedup vs number of ranks (CSV + figure data)"

@@ -33,7 +33,8 @@ typedef struct {
     int peer;            // our end of the socket pair; -1: not connected
     int server_fd;       // the server's end, which the server closes
     store_bytes replies; // bytes received, not yet a whole reply
-    store_bytes sent;    // every byte sent on this connection
+    store_bytes tail;    // the last bytes sent, where a token may have begun
+    bool token_sent;     // the job's token went out on this connection
 } slot;
 
 static store_server_t *new_server(void) {
@@ -77,13 +78,25 @@ static void connect_slot(store_server_t *s, slot *k) {
     store_server_add_client(s, fds[1], &nobody);
 }
 
+// Notes whether the job's token is among the bytes sent so far (it may span sends).
+static void note_sent(slot *k, const void *data, size_t n) {
+    size_t keep = strlen(TOKEN) - 1;
+    store_bytes_put(&k->tail, data, n);
+    if (memmem(k->tail.data, k->tail.len, TOKEN, strlen(TOKEN))) k->token_sent = true;
+    if (k->tail.len > keep) {
+        memmove(k->tail.data, k->tail.data + k->tail.len - keep, keep);
+        k->tail.len = keep;
+    }
+}
+
 static void send_bytes(slot *k, const void *data, size_t n) {
-    store_bytes_put(&k->sent, data, n);
     // A full socket buffer (a client parked on a wait is not read) drops the rest, like a stalled peer.
-    if (n && send(k->peer, data, n, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN && errno != EPIPE && errno != ECONNRESET) {
+    ssize_t sent = n ? send(k->peer, data, n, MSG_DONTWAIT | MSG_NOSIGNAL) : 0;
+    if (sent < 0 && errno != EAGAIN && errno != EPIPE && errno != ECONNRESET) {
         perror("fuzz: send");
         abort();
     }
+    if (sent > 0) note_sent(k, data, (size_t)sent);
 }
 
 static void send_hello(slot *k) {
@@ -151,7 +164,7 @@ static void check_server(const store_server_t *s, bool token_seen) {
 // a sound over-estimate, independent of the server's own bookkeeping.
 static bool token_was_sent(const slot *slots) {
     for (int i = 0; i < SLOTS; i++)
-        if (slots[i].sent.len && memmem(slots[i].sent.data, slots[i].sent.len, TOKEN, strlen(TOKEN))) return true;
+        if (slots[i].token_sent) return true;
     return false;
 }
 
@@ -162,7 +175,7 @@ static void forget_closed(store_server_t *s, slot *slots) {
         read_replies(&slots[i]);
         close(slots[i].peer);
         slots[i].peer = -1;
-        slots[i].replies.len = slots[i].sent.len = 0;
+        slots[i].replies.len = slots[i].tail.len = 0;
     }
 }
 
@@ -177,7 +190,7 @@ static void step(store_server_t *s, slot *slots, fuzz_input *in) {
     if (what == 5) {
         if (k->peer >= 0) close(k->peer);
         k->peer = -1;
-        k->replies.len = k->sent.len = 0;
+        k->replies.len = k->tail.len = 0;
         return;
     }
     if (k->peer < 0) connect_slot(s, k);
@@ -199,7 +212,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_quiet();
     store_server_t *s = new_server();
     slot slots[SLOTS];
-    for (int i = 0; i < SLOTS; i++) slots[i] = (slot){-1, -1, {0}, {0}};
+    for (int i = 0; i < SLOTS; i++) slots[i] = (slot){-1, -1, {0}, {0}, false};
     fuzz_input in = {data, size};
     bool token_seen = false; // once sent, keys may exist for the rest of the input
     for (int steps = 0; in.left > 0 && steps < 256; steps++) {
@@ -214,7 +227,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int i = 0; i < SLOTS; i++) {
         if (slots[i].peer >= 0) close(slots[i].peer);
         store_bytes_free(&slots[i].replies);
-        store_bytes_free(&slots[i].sent);
+        store_bytes_free(&slots[i].tail);
     }
     free_server(s);
     return 0;
