@@ -34,10 +34,11 @@ asan:
 	@ASAN=1 ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 tests/run.sh $(TESTS)
 
 # Fuzzing (tests/fuzz/README.md): every parser and the store's server under
-# libFuzzer with ASan and UBSan, FUZZ_SECONDS each. Needs clang's libFuzzer.
+# libFuzzer with ASan and UBSan, FUZZ_SECONDS each (FUZZ_TARGETS: some of
+# them). Needs clang's libFuzzer.
 FUZZ_SECONDS ?= 180
 fuzz:
-	@FUZZ_SECONDS=$(FUZZ_SECONDS) bash tests/fuzz/run.sh
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) bash tests/fuzz/run.sh $(FUZZ_TARGETS)
 
 BENCHES := $(wildcard bench/*.sh)
 bench: all

@@ -5,7 +5,7 @@
 # compiler (no clang needed), with the sanitizers under `make asan`.
 source "$(dirname "$0")/lib.sh"
 FUZZ=$ROOT/tests/fuzz
-targets=(json snapshot tokenizer wikitext flags store)
+targets=(json snapshot tokenizer wikitext flags store gpt_weights)
 replay=$FUZZ/build/replay$([[ ${ASAN:-} == 1 ]] && echo -asan)
 
 if ! make -C "$FUZZ" -s replay >"$TMP/build.log" 2>&1; then

@@ -5,6 +5,7 @@
 
 #include "fuzz.h"
 #include "fuzz_wikitext.h"
+#include "gpt.h"
 #include "snapshot.h"
 #include "store.h"
 
@@ -152,6 +153,20 @@ static void store_seeds(void) {
     store_bytes_free(&hello);
 }
 
+static void gpt_weights_seed(void) {
+    gpt_t m;
+    char path[1024], err[600];
+    size_t n;
+    gpt_init(&m, (gpt_config){.vocab_size = 16, .block_size = 4, .n_layer = 1, .n_head = 2, .n_embd = 4}, 7);
+    snprintf(path, sizeof path, "%s/.seed-model.safetensors", out_dir);
+    if (!gpt_save_safetensors(&m, path, err, sizeof err)) die("%s", err);
+    char *data = slurp(path, &n);
+    put("gpt_weights", "seed-tiny-model.safetensors", data, n);
+    free(data);
+    unlink(path);
+    gpt_free(&m);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) die("usage: seed_gen DIR");
     out_dir = argv[1];
@@ -162,5 +177,6 @@ int main(int argc, char **argv) {
     wikitext_seeds();
     flags_seeds();
     store_seeds();
+    gpt_weights_seed();
     return 0;
 }
