@@ -12,6 +12,7 @@
 #ifndef COURSE_FUZZ_H
 #define COURSE_FUZZ_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -37,7 +38,7 @@ static inline void fuzz_check(bool ok, const char *what) {
 static inline FILE *fuzz_devnull(void) {
     static FILE *null;
     if (!null && !(null = fopen("/dev/null", "w"))) {
-        perror("fuzz: /dev/null");
+        dprintf(2, "fuzz: /dev/null: %s\n", strerror(errno));
         abort();
     }
     return null;
@@ -55,11 +56,11 @@ typedef struct { int fd; char path[40]; } fuzz_file;
 static inline void fuzz_file_put(fuzz_file *f, const void *data, size_t size) {
     if (f->fd <= 0) {
         f->fd = memfd_create("fuzz-input", MFD_CLOEXEC);
-        if (f->fd < 0) { perror("fuzz: memfd_create"); abort(); }
+        if (f->fd < 0) { dprintf(2, "fuzz: memfd_create: %s\n", strerror(errno)); abort(); }
         snprintf(f->path, sizeof f->path, "/proc/self/fd/%d", f->fd);
     }
     if (ftruncate(f->fd, 0) != 0 || (size && pwrite(f->fd, data, size, 0) != (ssize_t)size)) {
-        perror("fuzz: writing the memfd");
+        dprintf(2, "fuzz: writing the memfd: %s\n", strerror(errno));
         abort();
     }
 }

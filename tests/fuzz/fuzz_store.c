@@ -70,7 +70,7 @@ static void connect_slot(store_server_t *s, slot *k) {
     int fds[2];
     struct sockaddr_storage nobody = {0};
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds) != 0) {
-        perror("fuzz: socketpair");
+        dprintf(2, "fuzz: socketpair: %s\n", strerror(errno));
         abort();
     }
     k->peer = fds[0];
@@ -92,8 +92,8 @@ static void note_sent(slot *k, const void *data, size_t n) {
 static void send_bytes(slot *k, const void *data, size_t n) {
     // A full socket buffer (a client parked on a wait is not read) drops the rest, like a stalled peer.
     ssize_t sent = n ? send(k->peer, data, n, MSG_DONTWAIT | MSG_NOSIGNAL) : 0;
-    if (sent < 0 && errno != EAGAIN && errno != EPIPE && errno != ECONNRESET) {
-        perror("fuzz: send");
+    if (sent < 0 && errno != EAGAIN && errno != EINTR && errno != EPIPE && errno != ECONNRESET) {
+        dprintf(2, "fuzz: send: %s\n", strerror(errno));
         abort();
     }
     if (sent > 0) note_sent(k, data, (size_t)sent);
@@ -135,8 +135,10 @@ static void read_replies(slot *k) {
 // One round of the server's loop, as its thread runs it, without waiting.
 static void serve(store_server_t *s) {
     size_t n = store_server_fill_pollfds(s);
-    if (poll(s->pfds, n, 0) < 0) {
-        perror("fuzz: poll");
+    int rc;
+    while ((rc = poll(s->pfds, n, 0)) < 0 && errno == EINTR) {} // libFuzzer's timeout alarm interrupts, as the store's loop allows
+    if (rc < 0) {
+        dprintf(2, "fuzz: poll: %s\n", strerror(errno));
         abort();
     }
     store_server_round(s, n);

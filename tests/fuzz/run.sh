@@ -10,7 +10,7 @@ set -u
 cd "$(dirname "$0")" || exit 1
 seconds=${FUZZ_SECONDS:-180}
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(json snapshot tokenizer wikitext flags store)
+[[ ${#targets[@]} -eq 0 ]] && targets=(json snapshot tokenizer wikitext flags store gpt_weights)
 if ! [[ $seconds =~ ^[0-9]+$ ]] || [[ $seconds -lt 1 ]]; then
     echo "fuzz: FUZZ_SECONDS must be a whole number of seconds, got '$seconds'" >&2
     exit 2
@@ -47,7 +47,7 @@ max_len() {
 }
 
 echo "fuzz: $cc, ${seconds} s per target; logs, corpora and crashes under tests/fuzz/build/"
-printf '%-10s %12s %10s %8s  %s\n' target executions execs/s corpus result
+printf '%-12s %12s %10s %8s  %s\n' target executions execs/s corpus result
 crashed=0
 for t in "${targets[@]}"; do
     work=build/corpus/$t artifacts=build/artifacts/$t log=build/logs/$t.log
@@ -67,7 +67,7 @@ for t in "${targets[@]}"; do
         why=$(grep -m1 -E 'ERROR: (AddressSanitizer|libFuzzer|UndefinedBehaviorSanitizer)|runtime error|fuzz invariant broken' "$log")
         result="FOUND: ${why:-exit status $status} -> tests/fuzz/${file:-$log} (log: tests/fuzz/$log)"
     fi
-    printf '%-10s %12s %10s %8s  %s\n' "$t" "${execs:-?}" "${rate:-?}" "$units" "$result"
+    printf '%-12s %12s %10s %8s  %s\n' "$t" "${execs:-?}" "${rate:-?}" "$units" "$result"
 done
 if [[ $crashed -gt 0 ]]; then
     echo "fuzz: $crashed target(s) found a crash; reproduce with tests/fuzz/build/libfuzzer/fuzz_NAME FILE, fix it, and keep FILE in tests/fuzz/regressions/NAME/"
