@@ -9,7 +9,7 @@ include common/detect.mk
 CHAPTERS := $(patsubst %/Makefile,%,$(sort $(wildcard [0-9][0-9]_*/Makefile)))
 TOOLS := $(if $(wildcard tools/Makefile),tools)
 
-.PHONY: all help test asan fuzz bench bench-gpt plots speedup clean data $(CHAPTERS) tools unit-tests
+.PHONY: all help test asan bench bench-gpt plots speedup clean data $(CHAPTERS) tools unit-tests
 
 all: $(CHAPTERS) $(TOOLS)
 
@@ -37,6 +37,7 @@ asan:
 # libFuzzer with ASan and UBSan, FUZZ_SECONDS each (FUZZ_TARGETS: some of
 # them). Needs clang's libFuzzer.
 FUZZ_SECONDS ?= 180
+.PHONY: fuzz
 fuzz:
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) bash tests/fuzz/run.sh $(FUZZ_TARGETS)
 
