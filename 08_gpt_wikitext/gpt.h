@@ -1286,8 +1286,8 @@ static inline size_t gpt_count_params(gpt_config cfg) {
 // the model is built: a few damaged bytes must not make it allocate (and fill)
 // gigabytes for a model the file cannot hold.
 static inline bool gpt_load_safetensors(gpt_t *m, const char *path, char *err, size_t errlen) {
-    char *file;
-    size_t size;
+    char *file = NULL;
+    size_t size = 0;
     if (!gpt_read_file(path, &file, &size, err, errlen)) return false;
     uint64_t hlen;
     memcpy(&hlen, file, 8);
