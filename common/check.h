@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,32 +29,40 @@ static inline void course_print_prefix(FILE *out) {
     if (course_rank >= 0) fprintf(out, "[rank %d] ", course_rank);
 }
 
-// Writes text on one line: control characters, which a message picks up
-// from what a user typed or a file held (a newline in a flag's value, say),
-// are shown as \n, \t or \xNN. Very long text is cut short with "...".
-static inline void course_put_one_line(FILE *out, const char *fmt, va_list args) {
-    char text[8192];
+// Formats a message into out (size bytes) on one line: control characters,
+// which a message picks up from what a user typed or a file held (a newline
+// in a flag's value, say), are shown as \n, \t or \xNN; text that does not
+// fit is cut short with "...". The caller writes the line with one call, so
+// that ranks sharing a terminal do not interleave their messages.
+static inline void course_one_line(char *out, size_t size, const char *fmt, va_list args) {
+    char text[4096];
     int n = vsnprintf(text, sizeof text, fmt, args);
-    for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
-        if (*c == '\n') fputs("\\n", out);
-        else if (*c == '\t') fputs("\\t", out);
-        else if (*c < 0x20 || *c == 0x7f) fprintf(out, "\\x%02x", *c);
-        else fputc(*c, out);
+    size_t used = 0;
+    bool cut = n >= (int)sizeof text;
+    for (const unsigned char *c = (const unsigned char *)text; *c && !cut; c++) {
+        if (used + 5 + 4 > size) { cut = true; break; } // room for \xNN and "..."
+        if (*c == '\n') used += (size_t)snprintf(out + used, size - used, "\\n");
+        else if (*c == '\t') used += (size_t)snprintf(out + used, size - used, "\\t");
+        else if (*c < 0x20 || *c == 0x7f) used += (size_t)snprintf(out + used, size - used, "\\x%02x", *c);
+        else out[used++] = (char)*c;
     }
-    if (n >= (int)sizeof text) fputs("...", out);
+    if (cut && used + 4 <= size) memcpy(out + used, "...", 3), used += 3;
+    out[used] = '\0';
 }
 
 // Print "error: <message>" on one line and exit 1.
 __attribute__((format(printf, 1, 2), noreturn))
 static inline void die(const char *fmt, ...) {
+    char line[8192];
+    size_t at = course_rank >= 0 ? (size_t)snprintf(line, sizeof line, "[rank %d] ", course_rank) : 0;
+    at += (size_t)snprintf(line + at, sizeof line - at, "error: ");
     va_list args;
     va_start(args, fmt);
-    fflush(stdout);
-    course_print_prefix(stderr);
-    fputs("error: ", stderr);
-    course_put_one_line(stderr, fmt, args);
-    fputc('\n', stderr);
+    course_one_line(line + at, sizeof line - at - 1, fmt, args);
     va_end(args);
+    strcat(line, "\n");
+    fflush(stdout);
+    fputs(line, stderr);
     exit(1);
 }
 

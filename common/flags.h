@@ -59,9 +59,11 @@ static inline void flags_fail(const flag_set *set, const char *fmt, ...) {
     va_list args;
     va_start(args, fmt);
     fflush(stdout);
-    fprintf(stderr, "%s: error: ", set->program);
-    course_put_one_line(stderr, fmt, args); // one line, whatever the value held
-    fputc('\n', stderr);
+    char line[8192];
+    size_t at = (size_t)snprintf(line, sizeof line, "%s: error: ", set->program);
+    course_one_line(line + at, sizeof line - at - 1, fmt, args); // one line, whatever the value held
+    strcat(line, "\n");
+    fputs(line, stderr);
     va_end(args);
     flags_usage_line(set, stderr);
     exit(EXIT_USAGE);
