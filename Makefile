@@ -36,6 +36,14 @@ asan:
 	@$(MAKE) --no-print-directory ASAN=1 all unit-tests
 	@ASAN=1 ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 tests/run.sh $(TESTS)
 
+# Fuzzing (tests/fuzz/README.md): every parser and the store's server under
+# libFuzzer with ASan and UBSan, FUZZ_SECONDS each (FUZZ_TARGETS: some of
+# them). Needs clang's libFuzzer.
+FUZZ_SECONDS ?= 180
+.PHONY: fuzz
+fuzz:
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) bash tests/fuzz/run.sh $(FUZZ_TARGETS)
+
 BENCHES := $(wildcard bench/*.sh)
 bench: all
 	@if [ -z "$(BENCHES)" ]; then echo "no benchmarks yet"; fi
@@ -68,7 +76,7 @@ check-exercise:
 
 clean:
 	@for d in $(CHAPTERS) $(TOOLS) tests tests/emu emu; do $(MAKE) --no-print-directory -C $$d clean; done
-	rm -rf runs build */exercises/build
+	rm -rf runs build */exercises/build tests/fuzz/build
 
 help:
 	@echo "targets:"
@@ -76,6 +84,7 @@ help:
 	@echo "  make NN_name      build one chapter, e.g. make 01_single_gpu"
 	@echo "  make test         build, then run all tests (ends with 'N passed, N failed, N skipped')"
 	@echo "  make asan         CPU build with AddressSanitizer + UBSan, then the tests"
+	@echo "  make fuzz         fuzz every parser and the store, FUZZ_SECONDS each (default 180; needs clang)"
 	@echo "  make bench        benchmarks: tables on the terminal, CSV under runs/"
 	@echo "  make bench-gpt    chapter 08 on a GPU: tokens/s, MFU, memory (needs a GPU)"
 	@echo "  make gpu-check    on a real GPU: every test with its GPU cases, bench-gpt, a report in runs/gpu-check/"

@@ -1192,8 +1192,12 @@ static inline bool gpt_json_metadata(gpt_json *j, gpt_config *c) {
     return gpt_json_char(j, '}');
 }
 
+// "<path>: <why>" on one line: a reason may quote a tensor name from the
+// file, whose control characters (a newline, a terminal escape) become '?'.
 static inline bool gpt_fail(char *err, size_t errlen, const char *path, const char *why) {
     snprintf(err, errlen, "%s: %s", path, why);
+    for (char *c = err; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
     return false;
 }
 
@@ -1266,11 +1270,24 @@ static inline bool gpt_parse_header(gpt_t *m, gpt_json j, bool tensors, gpt_conf
     return true;
 }
 
+// Parameters of a model with this configuration, counted without building it.
+static inline size_t gpt_count_params(gpt_config cfg) {
+    gpt_t probe;
+    memset(&probe, 0, sizeof probe);
+    probe.cfg = cfg;
+    gpt_build_table(&probe);
+    free(probe.tensors);
+    return probe.num_params;
+}
+
 // Builds *m from a file written by gpt_save_safetensors. false, with a
 // one-line reason in err, on a missing, short, corrupt or foreign file.
+// The configuration in the header is checked against the file's size before
+// the model is built: a few damaged bytes must not make it allocate (and fill)
+// gigabytes for a model the file cannot hold.
 static inline bool gpt_load_safetensors(gpt_t *m, const char *path, char *err, size_t errlen) {
-    char *file;
-    size_t size;
+    char *file = NULL;
+    size_t size = 0;
     if (!gpt_read_file(path, &file, &size, err, errlen)) return false;
     uint64_t hlen;
     memcpy(&hlen, file, 8);
@@ -1282,6 +1299,11 @@ static inline bool gpt_load_safetensors(gpt_t *m, const char *path, char *err, s
     ok = ok && gpt_parse_header(NULL, j, false, &cfg, NULL, 0, NULL, why, sizeof why);
     const char *problem = ok ? gpt_config_problem(cfg) : NULL;
     if (problem) ok = false, snprintf(why, sizeof why, "__metadata__ has no usable configuration (%s)", problem);
+    size_t params = ok ? gpt_count_params(cfg) : 0;
+    if (ok && params > (size - 8 - hlen) / sizeof(float))
+        ok = false, snprintf(why, sizeof why, "its __metadata__ describes a model of %zu parameters, but the file holds "
+                             "only %llu bytes of tensors (truncated, or a damaged configuration)", params,
+                             (unsigned long long)(size - 8 - hlen));
     if (ok) {
         gpt_init(m, cfg, 0);
         bool *seen = xcalloc((size_t)m->num_tensors, sizeof(bool));

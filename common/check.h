@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,16 +30,35 @@ static inline void course_print_prefix(FILE *out) {
     if (course_rank >= 0) fprintf(out, "[rank %d] ", course_rank);
 }
 
+// Formats a message into out (size bytes) on one line: control characters,
+// which a message picks up from what a user typed or a file held (a newline
+// in a flag's value, say), are shown as \n, \t or \xNN; text that does not
+// fit is cut short with "...".
+static inline void course_one_line(char *out, size_t size, const char *fmt, va_list args) {
+    char text[4096];
+    int n = vsnprintf(text, sizeof text, fmt, args);
+    size_t used = 0;
+    bool cut = n >= (int)sizeof text;
+    for (const unsigned char *c = (const unsigned char *)text; *c && !cut; c++) {
+        if (used + 5 + 4 > size) { cut = true; break; } // room for \xNN and "..."
+        if (*c == '\n') used += (size_t)snprintf(out + used, size - used, "\\n");
+        else if (*c == '\t') used += (size_t)snprintf(out + used, size - used, "\\t");
+        else if (*c < 0x20 || *c == 0x7f) used += (size_t)snprintf(out + used, size - used, "\\x%02x", *c);
+        else out[used++] = (char)*c;
+    }
+    if (cut && used + 4 <= size) memcpy(out + used, "...", 3), used += 3;
+    out[used] = '\0';
+}
+
 // Prints "[rank R] <message>" and a newline on stderr with ONE write() call.
 // The ranks of a job share a terminal: one call per line keeps their lines
 // whole ("[rank 1] [rank 0] error: ..." is two ranks' lines glued together).
 __attribute__((format(printf, 1, 0)))
 static inline void course_vsay(const char *fmt, va_list args) {
-    char line[4096];
-    size_t n = 0;
-    if (course_rank >= 0) n = (size_t)snprintf(line, sizeof line, "[rank %d] ", course_rank);
-    int m = vsnprintf(line + n, sizeof line - n - 1, fmt, args);   // leaves room for the '\n'
-    if (m > 0) n += (size_t)m < sizeof line - n - 1 ? (size_t)m : sizeof line - n - 2;   // cut if too long
+    char line[4200];
+    size_t n = course_rank >= 0 ? (size_t)snprintf(line, sizeof line, "[rank %d] ", course_rank) : 0;
+    course_one_line(line + n, sizeof line - n - 1, fmt, args);   // leaves room for the '\n'
+    n += strlen(line + n);
     line[n++] = '\n';
     fflush(stdout);
     for (size_t done = 0; done < n;) {   // a write to a terminal or pipe may be partial

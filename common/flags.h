@@ -2,7 +2,8 @@
 //
 // Accepts --name=value and --name value, with '_' and '-' spellings alike
 // (--batch_size and --batch-size), short names (-b 8), and --help.
-// Bad input never crashes: a one-line error names the flag, a usage line
+// Bad input never crashes: a one-line error names the flag (a value's
+// control characters are shown escaped, so it stays one line), a usage line
 // follows, and the program exits with status 2.
 //
 // A flag can also take its default from an environment variable
@@ -58,9 +59,11 @@ static inline void flags_fail(const flag_set *set, const char *fmt, ...) {
     va_list args;
     va_start(args, fmt);
     fflush(stdout);
-    fprintf(stderr, "%s: error: ", set->program);
-    vfprintf(stderr, fmt, args);
-    fputc('\n', stderr);
+    char line[8192];
+    size_t at = (size_t)snprintf(line, sizeof line, "%s: error: ", set->program);
+    course_one_line(line + at, sizeof line - at - 1, fmt, args); // one line, whatever the value held
+    strcat(line, "\n");
+    fputs(line, stderr);
     va_end(args);
     flags_usage_line(set, stderr);
     exit(EXIT_USAGE);

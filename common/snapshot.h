@@ -10,7 +10,7 @@
 // (safetensors.safe_open(path, "np")):
 //   8 bytes   N, the length of the header, a little-endian unsigned 64-bit number
 //   N bytes   a JSON header, padded with spaces to a multiple of 8 bytes:
-//             {"__metadata__":{"format":"course-snapshot","version":"1",
+//             {"__metadata__":{"format":"course-snapshot","version":"2",
 //                              "checksum":"crc32c:1a2b3c4d","epoch":"3",...},
 //              "w":{"dtype":"F32","shape":[64,1],"data_offsets":[0,256]},...}
 //   the rest  the tensors' raw little-endian bytes, back to back, in the order
@@ -28,10 +28,20 @@
 //   the way; training on from garbage weights is worse than stopping. The
 //   reader checks every length, offset, name and type before it trusts it and
 //   names the first problem in one line. No file can crash it.
-// - A checksum of the tensor bytes: CRC32C (the Castagnoli CRC of iSCSI and
+// - A checksum of the whole file: CRC32C (the Castagnoli CRC of iSCSI and
 //   ext4), computed from tables 8 bytes at a time, about 2 GB/s on one core.
 //   It catches every error burst up to 32 bits long and other damage with
-//   probability 1 - 2^-32. (Python: the crc32c package, over the data part.)
+//   probability 1 - 2^-32. It covers the 8-byte length, the header and the
+//   tensor bytes, so a changed metadata value ("epoch":"3" -> "4") is caught
+//   like a changed weight; the CRC is taken with the checksum's own 8 hex
+//   digits written as "00000000" (the file cannot contain its own CRC), and
+//   the reader insists that the checksum is written literally, without JSON
+//   escapes, so there is exactly one way to find those digits. (Version 1
+//   files, whose CRC covered only the tensor bytes, are refused.) Python:
+//     raw = open(path, "rb").read(); n = int.from_bytes(raw[:8], "little")
+//     crc = json.loads(raw[8:8 + n])["__metadata__"]["checksum"]
+//     crc32c.crc32c(raw.replace(crc.encode(), b"crc32c:00000000", 1)) == int(crc[7:], 16)
+//   (in a file this library wrote, the checksum is the first such text).
 // - Tensors are laid out largest element first (8-byte types, then 4, 2, 1),
 //   as the safetensors library does, so every tensor starts at a multiple of
 //   its element size and can be used in place. The reader insists on that.
@@ -83,7 +93,7 @@
 #endif
 
 #define SNAPSHOT_FORMAT "course-snapshot"
-#define SNAPSHOT_VERSION "1"
+#define SNAPSHOT_VERSION "2" // 2: the checksum covers the whole file, header included
 #define SNAPSHOT_MAX_DIMS 8
 #define SNAPSHOT_NAME_MAX 64        // bytes for a tensor name or metadata key, NUL included
 #define SNAPSHOT_VALUE_MAX 512      // bytes for a metadata value, NUL included
@@ -423,13 +433,14 @@ static inline void snap_put_tensor(snap_text *b, const snapshot_tensor *t, uint6
 }
 
 // The JSON header, padded with spaces to a multiple of 8 bytes; free() it.
+// Its checksum reads "crc32c:00000000"; *digits is where the 8 zeros are,
+// for snap_put_checksum once the CRC of the whole file is known.
 static inline char *snap_build_header(const snapshot_tensor *t, const int *order, int nt,
-                                      const snapshot_meta *m, int nm, uint32_t crc, size_t *len) {
+                                      const snapshot_meta *m, int nm, size_t *len, size_t *digits) {
     snap_text b = {NULL, 0, 0};
-    char checksum[32];
-    snprintf(checksum, sizeof checksum, "crc32c:%08" PRIx32, crc);
-    snap_puts(&b, "{\"__metadata__\":{\"format\":\"" SNAPSHOT_FORMAT "\",\"version\":\"" SNAPSHOT_VERSION "\",\"checksum\":");
-    snap_put_string(&b, checksum);
+    snap_puts(&b, "{\"__metadata__\":{\"format\":\"" SNAPSHOT_FORMAT "\",\"version\":\"" SNAPSHOT_VERSION "\",\"checksum\":\"crc32c:");
+    *digits = b.len;
+    snap_puts(&b, "00000000\"");
     for (int i = 0; i < nm; i++) {
         snap_puts(&b, ",");
         snap_put_string(&b, m[i].key);
@@ -446,6 +457,23 @@ static inline char *snap_build_header(const snapshot_tensor *t, const int *order
     while (b.len % 8 != 0) snap_puts(&b, " ");
     *len = b.len;
     return b.buf;
+}
+
+// Starts the CRC of a whole file: its 8-byte header length, then the header
+// as it is on disk except that the checksum's 8 digits read "00000000".
+static inline void snap_crc_head(snapshot_crc *crc, const char *header, size_t header_len) {
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)header_len >> (8 * i)); // little-endian
+    snapshot_crc_init(crc);
+    snapshot_crc_update(crc, len8, 8);
+    snapshot_crc_update(crc, header, header_len);
+}
+
+// Writes the 8 lowercase hex digits of crc at digits (no NUL).
+static inline void snap_put_checksum(char *digits, uint32_t crc) {
+    char hex[9];
+    snprintf(hex, sizeof hex, "%08" PRIx32, crc);
+    memcpy(digits, hex, 8);
 }
 
 static inline bool snap_write_all(int fd, const void *data, size_t n) {
@@ -538,12 +566,13 @@ static inline bool snapshot_write(const char *path, const snapshot_tensor *t, in
                                   const snapshot_meta *m, int nm, char *err, size_t errlen) {
     if (!snap_check_inputs(t, nt, m, nm, err, errlen)) return false;
     int *order = snap_file_order(t, nt);
+    size_t header_len, digits;
+    char *header = snap_build_header(t, order, nt, m, nm, &header_len, &digits);
     snapshot_crc crc;
-    snapshot_crc_init(&crc);
+    snap_crc_head(&crc, header, header_len);   // with the digits still "00000000"
     for (int i = 0; i < nt; i++)
         if (t[order[i]].bytes > 0) snapshot_crc_update(&crc, t[order[i]].data, t[order[i]].bytes);
-    size_t header_len;
-    char *header = snap_build_header(t, order, nt, m, nm, snapshot_crc_final(&crc), &header_len);
+    snap_put_checksum(header + digits, snapshot_crc_final(&crc));
     bool ok = snap_write_file(path, header, header_len, t, order, nt, err, errlen);
     free(header);
     free(order);
@@ -567,8 +596,8 @@ static inline bool snap_read_all(int fd, void *buf, size_t n, const char *what, 
     return true;
 }
 
-// Reads the length and the header (NUL-terminated, for the JSON parser);
-// *data_bytes is the size of the rest of the file.
+// Reads the length and the header (NUL-terminated, for the JSON parser, and
+// followed by a copy of itself as read); *data_bytes is the size of the rest of the file.
 static inline bool snap_read_header(int fd, char **header, size_t *header_len, uint64_t *data_bytes,
                                     char *err, size_t errlen) {
     struct stat st;
@@ -582,10 +611,11 @@ static inline bool snap_read_header(int fd, char **header, size_t *header_len, u
     for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
     if (n > size - 8) return snap_fail(err, errlen, "header length %" PRIu64 " is larger than the file (%" PRIu64 " bytes)", n, size);
     if (n > SNAPSHOT_MAX_HEADER) return snap_fail(err, errlen, "header length %" PRIu64 " is absurd (the limit is %d bytes)", n, SNAPSHOT_MAX_HEADER);
-    *header = malloc(n + 1);
+    *header = malloc(2 * n + 1); // room for a raw copy after it: the JSON parser decodes in place
     if (!*header) return snap_fail(err, errlen, "out of memory for a header of %" PRIu64 " bytes", n);
     if (!snap_read_all(fd, *header, n, "the header", err, errlen)) return false;
     (*header)[n] = '\0';
+    memcpy(*header + n + 1, *header, n);
     if (n == 0 || (*header)[0] != '{') return snap_fail(err, errlen, "the header does not start with '{' (not a safetensors file?)");
     *header_len = n;
     *data_bytes = size - 8 - n;
@@ -765,23 +795,50 @@ static inline bool snap_check_layout(const snapshot_t *s, snap_span *spans, uint
     return true;
 }
 
-static inline bool snap_read_data(int fd, snapshot_t *s, const snap_span *spans, uint64_t data_bytes, uint32_t expected,
-                                  char *err, size_t errlen) {
-    snapshot_crc crc;
+// Where the checksum's 8 hex digits are in the raw header (before the
+// parser decoded it in place). The checksum must be written literally: a
+// value spelled with escapes ("crc32c:\u0030...") would leave the digits
+// somewhere the writer could not have zeroed them.
+static inline bool snap_checksum_at(const json_doc *doc, const char *header, const char *raw, size_t header_len,
+                                    size_t *digits, char *err, size_t errlen) {
+    const json_node *meta = json_member(doc, json_root(doc), "__metadata__");
+    const json_node *sum = json_member(doc, meta, "checksum"); // exists and is 15 bytes: snap_check_format
+    size_t at = (size_t)(sum->text - header);
+    if (at + 16 > header_len || memcmp(raw + at, sum->text, 15) != 0 || raw[at + 15] != '"')
+        return snap_fail(err, errlen, "the checksum is written with JSON escapes (it must be plain crc32c:<8 hex digits>)");
+    *digits = at + 7;
+    return true;
+}
+
+// Reads the tensor bytes into one blob and checks the CRC of the whole file;
+// crc already holds the length and the header (snap_crc_head).
+static inline bool snap_read_data(int fd, snapshot_t *s, const snap_span *spans, uint64_t data_bytes, snapshot_crc *crc,
+                                  uint32_t expected, char *err, size_t errlen) {
     if (data_bytes > SIZE_MAX - 1 || !(s->blob = malloc(data_bytes ? (size_t)data_bytes : 1)))
         return snap_fail(err, errlen, "out of memory for %" PRIu64 " bytes of tensor data", data_bytes);
     s->blob_bytes = (size_t)data_bytes;
     if (!snap_read_all(fd, s->blob, s->blob_bytes, "the tensor data", err, errlen)) return false;
-    snapshot_crc_init(&crc);
-    snapshot_crc_update(&crc, s->blob, s->blob_bytes);
-    if (snapshot_crc_final(&crc) != expected)
-        return snap_fail(err, errlen, "checksum mismatch: tensor bytes changed (file damaged?): the header says crc32c:%08" PRIx32
-                         ", the data has crc32c:%08" PRIx32, expected, snapshot_crc_final(&crc));
+    snapshot_crc_update(crc, s->blob, s->blob_bytes);
+    if (snapshot_crc_final(crc) != expected)
+        return snap_fail(err, errlen, "checksum mismatch: header or tensor bytes changed (file damaged?): the header says crc32c:%08" PRIx32
+                         ", the file has crc32c:%08" PRIx32, expected, snapshot_crc_final(crc));
     for (int i = 0; i < s->num_tensors; i++) {
         snapshot_tensor *t = &s->tensors[spans[i].index];
         t->data = (const char *)s->blob + spans[i].begin;
         t->bytes = (size_t)(spans[i].end - spans[i].begin);
     }
+    return true;
+}
+
+// The header as it was on disk, with the checksum's digits as "00000000",
+// folded into a new CRC; false (err set) when the checksum is not literal.
+static inline bool snap_crc_of_header(const json_doc *doc, char *header, size_t header_len, snapshot_crc *crc,
+                                      char *err, size_t errlen) {
+    char *raw = header + header_len + 1; // snap_read_header keeps the raw copy right after the parsed one
+    size_t digits = 0;
+    if (!snap_checksum_at(doc, header, raw, header_len, &digits, err, errlen)) return false;
+    memset(raw + digits, '0', 8);
+    snap_crc_head(crc, raw, header_len);
     return true;
 }
 
@@ -807,8 +864,10 @@ static inline bool snapshot_read(const char *path, snapshot_t *out, char *err, s
     if (fd < 0) return snap_fail(err, errlen, "cannot open it: %s", strerror(errno));
     bool ok = snap_read_header(fd, &header, &header_len, &data_bytes, err, errlen);
     if (ok && !json_parse(header, header_len, &doc, jerr, sizeof jerr)) ok = snap_fail(err, errlen, "bad header: %s", jerr);
+    snapshot_crc sum;
     ok = ok && snap_read_entries(&doc, out, &spans, data_bytes, &crc, err, errlen) &&
-         snap_check_layout(out, spans, data_bytes, err, errlen) && snap_read_data(fd, out, spans, data_bytes, crc, err, errlen);
+         snap_check_layout(out, spans, data_bytes, err, errlen) && snap_crc_of_header(&doc, header, header_len, &sum, err, errlen) &&
+         snap_read_data(fd, out, spans, data_bytes, &sum, crc, err, errlen);
     close(fd);
     json_free(&doc);
     free(header);

@@ -38,7 +38,10 @@
 // to STORE_MAX_KEY bytes (1 KiB), values up to STORE_MAX_VALUE (1 MiB; the
 // store is for ids and addresses, never for tensors), 256 MiB in all. A
 // malformed or oversized request closes that one connection; the server
-// keeps serving the others.
+// keeps serving the others. A client must present the job's token (exactly:
+// no token is a token too) before anything else; a stranger that says no
+// hello is dropped after STORE_HELLO_GRACE_S, or sooner, oldest first, when
+// the store runs out of file descriptors or slots for new connections.
 //
 // Deadlines: every client socket operation is a poll() with the time left,
 // so a dead or stuck store ends the program with a message naming the
@@ -371,7 +374,9 @@ static inline void store_handle_hello(store_server_t *s, store_client *c, store_
         c->closing = true;
         return;
     }
-    if (s->token[0] && (token_len != strlen(s->token) || memcmp(token, s->token, token_len))) {
+    // Tokens must match exactly, the empty one included: a store started
+    // without a token must not let in the workers of a job that has one.
+    if (token_len != strlen(s->token) || memcmp(token, s->token, token_len) != 0) {
         fprintf(stderr, "warning: the rendezvous store on port %d refused %s: it presented "
                 "another job's token\n", s->port, c->peer);
         store_client_reply(c, STORE_REFUSED_TOKEN, NULL, 0);
@@ -587,6 +592,32 @@ static inline void store_server_add_client(store_server_t *s, int fd,
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // small replies, sent now
 }
 
+// The connection that has waited longest without saying hello, or NULL.
+static inline store_client *store_oldest_stranger(store_server_t *s) {
+    store_client *oldest = NULL;
+    for (size_t i = 0; i < s->nclients; i++) {
+        store_client *c = &s->clients[i];
+        if (c->greeted || c->closing || c->dead) continue;
+        if (!oldest || c->deadline < oldest->deadline) oldest = c;  // same grace: earliest deadline = oldest
+    }
+    return oldest;
+}
+
+// Makes room for a new connection by closing the oldest stranger at once
+// (its slot goes at the end of the round). False when there is none.
+static inline bool store_evict_stranger(store_server_t *s, const char *why) {
+    store_client *c = store_oldest_stranger(s);
+    if (!c) return false;
+    store_client_drop(s, c, "%s; it had not said hello", why);
+    close(c->fd);
+    c->fd = -1;
+    return true;
+}
+
+// Takes every waiting connection. When the store runs out of file
+// descriptors or slots, strangers that have not said hello make room, oldest
+// first: a thousand idle connections (a scanner, a stuck job) must not lock
+// the ranks out until their grace period ends.
 static inline void store_server_accept(store_server_t *s) {
     for (;;) {
         struct sockaddr_storage peer;
@@ -594,11 +625,14 @@ static inline void store_server_accept(store_server_t *s) {
         int fd = accept4(s->listen_fd, (struct sockaddr *)&peer, &len,
                          SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS)
-                s->accept_paused_until = store_clock() + 0.1;  // out of fds: do not spin
+            bool no_fds = errno == EMFILE || errno == ENFILE;
+            if (no_fds && store_evict_stranger(s, "no file descriptors left for new connections")) continue;
+            if (no_fds || errno == ENOMEM || errno == ENOBUFS)
+                s->accept_paused_until = store_clock() + 0.1;  // do not spin
             return;  // EAGAIN (no one more), ECONNABORTED, EINTR: try next round
         }
-        if (s->nclients >= STORE_MAX_CLIENTS) {
+        if (s->nclients >= STORE_MAX_CLIENTS &&
+            !store_evict_stranger(s, "the store has as many connections as it takes")) {
             close(fd);
             continue;
         }
@@ -778,7 +812,7 @@ static inline store_server_t *store_server_start_session(const char *bind_host, 
 }
 
 // Serve on bind_host:port (port 0: the system picks; see store_server_port).
-// token: the job token clients must present (NULL or "": accept any).
+// token: the job token clients must present (NULL or "": clients must present none).
 static inline store_server_t *store_server_start(const char *bind_host, int port,
                                                  const char *token) {
     return store_server_start_session(bind_host, port, token, NULL);

@@ -92,7 +92,9 @@ typedef struct {
     int rank, local_rank;
     pid_t pid;
     int wait_status;
-    time_t when;
+    int64_t when_us;   // wall clock (CLOCK_REALTIME), comparable across nodes
+    int node;          // where it happened
+    char host[256];
 } failure_t;
 
 typedef enum { OUTCOME_SUCCEEDED, OUTCOME_RESTART, OUTCOME_FAILED, OUTCOME_SIGNALED } outcome_t;
@@ -119,6 +121,7 @@ typedef struct {
     int nworkers;
     bool stopping;              // exits now are our doing, not failures
     failure_t failure;          // first failure of this attempt
+    bool failure_posted;        // this attempt's ddprun/failure/<G>/<node> is written
     struct pollfd *pfds;
     stream_t **pstreams;
     int *pranks;
@@ -183,6 +186,12 @@ static const char *signal_name(int sig) {
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (names[i].sig == sig) return names[i].name;
     return "an unnamed signal";
+}
+
+static int64_t wall_clock_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 // "exited with status 3" or "was killed by signal 9 (SIGKILL)".
@@ -727,6 +736,7 @@ static void start_worker(job_t *job, worker_t *w) {
 
 static void start_workers(job_t *job) {
     job->failure = (failure_t){0};
+    job->failure_posted = false;
     job->stopping = false;
     for (int i = 0; i < job->nworkers; i++) start_worker(job, &job->workers[i]);
 }
@@ -739,14 +749,19 @@ static int running_count(const job_t *job) {
     return n;
 }
 
+static void post_failure_record(job_t *job);
+
 static void note_failure(job_t *job, const worker_t *w) {
     char who[160], how[96];
     describe_worker(job, w->rank, w->local_rank, w->pid, who, sizeof who);
     describe_exit(w->wait_status, how, sizeof how);
     bool first = !job->failure.set;
-    if (first)
+    if (first) {
         job->failure = (failure_t){true, w->rank, w->local_rank, w->pid, w->wait_status,
-                                   time(NULL)};
+                                   wall_clock_us(), job->opt.node_rank, ""};
+        snprintf(job->failure.host, sizeof job->failure.host, "%s", job->host);
+        post_failure_record(job);   // now, before stopping the others takes its time
+    }
     int others = running_count(job);
     say("%s %s%s", who, how, first && others > 0 ? "; stopping the other workers" : "");
 }
@@ -900,6 +915,68 @@ static int find_silent_node(job_t *job) {
 static void store_read_text(job_t *job, const char *key, char *buf, size_t size) {
     size_t n = store_get(job->store, key, buf, size - 1, job->opt.rdzv_timeout);
     buf[n] = '\0';
+}
+
+// ---------------------------------------------------------------- the first failure across nodes
+//
+// A worker that dies often takes others with it: its peers on other nodes
+// see their connections close and exit too, and their launchers may notice
+// that before the first node has told anyone. So each launcher writes the
+// first failure of its own workers in an attempt to ddprun/failure/<G>/<node>
+// the moment it reaps it, before it stops the others (which can take the
+// kill grace): "TIME_US RANK LOCAL PID WAIT_STATUS HOST", or "none" once it
+// stops for another node's sake. The root cause is the earliest record. The
+// times are the nodes' wall clocks: NTP keeps them within about a
+// millisecond of each other, while a failure spreads to another node no
+// faster than a network round trip plus a process exit.
+
+static void post_failure_record(job_t *job) {
+    if (!job->store || job->opt.nnodes == 1 || job->failure_posted) return;
+    char key[64], text[TEXT_MAX];
+    const failure_t *f = &job->failure;
+    snprintf(key, sizeof key, "ddprun/failure/%d/%d", job->generation, job->opt.node_rank);
+    int n = f->set ? snprintf(text, sizeof text, "%lld %d %d %d %d %s", (long long)f->when_us, f->rank,
+                              f->local_rank, (int)f->pid, f->wait_status, f->host)
+                   : snprintf(text, sizeof text, "none");
+    store_set(job->store, key, text, (size_t)(n < TEXT_MAX ? n : TEXT_MAX - 1));
+    job->failure_posted = true;
+}
+
+// Node r's record; false when it has none yet. A malformed one reads as "none".
+static bool read_failure_record(job_t *job, int r, failure_t *out) {
+    char key[64], text[TEXT_MAX];
+    long long when;
+    snprintf(key, sizeof key, "ddprun/failure/%d/%d", job->generation, r);
+    if (!store_check(job->store, key)) return false;
+    store_read_text(job, key, text, sizeof text);
+    *out = (failure_t){0};
+    out->node = r;
+    out->set = sscanf(text, "%lld %d %d %d %d %255s", &when, &out->rank, &out->local_rank, &out->pid,
+                      &out->wait_status, out->host) == 6;
+    out->when_us = when;
+    return true;
+}
+
+// The earliest failure of this attempt on any node: waits (boundedly) until
+// every node has written its record, since a node may still be stopping.
+static failure_t first_failure_of_job(job_t *job) {
+    failure_t first = job->failure;
+    if (job->opt.nnodes == 1 || !job->store) return first;
+    post_failure_record(job);
+    bool *seen = xcalloc((size_t)job->opt.nnodes, sizeof *seen);
+    double wait = fmin(job->opt.rdzv_timeout, job->kill_grace + KILL_WAIT_S + 2.0);
+    double deadline = now_s() + wait;
+    for (int count = 0; count < job->opt.nnodes && now_s() < deadline; sleep_s(0.05)) {
+        for (int r = 0; r < job->opt.nnodes; r++) {
+            failure_t f;
+            if (seen[r] || !read_failure_record(job, r, &f)) continue;
+            seen[r] = true;
+            count++;
+            if (f.set && (!first.set || f.when_us < first.when_us)) first = f;
+        }
+    }
+    free(seen);
+    return first;
 }
 
 // Tell the other nodes that the job failed, and why (the first word wins
@@ -1187,6 +1264,7 @@ static outcome_t run_attempt(job_t *job) {
         if (check_other_nodes(job, true, &outcome)) {
             say("%s%s; stopping this node's workers", outcome == OUTCOME_RESTART ?
                 "restart requested by " : "", job->reason);
+            post_failure_record(job);   // "none": this node stops for another's sake
             stop_workers(job, SIGTERM);
             return outcome;
         }
@@ -1213,6 +1291,7 @@ static outcome_t node_barrier(job_t *job, const char *name, bool watch_restart,
         outcome_t outcome;
         if (check_other_nodes(job, watch_restart, &outcome)) {
             say("%s%s", outcome == OUTCOME_RESTART ? "restart requested by " : "", job->reason);
+            post_failure_record(job);
             return outcome;
         }
         if (job->pending_signal) return after_signal(job);
@@ -1247,15 +1326,18 @@ static void finish(job_t *job, int code) {
     exit(code);
 }
 
-static void print_root_cause(const job_t *job) {
-    if (!job->failure.set) return;
+// The first failure of the job, on whichever node it happened.
+static void print_root_cause(job_t *job) {
+    failure_t f = first_failure_of_job(job);
+    if (!f.set) return;
     char who[400], how[96], when[64];
-    snprintf(who, sizeof who, "rank %d (local %d, node %d, host %s, pid %d)", job->failure.rank,
-             job->failure.local_rank, job->opt.node_rank, job->host, (int)job->failure.pid);
-    describe_exit(job->failure.wait_status, how, sizeof how);
+    snprintf(who, sizeof who, "rank %d (local %d, node %d, host %s, pid %d)", f.rank, f.local_rank, f.node,
+             f.host, (int)f.pid);
+    describe_exit(f.wait_status, how, sizeof how);
+    time_t secs = (time_t)(f.when_us / 1000000);
     struct tm tm;
-    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime_r(&job->failure.when, &tm));
-    say("root cause (first failure): %s %s at %s", who, how, when);
+    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime_r(&secs, &tm));
+    say("root cause (first failure): %s %s at %s.%03d", who, how, when, (int)(f.when_us % 1000000 / 1000));
 }
 
 // ================================================================ main
@@ -1324,7 +1406,7 @@ static void conclude(job_t *job, outcome_t outcome) {
     case OUTCOME_SIGNALED: finish(job, 128 + job->pending_signal);
     case OUTCOME_FAILED:   // whoever noticed the failure has said so; add the summary
         if (job->gave_up && job->opt.max_restarts > 0) say("%s", job->reason);
-        if (job->gave_up) print_root_cause(job);
+        if (job->gave_up || job->opt.nnodes > 1) print_root_cause(job);
         finish(job, 1);
     case OUTCOME_RESTART:
         job->generation++;

@@ -120,7 +120,7 @@ static void test_round_trip(void) {
     for (int i = 0; i < 5; i++) meta += snapshot_meta_get(&s, a.m[i].key) && !strcmp(snapshot_meta_get(&s, a.m[i].key), a.m[i].value);
     EXPECT("snapshot: round trip gives identical metadata (quotes, backslash, UTF-8, empty)", meta == 5, "%d of 5 identical", meta);
     EXPECT("snapshot: format, version and checksum are recorded",
-           !strcmp(snapshot_meta_get(&s, "format"), "course-snapshot") && !strcmp(snapshot_meta_get(&s, "version"), "1") &&
+           !strcmp(snapshot_meta_get(&s, "format"), "course-snapshot") && !strcmp(snapshot_meta_get(&s, "version"), "2") &&
                !strncmp(snapshot_meta_get(&s, "checksum"), "crc32c:", 7) && s.num_meta == 8,
            "format=%s num_meta=%d", snapshot_meta_get(&s, "format"), s.num_meta);
     int64_t epoch = 0;
@@ -206,16 +206,36 @@ static void test_crc(void) {
 
 // ---------------------------------------------------------------- damaged files
 
-// A file with the given header text (padded) and data; "%c" in the header
-// is replaced by the checksum of the data, as crc32c:<hex>.
-static void craft(const char *path, const char *header_fmt, const void *data, size_t n) {
+// The CRC32C of a whole file (length, header, data) with the 8 digits after
+// "crc32c:" at digits taken as "00000000": the reader's rule, written out
+// independently of snapshot.h's helpers.
+static uint32_t whole_file_crc(const unsigned char *file, size_t n, size_t digits) {
     snapshot_crc c;
-    char checksum[32], header[2048];
     snapshot_crc_init(&c);
-    snapshot_crc_update(&c, data, n);
-    snprintf(checksum, sizeof checksum, "crc32c:%08x", snapshot_crc_final(&c));
+    snapshot_crc_update(&c, file, digits);
+    snapshot_crc_update(&c, "00000000", 8);
+    snapshot_crc_update(&c, file + digits + 8, n - digits - 8);
+    return snapshot_crc_final(&c);
+}
+
+// Rewrites the checksum of a file after a deliberate change, as a forger (or
+// a careful editor) would: a file that must be refused for its content, not
+// for its checksum.
+static void reseal(unsigned char *file, size_t n) {
+    char *at = memmem(file, n, "\"checksum\":\"crc32c:", 19);
+    if (!at) die("reseal: no checksum in the file");
+    size_t digits = (size_t)(at - (char *)file) + 19;
+    char hex[9];
+    snprintf(hex, sizeof hex, "%08x", whole_file_crc(file, n, digits));
+    memcpy(file + digits, hex, 8);
+}
+
+// A file with the given header text (padded) and data; "%c" in the header
+// is replaced by the checksum of the whole file, as crc32c:<hex>.
+static void craft(const char *path, const char *header_fmt, const void *data, size_t n) {
+    char header[2048];
     const char *mark = strstr(header_fmt, "%c");
-    if (mark) snprintf(header, sizeof header, "%.*s%s%s", (int)(mark - header_fmt), header_fmt, checksum, mark + 2);
+    if (mark) snprintf(header, sizeof header, "%.*scrc32c:00000000%s", (int)(mark - header_fmt), header_fmt, mark + 2);
     else snprintf(header, sizeof header, "%s", header_fmt);
     size_t hlen = strlen(header);
     while (hlen % 8) header[hlen++] = ' ';
@@ -223,11 +243,12 @@ static void craft(const char *path, const char *header_fmt, const void *data, si
     put_le64(file, hlen);
     memcpy(file + 8, header, hlen);
     if (n) memcpy(file + 8 + hlen, data, n);
+    if (mark) reseal(file, 8 + hlen + n);
     spit(path, file, 8 + hlen + n);
     free(file);
 }
 
-#define META "{\"__metadata__\":{\"format\":\"course-snapshot\",\"version\":\"1\",\"checksum\":\"%c\"}"
+#define META "{\"__metadata__\":{\"format\":\"course-snapshot\",\"version\":\"2\",\"checksum\":\"%c\"}"
 #define F32(name, shape, b, e) ",\"" name "\":{\"dtype\":\"F32\",\"shape\":" shape ",\"data_offsets\":[" #b "," #e "]}"
 
 static void refused_header(const char *name, const char *header, size_t data_bytes, const char *want) {
@@ -256,11 +277,15 @@ static void test_crafted(void) {
     refused_header("refused: offsets beyond the data", META F32("w", "[100]", 0, 400) "}", 256, "tensor 'w' data_offsets [0, 400] end beyond the data (256 bytes)");
     refused_header("refused: duplicate tensor names", META F32("a", "[1]", 0, 4) F32("a", "[1]", 4, 8) "}", 8, "two tensors are named 'a'");
     refused_header("refused: metadata value that is not a string",
-                   "{\"__metadata__\":{\"format\":\"course-snapshot\",\"version\":\"1\",\"checksum\":\"%c\",\"epoch\":3}}", 0, "metadata 'epoch' is a JSON number, not a string");
+                   "{\"__metadata__\":{\"format\":\"course-snapshot\",\"version\":\"2\",\"checksum\":\"%c\",\"epoch\":3}}", 0, "metadata 'epoch' is a JSON number, not a string");
     refused_header("refused: no __metadata__", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "has no __metadata__");
     refused_header("refused: another format", "{\"__metadata__\":{\"format\":\"pt\"}}", 0, "not a course snapshot: format is 'pt'");
-    refused_header("refused: another version", "{\"__metadata__\":{\"format\":\"course-snapshot\",\"version\":\"2\",\"checksum\":\"%c\"}}", 0, "version '2' is not supported");
-    refused_header("refused: malformed checksum", "{\"__metadata__\":{\"format\":\"course-snapshot\",\"version\":\"1\",\"checksum\":\"md5:1\"}}", 0, "checksum 'md5:1' is not");
+    refused_header("refused: another version (1: the CRC did not cover the header)",
+                   "{\"__metadata__\":{\"format\":\"course-snapshot\",\"version\":\"1\",\"checksum\":\"%c\"}}", 0, "version '1' is not supported");
+    refused_header("refused: the checksum spelled with a JSON escape",
+                   "{\"__metadata__\":{\"format\":\"course-snapshot\",\"version\":\"2\",\"checksum\":\"\\u0063rc32c:00000000\"}}", 0,
+                   "the checksum is written with JSON escapes");
+    refused_header("refused: malformed checksum", "{\"__metadata__\":{\"format\":\"course-snapshot\",\"version\":\"2\",\"checksum\":\"md5:1\"}}", 0, "checksum 'md5:1' is not");
     refused_header("refused: misaligned tensor", META ",\"m\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}" F32("f", "[1]", 1, 5) "}", 5, "not a multiple of its element size 4");
     refused_header("refused: negative dimension", META F32("a", "[-1]", 0, 4) "}", 4, "shape entry 1 is not a non-negative integer");
     refused_header("refused: fractional offset", META ",\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4.0]}}", 4, "data_offsets is not [begin, end]");
@@ -273,6 +298,42 @@ static void test_crafted(void) {
     refused_header("refused: deep nesting", META ",\"a\":" "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
                    "]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}", 0, "nested deeper than 64 levels");
     refused_header("refused: two __metadata__", META ",\"__metadata__\":{}}", 0, "__metadata__ twice");
+}
+
+// Replaces the first `from` in the file's header by `to` (same length), writes
+// the result, and expects a refusal saying `want`; with reseal the checksum is
+// recomputed first, so only a check of the content itself can refuse it.
+static void changed_header(const char *name, const unsigned char *good, size_t n, const char *from, const char *to,
+                           bool with_reseal, const char *want) {
+    unsigned char *bad = xmalloc(n);
+    memcpy(bad, good, n);
+    char *at = memmem(bad + 8, (size_t)le64(bad), from, strlen(from));
+    if (!at || strlen(from) != strlen(to)) die("changed_header: '%s' not in the header", from);
+    memcpy(at, to, strlen(to));
+    if (with_reseal) reseal(bad, n);
+    spit(in_scratch("changed.safetensors"), bad, n);
+    expect_refused(name, in_scratch("changed.safetensors"), want);
+    free(bad);
+}
+
+// The checksum covers the header too: changes that leave a well-formed
+// header, which only the CRC can tell from the original.
+static void test_damaged_header(const unsigned char *good, size_t n) {
+    const char *crc = "checksum mismatch: header or tensor bytes changed";
+    changed_header("refused: a changed metadata value (epoch 3 -> 4)", good, n, "\"epoch\":\"3\"", "\"epoch\":\"4\"", false, crc);
+    changed_header("refused: a transposed shape with the same bytes", good, n, "[3,4]", "[4,3]", false, crc);
+    changed_header("refused: a changed dtype of the same size (I64 -> F64)", good, n, "\"I64\"", "\"F64\"", false, crc);
+    changed_header("refused: a space of the padding changed to a tab", good, n, "}  ", "}\t ", false, crc);
+    snapshot_t s;
+    char err[600] = "";
+    unsigned char *copy = xmalloc(n);
+    memcpy(copy, good, n);
+    reseal(copy, n);
+    spit(in_scratch("resealed.safetensors"), copy, n);
+    bool ok = snapshot_read(in_scratch("resealed.safetensors"), &s, err, sizeof err);
+    EXPECT("checksum: this test's independent CRC of the whole file agrees with the writer's", ok && !memcmp(copy, good, n), "%s", err);
+    if (ok) snapshot_release(&s);
+    free(copy);
 }
 
 static void test_damaged(void) {
@@ -289,7 +350,8 @@ static void test_damaged(void) {
     memcpy(bad, good, n);
     bad[n - 20] ^= 0x10;
     spit(path, bad, n);
-    expect_refused("refused: flipped byte in the tensor data", path, "checksum mismatch: tensor bytes changed (file damaged?)");
+    expect_refused("refused: flipped byte in the tensor data", path, "checksum mismatch: header or tensor bytes changed (file damaged?)");
+    test_damaged_header(good, n);
     memcpy(bad, good, n);
     put_le64(bad, 999999);
     spit(path, bad, n);

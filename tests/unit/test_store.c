@@ -3,6 +3,8 @@
 // Cases that must end the program (die) run in a forked child; the test
 // checks the child's exit status and its one-line message.
 #include <dirent.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include "store.h"
@@ -385,6 +387,147 @@ static void test_garbage_clients(store_t *st) {
     EXPECT("serves_others_after_garbage", n == 2, "the store stopped serving good clients");
 }
 
+// ---------------------------------------------------------------- hostile clients (issue 18)
+
+// A raw connection to the store at port p that says hello with this token.
+static int raw_hello(int p, const char *token) {
+    char why[256];
+    int fd = store_dial("127.0.0.1", p, store_clock() + 5, why, sizeof why);
+    if (fd < 0) return -1;
+    store_bytes req = {0};
+    store_put_uint(&req, STORE_OP_HELLO, 1);
+    store_put_uint(&req, STORE_MAGIC, 4);
+    store_put_uint(&req, STORE_VERSION, 2);
+    store_put_key(&req, token);
+    store_put_key(&req, "");
+    store_send_frame(fd, &req, store_clock() + 5);
+    store_bytes_free(&req);
+    return fd;
+}
+
+// hello with token, then at once (before any answer) a set of key: what a
+// worker of another job does when it finds this job's port.
+static void pipelined_set(int p, const char *token, const char *key) {
+    int fd = raw_hello(p, token);
+    if (fd < 0) return;
+    store_bytes req = {0};
+    store_put_uint(&req, STORE_OP_SET, 1);
+    store_put_key(&req, key);
+    store_put_uint(&req, 3, 4);
+    store_bytes_put(&req, "bad", 3);
+    store_send_frame(fd, &req, store_clock() + 5);
+    store_bytes_free(&req);
+    char buf[64];
+    struct pollfd pfd = {fd, POLLIN, 0};
+    while (poll(&pfd, 1, 2000) == 1 && recv(fd, buf, sizeof buf, 0) > 0) {}   // until the store closes it
+    close(fd);
+}
+
+static void other_job_child(void *arg) {
+    store_connect("127.0.0.1", *(int *)arg, "another-jobs-token", 5);
+}
+
+// A store started without a token (a job started by hand) must not let in a
+// worker that presents one: it belongs to some other job.
+static void test_tokenless_store(void) {
+    store_server_t *s = store_server_start("127.0.0.1", 0, NULL);
+    int p = store_server_port(s);
+    expect_death("tokenless_store_refuses_other_jobs_token", other_job_child, &p,
+                 "belongs to another job (token mismatch)");
+    pipelined_set(p, "another-jobs-token", "victim");
+    store_t *st = store_connect("127.0.0.1", p, NULL, 5);
+    EXPECT("tokenless_store_other_job_wrote_nothing", !store_check(st, "victim"),
+           "a client with another job's token wrote key 'victim'");
+    store_close(st);
+    store_server_stop(s);
+}
+
+// Lengths no client should send, after a proper hello: 2^63 as the 8 bytes
+// of a frame header (the store reads 4: 2 GiB), and 2^32-1 as a set's value
+// length inside a small frame. Each connection is closed, nothing is written,
+// and the store serves the job on.
+static void test_absurd_lengths(store_t *st) {
+    const uint8_t two_to_63[] = {0x80, 0, 0, 0, 0, 0, 0, 0};
+    EXPECT("length_2_to_63_closed", server_closes_after_hello(two_to_63, sizeof two_to_63),
+           "the store kept a client announcing a frame of 2^63 bytes");
+    const uint8_t set_huge[] = {0, 0, 0, 12, STORE_OP_SET, 0, 1, 'h', 0xff, 0xff, 0xff, 0xff, 'x', 'y', 'z', '!'};
+    EXPECT("value_length_2_to_32_closed", server_closes_after_hello(set_huge, sizeof set_huge),
+           "the store kept a client whose set claims a 4 GiB value in a 12-byte frame");
+    EXPECT("absurd_lengths_wrote_nothing", !store_check(st, "h"), "key 'h' was written");
+    store_set(st, "after-lengths", "ok", 2);
+    EXPECT("serves_others_after_absurd_lengths", store_check(st, "after-lengths"), "the store stopped serving");
+}
+
+// The store in a child with only 128 file descriptors, its port sent to the parent.
+static pid_t small_store(int *port_out) {
+    int fds[2];
+    CHECK_SYS(pipe(fds));
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK_SYS(pid);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);   // never outlive the test
+        struct rlimit lim = {128, 128};
+        CHECK_SYS(setrlimit(RLIMIT_NOFILE, &lim));
+        store_server_t *s = store_server_start("127.0.0.1", 0, "tok");
+        int p = store_server_port(s);
+        if (write(fds[1], &p, sizeof p) != sizeof p) _exit(1);
+        for (;;) pause();   // the parent kills it
+    }
+    close(fds[1]);
+    if (read(fds[0], port_out, sizeof *port_out) != sizeof *port_out) *port_out = 0;
+    close(fds[0]);
+    return pid;
+}
+
+// A rank: connect, set, get, within 10 s.
+static void rank_after_strangers(void *arg) {
+    store_t *st = store_connect("127.0.0.1", *(int *)arg, "tok", 10);
+    char buf[8];
+    store_set(st, "rank", "here", 4);
+    if (store_get(st, "rank", buf, sizeof buf, 5) != 4) _exit(1);
+    store_close(st);
+}
+
+// 1,000 connections that never say a word, on a store that has only 128 file
+// descriptors: a rank arriving after them must still be served at once, and
+// the strangers are closed to make room (not after their 30 s of grace).
+static void test_thousand_strangers(void) {
+    enum { STRANGERS = 1000 };
+    struct rlimit lim;
+    CHECK_SYS(getrlimit(RLIMIT_NOFILE, &lim));
+    if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < STRANGERS + 64) {
+        SKIP("thousand_strangers", "this process may open only %llu files (ulimit -Hn)", (unsigned long long)lim.rlim_max);
+        return;
+    }
+    lim.rlim_cur = lim.rlim_max == RLIM_INFINITY || lim.rlim_max > 65536 ? 65536 : lim.rlim_max;
+    CHECK_SYS(setrlimit(RLIMIT_NOFILE, &lim));
+    int p;
+    pid_t server_pid = small_store(&p);
+    static int fds[STRANGERS];
+    int opened = 0;
+    char why[256];
+    for (int i = 0; i < STRANGERS; i++)
+        if ((fds[i] = store_dial("127.0.0.1", p, store_clock() + 5, why, sizeof why)) >= 0) opened++;
+    double start = store_clock();
+    char err[4096], buf[8];
+    int status = run_child(rank_after_strangers, &p, err, sizeof err, 20.0);
+    double took = store_clock() - start;
+    EXPECT("thousand_strangers_job_goes_on", opened == STRANGERS && status == 0 && took < 5,
+           "%d of %d strangers connected; the rank after them ended with status %d after %.1f s: %.200s",
+           opened, STRANGERS, status, took, err);
+    int closed = 0;
+    for (int i = 0; i < STRANGERS; i++) {
+        struct pollfd pfd = {fds[i], POLLIN, 0};
+        if (fds[i] >= 0 && poll(&pfd, 1, 0) == 1 && recv(fds[i], buf, sizeof buf, MSG_DONTWAIT) == 0) closed++;
+        if (fds[i] >= 0) close(fds[i]);
+    }
+    EXPECT("thousand_strangers_closed_to_make_room", closed >= STRANGERS - 128,
+           "only %d of %d silent connections were closed", closed, STRANGERS);
+    kill(server_pid, SIGKILL);
+    waitpid(server_pid, NULL, 0);
+}
+
 static void unreachable_child(void *arg) {
     store_connect("127.0.0.1", *(int *)arg, "tok", 0.5);
 }
@@ -517,6 +660,9 @@ int main(void) {
     expect_death("token_mismatch_refused", wrong_token_child, NULL,
                  "belongs to another job (token mismatch)");
     test_garbage_clients(st);
+    test_absurd_lengths(st);
+    test_tokenless_store();
+    test_thousand_strangers();
     int nobody = free_port();
     char want[128];
     snprintf(want, sizeof want, "could not reach the rendezvous store at 127.0.0.1:%d after 0.5 s",
