@@ -51,6 +51,11 @@ typedef struct { const char *name; redop_t op; } op_info;
 static const op_info OPS[] = {
     {"sum", OP_SUM}, {"prod", OP_PROD}, {"min", OP_MIN}, {"max", OP_MAX}, {"avg", OP_AVG},
 };
+#define TYPE_COUNT (sizeof TYPES / sizeof TYPES[0])
+#define OP_COUNT (sizeof OPS / sizeof OPS[0])
+
+// -d and -o name one type or reduction, or "all".
+static bool selected(const char *asked, const char *name) { return !strcmp(asked, "all") || !strcmp(asked, name); }
 
 static double load_value(dtype_t t, const void *base, size_t i) {
     switch (t) {
@@ -241,7 +246,7 @@ static void bench_preamble(const bench_t *b, const bench_options *o) {
     log_main("# 03_collectives --bench (nccl-tests style) | %s\n", date);
     log_main("# world size %d | device: %s | backend: %s\n", b->n, b->dev->name, pg_describe(b->pg));
     log_main("# sizes %zu B to %zu B, x%d per row | type %s | redop %s | root %d | check rounds %d\n",
-             o->minbytes, o->maxbytes, o->stepfactor, b->type->name, b->op->name, b->root, o->check);
+             o->minbytes, o->maxbytes, o->stepfactor, o->datatype, o->op, b->root, o->check);
     log_main("# method: per size, %d warm-up ops, a barrier, then a host timer (CLOCK_MONOTONIC) around n\n"
              "#   back-to-back ops, n = %d (fewer for big sizes: each size moves at most ~1 GiB per rank, n >= 2);\n"
              "#   time = elapsed / n of the slowest rank (nccl-tests shows the mean over ranks by default; a rank\n"
@@ -257,14 +262,17 @@ static void bench_preamble(const bench_t *b, const bench_options *o) {
              o->warmup_iters, o->iters);
 }
 
-static void table_header(const bench_t *b, coll_id c) {
+static void table_header(const bench_t *b, const bench_options *o, coll_id c) {
     log_main("#\n# %s", COLLECTIVE[c].name);
     if (c == BARRIER) {
         log_main(": no data, only time (a barrier is a 1-element all-reduce under NCCL)\n");
     } else {
-        bool per_rank = c == BROADCAST || c == REDUCE || c == ALL_REDUCE;
-        log_main(": S = count x %zu B%s; busbw = algbw x %s = algbw x %.4g (n = %d)\n", b->type->size,
-                 per_rank ? "" : " x n", bus_factor_text(c), bus_factor(c, b->n), b->n);
+        bool chunked = COLLECTIVE[c].send_chunks || COLLECTIVE[c].recv_chunks;
+        char size[32] = "(type size)";
+        for (size_t t = 0; t < TYPE_COUNT; t++)
+            if (!strcmp(o->datatype, TYPES[t].name)) snprintf(size, sizeof size, "%zu B", TYPES[t].size);
+        log_main(": S = count x %s%s; busbw = algbw x %s = algbw x %.4g (n = %d)\n", size, chunked ? " x n" : "",
+                 bus_factor_text(c), bus_factor(c, b->n), b->n);
     }
     log_main("#\n#%11s %13s %9s %7s %7s %9s %7s %7s %7s\n", "size", "count", "type", "redop", "root",
              "time", "algbw", "busbw", "#wrong");
@@ -294,7 +302,7 @@ static void table_row(const bench_t *b, coll_id c, counts_t k, double seconds, l
 
 // One collective over all sizes; returns its wrong elements.
 static long bench_collective(bench_t *b, const bench_options *o, coll_id c) {
-    table_header(b, c);
+    table_header(b, o, c);
     metrics_csv csv = {0};
     if (b->rank == 0)
         csv = bench_open_csv(b->dist, "03_collectives", COLLECTIVE[c].name,
@@ -303,14 +311,26 @@ static long bench_collective(bench_t *b, const bench_options *o, coll_id c) {
     bool checked = o->check > 0 && c != BARRIER;
     double busbw_sum = 0;
     for (size_t bytes = o->minbytes;; bytes *= (size_t)o->stepfactor) {
-        counts_t k = counts_for(b, c, c == BARRIER ? 0 : bytes);
-        int iters = bench_iters_for(bytes, o->iters);
-        int warmup = o->warmup_iters ? bench_iters_for(bytes, o->warmup_iters) : 0;
-        double seconds = time_op(b, c, k, warmup, iters);
-        long wrong = checked ? check_op(b, c, k, o->check) : -1;
-        if (wrong > 0) wrong_total += wrong;
-        table_row(b, c, k, seconds, wrong, &csv, &busbw_sum);
-        rows++;
+        // -d all and -o all: a row per type (and per reduction, for the
+        // collectives that reduce), as nccl-tests does.
+        for (size_t t = 0; t < TYPE_COUNT; t++) {
+            if (!selected(o->datatype, TYPES[t].name) || (c == BARRIER && t > 0)) continue;
+            b->type = &TYPES[t];
+            bool op_done = false;
+            for (size_t r = 0; r < OP_COUNT && !op_done; r++) {
+                if (!selected(o->op, OPS[r].name)) continue;
+                b->op = &OPS[r];
+                op_done = !COLLECTIVE[c].reduces;   // the others: one row, whatever the op
+                counts_t k = counts_for(b, c, c == BARRIER ? 0 : bytes);
+                int iters = bench_iters_for(bytes, o->iters);
+                int warmup = o->warmup_iters ? bench_iters_for(bytes, o->warmup_iters) : 0;
+                double seconds = time_op(b, c, k, warmup, iters);
+                long wrong = checked ? check_op(b, c, k, o->check) : -1;
+                if (wrong > 0) wrong_total += wrong;
+                table_row(b, c, k, seconds, wrong, &csv, &busbw_sum);
+                rows++;
+            }
+        }
         if (c == BARRIER || bench_last_size(bytes, o->maxbytes, o->stepfactor)) break;
     }
     if (b->rank == 0) metrics_close(&csv);
@@ -320,27 +340,18 @@ static long bench_collective(bench_t *b, const bench_options *o, coll_id c) {
     return wrong_total;
 }
 
-static const type_info *find_type(const char *name) {
-    for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
-        if (!strcmp(TYPES[i].name, name)) return &TYPES[i];
-    die("unknown data type '%s'", name);
-}
-static const op_info *find_op(const char *name) {
-    for (size_t i = 0; i < sizeof OPS / sizeof OPS[0]; i++)
-        if (!strcmp(OPS[i].name, name)) return &OPS[i];
-    die("unknown reduction '%s'", name);
-}
 
 static int run_bench(dist_t *d, const bench_options *o) {
-    bench_t b = {d, d->pg, &d->device, d->rank, d->world_size, o->root, find_type(o->datatype),
-                 find_op(o->op), NULL, NULL, NULL, NULL, NULL};
+    bench_t b = {d, d->pg, &d->device, d->rank, d->world_size, o->root, &TYPES[0], &OPS[0],
+                 NULL, NULL, NULL, NULL, NULL};
     b.send = device_alloc(b.dev, o->maxbytes);
     b.recv = device_alloc(b.dev, o->maxbytes);
     b.host_send = xmalloc(o->maxbytes);
     b.host_recv = xmalloc(o->maxbytes);
     b.scalar = device_alloc(b.dev, sizeof(double));
     // Timing inputs: ones (no overflow, no denormals, whatever the op).
-    for (size_t i = 0; i < o->maxbytes / b.type->size; i++) store_value(b.type->type, b.host_send, i, 1);
+    memset(b.host_send, 0, o->maxbytes);
+    for (size_t i = 0; i < o->maxbytes / sizeof(float); i++) store_value(DTYPE_F32, b.host_send, i, 1);
     device_from_host(b.dev, b.send, b.host_send, o->maxbytes);
     device_from_host(b.dev, b.recv, b.host_send, o->maxbytes);
     bench_preamble(&b, o);

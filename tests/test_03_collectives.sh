@@ -144,6 +144,7 @@ bench_case "-d uint8 -o prod, 2 ranks" -d uint8 -o prod --nprocs 2 --collective 
 bench_case "-d int32 -o avg (integer division), 3 ranks" -d int32 -o avg --nprocs 3 --collective reduce_scatter
 bench_case "-d int64 -o max -r 2, 3 ranks" -d int64 -o max -r 2 --nprocs 3 --collective reduce
 bench_case "-d double -o min -r 1, 2 ranks" -d double -o min -r 1 --nprocs 2 --collective scatter
+bench_case "-d all -o all, 3 ranks: a row for each type and reduction" -d all -o all --nprocs 3
 
 # --- GPUs
 if has_gpu; then
@@ -151,8 +152,21 @@ if has_gpu; then
     result=$(check_table "$TMP/gpu")
     if [[ $status -eq 0 && "$result" == "|9 tables 8 OK" ]]; then pass "03: --device cuda --bench: #wrong 0 everywhere"
     else fail "03: --device cuda --bench: #wrong 0 everywhere" "status $status: $result"; fi
-    else
+    # Every type and reduction, 2 and 4 ranks: each on its own GPU with nccl
+    # (the emulated GPU has 8), or sharing one with the cpu backend, staged.
+    for n in 2 4; do
+        run_capture 300 "$TMP/gpu_all$n" "$bin" --device cuda --nprocs $n --bench -b 8 -e 64K -f 32 -c 1 -n 1 -w 0 \
+            -d all -o all; status=$?
+        result=$(check_table "$TMP/gpu_all$n")
+        backend=$(head -n 1 "$TMP/gpu_all$n" | sed -n 's/.*| backend: \([a-z]*\).*/\1/p')
+        rows=$(grep -cE '^ +[0-9]+ +[0-9]+ ' "$TMP/gpu_all$n")
+        if [[ $status -eq 0 && "$result" == "|9 tables 8 OK" && $rows -eq 361 ]]; then
+            pass "03: --device cuda --bench -d all -o all, $n ranks ($backend): $rows rows, #wrong 0 everywhere"
+        else fail "03: --device cuda --bench -d all -o all, $n ranks" "status $status, $rows rows: $result"; fi
+    done
+else
     skip "03: --device cuda --bench: #wrong 0 everywhere" "no GPU on this machine"
+    skip "03: --device cuda --bench -d all -o all, 2 and 4 ranks" "no GPU on this machine"
 fi
 
 # --- bad input: one line naming the flag, exit status 2
