@@ -25,8 +25,9 @@
 //   - cuBLAS accumulates in fp32 (CUBLAS_COMPUTE_32F) in both modes.
 //
 // Streams. Every kernel of a model goes to its own non-blocking stream.
-// Functions that return data to the host wait for that stream; others
-// (zero_grad, adamw) only queue work.
+// The steps of training (zero_grad, forward, backward, clipping, AdamW)
+// only queue work: the loss and the gradient norm stay on the device until
+// the host asks for them. Functions that return data to the host wait.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -155,6 +156,26 @@ static __device__ float block_reduce(float v, bool is_max) {
     }
     __syncthreads();
     float r = result;
+    __syncthreads();
+    return r;
+}
+
+// The block's sum in double (the loss, the gradient norm). Every thread
+// gets it. The additions happen in the same order every run, so the result
+// is the same bits every run.
+static __device__ double block_sum_double(double v) {
+    __shared__ double partial[WARP];
+    __shared__ double result;
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
+    v = warp_sum_double(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = warp_sum_double(lane < warps ? partial[lane] : 0.0);
+        if (lane == 0) result = v;
+    }
+    __syncthreads();
+    double r = result;
     __syncthreads();
     return r;
 }
@@ -670,6 +691,18 @@ extern "C" int gpt_cuda_buckets(const gpt_config *cfg, gpt_cuda_bucket *out, int
     return n;
 }
 
+// The numbers a training step produces for the host - the loss and the
+// gradient norm - stay in device memory, in this struct, where kernels
+// write them. The host reads them only when it asks (gpt_cuda_loss,
+// gpt_cuda_grad_norm), so a step never waits for the GPU: the host queues
+// the next step while the GPU still computes this one.
+typedef struct {
+    double loss_sum;  // the mean losses of the forward passes since gpt_cuda_take_loss
+    float loss;       // the mean loss of the last forward pass with targets
+    float grad_norm;  // from the last gpt_cuda_clip_grad_norm
+    float clip_scale; // 1, or max_norm / norm when clipping: the next AdamW multiplies the gradients by it
+} device_scalars;
+
 struct gpt_cuda {
     gpt_config cfg;
     bool bf16_mode;
@@ -691,23 +724,27 @@ struct gpt_cuda {
     float *scores;    // bf16 mode: fp32 attention scores, then dP (B*NH*T*T); fp32 mode: NULL
     void *dscores;    // Act (B*NH*T*T): dS (and dP in fp32 mode)
     void *grad_acts;  // Act: dres (NC), dtmp (NC), dqkv (3NC), dhidden (4NC)
-    uint16_t *inputs, *targets;
-    double *norm_partials, *norm_partials_host;
-    float *losses_host;
+    uint16_t *inputs, *targets;     // device
+    uint16_t *tokens_host;          // pinned staging for inputs and targets (2 x max_B x max_T)
+    cudaEvent_t tokens_copied;      // the staging buffer's last copy has run: it may be refilled
+    double *norm_partials;
+    device_scalars *scalars;        // loss, loss sum, gradient norm, clip scale: on the device
+    int losses_summed;              // forward passes with targets since gpt_cuda_take_loss
+    bool clip_pending;              // the next AdamW applies scalars->clip_scale
 
     int num_buckets;
     gpt_cuda_bucket *buckets;
     cudaEvent_t *bucket_events;
 
     int adam_step;
-    bool have_targets;
+    bool have_targets, have_loss, have_norm;
     size_t allocated;
 };
 
 // --- the memory plan: gpt_cuda_memory_needed and gpt_cuda_create share it.
 typedef struct {
     size_t params, grads, adam, params_lp, acts, stats, logits, dlogits, scores, dscores, grad_acts, tokens,
-        partials, chunks, workspace;
+        partials, chunks, scalars, workspace;
 } memory_plan;
 
 static const int NORM_BLOCKS = 264; // two per SM of an H100: enough to fill it, few partials to add
@@ -728,6 +765,7 @@ static memory_plan plan_memory(const gpt_config *c, int B, int T, bool use_bf16,
     p.grad_acts = 9 * N * C * act;
     p.tokens = 2 * N * sizeof(uint16_t);
     p.partials = NORM_BLOCKS * sizeof(double);
+    p.scalars = sizeof(device_scalars);
     // At most one chunk per ADAM_CHUNK parameters plus one partial chunk per tensor.
     p.chunks = (num_params / ADAM_CHUNK + 4 + BLOCK_TENSORS * L) * sizeof(adam_chunk);
     p.workspace = CUBLAS_WORKSPACE_BYTES;
@@ -737,7 +775,7 @@ static memory_plan plan_memory(const gpt_config *c, int B, int T, bool use_bf16,
 static size_t plan_total(const memory_plan *p) {
     return p->params + p->grads + p->adam + p->params_lp + p->acts + p->stats + p->logits + p->dlogits + p->scores +
            p->dscores + p->grad_acts + p->tokens + p->partials + p->chunks +
-           p->workspace;
+           p->scalars + p->workspace;
 }
 
 extern "C" size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool use_bf16) {
@@ -853,30 +891,76 @@ static void check_tokens(const gpt_cuda_t *g, const uint16_t *tokens, size_t n, 
                 g->cfg.vocab_size);
 }
 
-extern "C" float gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T) {
+// The tokens travel through pinned host memory (cudaMallocHost): from
+// ordinary pageable memory CUDA may have to wait for the stream before it
+// can copy, from pinned memory the copy is only queued. The staging buffer
+// is refilled once its previous copy has run (tokens_copied), which the
+// GPU does at the very start of the previous forward pass: the host may
+// run a step ahead of the GPU, which is all it needs to keep it busy.
+static void upload_tokens(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, size_t N) {
+    cudaStream_t s = g->ctx.stream;
+    uint16_t *in = g->tokens_host, *tg = g->tokens_host + (size_t)g->max_B * g->max_T;
+    CHECK_CUDA(cudaEventSynchronize(g->tokens_copied));
+    memcpy(in, inputs, N * sizeof(uint16_t));
+    CHECK_CUDA(cudaMemcpyAsync(g->inputs, in, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
+    if (targets) {
+        memcpy(tg, targets, N * sizeof(uint16_t));
+        CHECK_CUDA(cudaMemcpyAsync(g->targets, tg, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
+    }
+    CHECK_CUDA(cudaEventRecord(g->tokens_copied, s));
+}
+
+// The mean of the N losses, in double as gpt.h adds them, by one block;
+// it becomes scalars->loss and is added to scalars->loss_sum.
+static __global__ void mean_loss_kernel(device_scalars *out, const float *losses, int N) {
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < N; i += blockDim.x) sum += losses[i];
+    sum = block_sum_double(sum);
+    if (threadIdx.x == 0) {
+        float mean = (float)(sum / N);
+        out->loss = mean;
+        out->loss_sum += mean;
+    }
+}
+
+extern "C" void gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T) {
     if (B < 1 || T < 1 || B > g->max_B || T > g->max_T)
         die("gpt_cuda_forward: a batch of %d x %d tokens does not fit the %d x %d the GPU model was created for", B,
             T, g->max_B, g->max_T);
     size_t N = (size_t)B * T;
     check_tokens(g, inputs, N, "input");
     if (targets) check_tokens(g, targets, N, "target");
-    cudaStream_t s = g->ctx.stream;
-    CHECK_CUDA(cudaMemcpyAsync(g->inputs, inputs, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
-    if (targets) CHECK_CUDA(cudaMemcpyAsync(g->targets, targets, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
+    upload_tokens(g, inputs, targets, N);
     g->B = B, g->T = T, g->have_targets = targets != NULL;
     if (g->bf16_mode) model_forward<bf16>(g, targets != NULL);
     else model_forward<float>(g, targets != NULL);
-    if (!targets) {
-        CHECK_CUDA(cudaStreamSynchronize(s));
-        return -1.0f;
-    }
-    // The mean in double on the host, as gpt.h sums its losses.
+    if (!targets) return;
     float *losses = g->bf16_mode ? head_view<bf16>(g).losses : head_view<float>(g).losses;
-    CHECK_CUDA(cudaMemcpyAsync(g->losses_host, losses, N * sizeof(float), cudaMemcpyDeviceToHost, s));
-    CHECK_CUDA(cudaStreamSynchronize(s));
-    double total = 0;
-    for (size_t i = 0; i < N; i++) total += g->losses_host[i];
-    return (float)(total / (double)N);
+    mean_loss_kernel<<<1, 256, 0, g->ctx.stream>>>(g->scalars, losses, (int)N);
+    launched("mean_loss_kernel");
+    g->have_loss = true, g->losses_summed++;
+}
+
+// One number from the device: the only place the host waits for the GPU.
+template <typename T> static T read_scalar(gpt_cuda_t *g, const T *dev) {
+    T value;
+    CHECK_CUDA(cudaMemcpyAsync(&value, dev, sizeof(T), cudaMemcpyDeviceToHost, g->ctx.stream));
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
+    return value;
+}
+
+extern "C" float gpt_cuda_loss(gpt_cuda_t *g) {
+    if (!g->have_loss) die("gpt_cuda_loss: no gpt_cuda_forward with targets yet");
+    return read_scalar(g, &g->scalars->loss);
+}
+
+extern "C" float gpt_cuda_take_loss(gpt_cuda_t *g, int *count) {
+    double sum = read_scalar(g, &g->scalars->loss_sum);
+    int n = g->losses_summed;
+    CHECK_CUDA(cudaMemsetAsync(&g->scalars->loss_sum, 0, sizeof(double), g->ctx.stream));
+    g->losses_summed = 0;
+    if (count) *count = n;
+    return n ? (float)(sum / n) : 0.0f;
 }
 
 extern "C" void gpt_cuda_logits(gpt_cuda_t *g, int b, int t, float *out_host) {
@@ -951,7 +1035,6 @@ extern "C" void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_buck
     g->have_targets = false; // in fp32 mode the logits have become dlogits
     if (g->bf16_mode) model_backward<bf16>(g, grad_scale, bucket_ready, user);
     else model_backward<float>(g, grad_scale, bucket_ready, user);
-    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
 }
 
 extern "C" void gpt_cuda_zero_grad(gpt_cuda_t *g) {
@@ -997,6 +1080,7 @@ static void allocate_buffers(gpt_cuda_t *g, const memory_plan *p) {
     g->targets = g->inputs + (size_t)g->max_B * g->max_T;
     g->norm_partials = (double *)device_buffer(g, p->partials, "gradient-norm partial sums");
     g->adam_chunks = (adam_chunk *)device_buffer(g, p->chunks, "AdamW chunk table");
+    g->scalars = (device_scalars *)device_buffer(g, p->scalars, "loss and gradient norm");
     g->ctx = ctx_create(g->ctx.stream, device_buffer(g, p->workspace, "cuBLAS workspace"));
 }
 
@@ -1024,8 +1108,8 @@ extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *param
     check_fits(cfg, B, T, use_bf16, plan_total(&plan));
     CHECK_CUDA(cudaStreamCreateWithFlags(&g->ctx.stream, cudaStreamNonBlocking));
     allocate_buffers(g, &plan);
-    g->norm_partials_host = (double *)xmalloc(plan.partials);
-    g->losses_host = (float *)xmalloc(sizeof(float) * (size_t)B * T);
+    CHECK_CUDA(cudaMallocHost(&g->tokens_host, plan.tokens));
+    CHECK_CUDA(cudaEventCreateWithFlags(&g->tokens_copied, cudaEventDisableTiming));
     g->num_buckets = gpt_cuda_buckets(cfg, NULL, 0);
     g->buckets = (gpt_cuda_bucket *)xmalloc(sizeof(gpt_cuda_bucket) * (size_t)g->num_buckets);
     gpt_cuda_buckets(cfg, g->buckets, g->num_buckets);
@@ -1037,6 +1121,7 @@ extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *param
     CHECK_CUDA(cudaMemsetAsync(g->grads, 0, plan.grads, g->ctx.stream));
     CHECK_CUDA(cudaMemsetAsync(g->adam_m, 0, plan.adam / 2, g->ctx.stream));
     CHECK_CUDA(cudaMemsetAsync(g->adam_v, 0, plan.adam / 2, g->ctx.stream));
+    CHECK_CUDA(cudaMemsetAsync(g->scalars, 0, plan.scalars, g->ctx.stream));
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
     return g;
 }
@@ -1047,12 +1132,14 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
     CHECK_CUBLAS(cublasDestroy(g->ctx.cublas)); // before its workspace goes
     void *bufs[] = {g->params, g->grads, g->adam_m, g->adam_v, g->params_lp, g->acts, g->stats, g->logits,
                     g->bf16_mode ? g->dlogits : NULL, g->scores, g->dscores, g->grad_acts, g->inputs,
-                    g->norm_partials, g->adam_chunks, g->ctx.workspace};
+                    g->norm_partials, g->adam_chunks, g->scalars, g->ctx.workspace};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) CHECK_CUDA(cudaFree(bufs[i]));
     for (int i = 0; i < g->num_buckets; i++) CHECK_CUDA(cudaEventDestroy(g->bucket_events[i]));
     CHECK_CUDA(cudaStreamDestroy(g->ctx.stream));
-    free(g->bucket_events), free(g->buckets), free(g->tensors), free(g->norm_partials_host), free(g->losses_host);
+    CHECK_CUDA(cudaEventDestroy(g->tokens_copied));
+    CHECK_CUDA(cudaFreeHost(g->tokens_host));
+    free(g->bucket_events), free(g->buckets), free(g->tensors);
     free(g);
 }
 
@@ -1070,60 +1157,63 @@ extern "C" size_t gpt_cuda_device_used_bytes(void) {
 
 // ===================================================================== 6. the optimizer
 
-// Sum of squares of n floats, in double, as NORM_BLOCKS partial sums: each
-// thread strides through the array (grid-stride loop), the block reduces
-// its threads' sums with shuffles, and the host adds the partials in a
-// fixed order, so the norm is the same bits every run.
+// The gradient norm, on the device. First, sums of squares in double as
+// one partial sum per block: each thread strides through the array
+// (grid-stride loop) and the block adds its threads' sums. Then one warp
+// adds the partials and decides the clip scale. The order of every
+// addition is fixed, so the norm is the same bits every run.
 static __global__ void sum_squares_kernel(double *partials, const float *x, size_t n) {
-    __shared__ double warp_sums[WARP];
     double s = 0.0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         s += (double)x[i] * x[i];
+    s = block_sum_double(s);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// As gpt_clip_grad_norm: scale = max_norm / (norm + 1e-6) when the norm
+// exceeds max_norm (max_norm <= 0: never). Launched as one warp.
+static __global__ void grad_norm_kernel(device_scalars *out, const double *partials, int count, float max_norm) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < count; i += WARP) s += partials[i];
     s = warp_sum_double(s);
-    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    if (lane == 0) warp_sums[warp] = s;
-    __syncthreads();
-    if (warp == 0) {
-        s = lane < (int)(blockDim.x / WARP) ? warp_sums[lane] : 0.0;
-        s = warp_sum_double(s);
-        if (lane == 0) partials[blockIdx.x] = s;
+    if (threadIdx.x == 0) {
+        double norm = sqrt(s);
+        out->grad_norm = (float)norm;
+        out->clip_scale = max_norm > 0 && norm > max_norm ? (float)(max_norm / (norm + 1e-6)) : 1.0f;
     }
 }
 
-static __global__ void scale_kernel(float *x, size_t n, float s) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= s;
-}
-
-extern "C" float gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm) {
+// Clipping without a pass of its own: the norm and the scale are computed
+// here, and the next AdamW multiplies each gradient by the scale as it
+// reads it (the gradient buffer itself keeps the unclipped values).
+extern "C" void gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm) {
     cudaStream_t s = g->ctx.stream;
-    sum_squares_kernel<<<NORM_BLOCKS, 256, 0, s>>>(g->norm_partials, g->grads, g->num_params);
+    int blocks = (int)blocks_for(g->num_params, 256 * 16); // at least 16 numbers a thread
+    if (blocks > NORM_BLOCKS) blocks = NORM_BLOCKS;
+    sum_squares_kernel<<<blocks, 256, 0, s>>>(g->norm_partials, g->grads, g->num_params);
     launched("sum_squares_kernel");
-    CHECK_CUDA(cudaMemcpyAsync(g->norm_partials_host, g->norm_partials, NORM_BLOCKS * sizeof(double),
-                               cudaMemcpyDeviceToHost, s));
-    CHECK_CUDA(cudaStreamSynchronize(s));
-    double sum = 0;
-    for (int i = 0; i < NORM_BLOCKS; i++) sum += g->norm_partials_host[i];
-    double norm = sqrt(sum);
-    if (max_norm > 0 && norm > max_norm) {
-        scale_kernel<<<blocks_for(g->num_params, 256), 256, 0, s>>>(g->grads, g->num_params,
-                                                                    (float)(max_norm / (norm + 1e-6)));
-        launched("scale_kernel");
-    }
-    return (float)norm;
+    grad_norm_kernel<<<1, WARP, 0, s>>>(g->scalars, g->norm_partials, blocks, max_norm);
+    launched("grad_norm_kernel");
+    g->clip_pending = true, g->have_norm = true;
 }
 
-// gpt_adamw_step's arithmetic in the same order. In bf16 mode it also
-// writes the parameter's bf16 copy, so the next forward pass reads the
-// updated weights without another pass over memory.
+extern "C" float gpt_cuda_grad_norm(gpt_cuda_t *g) {
+    if (!g->have_norm) die("gpt_cuda_grad_norm: no gpt_cuda_clip_grad_norm yet");
+    return read_scalar(g, &g->scalars->grad_norm);
+}
+
+// gpt_adamw_step's arithmetic in the same order, on the gradient times
+// the clip scale (NULL: no clipping). In bf16 mode it also writes the
+// parameter's bf16 copy, so the next forward pass reads the updated weights
+// without another pass over memory.
 static __global__ void adamw_kernel(float *params, bf16 *params_lp, const float *grads, float *m, float *v,
-                                    const adam_chunk *chunks, float lr, float beta1, float beta2, float c1, float c2,
-                                    float eps, float weight_decay) {
+                                    const adam_chunk *chunks, const float *clip_scale, float lr, float beta1,
+                                    float beta2, float c1, float c2, float eps, float weight_decay) {
     adam_chunk ch = chunks[blockIdx.x];
-    float decay = ch.decay ? lr * weight_decay : 0.0f;
+    float decay = ch.decay ? lr * weight_decay : 0.0f, scale = clip_scale ? *clip_scale : 1.0f;
     for (unsigned k = threadIdx.x; k < ch.count; k += blockDim.x) {
         size_t i = ch.offset + k;
-        float g = grads[i];
+        float g = grads[i] * scale;
         float mi = beta1 * m[i] + (1.0f - beta1) * g, vi = beta2 * v[i] + (1.0f - beta2) * g * g;
         m[i] = mi, v[i] = vi;
         float p = params[i];
@@ -1137,10 +1227,12 @@ static __global__ void adamw_kernel(float *params, bf16 *params_lp, const float 
 extern "C" void gpt_cuda_adamw(gpt_cuda_t *g, float lr, float beta1, float beta2, float eps, float weight_decay) {
     g->adam_step++;
     double c1 = 1 - pow((double)beta1, g->adam_step), c2 = 1 - pow((double)beta2, g->adam_step);
+    const float *clip = g->clip_pending ? &g->scalars->clip_scale : NULL;
     adamw_kernel<<<g->num_adam_chunks, 256, 0, g->ctx.stream>>>(g->params, g->params_lp, g->grads, g->adam_m,
-                                                                 g->adam_v, g->adam_chunks, lr, beta1, beta2,
+                                                                 g->adam_v, g->adam_chunks, clip, lr, beta1, beta2,
                                                                  (float)c1, (float)c2, eps, weight_decay);
     launched("adamw_kernel");
+    g->clip_pending = false;
 }
 
 // ===================================================================== 7. copies, and layers one at a time

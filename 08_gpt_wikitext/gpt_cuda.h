@@ -5,7 +5,8 @@
 // CPU model is the reference the GPU is tested against. The GPU keeps its
 // own copies of everything: parameters, gradients, AdamW moments,
 // activations. The host sees tokens going in and losses, logits,
-// parameters and gradients coming out.
+// parameters and gradients coming out, when it asks: a training step only
+// queues work on the GPU and never waits for it.
 //
 // Two precisions (--dtype):
 //   fp32  everything in float: the reference, equal to gpt.h within 1e-4.
@@ -83,9 +84,20 @@ size_t gpt_cuda_param_count(const gpt_cuda_t *g);
 float *gpt_cuda_params_device(gpt_cuda_t *g); // fp32 master weights
 float *gpt_cuda_grads_device(gpt_cuda_t *g);  // fp32 gradients, one flat buffer
 
-// Mean cross-entropy of B x T tokens (B, T at most those given to create),
-// or -1 when targets is NULL; the logits then stay for gpt_cuda_logits.
-float gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T);
+// The forward pass over B x T tokens (B, T at most those given to create).
+// It only queues work on the GPU: with targets, the mean cross-entropy
+// stays in device memory until gpt_cuda_loss asks for it, so a training
+// step never waits for the GPU. The logits stay for gpt_cuda_logits.
+void gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T);
+
+// The mean loss of the last forward pass with targets. Waits for the GPU.
+float gpt_cuda_loss(gpt_cuda_t *g);
+
+// Each forward pass with targets also adds its mean loss to a sum on the
+// device. This returns the mean of those losses since the last call (their
+// number in *count, if count is not NULL; 0 when there were none) and starts
+// a new sum: one wait for the GPU every so many steps, for a progress line.
+float gpt_cuda_take_loss(gpt_cuda_t *g, int *count);
 
 // The V logits of sequence b, position t of the last forward pass (read them
 // before gpt_cuda_backward: in fp32 mode it turns the logits into their gradient).
@@ -102,13 +114,18 @@ typedef void (*gpt_cuda_bucket_fn)(void *user, const gpt_cuda_bucket *bucket, cu
 
 // Adds grad_scale * d(mean loss)/d(params) to the gradients (micro-batches
 // accumulate, as gpt_backward). bucket_ready may be NULL (no callbacks); with
-// gradient accumulation pass it on the last micro-batch only. Returns when
-// the backward pass is complete on the device, so a blocking all-reduce on
-// any stream may follow.
+// gradient accumulation pass it on the last micro-batch only. Only queues
+// work on gpt_cuda_stream: another stream that reads the gradients must
+// first wait for a bucket's event (or for that stream).
 void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn bucket_ready, void *user);
 
-// As gpt_clip_grad_norm and gpt_adamw_step (decay on 2-D tensors only).
-float gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm);
+// As gpt_clip_grad_norm, but queued: the norm and the clip scale are
+// computed on the device, and the next gpt_cuda_adamw applies the scale as
+// it reads each gradient (the gradient buffer keeps the unclipped values).
+void gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm);
+// The norm before clipping of the last gpt_cuda_clip_grad_norm. Waits for the GPU.
+float gpt_cuda_grad_norm(gpt_cuda_t *g);
+// As gpt_adamw_step (decay on 2-D tensors only): one launch, queued.
 void gpt_cuda_adamw(gpt_cuda_t *g, float lr, float beta1, float beta2, float eps, float weight_decay);
 
 // Host <-> device copies of whole flat arrays (num_params floats each), for

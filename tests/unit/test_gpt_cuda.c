@@ -352,7 +352,9 @@ static void test_optimizer(gpt_t *cpu, gpt_cuda_t *g, bool bf16) {
     double sum = 0;
     for (size_t i = 0; i < cpu->num_params; i++) sum += (double)cpu->grads[i] * cpu->grads[i];
     float limit = (float)(0.5 * sqrt(sum));
-    float nc = gpt_clip_grad_norm(cpu, limit), ng = gpt_cuda_clip_grad_norm(g, limit);
+    float nc = gpt_clip_grad_norm(cpu, limit);
+    gpt_cuda_clip_grad_norm(g, limit);
+    float ng = gpt_cuda_grad_norm(g);
     char name[128];
     snprintf(name, sizeof name, "gpt cuda gradient norm matches the CPU (%s)", bf16 ? "bf16" : "fp32");
     EXPECT(name, fabs(nc - ng) <= 1e-5 * nc, "gpu %.8g, cpu %.8g", ng, nc);
@@ -381,7 +383,9 @@ static void test_model(rng_t *r, bool bf16) {
     gpt_cuda_logits(g, B - 1, T - 1, logits);
     expect_close("model", "logits", bf16, logits, gpt_logits(&cpu, B - 1, T - 1), (size_t)V);
 
-    float lc = gpt_forward(&cpu, in, tg, B, T), lg = gpt_cuda_forward(g, in, tg, B, T);
+    float lc = gpt_forward(&cpu, in, tg, B, T);
+    gpt_cuda_forward(g, in, tg, B, T);
+    float lg = gpt_cuda_loss(g);
     expect_close("model", "loss", bf16, &lg, &lc, 1);
     gpt_zero_grad(&cpu);
     gpt_backward(&cpu, 1.0f);
@@ -394,7 +398,9 @@ static void test_model(rng_t *r, bool bf16) {
     // A second step on a smaller batch, from the updated weights.
     int B2 = 3, T2 = 20;
     random_tokens(r, in, (size_t)B2 * T2, V), random_tokens(r, tg, (size_t)B2 * T2, V);
-    lc = gpt_forward(&cpu, in, tg, B2, T2), lg = gpt_cuda_forward(g, in, tg, B2, T2);
+    lc = gpt_forward(&cpu, in, tg, B2, T2);
+    gpt_cuda_forward(g, in, tg, B2, T2);
+    lg = gpt_cuda_loss(g);
     expect_close("model", "loss after an AdamW step, smaller batch", bf16, &lg, &lc, 1);
     gpt_zero_grad(&cpu);
     gpt_backward(&cpu, 0.5f);
@@ -421,13 +427,66 @@ static void make_batch(rng_t *r, const uint16_t *perm, int V, uint16_t *in, uint
     }
 }
 
-static float train_step(gpt_cuda_t *g, const uint16_t *in, const uint16_t *tg, int B, int T) {
+// One step as a training loop queues it: nothing here waits for the GPU.
+static void train_step(gpt_cuda_t *g, const uint16_t *in, const uint16_t *tg, int B, int T) {
     gpt_cuda_zero_grad(g);
-    float loss = gpt_cuda_forward(g, in, tg, B, T);
+    gpt_cuda_forward(g, in, tg, B, T);
     gpt_cuda_backward(g, 1.0f, NULL, NULL);
     gpt_cuda_clip_grad_norm(g, 1.0f);
     gpt_cuda_adamw(g, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
-    return loss;
+}
+
+// A step must not wait for the GPU, and the losses it leaves on the device
+// must come back right when asked for.
+static void test_losses_on_device(rng_t *r, bool bf16) {
+    enum { B = 2, T = 16, V = 64 };
+    gpt_config c = {V, T, 1, 2, 32};
+    gpt_t init;
+    gpt_init(&init, c, rng_next(r));
+    gpt_cuda_t *g = gpt_cuda_create(&c, init.params, B, T, bf16);
+    uint16_t in[B * T], tg[B * T];
+    random_tokens(r, in, B * T, V), random_tokens(r, tg, B * T, V);
+    char name[128];
+#ifdef COURSE_EMU
+    // The emulated GPU runs queued work only when something waits for it.
+    // A copy queued on the model's stream before a whole training step has
+    // therefore not run when the step returns - unless a call in the step
+    // waited for the GPU. (A real GPU may run it at any time: no such test.)
+    float one = 1.0f, *dev, *marker;
+    CHECK_CUDA(cudaMalloc((void **)&dev, sizeof(float)));
+    CHECK_CUDA(cudaMallocHost((void **)&marker, sizeof(float)));
+    CHECK_CUDA(cudaMemcpyAsync(dev, &one, sizeof(float), cudaMemcpyHostToDevice, gpt_cuda_stream(g)));
+    CHECK_CUDA(cudaStreamSynchronize(gpt_cuda_stream(g)));
+    *marker = 0;
+    CHECK_CUDA(cudaMemcpyAsync(marker, dev, sizeof(float), cudaMemcpyDeviceToHost, gpt_cuda_stream(g)));
+    train_step(g, in, tg, B, T);
+    bool queued = *marker == 0;
+    float loss = gpt_cuda_loss(g);
+    snprintf(name, sizeof name, "gpt cuda a training step only queues work: no host sync (%s)", bf16 ? "bf16" : "fp32");
+    EXPECT(name, queued && *marker == 1 && isfinite(loss),
+           "work queued before the step %s when it returned; after gpt_cuda_loss: marker %g, loss %g",
+           queued ? "had not run" : "had run (some call waited for the GPU)", *marker, loss);
+    CHECK_CUDA(cudaFree(dev));
+    CHECK_CUDA(cudaFreeHost(marker));
+#else
+    train_step(g, in, tg, B, T);
+#endif
+    // Three forward passes, each loss read at once; then their mean from the device's sum.
+    gpt_cuda_take_loss(g, NULL);
+    double sum = 0;
+    for (int i = 0; i < 3; i++) {
+        random_tokens(r, in, B * T, V), random_tokens(r, tg, B * T, V);
+        gpt_cuda_forward(g, in, tg, B, T);
+        sum += gpt_cuda_loss(g);
+    }
+    gpt_cuda_forward(g, in, NULL, B, T); // without targets: not counted
+    int n;
+    float mean = gpt_cuda_take_loss(g, &n), again = gpt_cuda_take_loss(g, NULL);
+    snprintf(name, sizeof name, "gpt cuda loss sum on the device: mean of the last losses (%s)", bf16 ? "bf16" : "fp32");
+    EXPECT(name, n == 3 && fabs(mean - sum / 3) <= 1e-6 * sum && again == 0,
+           "%d losses, mean %.8g, expected 3 and %.8g; a second take %g (expected 0)", n, mean, sum / 3, again);
+    gpt_cuda_free(g);
+    gpt_free(&init);
 }
 
 // 300 steps on a GPU; on the emulated one (thousands of times slower)
@@ -452,11 +511,18 @@ static void test_training_tracks(rng_t *r) {
         perm[i] = perm[j], perm[j] = t;
     }
     double lf[STEPS / WINDOW] = {0}, lh[STEPS / WINDOW] = {0}, worst = 0;
+    int counted = 0;
     for (int s = 0; s < STEPS; s++) {
         make_batch(r, perm, V, in, tg, B, T);
-        lf[s / WINDOW] += train_step(f, in, tg, B, T) / WINDOW;
-        lh[s / WINDOW] += train_step(h, in, tg, B, T) / WINDOW;
+        train_step(f, in, tg, B, T);
+        train_step(h, in, tg, B, T);
+        if ((s + 1) % WINDOW) continue;
+        int nf, nh; // the window's mean losses, summed on the device: one wait per window
+        lf[s / WINDOW] = gpt_cuda_take_loss(f, &nf), lh[s / WINDOW] = gpt_cuda_take_loss(h, &nh);
+        counted += nf + nh;
     }
+    EXPECT("gpt cuda loss sums on the device count every step", counted == 2 * STEPS, "%d of %d losses", counted,
+           2 * STEPS);
     printf("info: mean loss per %d steps, fp32 vs bf16:", WINDOW);
     for (int w = 0; w < STEPS / WINDOW; w++) {
         printf(" %.3f/%.3f", lf[w], lh[w]);
@@ -508,10 +574,13 @@ typedef struct { double forward, backward, allreduce, optimizer; } step_times;
 static step_times bench_step(gpt_cuda_t *g, overlap_t *o, const uint16_t *in, const uint16_t *tg, int B, int T) {
     step_times s;
     double t0 = now_seconds();
+    // The split needs the host to wait after each part; the training loop does not.
     gpt_cuda_zero_grad(g);
     gpt_cuda_forward(g, in, tg, B, T);
+    CHECK_CUDA(cudaStreamSynchronize(gpt_cuda_stream(g)));
     double t1 = now_seconds();
     gpt_cuda_backward(g, 1.0f, allreduce_bucket, o);
+    CHECK_CUDA(cudaStreamSynchronize(gpt_cuda_stream(g)));
     double t2 = now_seconds();
     CHECK_CUDA(cudaStreamSynchronize(o->stream)); // what the all-reduce adds after backward (not hidden)
     double t3 = now_seconds();
@@ -593,6 +662,7 @@ static void run_tests(const options *o) {
     for (int bf16 = 0; bf16 <= 1; bf16++) {
         test_layers(&r, bf16);
         test_model(&r, bf16);
+        test_losses_on_device(&r, bf16);
     }
     if (!strcmp(o->mode, "test")) test_training_tracks(&r);
 }
