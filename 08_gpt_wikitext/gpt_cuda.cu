@@ -460,13 +460,19 @@ static void residual_forward(const gpu_ctx *x, Act *out, const Act *a, const Act
     launched("residual_forward_kernel");
 }
 
-// --- softmax + cross-entropy. Forward: one block per row of V logits
-// (V is thousands: one warp would loop too long). loss = lse - z[target]
-// with lse = max + log(sum exp(z - max)); lse is kept for the backward
-// pass, so the logits need not be overwritten with probabilities.
+// --- softmax + cross-entropy. Rows of logits are Vp >= V numbers long:
+// the vocabulary padded to a multiple of 64 for the LM head's matrix
+// product (see "the vocabulary, padded" in section 5). The padding comes
+// FIRST in each row, the V real logits after it; the loss never looks at
+// the padding, and its gradient is 0.
+//
+// Forward: one block per row (V is thousands: one warp would loop too
+// long). loss = lse - z[target] with lse = max + log(sum exp(z - max));
+// lse is kept for the backward pass, so the logits need not be
+// overwritten with probabilities.
 static __global__ void crossentropy_forward_kernel(float *losses, float *lse, const float *logits,
-                                                   const uint16_t *targets, int V) {
-    const float *z = logits + (size_t)blockIdx.x * V;
+                                                   const uint16_t *targets, int V, int Vp) {
+    const float *z = logits + (size_t)blockIdx.x * Vp + (Vp - V);
     float maxv = -INFINITY;
     for (int i = threadIdx.x; i < V; i += blockDim.x) maxv = fmaxf(maxv, z[i]);
     maxv = block_reduce(maxv, true);
@@ -481,30 +487,33 @@ static __global__ void crossentropy_forward_kernel(float *losses, float *lse, co
 }
 
 // Backward: dlogits = (softmax - onehot(target)) * dloss, element by
-// element (p = exp(z - lse)). In fp32 mode dlogits may be the logits buffer.
+// element (p = exp(z - lse)), and 0 for the padding. In fp32 mode dlogits
+// may be the logits buffer.
 template <typename Act>
 static __global__ void crossentropy_backward_kernel(Act *dlogits, const float *logits, const float *lse,
-                                                    const uint16_t *targets, int V, size_t total, float dloss) {
+                                                    const uint16_t *targets, int V, int Vp, size_t total,
+                                                    float dloss) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
-    size_t n = i / V;
-    int v = (int)(i % V);
-    float p = expf(logits[i] - lse[n]);
-    dlogits[i] = from_f<Act>((p - (v == targets[n] ? 1.0f : 0.0f)) * dloss);
+    size_t n = i / Vp;
+    int v = (int)(i % Vp) - (Vp - V); // the token this column stands for; < 0: padding
+    float d = 0.0f;
+    if (v >= 0) d = (expf(logits[i] - lse[n]) - (v == targets[n] ? 1.0f : 0.0f)) * dloss;
+    dlogits[i] = from_f<Act>(d);
 }
 
 static void crossentropy_forward(const gpu_ctx *x, float *losses, float *lse, const float *logits,
-                                 const uint16_t *targets, int N, int V) {
-    crossentropy_forward_kernel<<<N, 256, 0, x->stream>>>(losses, lse, logits, targets, V);
+                                 const uint16_t *targets, int N, int V, int Vp) {
+    crossentropy_forward_kernel<<<N, 256, 0, x->stream>>>(losses, lse, logits, targets, V, Vp);
     launched("crossentropy_forward_kernel");
 }
 
 template <typename Act>
 static void crossentropy_backward(const gpu_ctx *x, Act *dlogits, const float *logits, const float *lse,
-                                  const uint16_t *targets, int N, int V, float dloss) {
-    size_t total = (size_t)N * V;
+                                  const uint16_t *targets, int N, int V, int Vp, float dloss) {
+    size_t total = (size_t)N * Vp;
     crossentropy_backward_kernel<Act><<<blocks_for(total, 256), 256, 0, x->stream>>>(dlogits, logits, lse,
-                                                                                     targets, V, total, dloss);
+                                                                                     targets, V, Vp, total, dloss);
     launched("crossentropy_backward_kernel");
 }
 
@@ -691,6 +700,26 @@ extern "C" int gpt_cuda_buckets(const gpt_config *cfg, gpt_cuda_bucket *out, int
     return n;
 }
 
+// --- the vocabulary, padded. The LM head is a product with wte, a V x C
+// matrix. GPT-2's V = 50257 is odd: cuBLAS computes in tiles of 64 or 128
+// rows and columns, so the last tile is mostly waste, and rows of 50257
+// logits do not start on 16-byte boundaries, which its fastest kernels
+// need. So the LM head computes Vp = V rounded up to a multiple of 64
+// logits per token (50304 for GPT-2). The extra Vp - V rows of the matrix
+// must be zeros somewhere, yet the parameter layout must stay gpt.h's (wpe
+// follows wte directly; snapshots and the gradient buckets depend on it).
+// So they go IN FRONT of wte: the parameters, their gradients and the bf16
+// copy are allocated with head_pad = (Vp - V) * C zeros before the flat
+// array, and "padding rows, then wte" is one Vp x C matrix (lm_head()).
+// Its padding logits come first in each row of logits; the loss kernels
+// skip them and give them gradient 0, so the padding rows' gradient is 0
+// too, and AdamW, which works on the flat array, never touches them.
+static int padded_vocab(int V) { return (V + 63) / 64 * 64; }
+
+static size_t head_pad(const gpt_config *c) {
+    return (size_t)(padded_vocab(c->vocab_size) - c->vocab_size) * c->n_embd;
+}
+
 // The numbers a training step produces for the host - the loss and the
 // gradient norm - stay in device memory, in this struct, where kernels
 // write them. The host reads them only when it asks (gpt_cuda_loss,
@@ -709,18 +738,20 @@ struct gpt_cuda {
     int max_B, max_T; // what the buffers were sized for
     int B, T;         // the last forward pass
     size_t num_params;
+    int Vp;          // the vocabulary padded to a multiple of 64 (the logits per token)
+    size_t head_pad; // (Vp - V) * C zeros in front of wte in params, grads and params_lp
     int num_tensors;
     tensor_slice *tensors;
     int num_adam_chunks;
     adam_chunk *adam_chunks; // device: AdamW's table
     gpu_ctx ctx;
 
-    float *params, *grads, *adam_m, *adam_v; // fp32, num_params each
-    bf16 *params_lp;                         // bf16 mode: the copy the products read
+    float *params, *grads, *adam_m, *adam_v; // fp32, num_params each (params, grads: head_pad more in front)
+    bf16 *params_lp;                         // bf16 mode: the copy the products read (head_pad more in front)
     void *acts;       // Act: encoded, scratch, lnf, then per block 16NC + B*NH*T*T
     float *stats;     // fp32: per block ln1/ln2 mean and rstd (4N), then lnf mean, rstd, losses, lse
-    float *logits;    // (N, V) fp32
-    void *dlogits;    // (N, V) Act; the logits buffer itself in fp32 mode
+    float *logits;    // (N, Vp) fp32
+    void *dlogits;    // (N, Vp) Act; the logits buffer itself in fp32 mode
     float *scores;    // bf16 mode: fp32 attention scores, then dP (B*NH*T*T); fp32 mode: NULL
     void *dscores;    // Act (B*NH*T*T): dS (and dP in fp32 mode)
     void *grad_acts;  // Act: dres (NC), dtmp (NC), dqkv (3NC), dhidden (4NC)
@@ -750,16 +781,17 @@ typedef struct {
 static const int NORM_BLOCKS = 264; // two per SM of an H100: enough to fill it, few partials to add
 
 static memory_plan plan_memory(const gpt_config *c, int B, int T, bool use_bf16, size_t num_params) {
-    size_t N = (size_t)B * T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size, L = (size_t)c->n_layer;
-    size_t att = (size_t)B * c->n_head * T * T, act = use_bf16 ? 2 : 4;
+    size_t N = (size_t)B * T, C = (size_t)c->n_embd, Vp = (size_t)padded_vocab(c->vocab_size);
+    size_t L = (size_t)c->n_layer, att = (size_t)B * c->n_head * T * T, act = use_bf16 ? 2 : 4;
+    size_t padded = num_params + head_pad(c);
     memory_plan p;
-    p.params = p.grads = num_params * 4;
+    p.params = p.grads = padded * 4;
     p.adam = 2 * num_params * 4;
-    p.params_lp = use_bf16 ? num_params * 2 : 0;
+    p.params_lp = use_bf16 ? padded * 2 : 0;
     p.acts = (3 * N * C + L * (16 * N * C + att)) * act;
     p.stats = (L * 4 * N + 4 * N) * 4;
-    p.logits = N * V * 4;
-    p.dlogits = use_bf16 ? N * V * 2 : 0;
+    p.logits = N * Vp * 4;
+    p.dlogits = use_bf16 ? N * Vp * 2 : 0;
     p.scores = use_bf16 ? att * 4 : 0;
     p.dscores = att * act;
     p.grad_acts = 9 * N * C * act;
@@ -841,6 +873,10 @@ template <typename Act> static const Act *weights(const gpt_cuda_t *g) {
     return g->bf16_mode ? (const Act *)(const void *)g->params_lp : (const Act *)(const void *)g->params;
 }
 
+// The LM head's Vp x C matrix in a flat array (parameters, their bf16
+// copy, gradients): the padding rows in front of wte, then wte.
+template <typename T> static T *lm_head(const gpt_cuda_t *g, T *flat) { return flat - g->head_pad; }
+
 static size_t off(const gpt_cuda_t *g, int layer, int i) { return g->tensors[block_tensor(layer, i)].offset; }
 
 template <typename Act> static const Act *block_input(const gpt_cuda_t *g, int layer) {
@@ -872,7 +908,7 @@ template <typename Act> static void block_forward(gpt_cuda_t *g, int l) {
 }
 
 template <typename Act> static void model_forward(gpt_cuda_t *g, bool with_targets) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, N = B * T;
+    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->cfg.n_layer, N = B * T;
     const gpu_ctx *x = &g->ctx;
     head_acts<Act> h = head_view<Act>(g);
     const float *p = g->params;
@@ -880,8 +916,8 @@ template <typename Act> static void model_forward(gpt_cuda_t *g, bool with_targe
     encoder_forward(x, h.encoded, g->inputs, p, p + wpe, B, T, C);
     for (int l = 0; l < L; l++) block_forward<Act>(g, l);
     layernorm_forward(x, h.lnf, h.lnf_mean, h.lnf_rstd, block_input<Act>(g, L), p + lnf, p + lnf + C, N, C);
-    matmul_forward<Act, float>(x, g->logits, h.lnf, weights<Act>(g), NULL, N, C, V); // tied LM head: wte
-    if (with_targets) crossentropy_forward(x, h.losses, h.lse, g->logits, g->targets, N, V);
+    matmul_forward<Act, float>(x, g->logits, h.lnf, lm_head(g, weights<Act>(g)), NULL, N, C, Vp); // tied: wte
+    if (with_targets) crossentropy_forward(x, h.losses, h.lse, g->logits, g->targets, N, V, Vp);
 }
 
 static void check_tokens(const gpt_cuda_t *g, const uint16_t *tokens, size_t n, const char *what) {
@@ -965,8 +1001,8 @@ extern "C" float gpt_cuda_take_loss(gpt_cuda_t *g, int *count) {
 
 extern "C" void gpt_cuda_logits(gpt_cuda_t *g, int b, int t, float *out_host) {
     if (b < 0 || t < 0 || b >= g->B || t >= g->T) die("gpt_cuda_logits: (%d, %d) is outside the last batch", b, t);
-    size_t V = (size_t)g->cfg.vocab_size;
-    CHECK_CUDA(cudaMemcpyAsync(out_host, g->logits + ((size_t)b * g->T + t) * V, V * sizeof(float),
+    size_t V = (size_t)g->cfg.vocab_size, Vp = (size_t)g->Vp; // the padding comes first in a row
+    CHECK_CUDA(cudaMemcpyAsync(out_host, g->logits + ((size_t)b * g->T + t) * Vp + (Vp - V), V * sizeof(float),
                                cudaMemcpyDeviceToHost, g->ctx.stream));
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
 }
@@ -1009,15 +1045,16 @@ static void bucket_done(gpt_cuda_t *g, int i, gpt_cuda_bucket_fn fn, void *user)
 }
 
 template <typename Act> static void model_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn fn, void *user) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, N = B * T;
+    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->cfg.n_layer, N = B * T;
     const gpu_ctx *x = &g->ctx;
     head_acts<Act> h = head_view<Act>(g);
     grad_acts<Act> ga = grad_view<Act>(g);
     size_t wpe = g->tensors[1].offset, lnf = g->tensors[g->num_tensors - 2].offset;
     Act *dlogits = (Act *)g->dlogits;
 
-    crossentropy_backward(x, dlogits, g->logits, h.lse, g->targets, N, V, grad_scale / (float)N);
-    matmul_backward<Act>(x, ga.dtmp, g->grads, NULL, dlogits, h.lnf, weights<Act>(g), N, C, V); // adds into dwte
+    crossentropy_backward(x, dlogits, g->logits, h.lse, g->targets, N, V, Vp, grad_scale / (float)N);
+    matmul_backward<Act>(x, ga.dtmp, lm_head(g, g->grads), NULL, dlogits, h.lnf, lm_head(g, weights<Act>(g)), N, C,
+                         Vp); // adds into dwte
     CHECK_CUDA(cudaMemsetAsync(ga.dres, 0, sizeof(Act) * (size_t)N * C, x->stream));
     layernorm_backward(x, ga.dres, g->grads + lnf, g->grads + lnf + C, ga.dtmp, block_input<Act>(g, L),
                        g->params + lnf, h.lnf_mean, h.lnf_rstd, N, C);
@@ -1064,11 +1101,11 @@ static void check_fits(const gpt_config *c, int B, int T, bool use_bf16, size_t 
 }
 
 static void allocate_buffers(gpt_cuda_t *g, const memory_plan *p) {
-    g->params = (float *)device_buffer(g, p->params, "parameters");
-    g->grads = (float *)device_buffer(g, p->grads, "gradients");
+    g->params = (float *)device_buffer(g, p->params, "parameters") + g->head_pad;
+    g->grads = (float *)device_buffer(g, p->grads, "gradients") + g->head_pad;
     g->adam_m = (float *)device_buffer(g, p->adam / 2, "AdamW first moments");
     g->adam_v = (float *)device_buffer(g, p->adam / 2, "AdamW second moments");
-    g->params_lp = (bf16 *)device_buffer(g, p->params_lp, "bf16 weight copy");
+    if (g->bf16_mode) g->params_lp = (bf16 *)device_buffer(g, p->params_lp, "bf16 weight copy") + g->head_pad;
     g->acts = device_buffer(g, p->acts, "activations");
     g->stats = (float *)device_buffer(g, p->stats, "LayerNorm statistics and losses");
     g->logits = (float *)device_buffer(g, p->logits, "logits");
@@ -1082,6 +1119,14 @@ static void allocate_buffers(gpt_cuda_t *g, const memory_plan *p) {
     g->adam_chunks = (adam_chunk *)device_buffer(g, p->chunks, "AdamW chunk table");
     g->scalars = (device_scalars *)device_buffer(g, p->scalars, "loss and gradient norm");
     g->ctx = ctx_create(g->ctx.stream, device_buffer(g, p->workspace, "cuBLAS workspace"));
+}
+
+// The LM head's padding rows are zeros (a zero row's logit is 0, and its
+// gradient, times the zero gradient of that logit, stays 0).
+static void zero_head_padding(gpt_cuda_t *g) {
+    cudaStream_t s = g->ctx.stream;
+    CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->params), 0, g->head_pad * sizeof(float), s));
+    if (g->params_lp) CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->params_lp), 0, g->head_pad * sizeof(bf16), s));
 }
 
 static void upload_adam_chunks(gpt_cuda_t *g) {
@@ -1103,6 +1148,7 @@ extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *param
     g->cfg = *cfg, g->bf16_mode = use_bf16, g->max_B = g->B = B, g->max_T = g->T = T;
     g->tensors = (tensor_slice *)xmalloc(sizeof(tensor_slice) * (size_t)(4 + BLOCK_TENSORS * cfg->n_layer));
     g->num_params = build_table(cfg, g->tensors, &g->num_tensors);
+    g->Vp = padded_vocab(cfg->vocab_size), g->head_pad = head_pad(cfg);
     g->num_adam_chunks = build_adam_chunks(g->tensors, g->num_tensors, NULL);
     memory_plan plan = plan_memory(cfg, B, T, use_bf16, g->num_params);
     check_fits(cfg, B, T, use_bf16, plan_total(&plan));
@@ -1117,8 +1163,9 @@ extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *param
     for (int i = 0; i < g->num_buckets; i++)
         CHECK_CUDA(cudaEventCreateWithFlags(&g->bucket_events[i], cudaEventDisableTiming));
     upload_adam_chunks(g);
+    zero_head_padding(g);
     gpt_cuda_set_params(g, params_host);
-    CHECK_CUDA(cudaMemsetAsync(g->grads, 0, plan.grads, g->ctx.stream));
+    CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->grads), 0, plan.grads, g->ctx.stream));
     CHECK_CUDA(cudaMemsetAsync(g->adam_m, 0, plan.adam / 2, g->ctx.stream));
     CHECK_CUDA(cudaMemsetAsync(g->adam_v, 0, plan.adam / 2, g->ctx.stream));
     CHECK_CUDA(cudaMemsetAsync(g->scalars, 0, plan.scalars, g->ctx.stream));
@@ -1130,7 +1177,8 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
     if (!g) return;
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
     CHECK_CUBLAS(cublasDestroy(g->ctx.cublas)); // before its workspace goes
-    void *bufs[] = {g->params, g->grads, g->adam_m, g->adam_v, g->params_lp, g->acts, g->stats, g->logits,
+    void *bufs[] = {lm_head(g, g->params), lm_head(g, g->grads), g->adam_m, g->adam_v,
+                    g->params_lp ? lm_head(g, g->params_lp) : NULL, g->acts, g->stats, g->logits,
                     g->bf16_mode ? g->dlogits : NULL, g->scores, g->dscores, g->grad_acts, g->inputs,
                     g->norm_partials, g->adam_chunks, g->scalars, g->ctx.workspace};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -1455,15 +1503,15 @@ extern "C" void gpt_cuda_test_residual(bool bf16_mode, size_t n, const float *a,
 }
 
 template <typename Act>
-static float test_crossentropy(int N, int V, const float *logits, const uint16_t *targets, float *losses,
+static float test_crossentropy(int N, int V, int Vp, const float *logits, const uint16_t *targets, float *losses,
                                float dloss, float *dlogits) {
     test_run r = test_begin();
-    size_t NV = (size_t)N * V;
+    size_t NV = (size_t)N * Vp;
     float *z = upload<float>(&r, logits, NV), *l = upload_zeros<float>(&r, N), *lse = upload_zeros<float>(&r, N);
     uint16_t *tg = upload_tokens(&r, targets, N);
     Act *d = upload_zeros<Act>(&r, NV);
-    crossentropy_forward(&r.ctx, l, lse, z, tg, N, V);
-    crossentropy_backward(&r.ctx, d, z, lse, tg, N, V, dloss);
+    crossentropy_forward(&r.ctx, l, lse, z, tg, N, V, Vp);
+    crossentropy_backward(&r.ctx, d, z, lse, tg, N, V, Vp, dloss);
     download(&r, losses, l, N), download(&r, dlogits, d, NV);
     test_end(&r);
     double total = 0;
@@ -1471,8 +1519,8 @@ static float test_crossentropy(int N, int V, const float *logits, const uint16_t
     return (float)(total / N);
 }
 
-extern "C" float gpt_cuda_test_crossentropy(bool bf16_mode, int N, int V, const float *logits,
+extern "C" float gpt_cuda_test_crossentropy(bool bf16_mode, int N, int V, int Vp, const float *logits,
                                             const uint16_t *targets, float *losses, float dloss, float *dlogits) {
-    if (bf16_mode) return test_crossentropy<bf16>(N, V, logits, targets, losses, dloss, dlogits);
-    return test_crossentropy<float>(N, V, logits, targets, losses, dloss, dlogits);
+    if (bf16_mode) return test_crossentropy<bf16>(N, V, Vp, logits, targets, losses, dloss, dlogits);
+    return test_crossentropy<float>(N, V, Vp, logits, targets, losses, dloss, dlogits);
 }

@@ -166,7 +166,9 @@ void gpt_cuda_test_attention(bool bf16, int B, int T, int C, int NH, const float
 void gpt_cuda_test_gelu(bool bf16, size_t n, const float *inp, float *out, const float *dout, float *dinp);
 void gpt_cuda_test_residual(bool bf16, size_t n, const float *a, const float *b, float *out);
 // Logits stay fp32 in both precisions; bf16 only changes dlogits' type.
-float gpt_cuda_test_crossentropy(bool bf16, int N, int V, const float *logits, const uint16_t *targets,
+// Rows of logits and dlogits are Vp >= V long, as in the model: Vp - V
+// padding columns first (ignored by the loss, gradient 0), then the V logits.
+float gpt_cuda_test_crossentropy(bool bf16, int N, int V, int Vp, const float *logits, const uint16_t *targets,
                                  float *losses, float dloss, float *dlogits);
 
 #ifdef __cplusplus
