@@ -7,10 +7,12 @@
 //   1. checks, the two number types, conversions
 //   2. reductions inside a warp and inside a block (shuffles)
 //   3. the layers: kernels + the host function that launches them
-//   4. matrix products with cuBLAS (row-major on a column-major library)
-//   5. the model: memory plan, forward, backward with bucket callbacks
-//   6. the optimizer: gradient norm, clipping, AdamW
-//   7. copies to and from the host, and one-layer entry points for tests
+//   4. matrix products with cuBLAS (row-major on a column-major library),
+//      and attention with them: the readable way
+//   5. flash attention: the fast way, one kernel, no T x T matrices
+//   6. the model: memory plan, forward, backward with bucket callbacks
+//   7. the optimizer: gradient norm, clipping, AdamW
+//   8. copies to and from the host, and one-layer entry points for tests
 //
 // Precision. Templates take the activation type Act: float (fp32 mode,
 // the reference) or __nv_bfloat16 (bf16 mode). Whatever Act is:
@@ -462,7 +464,7 @@ static void residual_forward(const gpu_ctx *x, Act *out, const Act *a, const Act
 
 // --- softmax + cross-entropy. Rows of logits are Vp >= V numbers long:
 // the vocabulary padded to a multiple of 64 for the LM head's matrix
-// product (see "the vocabulary, padded" in section 5). The padding comes
+// product (see "the vocabulary, padded" in section 6). The padding comes
 // FIRST in each row, the V real logits after it; the loss never looks at
 // the padding, and its gradient is 0.
 //
@@ -617,7 +619,283 @@ static void attention_backward(const gpu_ctx *x, Act *dqkv, float *dp, Act *ds, 
     }
 }
 
-// ===================================================================== 5. the model
+// ===================================================================== 5. flash attention
+//
+// The same attention as section 4, in ONE launch per layer for all
+// sequences and heads, and without the T x T matrices (FlashAttention, Dao
+// et al. 2022; the backward pass is organised as in FlashAttention-2). The
+// cuBLAS path writes the scores, the probabilities and, backward, dP and dS
+// to memory: 4 B NH T^2 numbers per layer, 400 million for GPT-2 small at
+// batch 8 x 1024, most of the layer's memory traffic. This path reads q, k,
+// v (and dy) and writes y, dq, dk, dv, plus one number per row: the row's
+// log-sum-exp lse, from which the backward pass rebuilds any probability,
+// p_ts = exp(s_ts - lse_t), instead of storing it.
+//
+// Forward, one thread per query row t of one (sequence, head): it keeps its
+// query q and its output accumulator o in registers and walks over keys
+// 0..t in tiles of FLASH_TILE rows. The block's threads load each tile of K
+// and V into shared memory together (every row of the block needs the same
+// keys: one load serves FLASH_ROWS rows). Per tile, the online softmax:
+//     s_j = q . k_j * scale                    this tile's scores
+//     m'  = max(m, max_j s_j)                  the running maximum
+//     l   = l * exp(m - m') + sum_j exp(s_j - m')
+//     o   = o * exp(m - m') + sum_j exp(s_j - m') v_j
+// (rescaling by exp(m - m') keeps every exponent <= 0, as the softmax's
+// max subtraction does). At the end y = o / l and lse = m + log(l).
+//
+// The math is fp32 whatever Act is: tiles are widened to fp32 as they are
+// loaded. Head sizes up to FLASH_MAX_HS: the kernels are compiled for a few
+// sizes HS, and a head of hs < HS channels is padded with zeros (which add
+// nothing to a dot product); larger heads use the cuBLAS path.
+//
+// What this kernel is not: FlashAttention's tensor-core version. Its
+// products run on the CUDA cores in fp32, one row per thread; tensor cores
+// (mma instructions over warp-wide tiles) are the next step, and which path
+// is faster at a given size is for the benchmark to say.
+#define FLASH_ROWS 64   // rows a block owns = its threads
+#define FLASH_TILE 32   // rows of the other operand per tile in shared memory
+#define FLASH_MAX_HS 128
+
+// `#pragma unroll` for nvcc, so that the per-thread arrays below stay in
+// registers; g++ (the emulated GPU's compiler) does not know the pragma.
+#ifdef __CUDA_ARCH__
+#define UNROLL _Pragma("unroll")
+#else
+#define UNROLL
+#endif
+
+// The head size the kernels are compiled for that fits hs; 0: none does.
+static int flash_head_size(int hs) { return hs <= 32 ? 32 : hs <= 64 ? 64 : hs <= FLASH_MAX_HS ? FLASH_MAX_HS : 0; }
+
+// Rows r0 .. r0 + FLASH_TILE - 1 of a (T, hs) slice of rows `ld` numbers
+// apart, into shared memory as fp32 times `scale`; rows past T and channels
+// past hs become 0. All threads of the block share the work, consecutive
+// threads reading consecutive channels.
+template <int HS, typename Act>
+static __device__ void load_tile(float (*tile)[HS], const Act *src, int ld, int r0, int T, int hs, float scale) {
+    for (int e = threadIdx.x; e < FLASH_TILE * HS; e += blockDim.x) {
+        int r = e / HS, c = e % HS;
+        tile[r][c] = r0 + r < T && c < hs ? to_f(src[(size_t)(r0 + r) * ld + c]) * scale : 0.0f;
+    }
+}
+
+// One row of a (T, hs) slice into registers, zero-padded to HS.
+template <int HS, typename Act>
+static __device__ __forceinline__ void load_row(float *dst, const Act *src, int hs, float scale) {
+    UNROLL for (int c = 0; c < HS; c++) dst[c] = c < hs ? to_f(src[c]) * scale : 0.0f;
+}
+
+template <int HS> static __device__ __forceinline__ float dot(const float *a, const float *b) {
+    float s = 0.0f;
+    UNROLL for (int c = 0; c < HS; c++) s += a[c] * b[c];
+    return s;
+}
+
+// One tile of the online softmax for one query row that sees the first n
+// keys of the tile (n < FLASH_TILE only on the diagonal: the causal mask).
+template <int HS>
+static __device__ __forceinline__ void attend_tile(const float *q, float *o, float &m, float &l,
+                                                   const float (*k)[HS], const float (*v)[HS], int n) {
+    float s[FLASH_TILE], tile_max = -INFINITY;
+    UNROLL for (int j = 0; j < FLASH_TILE; j++) {
+        s[j] = j < n ? dot<HS>(q, k[j]) : -INFINITY;
+        tile_max = fmaxf(tile_max, s[j]);
+    }
+    float m_new = fmaxf(m, tile_max), rescale = expf(m - m_new); // 0 on the first tile (m = -inf)
+    l *= rescale;
+    UNROLL for (int c = 0; c < HS; c++) o[c] *= rescale;
+    UNROLL for (int j = 0; j < FLASH_TILE; j++) {
+        if (j >= n) continue;
+        float p = expf(s[j] - m_new);
+        l += p;
+        UNROLL for (int c = 0; c < HS; c++) o[c] += p * v[j][c];
+    }
+    m = m_new;
+}
+
+// Where a block works: blockIdx.x is the (sequence, head), blockIdx.y
+// picks FLASH_ROWS rows. Threads whose row is past T still load tiles and
+// meet the barriers; they read row T - 1 (harmlessly) and store nothing.
+struct flash_block {
+    int b, h, bh, first; // sequence, head, b * NH + h, the block's first row
+};
+
+static __device__ flash_block flash_where(int NH, bool last_rows_first) {
+    flash_block w;
+    w.bh = blockIdx.x, w.b = w.bh / NH, w.h = w.bh % NH;
+    int tile = last_rows_first ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+    w.first = tile * FLASH_ROWS;
+    return w;
+}
+
+// Forward: out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C). The last
+// query rows see the most keys, so their blocks are started first.
+template <typename Act, int HS>
+static __global__ void __launch_bounds__(FLASH_ROWS)
+    flash_forward_kernel(Act *out, float *lse, const Act *qkv, int T, int C, int NH, float scale) {
+    __shared__ float k_tile[FLASH_TILE][HS];
+    __shared__ float v_tile[FLASH_TILE][HS];
+    flash_block w = flash_where(NH, true);
+    int hs = C / NH, C3 = 3 * C, t = w.first + threadIdx.x, r = min(t, T - 1);
+    bool mine = t < T;
+    const Act *q_in = qkv + (size_t)w.b * T * C3 + w.h * hs, *k_in = q_in + C, *v_in = q_in + 2 * C;
+    float q[HS], o[HS], m = -INFINITY, l = 0.0f;
+    load_row<HS>(q, q_in + (size_t)r * C3, hs, scale);
+    UNROLL for (int c = 0; c < HS; c++) o[c] = 0.0f;
+    int last = min(T, w.first + FLASH_ROWS) - 1; // the block's last row sees keys 0..last
+    for (int j0 = 0; j0 <= last; j0 += FLASH_TILE) {
+        load_tile<HS>(k_tile, k_in, C3, j0, T, hs, 1.0f);
+        load_tile<HS>(v_tile, v_in, C3, j0, T, hs, 1.0f);
+        __syncthreads();
+        if (mine && j0 <= t) attend_tile<HS>(q, o, m, l, k_tile, v_tile, min(FLASH_TILE, t - j0 + 1));
+        __syncthreads(); // everyone is done with the tile before the next one overwrites it
+    }
+    if (!mine) return; // no barrier follows
+    Act *y = out + ((size_t)w.b * T + t) * C + w.h * hs;
+    UNROLL for (int c = 0; c < HS; c++) if (c < hs) y[c] = from_f<Act>(o[c] / l);
+    lse[(size_t)w.bh * T + t] = m + logf(l);
+}
+
+// Backward, with p_ts = exp(s_ts - lse_t) rebuilt from the saved lse:
+//     dp_ts = dy_t . v_s                  dP = dY V^T
+//     ds_ts = p_ts (dp_ts - D_t)          the softmax's backward, where
+//     D_t   = sum_s p_ts dp_ts = dy_t . y_t   (one dot product per row)
+//     dq_t  = scale sum_s ds_ts k_s,  dk_s = scale sum_t ds_ts q_t,  dv_s = sum_t p_ts dy_t
+// dq sums over keys, dk and dv over queries. Two kernels, so that each
+// thread owns what it sums and no atomics are needed: this one gives a
+// thread a query row (as the forward pass) and computes dq and D; the next
+// gives a thread a key row and computes dk and dv from the D saved here.
+template <typename Act, int HS>
+static __global__ void __launch_bounds__(FLASH_ROWS)
+    flash_backward_dq_kernel(Act *dqkv, float *delta, const Act *qkv, const Act *out, const Act *dout,
+                             const float *lse, int T, int C, int NH, float scale) {
+    __shared__ float k_tile[FLASH_TILE][HS];
+    __shared__ float v_tile[FLASH_TILE][HS];
+    flash_block w = flash_where(NH, true);
+    int hs = C / NH, C3 = 3 * C, t = w.first + threadIdx.x, r = min(t, T - 1);
+    bool mine = t < T;
+    const Act *q_in = qkv + (size_t)w.b * T * C3 + w.h * hs, *k_in = q_in + C, *v_in = q_in + 2 * C;
+    size_t yrow = ((size_t)w.b * T + r) * C + w.h * hs;
+    float q[HS], dy[HS], dq[HS], D = 0.0f, row_lse = lse[(size_t)w.bh * T + r];
+    load_row<HS>(q, q_in + (size_t)r * C3, hs, scale);
+    load_row<HS>(dy, dout + yrow, hs, 1.0f);
+    UNROLL for (int c = 0; c < HS; c++) if (c < hs) D += dy[c] * to_f(out[yrow + c]); // no registers for y
+    UNROLL for (int c = 0; c < HS; c++) dq[c] = 0.0f;
+    int last = min(T, w.first + FLASH_ROWS) - 1;
+    for (int j0 = 0; j0 <= last; j0 += FLASH_TILE) {
+        load_tile<HS>(k_tile, k_in, C3, j0, T, hs, 1.0f);
+        load_tile<HS>(v_tile, v_in, C3, j0, T, hs, 1.0f);
+        __syncthreads();
+        int n = mine ? min(FLASH_TILE, t - j0 + 1) : 0;
+        for (int j = 0; j < n; j++) {
+            float p = expf(dot<HS>(q, k_tile[j]) - row_lse), ds = p * (dot<HS>(dy, v_tile[j]) - D);
+            UNROLL for (int c = 0; c < HS; c++) dq[c] += ds * k_tile[j][c];
+        }
+        __syncthreads();
+    }
+    if (!mine) return;
+    Act *dq_out = dqkv + (size_t)w.b * T * C3 + (size_t)t * C3 + w.h * hs;
+    UNROLL for (int c = 0; c < HS; c++) if (c < hs) dq_out[c] = from_f<Act>(dq[c] * scale);
+    delta[(size_t)w.bh * T + t] = D;
+}
+
+// dk and dv: one thread per key row s, which queries s..T-1 see. Tiles of
+// queries (q pre-scaled, dy, lse, D) go through shared memory. The first
+// keys are seen by the most queries, and their blocks come first anyway.
+// A thread holds four rows of HS numbers (k, v, dk, dv): at HS = 64 that
+// is more than a thread's 255 registers, and the compiler keeps some in
+// local memory (cached in L1). Measuring what that costs is the
+// benchmark's job.
+template <typename Act, int HS>
+static __global__ void __launch_bounds__(FLASH_ROWS)
+    flash_backward_dkv_kernel(Act *dqkv, const Act *qkv, const Act *dout, const float *lse, const float *delta,
+                              int T, int C, int NH, float scale) {
+    __shared__ float q_tile[FLASH_TILE][HS];
+    __shared__ float dy_tile[FLASH_TILE][HS];
+    __shared__ float lse_tile[FLASH_TILE];
+    __shared__ float delta_tile[FLASH_TILE];
+    flash_block w = flash_where(NH, false);
+    int hs = C / NH, C3 = 3 * C, s = w.first + threadIdx.x, r = min(s, T - 1);
+    bool mine = s < T;
+    const Act *q_in = qkv + (size_t)w.b * T * C3 + w.h * hs, *dy_in = dout + (size_t)w.b * T * C + w.h * hs;
+    float k[HS], v[HS], dk[HS], dv[HS];
+    load_row<HS>(k, q_in + C + (size_t)r * C3, hs, 1.0f);
+    load_row<HS>(v, q_in + 2 * C + (size_t)r * C3, hs, 1.0f);
+    UNROLL for (int c = 0; c < HS; c++) dk[c] = dv[c] = 0.0f;
+    const float *row_lse = lse + (size_t)w.bh * T, *row_delta = delta + (size_t)w.bh * T;
+    for (int t0 = w.first; t0 < T; t0 += FLASH_TILE) {
+        load_tile<HS>(q_tile, q_in, C3, t0, T, hs, scale);
+        load_tile<HS>(dy_tile, dy_in, C, t0, T, hs, 1.0f);
+        if (threadIdx.x < FLASH_TILE) {
+            int t = t0 + threadIdx.x;
+            lse_tile[threadIdx.x] = t < T ? row_lse[t] : 0.0f;
+            delta_tile[threadIdx.x] = t < T ? row_delta[t] : 0.0f;
+        }
+        __syncthreads();
+        int from = mine ? max(0, s - t0) : FLASH_TILE, to = min(FLASH_TILE, T - t0); // queries t >= s only
+        for (int i = from; i < to; i++) {
+            float p = expf(dot<HS>(q_tile[i], k) - lse_tile[i]), ds = p * (dot<HS>(dy_tile[i], v) - delta_tile[i]);
+            UNROLL for (int c = 0; c < HS; c++) {
+                dv[c] += p * dy_tile[i][c];
+                dk[c] += ds * q_tile[i][c]; // q_tile holds q * scale
+            }
+        }
+        __syncthreads();
+    }
+    if (!mine) return;
+    Act *dk_out = dqkv + (size_t)w.b * T * C3 + (size_t)s * C3 + C + w.h * hs, *dv_out = dk_out + C;
+    UNROLL for (int c = 0; c < HS; c++) if (c < hs) dk_out[c] = from_f<Act>(dk[c]), dv_out[c] = from_f<Act>(dv[c]);
+}
+
+// The launches: a grid of (B * NH, row blocks), FLASH_ROWS threads each.
+static dim3 flash_grid(int B, int T, int NH) { return dim3((unsigned)(B * NH), blocks_for((size_t)T, FLASH_ROWS)); }
+
+template <typename Act, int HS>
+static void flash_forward(const gpu_ctx *x, Act *out, float *lse, const Act *qkv, int B, int T, int C, int NH) {
+    float scale = 1.0f / sqrtf((float)(C / NH));
+    flash_forward_kernel<Act, HS><<<flash_grid(B, T, NH), FLASH_ROWS, 0, x->stream>>>(out, lse, qkv, T, C, NH, scale);
+    launched("flash_forward_kernel");
+}
+
+template <typename Act, int HS>
+static void flash_backward(const gpu_ctx *x, Act *dqkv, float *delta, const Act *dout, const Act *qkv,
+                           const Act *out, const float *lse, int B, int T, int C, int NH) {
+    float scale = 1.0f / sqrtf((float)(C / NH));
+    dim3 grid = flash_grid(B, T, NH);
+    flash_backward_dq_kernel<Act, HS><<<grid, FLASH_ROWS, 0, x->stream>>>(dqkv, delta, qkv, out, dout, lse, T, C,
+                                                                          NH, scale);
+    launched("flash_backward_dq_kernel");
+    flash_backward_dkv_kernel<Act, HS><<<grid, FLASH_ROWS, 0, x->stream>>>(dqkv, qkv, dout, lse, delta, T, C, NH,
+                                                                           scale);
+    launched("flash_backward_dkv_kernel");
+}
+
+// Forward: out and lse (B * NH * T floats, kept for the backward pass).
+template <typename Act>
+static void flash_attention_forward(const gpu_ctx *x, Act *out, float *lse, const Act *qkv, int B, int T, int C,
+                                    int NH) {
+    switch (flash_head_size(C / NH)) {
+    case 32: flash_forward<Act, 32>(x, out, lse, qkv, B, T, C, NH); break;
+    case 64: flash_forward<Act, 64>(x, out, lse, qkv, B, T, C, NH); break;
+    case FLASH_MAX_HS: flash_forward<Act, FLASH_MAX_HS>(x, out, lse, qkv, B, T, C, NH); break;
+    default: die("flash attention: heads of %d channels are more than %d", C / NH, FLASH_MAX_HS);
+    }
+}
+
+// Backward: dqkv (overwritten) from dout, with out and lse of the forward
+// pass; delta is B * NH * T floats of scratch.
+template <typename Act>
+static void flash_attention_backward(const gpu_ctx *x, Act *dqkv, float *delta, const Act *dout, const Act *qkv,
+                                     const Act *out, const float *lse, int B, int T, int C, int NH) {
+    switch (flash_head_size(C / NH)) {
+    case 32: flash_backward<Act, 32>(x, dqkv, delta, dout, qkv, out, lse, B, T, C, NH); break;
+    case 64: flash_backward<Act, 64>(x, dqkv, delta, dout, qkv, out, lse, B, T, C, NH); break;
+    case FLASH_MAX_HS: flash_backward<Act, FLASH_MAX_HS>(x, dqkv, delta, dout, qkv, out, lse, B, T, C, NH); break;
+    default: die("flash attention: heads of %d channels are more than %d", C / NH, FLASH_MAX_HS);
+    }
+}
+
+// ===================================================================== 6. the model
 
 // gpt.h's parameter table, rebuilt here (this file cannot include gpt.h):
 // wte, wpe, then per block the twelve tensors below, then ln_f. The tests
@@ -649,7 +927,7 @@ static size_t build_table(const gpt_config *c, tensor_slice *out, int *count) {
 
 static int block_tensor(int layer, int i) { return 2 + layer * BLOCK_TENSORS + i; }
 
-// AdamW updates every tensor in ONE launch (section 6). The flat parameter
+// AdamW updates every tensor in ONE launch (section 7). The flat parameter
 // array is cut into chunks of at most ADAM_CHUNK numbers that never straddle
 // two tensors; block b of the launch updates chunk b, and the chunk's entry
 // in this table (built once, copied to the device at create) says whether
@@ -732,9 +1010,32 @@ typedef struct {
     float clip_scale; // 1, or max_norm / norm when clipping: the next AdamW multiplies the gradients by it
 } device_scalars;
 
+// Which attention a model uses: the flash kernels (the default), or the
+// cuBLAS path, the readable reference, with GPT_CUDA_ATTENTION=cublas in
+// the environment when the model is created. Heads of more than
+// FLASH_MAX_HS channels always take the cuBLAS path.
+static bool use_flash(const gpt_config *c) {
+    const char *choice = getenv("GPT_CUDA_ATTENTION");
+    bool fits = flash_head_size(c->n_embd / c->n_head) > 0;
+    if (!choice || !*choice) return fits;
+    if (!strcmp(choice, "cublas")) return false;
+    if (strcmp(choice, "flash") != 0) die("GPT_CUDA_ATTENTION is '%s': use flash or cublas", choice);
+    if (!fits)
+        die("GPT_CUDA_ATTENTION=flash: the flash kernels take heads of up to %d channels, this model's have %d",
+            FLASH_MAX_HS, c->n_embd / c->n_head);
+    return true;
+}
+
+// What attention keeps per layer for the backward pass: the cuBLAS path the
+// probabilities (B*NH*T*T activations), the flash path one log-sum-exp per
+// row (B*NH*T floats, stored with the LayerNorm statistics).
+static size_t attention_acts(bool flash, size_t B, size_t NH, size_t T) { return flash ? 0 : B * NH * T * T; }
+static size_t stats_per_layer(bool flash, size_t N, size_t NH) { return 4 * N + (flash ? NH * N : 0); }
+
 struct gpt_cuda {
     gpt_config cfg;
     bool bf16_mode;
+    bool flash;       // the attention path (use_flash)
     int max_B, max_T; // what the buffers were sized for
     int B, T;         // the last forward pass
     size_t num_params;
@@ -748,12 +1049,13 @@ struct gpt_cuda {
 
     float *params, *grads, *adam_m, *adam_v; // fp32, num_params each (params, grads: head_pad more in front)
     bf16 *params_lp;                         // bf16 mode: the copy the products read (head_pad more in front)
-    void *acts;       // Act: encoded, scratch, lnf, then per block 16NC + B*NH*T*T
-    float *stats;     // fp32: per block ln1/ln2 mean and rstd (4N), then lnf mean, rstd, losses, lse
+    void *acts;       // Act: encoded, scratch, lnf, then per block 16NC (+ B*NH*T*T: cuBLAS attention)
+    float *stats;     // fp32: per block ln1/ln2 mean and rstd (4N) (+ attention's lse, NH*N: flash),
+                      // then lnf mean, rstd, losses, lse
     float *logits;    // (N, Vp) fp32
     void *dlogits;    // (N, Vp) Act; the logits buffer itself in fp32 mode
-    float *scores;    // bf16 mode: fp32 attention scores, then dP (B*NH*T*T); fp32 mode: NULL
-    void *dscores;    // Act (B*NH*T*T): dS (and dP in fp32 mode)
+    float *scores;    // flash: backward's D (NH*N); cuBLAS, bf16 mode: fp32 scores, then dP (B*NH*T*T)
+    void *dscores;    // cuBLAS: Act (B*NH*T*T): dS (and dP in fp32 mode)
     void *grad_acts;  // Act: dres (NC), dtmp (NC), dqkv (3NC), dhidden (4NC)
     uint16_t *inputs, *targets;     // device
     uint16_t *tokens_host;          // pinned staging for inputs and targets (2 x max_B x max_T)
@@ -780,19 +1082,20 @@ typedef struct {
 
 static const int NORM_BLOCKS = 264; // two per SM of an H100: enough to fill it, few partials to add
 
-static memory_plan plan_memory(const gpt_config *c, int B, int T, bool use_bf16, size_t num_params) {
+static memory_plan plan_memory(const gpt_config *c, int B, int T, bool use_bf16, bool flash, size_t num_params) {
     size_t N = (size_t)B * T, C = (size_t)c->n_embd, Vp = (size_t)padded_vocab(c->vocab_size);
-    size_t L = (size_t)c->n_layer, att = (size_t)B * c->n_head * T * T, act = use_bf16 ? 2 : 4;
+    size_t L = (size_t)c->n_layer, NH = (size_t)c->n_head, act = use_bf16 ? 2 : 4;
+    size_t att = attention_acts(flash, (size_t)B, NH, (size_t)T);
     size_t padded = num_params + head_pad(c);
     memory_plan p;
     p.params = p.grads = padded * 4;
     p.adam = 2 * num_params * 4;
     p.params_lp = use_bf16 ? padded * 2 : 0;
     p.acts = (3 * N * C + L * (16 * N * C + att)) * act;
-    p.stats = (L * 4 * N + 4 * N) * 4;
+    p.stats = (L * stats_per_layer(flash, N, NH) + 4 * N) * 4;
     p.logits = N * Vp * 4;
     p.dlogits = use_bf16 ? N * Vp * 2 : 0;
-    p.scores = use_bf16 ? att * 4 : 0;
+    p.scores = flash ? NH * N * 4 : use_bf16 ? att * 4 : 0;
     p.dscores = att * act;
     p.grad_acts = 9 * N * C * act;
     p.tokens = 2 * N * sizeof(uint16_t);
@@ -811,7 +1114,7 @@ static size_t plan_total(const memory_plan *p) {
 }
 
 extern "C" size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool use_bf16) {
-    memory_plan p = plan_memory(cfg, B, T, use_bf16, gpt_cuda_num_params(cfg));
+    memory_plan p = plan_memory(cfg, B, T, use_bf16, use_flash(cfg), gpt_cuda_num_params(cfg));
     return plan_total(&p);
 }
 
@@ -828,8 +1131,8 @@ static void *device_buffer(gpt_cuda_t *g, size_t bytes, const char *what) {
 
 // --- views of the buffers for the current batch (B, T), as gpt.h's
 template <typename Act> struct block_acts {
-    Act *ln1, *qkv, *att, *atty, *res2, *ln2, *fch, *fch_gelu, *res3;
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+    Act *ln1, *qkv, *att, *atty, *res2, *ln2, *fch, *fch_gelu, *res3; // att: cuBLAS attention only
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *att_lse;       // att_lse: flash attention only
 };
 
 template <typename Act> struct head_acts {
@@ -840,15 +1143,17 @@ template <typename Act> struct head_acts {
 template <typename Act> struct grad_acts { Act *dres, *dtmp, *dqkv, *dhidden; };
 
 template <typename Act> static block_acts<Act> block_view(const gpt_cuda_t *g, int layer) {
-    size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, att = (size_t)g->B * g->cfg.n_head * g->T * g->T;
+    size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, NH = (size_t)g->cfg.n_head;
+    size_t att = attention_acts(g->flash, (size_t)g->B, NH, (size_t)g->T);
     Act *cur = (Act *)g->acts + 3 * N * C + (size_t)layer * (16 * N * C + att);
     auto carve = [&](size_t n) { Act *p = cur; cur += n; return p; };
     block_acts<Act> a;
-    a.ln1 = carve(N * C), a.qkv = carve(3 * N * C), a.att = carve(att), a.atty = carve(N * C);
+    a.ln1 = carve(N * C), a.qkv = carve(3 * N * C), a.att = att ? carve(att) : NULL, a.atty = carve(N * C);
     a.res2 = carve(N * C), a.ln2 = carve(N * C), a.fch = carve(4 * N * C), a.fch_gelu = carve(4 * N * C);
     a.res3 = carve(N * C);
-    float *s = g->stats + (size_t)layer * 4 * N;
+    float *s = g->stats + (size_t)layer * stats_per_layer(g->flash, N, NH);
     a.ln1_mean = s, a.ln1_rstd = s + N, a.ln2_mean = s + 2 * N, a.ln2_rstd = s + 3 * N;
+    a.att_lse = g->flash ? s + 4 * N : NULL;
     return a;
 }
 
@@ -856,7 +1161,7 @@ template <typename Act> static head_acts<Act> head_view(const gpt_cuda_t *g) {
     size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd;
     head_acts<Act> h;
     h.encoded = (Act *)g->acts, h.scratch = h.encoded + N * C, h.lnf = h.scratch + N * C;
-    float *s = g->stats + (size_t)g->cfg.n_layer * 4 * N;
+    float *s = g->stats + (size_t)g->cfg.n_layer * stats_per_layer(g->flash, N, (size_t)g->cfg.n_head);
     h.lnf_mean = s, h.lnf_rstd = s + N, h.losses = s + 2 * N, h.lse = s + 3 * N;
     return h;
 }
@@ -897,7 +1202,8 @@ template <typename Act> static void block_forward(gpt_cuda_t *g, int l) {
     Act *scratch = head_view<Act>(g).scratch;
     layernorm_forward(x, a.ln1, a.ln1_mean, a.ln1_rstd, in, p + off(g, l, LN1_W), p + off(g, l, LN1_B), N, C);
     matmul_forward(x, a.qkv, a.ln1, w + off(g, l, QKV_W), p + off(g, l, QKV_B), N, C, 3 * C);
-    attention_forward(x, a.atty, a.att, scores_buffer(g, a.att), a.qkv, B, T, C, g->cfg.n_head);
+    if (g->flash) flash_attention_forward(x, a.atty, a.att_lse, a.qkv, B, T, C, g->cfg.n_head);
+    else attention_forward(x, a.atty, a.att, scores_buffer(g, a.att), a.qkv, B, T, C, g->cfg.n_head);
     matmul_forward(x, scratch, a.atty, w + off(g, l, ATTPROJ_W), p + off(g, l, ATTPROJ_B), N, C, C);
     residual_forward(x, a.res2, in, scratch, (size_t)N * C);
     layernorm_forward(x, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + off(g, l, LN2_W), p + off(g, l, LN2_B), N, C);
@@ -1010,14 +1316,14 @@ extern "C" void gpt_cuda_logits(gpt_cuda_t *g, int b, int t, float *out_host) {
 // The block's backward pass, in the reverse order of its forward pass,
 // exactly as gpt_block_backward. On entry dres = d(loss)/d(res3); on return d(loss)/d(x).
 template <typename Act> static void block_backward(gpt_cuda_t *g, int l) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T;
+    int B = g->B, T = g->T, C = g->cfg.n_embd, NH = g->cfg.n_head, N = B * T;
     const gpu_ctx *x = &g->ctx;
     const float *p = g->params;
     float *d = g->grads;
     const Act *w = weights<Act>(g);
     block_acts<Act> a = block_view<Act>(g, l);
     grad_acts<Act> ga = grad_view<Act>(g);
-    float *dp = g->bf16_mode ? g->scores : (float *)g->dscores;
+    float *dp = g->bf16_mode ? g->scores : (float *)g->dscores; // cuBLAS attention's scratch
     Act *ds = (Act *)g->dscores;
 
     matmul_backward(x, ga.dhidden, d + off(g, l, FCPROJ_W), d + off(g, l, FCPROJ_B), ga.dres, a.fch_gelu,
@@ -1029,7 +1335,8 @@ template <typename Act> static void block_backward(gpt_cuda_t *g, int l) {
                        a.ln2_mean, a.ln2_rstd, N, C);
     matmul_backward(x, ga.dtmp, d + off(g, l, ATTPROJ_W), d + off(g, l, ATTPROJ_B), ga.dres, a.atty,
                     w + off(g, l, ATTPROJ_W), N, C, C);
-    attention_backward(x, ga.dqkv, dp, ds, ga.dtmp, a.qkv, a.att, B, T, C, g->cfg.n_head);
+    if (g->flash) flash_attention_backward(x, ga.dqkv, g->scores, ga.dtmp, a.qkv, a.atty, a.att_lse, B, T, C, NH);
+    else attention_backward(x, ga.dqkv, dp, ds, ga.dtmp, a.qkv, a.att, B, T, C, NH);
     matmul_backward(x, ga.dtmp, d + off(g, l, QKV_W), d + off(g, l, QKV_B), ga.dqkv, a.ln1, w + off(g, l, QKV_W), N,
                     C, 3 * C);
     layernorm_backward(x, ga.dres, d + off(g, l, LN1_W), d + off(g, l, LN1_B), ga.dtmp, block_input<Act>(g, l),
@@ -1150,7 +1457,8 @@ extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *param
     g->num_params = build_table(cfg, g->tensors, &g->num_tensors);
     g->Vp = padded_vocab(cfg->vocab_size), g->head_pad = head_pad(cfg);
     g->num_adam_chunks = build_adam_chunks(g->tensors, g->num_tensors, NULL);
-    memory_plan plan = plan_memory(cfg, B, T, use_bf16, g->num_params);
+    g->flash = use_flash(cfg);
+    memory_plan plan = plan_memory(cfg, B, T, use_bf16, g->flash, g->num_params);
     check_fits(cfg, B, T, use_bf16, plan_total(&plan));
     CHECK_CUDA(cudaStreamCreateWithFlags(&g->ctx.stream, cudaStreamNonBlocking));
     allocate_buffers(g, &plan);
@@ -1196,6 +1504,7 @@ extern "C" size_t gpt_cuda_param_count(const gpt_cuda_t *g) { return g->num_para
 extern "C" float *gpt_cuda_params_device(gpt_cuda_t *g) { return g->params; }
 extern "C" float *gpt_cuda_grads_device(gpt_cuda_t *g) { return g->grads; }
 extern "C" size_t gpt_cuda_allocated_bytes(const gpt_cuda_t *g) { return g->allocated; }
+extern "C" const char *gpt_cuda_attention(const gpt_cuda_t *g) { return g->flash ? "flash" : "cublas"; }
 
 extern "C" size_t gpt_cuda_device_used_bytes(void) {
     size_t free_bytes = 0, total_bytes = 0;
@@ -1203,7 +1512,7 @@ extern "C" size_t gpt_cuda_device_used_bytes(void) {
     return total_bytes - free_bytes;
 }
 
-// ===================================================================== 6. the optimizer
+// ===================================================================== 7. the optimizer
 
 // The gradient norm, on the device. First, sums of squares in double as
 // one partial sum per block: each thread strides through the array
@@ -1283,7 +1592,7 @@ extern "C" void gpt_cuda_adamw(gpt_cuda_t *g, float lr, float beta1, float beta2
     g->clip_pending = false;
 }
 
-// ===================================================================== 7. copies, and layers one at a time
+// ===================================================================== 8. copies, and layers one at a time
 
 static void copy_in(gpt_cuda_t *g, float *dev, const float *host) {
     CHECK_CUDA(cudaMemcpyAsync(dev, host, g->num_params * sizeof(float), cudaMemcpyHostToDevice, g->ctx.stream));
@@ -1471,6 +1780,27 @@ extern "C" void gpt_cuda_test_attention(bool bf16_mode, int B, int T, int C, int
                                         float *att, const float *dout, float *dqkv) {
     if (bf16_mode) test_attention<bf16>(B, T, C, NH, qkv, out, att, dout, dqkv);
     else test_attention<float>(B, T, C, NH, qkv, out, att, dout, dqkv);
+}
+
+template <typename Act>
+static void test_flash_attention(int B, int T, int C, int NH, const float *qkv, float *out, float *lse,
+                                 const float *dout, float *dqkv) {
+    test_run r = test_begin();
+    size_t NC = (size_t)B * T * C, rows = (size_t)B * NH * T;
+    Act *q = upload<Act>(&r, qkv, 3 * NC), *y = upload_zeros<Act>(&r, NC), *dy = upload<Act>(&r, dout, NC);
+    Act *dq = upload_zeros<Act>(&r, 3 * NC);
+    float *l = upload_zeros<float>(&r, rows), *delta = upload_zeros<float>(&r, rows);
+    flash_attention_forward(&r.ctx, y, l, q, B, T, C, NH);
+    flash_attention_backward(&r.ctx, dq, delta, dy, q, y, l, B, T, C, NH);
+    download(&r, out, y, NC), download(&r, lse, l, rows), download(&r, dqkv, dq, 3 * NC);
+    test_end(&r);
+}
+
+extern "C" void gpt_cuda_test_flash_attention(bool bf16_mode, int B, int T, int C, int NH, const float *qkv,
+                                              float *out, float *lse, const float *dout, float *dqkv) {
+    if (flash_head_size(C / NH) == 0) die("gpt_cuda_test_flash_attention: heads of %d channels are too large", C / NH);
+    if (bf16_mode) test_flash_attention<bf16>(B, T, C, NH, qkv, out, lse, dout, dqkv);
+    else test_flash_attention<float>(B, T, C, NH, qkv, out, lse, dout, dqkv);
 }
 
 template <typename Act>

@@ -54,7 +54,8 @@ typedef struct gpt_cuda gpt_cuda_t;
 // Parameters in the flat layout; equals gpt.h's num_params for cfg.
 size_t gpt_cuda_num_params(const gpt_config *cfg);
 
-// Device bytes gpt_cuda_create allocates for batches up to B x T.
+// Device bytes gpt_cuda_create allocates for batches up to B x T (with the
+// attention path it will choose: see gpt_cuda_attention).
 size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool bf16);
 
 // A range of the flat gradient buffer that one step of the backward pass
@@ -139,6 +140,12 @@ void gpt_cuda_set_grads(gpt_cuda_t *g, const float *host);
 void gpt_cuda_get_adam(gpt_cuda_t *g, float *m_host, float *v_host, int *step);
 void gpt_cuda_set_adam(gpt_cuda_t *g, const float *m_host, const float *v_host, int step);
 
+// "flash" or "cublas": the attention path this model uses. Flash is the
+// default; GPT_CUDA_ATTENTION=cublas in the environment when the model is
+// created picks the cuBLAS path (the readable reference, with the T x T
+// matrices); heads of more than 128 channels always use it.
+const char *gpt_cuda_attention(const gpt_cuda_t *g);
+
 // Bytes this model has allocated on the device (all at create, so this is
 // also its peak), and what the whole process uses on the GPU now
 // (cudaMemGetInfo: our buffers + the CUDA context + cuBLAS + anyone else's).
@@ -161,8 +168,13 @@ void gpt_cuda_test_layernorm(bool bf16, int N, int C, const float *inp, const fl
 void gpt_cuda_test_matmul(bool bf16, int N, int C, int OC, const float *inp, const float *weight,
                           const float *bias, float *out, const float *dout, float *dinp, float *dweight,
                           float *dbias);
+// The cuBLAS path: att receives the probabilities (B, NH, T, T).
 void gpt_cuda_test_attention(bool bf16, int B, int T, int C, int NH, const float *qkv, float *out, float *att,
                              const float *dout, float *dqkv);
+// The flash path: lse receives each row's log-sum-exp of the scaled scores
+// (B, NH, T), in place of the probabilities. Heads of up to 128 channels.
+void gpt_cuda_test_flash_attention(bool bf16, int B, int T, int C, int NH, const float *qkv, float *out, float *lse,
+                                   const float *dout, float *dqkv);
 void gpt_cuda_test_gelu(bool bf16, size_t n, const float *inp, float *out, const float *dout, float *dinp);
 void gpt_cuda_test_residual(bool bf16, size_t n, const float *a, const float *b, float *out);
 // Logits stay fp32 in both precisions; bf16 only changes dlogits' type.

@@ -213,19 +213,54 @@ static void test_matmul(rng_t *r, bool bf16, int N, int C, int OC, bool with_bia
     free(y), free(gy), free(dx), free(gdx);
 }
 
-static void test_attention(rng_t *r, bool bf16) {
-    int B = 2, T = 13, C = 48, NH = 3;
-    size_t NC = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
+// Each row's log-sum-exp of the scaled, causal scores, in double: what
+// the flash path saves in place of the probabilities.
+static void reference_lse(double *lse, const float *qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                double m = -INFINITY, sum = 0, *s = xmalloc(sizeof(double) * (size_t)(t + 1));
+                for (int j = 0; j <= t; j++) {
+                    const float *k = qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
+                    double d = 0;
+                    for (int c = 0; c < hs; c++) d += (double)q[c] * k[c];
+                    s[j] = d / sqrt((double)hs), m = fmax(m, s[j]);
+                }
+                for (int j = 0; j <= t; j++) sum += exp(s[j] - m);
+                lse[((size_t)b * NH + h) * T + t] = m + log(sum);
+                free(s);
+            }
+}
+
+// Attention both ways - the cuBLAS path (with the T x T probabilities) and
+// the flash kernels (with one log-sum-exp per row) - on the same inputs,
+// against gpt.h's attention.
+static void test_attention(rng_t *r, bool bf16, int B, int T, int C, int NH) {
+    size_t NC = (size_t)B * T * C, natt = (size_t)B * NH * T * T, rows = (size_t)B * NH * T;
     float *qkv = random_array(r, 3 * NC, 1, 0), *dy = random_array(r, NC, 1, 0);
     float *y = xcalloc(NC, 4), *gy = xcalloc(NC, 4), *att = xcalloc(natt, 4), *gatt = xcalloc(natt, 4);
-    float *dqkv = xcalloc(3 * NC, 4), *gdqkv = xcalloc(3 * NC, 4);
+    float *dqkv = xcalloc(3 * NC, 4), *gdqkv = xcalloc(3 * NC, 4), *glse = xcalloc(rows, 4), *lse = xcalloc(rows, 4);
+    double *lse64 = xmalloc(sizeof(double) * rows);
     attention_forward(y, att, qkv, B, T, C, NH);
     attention_backward(dqkv, dy, qkv, att, B, T, C, NH);
+    reference_lse(lse64, qkv, B, T, C, NH);
+    for (size_t i = 0; i < rows; i++) lse[i] = (float)lse64[i];
+    char layer[96];
+    snprintf(layer, sizeof layer, "attention (cuBLAS path, B %d T %d C %d NH %d)", B, T, C, NH);
     gpt_cuda_test_attention(bf16, B, T, C, NH, qkv, gy, gatt, dy, gdqkv);
-    expect_close("attention", "forward", bf16, gy, y, NC);
-    expect_close("attention", "probabilities", bf16, gatt, att, natt);
-    expect_close("attention", "dqkv", bf16, gdqkv, dqkv, 3 * NC);
-    free(qkv), free(dy), free(y), free(gy), free(att), free(gatt), free(dqkv), free(gdqkv);
+    expect_close(layer, "forward", bf16, gy, y, NC);
+    expect_close(layer, "probabilities", bf16, gatt, att, natt);
+    expect_close(layer, "dqkv", bf16, gdqkv, dqkv, 3 * NC);
+    snprintf(layer, sizeof layer, "attention (flash path, B %d T %d C %d NH %d)", B, T, C, NH);
+    memset(gy, 0, NC * 4), memset(gdqkv, 0, 3 * NC * 4);
+    gpt_cuda_test_flash_attention(bf16, B, T, C, NH, qkv, gy, glse, dy, gdqkv);
+    expect_close(layer, "forward", bf16, gy, y, NC);
+    expect_close(layer, "log-sum-exp", bf16, glse, lse, rows);
+    expect_close(layer, "dqkv", bf16, gdqkv, dqkv, 3 * NC);
+    free(qkv), free(dy), free(y), free(gy), free(att), free(gatt), free(dqkv), free(gdqkv), free(glse), free(lse);
+    free(lse64);
 }
 
 static void test_elementwise(rng_t *r, bool bf16) {
@@ -279,7 +314,13 @@ static void test_layers(rng_t *r, bool bf16) {
     test_layernorm(r, bf16);
     test_matmul(r, bf16, 37, 48, 72, true);
     test_matmul(r, bf16, 21, 64, 50, false);
-    test_attention(r, bf16);
+    // Head sizes 16 (the flash kernels pad it to 32) and 64; T below one
+    // tile, T = 1, T across several tiles and blocks with a partial last
+    // one (32 keys a tile, 64 rows a block), and a full GPT-2 context.
+    test_attention(r, bf16, 2, 13, 48, 3);
+    test_attention(r, bf16, 3, 1, 48, 3);
+    test_attention(r, bf16, 1, 100, 128, 2);
+    test_attention(r, bf16, 1, 1024, 64, 2);
     test_elementwise(r, bf16);
     test_crossentropy(r, bf16);
 }
@@ -389,6 +430,11 @@ static void test_model(rng_t *r, bool bf16) {
     gpt_t cpu;
     gpt_init(&cpu, c, rng_next(r));
     gpt_cuda_t *g = gpt_cuda_create(&c, cpu.params, B, T, bf16);
+    if (!getenv("GPT_CUDA_ATTENTION")) {
+        char name[96];
+        snprintf(name, sizeof name, "gpt cuda attention is the flash path by default (%s)", bf16 ? "bf16" : "fp32");
+        EXPECT(name, !strcmp(gpt_cuda_attention(g), "flash"), "the model uses %s", gpt_cuda_attention(g));
+    }
     uint16_t in[4 * 32], tg[4 * 32];
     random_tokens(r, in, (size_t)B * T, V), random_tokens(r, tg, (size_t)B * T, V);
 
@@ -423,6 +469,41 @@ static void test_model(rng_t *r, bool bf16) {
     gpt_cuda_backward(g, 0.5f, NULL, NULL);
     gpt_cuda_get_grads(g, grads);
     expect_grads_close(&cpu, grads, bf16, "after an AdamW step, smaller batch, grad_scale 0.5");
+    gpt_cuda_free(g);
+    gpt_free(&cpu);
+    free(logits), free(grads);
+}
+
+// The whole model with the cuBLAS attention path, the reference the flash
+// kernels replaced by default (GPT_CUDA_ATTENTION picks the path when a
+// model is created): logits, loss and gradients against the CPU.
+static void test_model_cublas_attention(rng_t *r, bool bf16) {
+    gpt_config c = {211, 32, 2, 2, 64};
+    int B = 3, T = 29, V = c.vocab_size;
+    gpt_t cpu;
+    gpt_init(&cpu, c, rng_next(r));
+    setenv("GPT_CUDA_ATTENTION", "cublas", 1);
+    gpt_cuda_t *g = gpt_cuda_create(&c, cpu.params, B, T, bf16);
+    unsetenv("GPT_CUDA_ATTENTION");
+    char name[128];
+    snprintf(name, sizeof name, "gpt cuda GPT_CUDA_ATTENTION=cublas picks the cuBLAS path (%s)",
+             bf16 ? "bf16" : "fp32");
+    EXPECT(name, !strcmp(gpt_cuda_attention(g), "cublas"), "the model uses %s", gpt_cuda_attention(g));
+    uint16_t in[3 * 29], tg[3 * 29];
+    random_tokens(r, in, (size_t)B * T, V), random_tokens(r, tg, (size_t)B * T, V);
+    float *logits = xmalloc(sizeof(float) * (size_t)V), *grads = xmalloc(sizeof(float) * cpu.num_params);
+    gpt_forward(&cpu, in, NULL, B, T); // with targets, gpt.h turns its logits into probabilities
+    gpt_cuda_forward(g, in, tg, B, T);
+    gpt_cuda_logits(g, B - 1, T - 1, logits);
+    expect_close("model with cuBLAS attention", "logits", bf16, logits, gpt_logits(&cpu, B - 1, T - 1), (size_t)V);
+    float lc = gpt_forward(&cpu, in, tg, B, T), lg = gpt_cuda_loss(g);
+    expect_close("model with cuBLAS attention", "loss", bf16, &lg, &lc, 1);
+    gpt_zero_grad(&cpu);
+    gpt_backward(&cpu, 1.0f);
+    gpt_cuda_zero_grad(g);
+    gpt_cuda_backward(g, 1.0f, NULL, NULL);
+    gpt_cuda_get_grads(g, grads);
+    expect_grads_close(&cpu, grads, bf16, "with cuBLAS attention");
     gpt_cuda_free(g);
     gpt_free(&cpu);
     free(logits), free(grads);
@@ -497,7 +578,8 @@ static void test_losses_on_device(rng_t *r, bool bf16) {
     gpt_cuda_forward(g, in, NULL, B, T); // without targets: not counted
     int n;
     float mean = gpt_cuda_take_loss(g, &n), again = gpt_cuda_take_loss(g, NULL);
-    snprintf(name, sizeof name, "gpt cuda loss sum on the device: mean of the last losses (%s)", bf16 ? "bf16" : "fp32");
+    snprintf(name, sizeof name, "gpt cuda loss sum on the device: mean of the last losses (%s)",
+             bf16 ? "bf16" : "fp32");
     EXPECT(name, n == 3 && fabs(mean - sum / 3) <= 1e-6 * sum && again == 0,
            "%d losses, mean %.8g, expected 3 and %.8g; a second take %g (expected 0)", n, mean, sum / 3, again);
     gpt_cuda_free(g);
@@ -677,6 +759,7 @@ static void run_tests(const options *o) {
     for (int bf16 = 0; bf16 <= 1; bf16++) {
         test_layers(&r, bf16);
         test_model(&r, bf16);
+        test_model_cublas_attention(&r, bf16);
         test_losses_on_device(&r, bf16);
     }
     if (!strcmp(o->mode, "test")) test_training_tracks(&r);
