@@ -719,6 +719,7 @@ static int run_bench(const options *o) {
     gpt_init(&m, c, 1);
     size_t params = m.num_params;
     gpt_cuda_t *g = gpt_cuda_create(&c, m.params, B, T, !strcmp(o->dtype, "bf16"));
+    printf("info: attention: %s (GPT_CUDA_ATTENTION=cublas|flash picks it)\n", gpt_cuda_attention(g));
     gpt_free(&m);
     overlap_t ov = {NULL, NULL, gpt_cuda_grads_device(g)};
     CHECK_NCCL(ncclCommInitAll(&ov.comm, 1, &d.gpu)); // one rank: the hook runs, the data stays
