@@ -844,7 +844,11 @@ static __global__ void __launch_bounds__(FLASH_ROWS)
     }
     if (!mine) return;
     Act *dk_out = dqkv + (size_t)w.b * T * C3 + (size_t)s * C3 + C + w.h * hs, *dv_out = dk_out + C;
-    UNROLL for (int c = 0; c < HS; c++) if (c < hs) dk_out[c] = from_f<Act>(dk[c]), dv_out[c] = from_f<Act>(dv[c]);
+    UNROLL for (int c = 0; c < HS; c++) {
+        if (c >= hs) continue;
+        dk_out[c] = from_f<Act>(dk[c]);
+        dv_out[c] = from_f<Act>(dv[c]);
+    }
 }
 
 // The launches: a grid of (B * NH, row blocks), FLASH_ROWS threads each.
@@ -1283,7 +1287,7 @@ extern "C" void gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const ui
     g->have_loss = true, g->losses_summed++;
 }
 
-// One number from the device: the only place the host waits for the GPU.
+// One number from the device. This is where the host waits for the GPU.
 template <typename T> static T read_scalar(gpt_cuda_t *g, const T *dev) {
     T value;
     CHECK_CUDA(cudaMemcpyAsync(&value, dev, sizeof(T), cudaMemcpyDeviceToHost, g->ctx.stream));
