@@ -18,6 +18,7 @@
 // a launcher (tools/ddprun, torchrun, srun) started it.
 #include <dirent.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -76,7 +77,8 @@ static options parse_options(int argc, char **argv, const launch_env_t *env) {
         {"stepfactor", "f", FLAG_INT, &o.b.stepfactor, "multiply the size by this from one row to the next", 2, 1024, NULL, NULL},
         {"iters", "n", FLAG_INT, &o.b.iters, "timed operations per size (fewer for big sizes)", 1, 1000000, NULL, NULL},
         {"warmup_iters", "w", FLAG_INT, &o.b.warmup_iters, "untimed operations per size first", 0, 1000000, NULL, NULL},
-        {"op", "o", FLAG_STRING, &o.b.op, "reduction (all: a row for each)", 1, 0, "sum|prod|min|max|avg|all", NULL},
+        {"op", "o", FLAG_STRING, &o.b.op, "reduction (all: a row for each; band/bor/bxor: integer types)", 1, 0,
+         "sum|prod|min|max|avg|band|bor|bxor|all", NULL},
         {"datatype", "d", FLAG_STRING, &o.b.datatype, "element type (all: a row for each)", 1, 0,
          "float|double|int32|int64|uint8|bfloat16|all", NULL},
         {"collective", NULL, FLAG_STRING, &o.b.collective, "which collective to measure", 1, 0,
@@ -86,6 +88,10 @@ static options parse_options(int argc, char **argv, const launch_env_t *env) {
     flag_set set = {"03_collectives", "the nine collectives, rank by rank; --bench: nccl-tests style benchmark",
                     NULL, flags, (int)(sizeof flags / sizeof flags[0])};
     flags_parse(&set, argc, argv);
+    bool bitwise = !strcmp(o.b.op, "band") || !strcmp(o.b.op, "bor") || !strcmp(o.b.op, "bxor");
+    bool floating = !strcmp(o.b.datatype, "float") || !strcmp(o.b.datatype, "double") || !strcmp(o.b.datatype, "bfloat16");
+    if (bitwise && floating)
+        flags_fail(&set, "-o %s works on integer types (int32, int64, uint8), not -d %s", o.b.op, o.b.datatype);
     if (o.b.minbytes > o.b.maxbytes)
         flags_fail(&set, "-b/--minbytes (%zu) is larger than -e/--maxbytes (%zu)", o.b.minbytes, o.b.maxbytes);
     if (o.nprocs == 0) {
@@ -166,6 +172,40 @@ static void demo(lesson_t *L, coll_id c, int number, const char *what) {
     device_free(L->dev, recv);
 }
 
+// Reductions are not only sums. On integers, bitwise or and and let the
+// ranks agree on flags with one call: bor tells everyone which ranks raised
+// a flag, band which flags every rank raised (torch.distributed has them as
+// ReduceOp.BOR and BAND; NCCL does not, and the nccl backend combines them
+// on the host).
+static void demo_flags(lesson_t *L) {
+    log_main("\n== 10. all_reduce with bor and band: agreeing on flags (integer types only)\n"
+             "  element 0: rank r sets bit r when it is ready (rank 1 is not); element 1: the features a rank\n"
+             "  supports, one bit each (all have 1 and 2; 4 all but the last rank; 8 rank 0 only)\n");
+    int last = L->world - 1;
+    int32_t flags[2] = {L->rank == 1 ? 0 : 1 << L->rank, 1 | 2 | (L->rank != last ? 4 : 0) | (L->rank == 0 ? 8 : 0)};
+    int32_t *dev = device_alloc(L->dev, sizeof flags), *out = device_alloc(L->dev, sizeof flags);
+    float *shown = device_alloc(L->dev, 2 * sizeof(float));
+    float as_float[2];
+    for (int step = 0; step < 3; step++) {
+        const char *label = step == 0 ? "before" : step == 1 ? "bor" : "band";
+        int32_t values[2];
+        if (step == 0) memcpy(values, flags, sizeof values);
+        else {
+            device_from_host(L->dev, dev, flags, sizeof flags);
+            pg_all_reduce(L->pg, dev, out, 2, DTYPE_I32, step == 1 ? OP_BOR : OP_BAND);
+            device_to_host(L->dev, values, out, sizeof values);
+        }
+        as_float[0] = (float)values[0], as_float[1] = (float)values[1];
+        device_from_host(L->dev, shown, as_float, sizeof as_float);
+        show(L, label, shown, 2);
+    }
+    log_main("  bor of element 0: the ranks that are ready, as bits (rank 1's is missing); band of element 1:\n"
+             "  the features every rank supports (1 + 2 = 3). Each is one all_reduce of one integer.\n");
+    device_free(L->dev, dev);
+    device_free(L->dev, out);
+    device_free(L->dev, shown);
+}
+
 // A barrier moves no data; what it does is visible in time. Rank r arrives
 // r*100 ms late; nobody leaves before the last one has arrived.
 static void demo_barrier(lesson_t *L) {
@@ -210,6 +250,7 @@ static void run_lesson(dist_t *d) {
     demo(&L, ALL_TO_ALL, 8, "chunk j of rank i goes to rank j as its chunk i: a transpose "
          "(mixture-of-experts)");
     demo_barrier(&L);
+    demo_flags(&L);
     free(L.host_slot);
     free(L.host_all);
     device_free(L.dev, L.dev_slot);

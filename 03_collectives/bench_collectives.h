@@ -50,6 +50,7 @@ static const type_info TYPES[] = {
 typedef struct { const char *name; redop_t op; } op_info;
 static const op_info OPS[] = {
     {"sum", OP_SUM}, {"prod", OP_PROD}, {"min", OP_MIN}, {"max", OP_MAX}, {"avg", OP_AVG},
+    {"band", OP_BAND}, {"bor", OP_BOR}, {"bxor", OP_BXOR},   // integers only
 };
 #define TYPE_COUNT (sizeof TYPES / sizeof TYPES[0])
 #define OP_COUNT (sizeof OPS / sizeof OPS[0])
@@ -104,6 +105,7 @@ static double input_value(const bench_t *b, coll_id c, int rank, size_t i, int s
     size_t r = (size_t)rank, s = (size_t)seed;
     if (!COLLECTIVE[c].reduces) return (double)((r * 13 + i + s * 5) % 251);
     if (b->op->op == OP_PROD) return rank < 7 && (r + i + s) % 2 == 0 ? 2 : 1;
+    if (redop_is_bitwise(b->op->op)) return (double)((r * 37 + i * 11 + s * 3) % 256);   // any 8 bits
     size_t spread = 250 / (size_t)b->n;
     if (spread > 7) spread = 7;
     if (spread < 1) spread = 1;
@@ -120,6 +122,9 @@ static double reduced_value(const bench_t *b, coll_id c, size_t i, int seed) {
         case OP_PROD: acc *= v; break;
         case OP_MIN: acc = v < acc ? v : acc; break;
         case OP_MAX: acc = v > acc ? v : acc; break;
+        case OP_BAND: acc = (double)((long long)acc & (long long)v); break;
+        case OP_BOR: acc = (double)((long long)acc | (long long)v); break;
+        case OP_BXOR: acc = (double)((long long)acc ^ (long long)v); break;
         default: acc += v; break;   // sum, avg
         }
     }
@@ -319,6 +324,7 @@ static long bench_collective(bench_t *b, const bench_options *o, coll_id c) {
             bool op_done = false;
             for (size_t r = 0; r < OP_COUNT && !op_done; r++) {
                 if (!selected(o->op, OPS[r].name)) continue;
+                if (redop_is_bitwise(OPS[r].op) && TYPES[t].eps > 0) continue;   // bitwise: integer types only
                 b->op = &OPS[r];
                 op_done = !COLLECTIVE[c].reduces;   // the others: one row, whatever the op
                 counts_t k = counts_for(b, c, c == BARRIER ? 0 : bytes);
