@@ -35,7 +35,7 @@ typedef struct {
     int nprocs;
     const char *backend, *device;
     double timeout;
-    bool bench;
+    bool bench, mismatch;
     bench_options b;   // the flags of --bench (bench_collectives.h)
 } options;
 
@@ -64,13 +64,14 @@ static int gpus_before_fork(void) {
 }
 
 static options parse_options(int argc, char **argv, const launch_env_t *env) {
-    options o = {0, "auto", "auto", 0, false, {1, 8, (size_t)64 << 20, 2, 20, 5, "sum", "float", "all", 0}};
+    options o = {0, "auto", "auto", 0, false, false, {1, 8, (size_t)64 << 20, 2, 20, 5, "sum", "float", "all", 0}};
     flag_t flags[] = {
         {"nprocs", NULL, FLAG_INT, &o.nprocs, "ranks to spawn (0: one per GPU if there are 2 or more, else 4)", 0, 64, NULL, NULL},
         {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl", "COURSE_BACKEND"},
         {"device", NULL, FLAG_STRING, &o.device, "where the buffers live", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
         {"timeout", NULL, FLAG_DOUBLE, &o.timeout, "seconds any wait may take (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL},
         {"bench", NULL, FLAG_BOOL, &o.bench, "benchmark (nccl-tests style) instead of the lesson", 1, 0, NULL, NULL},
+        {"mismatch", NULL, FLAG_BOOL, &o.mismatch, "a planted bug: rank 1 reduces with max where the others sum (try COURSE_DEBUG=DETAIL)", 1, 0, NULL, NULL},
         {"check", "c", FLAG_INT, &o.b.check, "correctness rounds per size after timing (0: none)", 0, 1000, NULL, NULL},
         {"minbytes", "b", FLAG_BYTES, &o.b.minbytes, "smallest size (K, M, G suffixes)", 1, 2147483648.0, NULL, NULL},
         {"maxbytes", "e", FLAG_BYTES, &o.b.maxbytes, "largest size", 1, 2147483648.0, NULL, NULL},
@@ -226,6 +227,34 @@ static void demo_barrier(lesson_t *L) {
     device_free(L->dev, dev);
 }
 
+// A collective is a promise: every rank calls it with the same count, type,
+// reduction and root. --mismatch breaks it on purpose, as a bug in one rank's
+// code would: rank 1 reduces with max where the others sum. The bytes still
+// line up, so no backend notices; the ranks just end with different "sums".
+// COURSE_DEBUG=DETAIL (pg_debug.h) compares the calls first and names them.
+static void demo_mismatch(dist_t *d) {
+    enum { COUNT = 1000 };
+    redop_t op = d->rank == 1 ? OP_MAX : OP_SUM;
+    log_main("\n== a planted bug: every rank all-reduces %d floats of value rank + 1 with sum, "
+             "except rank 1, which uses max\n", COUNT);
+    float *mine = xcalloc(COUNT, sizeof(float));
+    for (int i = 0; i < COUNT; i++) mine[i] = (float)(d->rank + 1);
+    float *dev = device_alloc(&d->device, COUNT * sizeof(float));
+    device_from_host(&d->device, dev, mine, COUNT * sizeof(float));
+    pg_all_reduce(d->pg, dev, dev, COUNT, DTYPE_F32, op);
+    float *firsts = device_alloc(&d->device, (size_t)d->world_size * sizeof(float));
+    pg_all_gather(d->pg, dev, firsts, 1, DTYPE_F32);   // element 0 of each rank's result
+    float *got = xcalloc((size_t)d->world_size, sizeof(float));
+    device_to_host(&d->device, got, firsts, (size_t)d->world_size * sizeof(float));
+    log_main("  element 0 after the all_reduce (the sum is %d):", d->world_size * (d->world_size + 1) / 2);
+    for (int r = 0; r < d->world_size; r++) log_main(" rank %d has %g%s", r, (double)got[r], r + 1 < d->world_size ? "," : "\n");
+    log_main("  no error, no hang: the ranks silently disagree. Run it again with COURSE_DEBUG=DETAIL.\n");
+    device_free(&d->device, firsts);
+    device_free(&d->device, dev);
+    free(got);
+    free(mine);
+}
+
 static void run_lesson(dist_t *d) {
     lesson_t L = {d->pg, &d->device, d->rank, d->world_size, (size_t)d->world_size * PER_RANK,
                   NULL, NULL, NULL, NULL};
@@ -269,6 +298,7 @@ static int worker(int rank, int world_size, void *arg) {
     if (o->b.root >= d.world_size) die("-r/--root %d is not a rank of this job of %d ranks", o->b.root, d.world_size);
     int status = 0;
     if (o->bench) status = run_bench(&d, &o->b);
+    else if (o->mismatch) demo_mismatch(&d);
     else run_lesson(&d);
     dist_finish(&d);
     return d.rank == 0 ? status : 0;   // rank 0 speaks for the job

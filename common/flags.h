@@ -248,6 +248,28 @@ static inline void flags_fail_unknown(const flag_set *set, const char *arg, cons
     flags_fail(set, "unknown flag '%.*s'", (int)(len + (is_long ? 2 : 1)), arg);
 }
 
+// --local_rank=N (or --local-rank N): how torch.distributed.launch told each
+// worker its local rank before torchrun moved it into LOCAL_RANK, and what
+// old scripts still parse. Every program that takes no positional arguments
+// accepts it (ddprun --pass_local_rank sends it): it becomes LOCAL_RANK, and
+// must agree with LOCAL_RANK when both are given. Returns the arguments used.
+static inline int flags_take_local_rank(const flag_set *set, int argc, char **argv, int i,
+                                        const char *name, size_t len, const char *eq) {
+    if (set->positional || !flags_name_matches("local_rank", name, len)) return 0;
+    if (!eq && i + 1 >= argc) flags_fail(set, "--local_rank needs a value");
+    const char *text = eq ? eq + 1 : argv[i + 1];
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end || errno || v < 0 || v > 4095)
+        flags_fail(set, "--local_rank expects a local rank from 0 to 4095, got '%s'", text);
+    const char *env = getenv("LOCAL_RANK");
+    if (env && env[0] && strcmp(env, text) != 0)
+        flags_fail(set, "--local_rank=%s disagrees with LOCAL_RANK=%s in the environment", text, env);
+    if (setenv("LOCAL_RANK", text, 1) != 0) die("setenv LOCAL_RANK failed: %s", strerror(errno));
+    return eq ? 1 : 2;
+}
+
 // Parse argv. Returns the index of the first positional argument (argc if
 // there is none). Parsing stops at the first positional when the set allows
 // positionals, so that "ddprun --nproc_per_node 2 prog --lr 1" leaves
@@ -275,6 +297,11 @@ static inline int flags_parse(flag_set *set, int argc, char **argv) {
         const char *name = arg + (is_long ? 2 : 1);
         const char *eq = strchr(name, '=');
         size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        int taken = is_long ? flags_take_local_rank(set, argc, argv, i, name, len, eq) : 0;
+        if (taken) {
+            i += taken;
+            continue;
+        }
         const flag_t *f = flags_find(set, name, len, is_short);
         if (!f) flags_fail_unknown(set, arg, name, len, is_long);
         const char *value = eq ? eq + 1 : NULL;

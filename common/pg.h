@@ -311,6 +311,7 @@ static inline int pg_next_generation(void) {
 // The backends. Each defines its own struct and functions on host (cpu) or
 // device (nccl) buffers; the dispatch below picks one.
 #include "pg_cpu.h"
+#include "pg_debug.h"
 #include "pg_nccl.h"
 
 // ---------------------------------------------------------------- the process group
@@ -327,6 +328,7 @@ struct pg {
     void *host[2];                 // staging buffers, grown on demand and kept
     size_t host_bytes[2];
     char description[400];
+    pg_debug debug;                // COURSE_DEBUG (pg_debug.h)
 };
 
 struct pg_request {
@@ -434,6 +436,7 @@ static inline pg_t *pg_create(const pg_config *cfg) {
     else device_cpu_name(&pg->device);   // kind 0 = DEVICE_CPU: host buffers
     double timeout = cfg->timeout_s > 0 ? cfg->timeout_s : course_timeout_default();
     int generation = pg_next_generation();
+    pg->debug = pg_debug_start(cfg->store, cfg->rank, cfg->world_size, generation, timeout);
     pg->backend = pg_choose_backend(cfg, generation, timeout);
 #ifdef COURSE_CUDA
     if (pg->backend == BACKEND_NCCL) {
@@ -621,7 +624,27 @@ static inline void pg_recv(pg_t *pg, void *buf, size_t count, dtype_t t, int pee
 // rank passes the same count, so every rank returns), and then either calls
 // NCCL or stages the buffers and calls the cpu backend.
 
+// COURSE_DEBUG=INFO|DETAIL (pg_debug.h): name the call and everything the
+// ranks must agree on; root < 0 and op < 0 when the collective has none,
+// t < 0 for a barrier.
+static inline void pg_announce(pg_t *pg, const char *name, size_t count, dtype_t t, int op,
+                               int root) {
+    if (pg->debug.level == PG_DEBUG_OFF) return;
+    char what[160];
+    if ((int)t < 0) {   // a barrier: nothing but the call itself
+        snprintf(what, sizeof what, "%s()", name);
+        pg_debug_collective(&pg->debug, what);
+        return;
+    }
+    int n = snprintf(what, sizeof what, "%s(%zu x %s", name, count, dtype_name(t));
+    if (op >= 0) n += snprintf(what + n, sizeof what - (size_t)n, ", %s", redop_name((redop_t)op));
+    if (root >= 0) n += snprintf(what + n, sizeof what - (size_t)n, ", root %d", root);
+    snprintf(what + n, sizeof what - (size_t)n, ")");
+    pg_debug_collective(&pg->debug, what);
+}
+
 static inline void pg_broadcast(pg_t *pg, void *buf, size_t count, dtype_t t, int root) {
+    pg_announce(pg, "broadcast", count, t, -1, root);
     size_t bytes = pg_bytes(pg, count, t, 1, "broadcast");
     pg_check_rank(pg, root, "root", "broadcast");
     pg_check_buffer(buf, count, "", "broadcast");
@@ -638,6 +661,7 @@ static inline void pg_broadcast(pg_t *pg, void *buf, size_t count, dtype_t t, in
 // recv is used at the root only (other ranks may pass NULL).
 static inline void pg_reduce(pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
                              redop_t op, int root) {
+    pg_announce(pg, "reduce", count, t, (int)op, root);
     size_t bytes = pg_bytes(pg, count, t, 1, "reduce");
     pg_check_reduction(t, op, "reduce");
     pg_check_rank(pg, root, "root", "reduce");
@@ -656,6 +680,7 @@ static inline void pg_reduce(pg_t *pg, const void *send, void *recv, size_t coun
 
 static inline void pg_all_reduce(pg_t *pg, const void *send, void *recv, size_t count,
                                  dtype_t t, redop_t op) {
+    pg_announce(pg, "all_reduce", count, t, (int)op, -1);
     size_t bytes = pg_bytes(pg, count, t, 1, "all_reduce");
     pg_check_reduction(t, op, "all_reduce");
     pg_check_buffer(send, count, "send", "all_reduce");
@@ -673,6 +698,7 @@ static inline void pg_all_reduce(pg_t *pg, const void *send, void *recv, size_t 
 // recv holds world_size * count elements at the root (others may pass NULL).
 static inline void pg_gather(pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
                              int root) {
+    pg_announce(pg, "gather", count, t, -1, root);
     size_t bytes = pg_bytes(pg, count, t, 1, "gather");
     size_t all = pg_bytes(pg, count, t, (size_t)pg->world_size, "gather");
     pg_check_rank(pg, root, "root", "gather");
@@ -692,6 +718,7 @@ static inline void pg_gather(pg_t *pg, const void *send, void *recv, size_t coun
 // count elements per rank; recv holds world_size * count, rank r's part at r * count.
 static inline void pg_all_gather(pg_t *pg, const void *send, void *recv, size_t count,
                                  dtype_t t) {
+    pg_announce(pg, "all_gather", count, t, -1, -1);
     size_t bytes = pg_bytes(pg, count, t, 1, "all_gather");
     size_t all = pg_bytes(pg, count, t, (size_t)pg->world_size, "all_gather");
     pg_check_buffer(send, count, "send", "all_gather");
@@ -709,6 +736,7 @@ static inline void pg_all_gather(pg_t *pg, const void *send, void *recv, size_t 
 // send holds world_size * count elements at the root (others may pass NULL).
 static inline void pg_scatter(pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
                               int root) {
+    pg_announce(pg, "scatter", count, t, -1, root);
     size_t bytes = pg_bytes(pg, count, t, 1, "scatter");
     size_t all = pg_bytes(pg, count, t, (size_t)pg->world_size, "scatter");
     pg_check_rank(pg, root, "root", "scatter");
@@ -728,6 +756,7 @@ static inline void pg_scatter(pg_t *pg, const void *send, void *recv, size_t cou
 // send holds world_size * count elements; rank r receives the reduction of block r.
 static inline void pg_reduce_scatter(pg_t *pg, const void *send, void *recv, size_t count,
                                      dtype_t t, redop_t op) {
+    pg_announce(pg, "reduce_scatter", count, t, (int)op, -1);
     size_t bytes = pg_bytes(pg, count, t, 1, "reduce_scatter");
     size_t all = pg_bytes(pg, count, t, (size_t)pg->world_size, "reduce_scatter");
     pg_check_reduction(t, op, "reduce_scatter");
@@ -747,6 +776,7 @@ static inline void pg_reduce_scatter(pg_t *pg, const void *send, void *recv, siz
 // recv comes from rank p.
 static inline void pg_all_to_all(pg_t *pg, const void *send, void *recv, size_t count,
                                  dtype_t t) {
+    pg_announce(pg, "all_to_all", count, t, -1, -1);
     size_t bytes = pg_bytes(pg, count, t, 1, "all_to_all");
     size_t all = pg_bytes(pg, count, t, (size_t)pg->world_size, "all_to_all");
     pg_check_buffer(send, count, "send", "all_to_all");
@@ -763,6 +793,7 @@ static inline void pg_all_to_all(pg_t *pg, const void *send, void *recv, size_t 
 
 // Returns once every rank has called it.
 static inline void pg_barrier(pg_t *pg) {
+    pg_announce(pg, "barrier", 0, (dtype_t)-1, -1, -1);
 #ifdef COURSE_CUDA
     if (pg->nccl) { nccl_barrier(pg->nccl); return; }
 #endif
@@ -785,6 +816,7 @@ static inline void pg_barrier(pg_t *pg) {
 static inline void pg_all_reduce_after(pg_t *pg, void *buf, size_t count, dtype_t t, redop_t op,
                                        cudaEvent_t ready) {
     if (pg->nccl) {
+        pg_announce(pg, "all_reduce", count, t, (int)op, -1);
         pg_bytes(pg, count, t, 1, "all_reduce");
         pg_check_reduction(t, op, "all_reduce");
         if (count > 0) nccl_all_reduce_after(pg->nccl, buf, count, t, op, ready);

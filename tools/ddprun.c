@@ -61,7 +61,7 @@ typedef struct {
     int nproc, nnodes, node_rank;
     const char *master_addr;
     int master_port;
-    bool standalone, no_python;
+    bool standalone, no_python, use_env, pass_local_rank;
     int max_restarts;
     double monitor_interval, rdzv_timeout;
     const char *run_id, *log_dir;
@@ -384,11 +384,13 @@ static void parse_options(options_t *o, int argc, char **argv) {
         {"redirects", "r", FLAG_INT, NULL, "streams sent to the log files only: 0 none, 1 stdout, 2 stderr, 3 both", 0, 3, NULL, "PET_REDIRECTS"},
         {"tee", "t", FLAG_INT, NULL, "streams sent to the log files and the terminal (the default with --log_dir)", 0, 3, NULL, "PET_TEE"},
         {"no_python", NULL, FLAG_BOOL, NULL, "accepted for torchrun compatibility: PROGRAM always runs directly", 1, 0, NULL, NULL},
+        {"pass_local_rank", NULL, FLAG_BOOL, NULL, "also pass --local_rank=N to PROGRAM, as torch.distributed.launch did", 1, 0, NULL, NULL},
+        {"use_env", NULL, FLAG_BOOL, NULL, "accepted for torch.distributed.launch compatibility: LOCAL_RANK is always set", 1, 0, NULL, NULL},
     };
     void *values[] = {&o->nproc_text, &o->nnodes_text, &o->node_rank, &o->master_addr,
                       &o->master_port, &o->standalone, &o->max_restarts, &o->monitor_interval,
                       &o->run_id, &o->run_id, &o->rdzv_timeout, &o->log_dir, &o->redirects,
-                      &o->tee, &o->no_python};
+                      &o->tee, &o->no_python, &o->pass_local_rank, &o->use_env};
     int count = (int)(sizeof flags / sizeof flags[0]);
     for (int i = 0; i < count; i++) flags[i].value = values[i];
     static flag_set set = {"ddprun", "start N workers of PROGRAM as one distributed job "
@@ -680,14 +682,14 @@ static void reset_signals_in_child(void) {
 // allowed (the store's thread may hold a lock that a copy of it would keep
 // forever), so everything was prepared before the fork.
 __attribute__((noreturn))
-static void exec_worker(const job_t *job, int out_fd, int err_fd, char **envp) {
+static void exec_worker(const job_t *job, int out_fd, int err_fd, char **argv, char **envp) {
     setpgid(0, 0);   // its own group: signals reach its children too, the terminal's do not
     prctl(PR_SET_PDEATHSIG, SIGKILL);   // if the launcher dies, so does the worker
     if (getppid() != job->launcher_pid) _exit(126);   // it died before prctl
     reset_signals_in_child();
     if (dup2(job->devnull, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) _exit(126);
     close_range(3, ~0u, 0);   // the store's sockets and the other workers' pipes
-    execve(job->program_path, job->opt.program_argv, envp);
+    execve(job->program_path, argv, envp);
     static const char msg[] = "ddprun: execve of the program failed (is it a binary or a "
                               "script with a #! line?)\n";
     ssize_t ignored = write(2, msg, sizeof msg - 1);
@@ -708,17 +710,35 @@ static void stream_open(job_t *job, stream_t *s, int rank, int console, int *wri
     s->file = job->opt.log_dir ? open_log(job, rank, name) : -1;
 }
 
+// PROGRAM ARGS..., and with --pass_local_rank a last "--local_rank=N": the
+// way torch.distributed.launch told a worker its GPU before torchrun moved it
+// into LOCAL_RANK. Old scripts still parse it; the course's programs accept
+// it too (flags.h). Free with free() (one block).
+static char **worker_argv(const job_t *job, const worker_t *w) {
+    int n = 0;
+    while (job->opt.program_argv[n]) n++;
+    size_t table = sizeof(char *) * (size_t)(n + 2), text = 32;
+    char **argv = xcalloc(1, table + text);
+    memcpy(argv, job->opt.program_argv, sizeof(char *) * (size_t)n);
+    if (job->opt.pass_local_rank) {
+        argv[n] = (char *)argv + table;
+        snprintf(argv[n], text, "--local_rank=%d", w->local_rank);
+    }
+    return argv;
+}
+
 static void start_worker(job_t *job, worker_t *w) {
     int out_w, err_w;
     stream_open(job, &w->out, w->rank, 1, &out_w, "stdout");
     stream_open(job, &w->err, w->rank, 2, &err_w, "stderr");
     envlist_t env = worker_environment(job, w);
+    char **argv = worker_argv(job, w);
     sigset_t all, old;
     sigfillset(&all);
     int rc = pthread_sigmask(SIG_SETMASK, &all, &old);
     if (rc) die("pthread_sigmask failed: %s", strerror(rc));
     pid_t pid = fork();
-    if (pid == 0) exec_worker(job, out_w, err_w, env.items);
+    if (pid == 0) exec_worker(job, out_w, err_w, argv, env.items);
     int fork_errno = errno;
     rc = pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc) die("pthread_sigmask failed: %s", strerror(rc));
@@ -732,6 +752,7 @@ static void start_worker(job_t *job, worker_t *w) {
     CHECK_SYS(close(out_w));
     CHECK_SYS(close(err_w));
     env_free(&env);
+    free(argv);
 }
 
 static void start_workers(job_t *job) {
