@@ -54,6 +54,24 @@ run() {
     else pass "$name"; fi
 }
 
+# fails README DIR SECONDS COMMAND REGEX: a command the README shows failing
+# on purpose; PASS when it exits non-zero with a line matching REGEX.
+fails() {
+    local readme=$1 dir=$2 secs=$3 command=$4 regex=$5
+    covered["$readme|$command"]=1
+    (cd "$course/$dir" && timeout -k 5 "$secs" "${student[@]}" bash -c "$command") >"$TMP/out" 2>&1
+    local status=$?
+    if [[ $status -ne 0 && $status -ne 124 ]] && grep -Eq -- "$regex" "$TMP/out"; then pass "$readme: $command (fails, as shown)"
+    else fail "$readme: $command" "wanted a non-zero exit and /$regex/; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+}
+# run_lines README DIR SECONDS REGEX LINE...: lines the README shows together
+# (a rank in the background, then another), run as one script that waits.
+run_lines() {
+    local readme=$1 dir=$2 secs=$3 regex=$4; shift 4
+    local line script=""
+    for line in "$@"; do covered["$readme|$line"]=1; script+="$line"$'\n'; done
+    run "$readme" "$dir" "$secs" "${script}wait" "$regex"
+}
 # not_here README COMMAND REASON: a README command this test cannot run.
 not_here() { [[ -n "${covered["$1|$2"]:-}" ]] || skip "$1: $2" "$3"; covered["$1|$2"]=1; }
 
@@ -107,6 +125,9 @@ exercise 02_p2p/README.md 02_p2p "make check-exercise EX=02/pingpong"
 
 run 03_collectives/README.md 03_collectives 120 "make 03_collectives && ./03_collectives" '^== 9\. barrier'
 run 03_collectives/README.md 03_collectives 300 "./03_collectives --bench -b 8 -e 64M -f 4 -c 1" '^# Out of bounds values : 0 OK$'
+run 03_collectives/README.md 03_collectives 60 "./03_collectives --nprocs 2 --mismatch" 'rank 0 has 3, rank 1 has 2$'
+fails 03_collectives/README.md 03_collectives 60 "COURSE_DEBUG=DETAIL ./03_collectives --nprocs 2 --mismatch" \
+    'error: COURSE_DEBUG=DETAIL: collective #0 differs across ranks: rank 0 called all_reduce\(1000 x f32, sum\), rank 1 called all_reduce\(1000 x f32, max\)'
 exercise 03_collectives/README.md 03_collectives "make check-exercise EX=03/ring_allreduce"
 
 run 04_ddp_spawn/README.md 04_ddp_spawn 300 "make 04_ddp_spawn && ./04_ddp_spawn" '^DDP \([0-9]+\) +weight '
@@ -115,6 +136,13 @@ exercise 04_ddp_spawn/README.md 04_ddp_spawn "make check-exercise EX=04/average_
 run 05_env_launch/README.md 05_env_launch 120 "make 05_env_launch"
 run 05_env_launch/README.md 05_env_launch 120 "./05_env_launch" 'final weight'
 run 05_env_launch/README.md 05_env_launch 120 "../tools/ddprun --standalone --nproc_per_node=2 ./05_env_launch" '^\[rank 0\]: final weight'
+run_lines 05_env_launch/README.md 05_env_launch 60 '^final weight' \
+    "RANK=1 WORLD_SIZE=2 ./05_env_launch --init_method tcp://127.0.0.1:29612 --epochs 2 &" \
+    "RANK=0 WORLD_SIZE=2 ./05_env_launch --init_method tcp://127.0.0.1:29612 --epochs 2"
+run_lines 05_env_launch/README.md 05_env_launch 60 '^final weight' \
+    "RANK=1 WORLD_SIZE=2 ./05_env_launch --init_method file:///tmp/course-rdzv --epochs 2 &" \
+    "RANK=0 WORLD_SIZE=2 ./05_env_launch --init_method file:///tmp/course-rdzv --epochs 2"
+run 05_env_launch/README.md 05_env_launch 60 "../tools/ddprun --standalone --nproc_per_node=2 --pass_local_rank ./05_env_launch --epochs 2" '^\[rank 0\]: final weight'
 exercise 05_env_launch/README.md 05_env_launch "make check-exercise EX=05/epoch_loss"
 
 run 06_snapshot_resume/README.md 06_snapshot_resume 120 "make 06_snapshot_resume"
