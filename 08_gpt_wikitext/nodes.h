@@ -65,16 +65,23 @@ static inline int nodes_rank_list(const nodes_where *all, int world, int node, c
     return count;
 }
 
+// A GPU's model without its number: "NVIDIA H100 80GB HBM3" from "GPU 3:
+// NVIDIA H100 80GB HBM3"; a CPU's name as it is.
+static inline const char *nodes_model(const nodes_where *w) {
+    const char *colon = w->cuda ? strstr(w->device, ": ") : NULL;
+    return colon ? colon + 2 : w->device;
+}
+
 // The node's devices in a few words: "CPU (16 cores)", "GPUs 0,1,2,3
 // (NVIDIA H100 80GB HBM3)", or, when its ranks differ, each rank's device.
 static inline void nodes_devices(const nodes_where *all, int world, int node, char *out, size_t size) {
     const nodes_where *first = NULL;
-    bool same_name = true, all_gpus = true;
+    bool same_model = true, all_gpus = true;
     int count = 0;
     for (int r = 0; r < world; r++) {
         if (all[r].node != node) continue;
         if (!first) first = &all[r];
-        same_name = same_name && !strcmp(all[r].device, first->device);
+        same_model = same_model && !strcmp(nodes_model(&all[r]), nodes_model(first));
         all_gpus = all_gpus && all[r].cuda;
         count++;
     }
@@ -82,18 +89,18 @@ static inline void nodes_devices(const nodes_where *all, int world, int node, ch
         snprintf(out, size, "?");
         return;
     }
-    if (same_name && !all_gpus) {
+    if (same_model && !all_gpus) {
         snprintf(out, size, "%s", first->device);
         return;
     }
-    size_t at = (size_t)snprintf(out, size, "%s", same_name ? (count == 1 ? "GPU " : "GPUs ") : "");
+    size_t at = (size_t)snprintf(out, size, "%s", same_model ? (count == 1 ? "GPU " : "GPUs ") : "");
     for (int r = 0; r < world && at < size; r++) {
         if (all[r].node != node) continue;
-        const char *sep = &all[r] == first ? "" : same_name ? "," : "; ";
-        at += same_name ? (size_t)snprintf(out + at, size - at, "%s%d", sep, all[r].gpu)
-                        : (size_t)snprintf(out + at, size - at, "%srank %d: %s", sep, r, all[r].device);
+        const char *sep = &all[r] == first ? "" : same_model ? "," : "; ";
+        at += same_model ? (size_t)snprintf(out + at, size - at, "%s%d", sep, all[r].gpu)
+                         : (size_t)snprintf(out + at, size - at, "%srank %d: %s", sep, r, all[r].device);
     }
-    if (same_name && at < size) snprintf(out + at, size - at, " (%s)", first->device);
+    if (same_model && at < size) snprintf(out + at, size - at, " (%s)", nodes_model(first));
 }
 
 // Rank 0 prints "ranks: N, backend B" and, when there are several ranks, one

@@ -17,6 +17,7 @@ probe=c08probe-$$
 if ip netns add "$probe" 2>"$TMP/netns.err"; then ip netns del "$probe"; mode=netns
 else mode=loopback; echo "note: network namespaces not allowed here ($(head -n 1 "$TMP/netns.err")): the rehearsal runs on 127.0.0.1"; fi
 
+l2() { sed -n 's/.*l2 norm \([0-9.e+-]*\).*/\1/p' "$1" | tail -n 1; }
 # "STEP ONE TWO" rows of the rehearsal's loss table.
 table() { sed -n 's/^ *\([0-9][0-9]*\)  *\([0-9.]*\)  *\([0-9.]*\)$/\1 \2 \3/p' "$1"; }
 
@@ -74,6 +75,33 @@ if [[ $status -ne 0 ]] && grep -q "error: data check: rank 1 (node 1, [^)]*) has
    ! grep -q "^\[rank 0\]: training: " "$TMP/dm0.log"
 then pass "gpt multinode: another valid.txt on node 1 stops every rank before training, naming the split and the node"
 else fail "gpt multinode: another valid.txt on node 1 stops the job" "status $status: $(grep -h 'error' "$TMP"/dm[01].log | head -n 2 | tr '\n' '|')"; fi
+
+# ---------------------------------------------------------------- on GPUs, NCCL between the nodes
+# Node 0's ranks take GPUs 0 and 1, node 1's rank (CUDA_VISIBLE_DEVICES=2)
+# the third: emulated GPUs (CUDA=emu, 8 of them), or a real machine with 3.
+gpus=$( (is_emu && echo 8) || (has_real_gpu && nvidia-smi -L | grep -c '^GPU') || echo 0)
+if has_gpu && [[ $gpus -ge 3 ]]; then
+    gpu=(--data_dir "$corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --block_size 16
+         --max_steps 4 --log_every 2 --precision fp32 --device cuda --out_dir run)
+    mkdir -p "$TMP/g1" "$TMP/g0" "$TMP/gone"
+    (cd "$TMP/gone" && run_capture 300 "$TMP/gone.log" "$prog" "${gpu[@]}" --batch_size 6)
+    port=$((20000 + RANDOM % 20000))
+    glaunch() { (cd "$TMP/g$1" && timeout -k 5 300 "$ROOT/tools/ddprun" --nnodes=2 --node_rank="$1" --nproc_per_node="$2" \
+                   --master_port="$port" "$prog" "${gpu[@]}" --batch_size 2) >"$TMP/g$1.log" 2>&1; }
+    CUDA_VISIBLE_DEVICES=2 glaunch 1 1 & p1=$!
+    glaunch 0 2; status=$?
+    wait $p1
+    valid() { sed -n 's/.*validation after step 4 .*: loss \([0-9.]*\) .*/\1/p' "$1" | tail -n 1; }
+    a=$(l2 "$TMP/gone.log") b=$(l2 "$TMP/g0.log") va=$(valid "$TMP/gone.log") vb=$(valid "$TMP/g0.log")
+    if [[ $status -eq 0 && -n $a && -n $va ]] && rel_near "$a" "${b:-0}" 1e-6 && [[ $va == "$vb" ]] &&
+       grep -q "^\[rank 0\]: ranks: 3 on 2 nodes, backend nccl$" "$TMP/g0.log" &&
+       grep -q "^\[rank 0\]:   node 0 ([^)]*): ranks 0-1 on GPUs 0,1 (.*); nccl" "$TMP/g0.log" &&
+       grep -q "^\[rank 0\]:   node 1 ([^)]*): rank 2 on GPU 0 (.*); nccl" "$TMP/g0.log"
+    then pass "gpt multinode: on GPUs, NCCL between two nodes (2 + 1, fp32) equals one GPU with the whole batch (validation $vb, l2 $b vs $a)"
+    else fail "gpt multinode: on GPUs, NCCL between two nodes equals one GPU" "status $status, validation '$va' vs '$vb', l2 '$a' vs '$b': $(grep -h 'error\|  node' "$TMP"/g[01].log | head -n 3 | tr '\n' '|')"; fi
+else
+    skip "gpt multinode: on GPUs, NCCL between two nodes" "needs 3 GPUs (make CUDA=emu test emulates 8)"
+fi
 
 no_leftovers "gpt multinode: no process left behind" "08_gpt_wikitext/08_gpt_wikitext"
 left=$(ip netns list 2>/dev/null | grep -o '^c07n[01]-[0-9]*' | while read -r ns; do kill -0 "${ns##*-}" 2>/dev/null || echo "$ns"; done)
