@@ -20,8 +20,13 @@
 # Namespaces need root (CAP_NET_ADMIN). Without it the same two-launcher job
 # runs on 127.0.0.1 instead, and the script says so.
 #
+# Each node runs in a folder of its own, OUT/node0 and OUT/node1, as on two
+# machines: a relative path in the program's arguments is each node's own.
+#
 # Usage: 07_multinode/rehearsal.sh [OPTIONS] [-- ARGS FOR 07_multinode]
 #   --mode auto|netns|loopback   (auto: namespaces when allowed)
+#   --program PATH               the workers' program (07_multinode); chapter 08's
+#                                rehearsal runs its GPT this way
 #   --launcher ddprun|slurm      ddprun on each node (default), or what srun does: each
 #                                node starts its processes itself with SLURM_PROCID,
 #                                SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, MASTER_ADDR and
@@ -32,22 +37,28 @@
 #                                e.g. COURSE_VERSION_OVERRIDE=9.9.9 to rehearse a version mismatch
 #   --kill_node1_at_epoch E      kill -9 node 1 (launcher and workers) once node 0 reports
 #                                epoch E: rehearses a lost node
+#   --kill_node1_on REGEX        the same once a line of node 0's output matches REGEX (grep)
+#   --restart_node1_after S      S seconds after the kill, start node 1's launcher again
+#                                (the host came back); its output goes to node1-again.log
 #   --out DIR                    keep node0.log, node1.log and the snapshots in DIR
 #                                (snapshots of an earlier rehearsal there are removed first)
 #   --deadline S                 end everything after S seconds (300)
 #   --quiet                      do not print the nodes' output at the end
 #
 # Exit status 0 when the rehearsal passed: the job trained and learned
-# weight ~ 2 and bias ~ 3 (with --kill_node1_at_epoch: node 0's launcher
-# noticed the lost node and ended the job by itself, non-zero, within the
-# deadline). Everything it started is removed at exit, even after a failure
+# weight ~ 2 and bias ~ 3 (another --program: both launchers exited 0);
+# with a kill, node 0's launcher noticed the lost node and ended the job by
+# itself, non-zero, within the deadline; with a kill and
+# --restart_node1_after, the job went on with node 1's new launcher and both
+# launchers exited 0. Everything it started is removed at exit, even after a failure
 # or Ctrl-C: the processes, the veth pair and the namespaces.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DDPRUN=$ROOT/tools/ddprun
 PROGRAM=$ROOT/07_multinode/07_multinode
 
-mode=auto launcher=ddprun nproc0=2 nproc1=3 max_restarts=0 kill_epoch="" out="" deadline=300 quiet=0
+mode=auto launcher=ddprun nproc0=2 nproc1=3 max_restarts=0 kill_epoch="" kill_on="" restart_after="" out=""
+deadline=300 quiet=0
 node1_env=() program_args=()
 usage() { sed -n '/^# Usage:/,/^# Exit status/p' "$0" | sed '$d; s/^# \{0,1\}//' | sed '$d'; }
 die_usage() {
@@ -64,6 +75,9 @@ set_option() {
         --max_restarts) max_restarts=$2 ;;
         --node1_env) node1_env+=("$2") ;;
         --kill_node1_at_epoch) kill_epoch=$2 ;;
+        --kill_node1_on) kill_on=$2 ;;
+        --restart_node1_after) restart_after=$2 ;;
+        --program) PROGRAM=$2 ;;
         --out) out=$2 ;;
         --deadline) deadline=$2 ;;
         *) die_usage "unknown option '$1'" ;;
@@ -81,10 +95,14 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $mode =~ ^(auto|netns|loopback)$ ]] || die_usage "--mode must be auto, netns or loopback, got '$mode'"
 [[ $launcher =~ ^(ddprun|slurm)$ ]] || die_usage "--launcher must be ddprun or slurm, got '$launcher'"
-for v in "$nproc0" "$nproc1" "$max_restarts" "$deadline" ${kill_epoch:+"$kill_epoch"}; do
+for v in "$nproc0" "$nproc1" "$max_restarts" "$deadline" ${kill_epoch:+"$kill_epoch"} ${restart_after:+"$restart_after"}; do
     [[ $v =~ ^[0-9]+$ ]] || die_usage "expected a non-negative integer, got '$v'"
 done
 ((nproc0 >= 1 && nproc1 >= 1)) || die_usage "each node needs at least one worker"
+[[ -n $kill_epoch ]] && kill_on="epoch $kill_epoch |"
+[[ -n $restart_after && -z $kill_on ]] && die_usage "--restart_node1_after needs --kill_node1_on or --kill_node1_at_epoch"
+[[ -n $restart_after && $launcher == slurm ]] && die_usage "--restart_node1_after needs --launcher ddprun (a new launcher takes the lost one's place)"
+[[ $PROGRAM == /* ]] || PROGRAM=$PWD/$PROGRAM
 [[ $launcher == slurm && $max_restarts != 0 ]] && die_usage "--max_restarts needs --launcher ddprun (restarts are the launcher's job)"
 for e in ${node1_env[@]+"${node1_env[@]}"}; do
     [[ $e =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die_usage "--node1_env expects NAME=VALUE, got '$e'"
@@ -99,7 +117,8 @@ ns0=c07n0-$tag ns1=c07n1-$tag veth0=c07a-$tag veth1=c07b-$tag
 have_ns=0 pid0="" pid1="" keep_out=1
 if [[ -z $out ]]; then out=$(mktemp -d "${TMPDIR:-/tmp}/rehearsal.XXXXXX"); keep_out=0; fi
 mkdir -p "$out" || exit 2
-rm -rf "$out/snapshots"   # each rehearsal trains from the start
+rm -rf "$out/snapshots" "$out/node0" "$out/node1"   # each rehearsal trains from the start
+mkdir -p "$out/node0" "$out/node1" || exit 2
 
 # Kill what we started: each launcher's process group (its workers die with
 # it: ddprun gives them PR_SET_PDEATHSIG), then anything still running in
@@ -172,11 +191,11 @@ status=0
 for p in $pids; do wait "$p" || status=1; done
 exit $status'
 
-# start_node N NPROC ENV... : node N's launcher (ddprun, or the srun stand-in),
-# in its namespace, in a session of its own (so that a kill reaches all of
-# it and not us). Sets pidN.
+# start_node N NPROC LOG ENV... : node N's launcher (ddprun, or the srun
+# stand-in), in its namespace and its folder, in a session of its own (so
+# that a kill reaches all of it and not us). Sets pidN.
 start_node() {
-    local node=$1 nproc=$2; shift 2
+    local node=$1 nproc=$2 log=$3; shift 3
     local ns=$ns0 host=""
     ((node == 1)) && ns=$ns1
     ((uts)) && host=rehearsal-node$node
@@ -195,25 +214,31 @@ start_node() {
         ((uts)) && cmd=(unshare --uts "${cmd[@]}")
     fi
     [[ $mode == netns ]] && cmd=(ip netns exec "$ns" "${cmd[@]}")
-    setsid "${cmd[@]}" </dev/null >"$out/node$node.log" 2>&1 &
+    (cd "$out/node$node" && exec setsid "${cmd[@]}") </dev/null >"$out/$log" 2>&1 &
     if ((node == 0)); then pid0=$!; else pid1=$!; fi
 }
 
-start_node 0 "$nproc0"
-start_node 1 "$nproc1" ${node1_env[@]+"${node1_env[@]}"}
+start_node 0 "$nproc0" node0.log
+start_node 1 "$nproc1" node1.log ${node1_env[@]+"${node1_env[@]}"}
 
 # Wait for both launchers (and kill node 1 on cue), at most `deadline` seconds.
-started=$SECONDS status0="" status1="" killed_at=""
-while [[ -z $status0 || -z $status1 ]]; do
+started=$SECONDS status0="" status1="" killed_at="" restarted=0
+restart_pending() { [[ -n $restart_after && $restarted -eq 0 && -z $status0 ]]; }
+while [[ -z $status0 || -z $status1 ]] || restart_pending; do
     if ((SECONDS - started > deadline)); then
         echo "rehearsal: FAIL: the job did not end within $deadline s (a hang); stopping it"
         exit 1
     fi
-    if [[ -n $kill_epoch && -z $killed_at ]] && grep -q "epoch $kill_epoch |" "$out/node0.log"; then
+    if [[ -n $kill_on && -z $killed_at ]] && grep -q -- "$kill_on" "$out/node0.log"; then
         kill -9 -- "-$pid1" 2>/dev/null
         ((have_ns)) && ip netns pids "$ns1" | xargs -r kill -9 2>/dev/null
         killed_at=$SECONDS
-        echo "rehearsal: killed node 1 (launcher and workers, kill -9) after node 0 reported epoch $kill_epoch"
+        echo "rehearsal: killed node 1 (launcher and workers, kill -9) after node 0 printed '$(grep -m1 -- "$kill_on" "$out/node0.log" | cut -c1-100)'"
+    fi
+    if restart_pending && [[ -n $killed_at && -n $status1 ]] && ((SECONDS - killed_at >= restart_after)); then
+        start_node 1 "$nproc1" node1-again.log ${node1_env[@]+"${node1_env[@]}"}
+        restarted=1 status1=""
+        echo "rehearsal: started node 1's launcher again, $((SECONDS - killed_at)) s after the kill (output: node1-again.log)"
     fi
     if [[ -z $status0 ]] && ! kill -0 "$pid0" 2>/dev/null; then wait "$pid0"; status0=$?; fi
     if [[ -z $status1 ]] && ! kill -0 "$pid1" 2>/dev/null; then wait "$pid1"; status1=$?; fi
@@ -229,18 +254,31 @@ fi
 if ((quiet == 0)); then
     sed 's/^/node0| /' "$out/node0.log"
     sed 's/^/node1| /' "$out/node1.log"
+    ((restarted)) && sed 's/^/node1 again| /' "$out/node1-again.log"
 fi
 
 # ---------------------------------------------------------------- verdict
-if [[ -n $kill_epoch ]]; then
+if [[ -n $kill_on ]]; then
     if [[ -z $killed_at ]]; then
-        echo "rehearsal: FAIL: node 0 never reported epoch $kill_epoch (launcher status $status0)"; exit 1
+        echo "rehearsal: FAIL: node 0 never printed a line matching '$kill_on' (launcher status $status0)"; exit 1
+    fi
+    if [[ -n $restart_after ]]; then
+        if ((restarted && status0 == 0 && status1 == 0)); then
+            echo "rehearsal: PASS ($mode): node 1 killed and started again; the job went on and both launchers exited 0"
+            exit 0
+        fi
+        echo "rehearsal: FAIL ($mode): node 1 killed$( ((restarted)) && echo " and started again" || echo ", never started again"); launchers exited ${status0:-?} (node 0) and ${status1:-?} (node 1)"
+        exit 1
     fi
     if ((status0 != 0)); then
         echo "rehearsal: PASS ($mode): node 0's launcher ended the job with status $status0, $((SECONDS - killed_at)) s after node 1 was killed"
         exit 0
     fi
     echo "rehearsal: FAIL ($mode): node 0's launcher exited 0 although node 1 was killed"; exit 1
+fi
+if [[ $PROGRAM != "$ROOT/07_multinode/07_multinode" ]]; then
+    if [[ $status0 -eq 0 && $status1 -eq 0 ]]; then echo "rehearsal: PASS ($mode): $nproc0 + $nproc1 workers of $(basename "$PROGRAM") on two nodes; both launchers exited 0"; exit 0; fi
+    echo "rehearsal: FAIL ($mode): launchers exited $status0 (node 0) and $status1 (node 1)"; exit 1
 fi
 final=$(grep -o 'final weight [-0-9.e+]*  bias [-0-9.e+]*' "$out/node0.log" | tail -n 1)
 weight=$(awk '{print $3}' <<<"$final") bias=$(awk '{print $5}' <<<"$final")

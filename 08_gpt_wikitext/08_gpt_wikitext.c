@@ -43,6 +43,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "model.h"
+#include "nodes.h"
 #include "rng.h"
 #include "sampler.h"
 #include "sha256.h"
@@ -622,7 +623,7 @@ static int run_rank(int rank, int world, void *arg) {
     dist_init(&dist, &how);
     bool bf16 = announce_device(o, &dist.device);
     choose_threads();
-    log_main("ranks: %d, backend %s\n", dist.world_size, pg_describe(dist.pg));
+    nodes_report(&dist); // one line per node: host, ranks, device, transport
     char cache_dir[1000]; // --out_dir has at most 900 bytes
     snprintf(cache_dir, sizeof cache_dir, "%s/cache", o->out_dir);
     make_dirs(cache_dir);
@@ -633,6 +634,7 @@ static int run_rank(int rank, int world, void *arg) {
     if (dist.rank == 0) corpus = load_corpus(o, cache_dir);
     pg_barrier(dist.pg);
     if (dist.rank != 0) corpus = load_corpus(o, cache_dir);
+    nodes_check_data(&dist, bpe_fingerprint(corpus.tokenizer), corpus.split, corpus.count); // same tokens everywhere
 
     // --- Model: sized by the flags, vocabulary by the tokenizer; the same
     // seed gives every rank the same initial weights (and rank 0's are

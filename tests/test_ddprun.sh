@@ -249,4 +249,40 @@ status=$?
 if [[ $status -eq 1 ]] && grep -q "within 3 s: 1 of 2 joined (node 0: 2 workers); missing: node 1\. The store is at 127\.0\.0\.1:$port" "$out"
 then pass "ddprun: a node that never arrives is named after COURSE_TIMEOUT"
 else fail "ddprun: a node that never arrives is named after COURSE_TIMEOUT" "status $status; output: $(tail -n 2 "$out" | tr '\n' '|')"; fi
+
+# ---------------------------------------------------------------- a lost node replaced
+# Node 1's launcher and workers are killed at once (a crashed host) while
+# node 0's worker, which does not talk to them, keeps running. A new launcher
+# for node 1 finds the old one's heartbeat silent, takes its place and asks
+# for a restart: the job runs again on both nodes and succeeds.
+first_attempt_sleeps='[ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && sleep 60; echo "attempt $TORCHELASTIC_RESTART_COUNT"'
+node() {   # node NODE_RANK NPROC MAX_RESTARTS: the launcher's command line
+    launcher=("$DDPRUN" --nnodes=2 --node_rank="$1" --nproc_per_node="$2" --master_port="$port" --max_restarts="$3"
+              /bin/sh -c "$first_attempt_sleeps" "$TAG")
+}
+port=$(free_port)
+node 0 1 1; "${launcher[@]}" >"$TMP/r0.log" 2>&1 & n0=$!
+node 1 2 1; setsid "${launcher[@]}" >"$TMP/r1.log" 2>&1 & n1=$!
+for _ in $(seq 100); do grep -q '^ddprun: starting' "$TMP/r1.log" && break; sleep 0.1; done
+for p in $(ps -o pid= -s "$n1"); do kill -9 "$p" 2>/dev/null; done   # its session: launcher and workers
+wait "$n1" 2>/dev/null
+run_capture $LIMIT "$TMP/r2.log" "${launcher[@]}"; s2=$?
+wait_deadline $n0 5; s0=$?
+if [[ $s0 -eq 0 && $s2 -eq 0 ]] && grep -q "^ddprun: node 1's previous launcher has sent no heartbeat for 5 s: it is gone, and this launcher takes its place" "$TMP/r2.log" &&
+   grep -q "^ddprun: node 1 has a new launcher, on .*; it rejoins the job" "$TMP/r0.log" &&
+   grep -q '^\[rank 0\]: attempt 1$' "$TMP/r0.log" && [[ $(grep -c '^\[rank [12]\]: attempt 1$' "$TMP/r2.log") -eq 2 ]]
+then pass "ddprun: a killed node's new launcher takes its place; both nodes restart (attempt 1) and succeed"
+else fail "ddprun: a killed node's new launcher takes its place" "statuses $s0 $s2; node 0: $(grep ddprun "$TMP/r0.log" | tail -n 3 | tr '\n' '|') new node 1: $(tail -n 3 "$TMP/r2.log" | tr '\n' '|')"; fi
+
+# A second launcher for a node whose launcher is alive is refused.
+port=$(free_port)
+node 0 1 0; "${launcher[@]}" >"$TMP/d0.log" 2>&1 & n0=$!
+node 1 1 0; "${launcher[@]}" >"$TMP/d1.log" 2>&1 & n1=$!
+for _ in $(seq 100); do grep -q '^ddprun: starting' "$TMP/d1.log" && break; sleep 0.1; done
+run_capture $LIMIT "$TMP/d2.log" "${launcher[@]}"; s2=$?
+kill -TERM "$n0" "$n1" 2>/dev/null; wait_deadline $n0 10; wait_deadline $n1 10
+if [[ $s2 -eq 1 ]] && grep -q "error: another launcher already joined as node 1 and is still running: give every node its own --node_rank" "$TMP/d2.log"
+then pass "ddprun: a second launcher for a live node is refused"
+else fail "ddprun: a second launcher for a live node is refused" "status $s2: $(tail -n 2 "$TMP/d2.log" | tr '\n' '|')"; fi
+no_leftovers "ddprun: no worker left after the replaced node" "$TAG"
 exit 0

@@ -49,6 +49,7 @@ enum {
 };
 #define HEARTBEAT_PERIOD_S 1.0   // launchers of a multi-node job beat this often
 #define NODE_SILENCE_MAX_S 30.0  // a node silent this long is taken for dead
+#define REPLACE_SILENCE_S 5.0    // a new launcher may take the place of one silent this long
 #define PROGRESS_PERIOD_S 5.0    // "waiting for nodes" lines
 #define KILL_WAIT_S 5.0          // how long SIGKILL may take to be reaped
 #define WRITE_STALL_MAX_S 10.0   // a terminal that takes no output this long is dropped
@@ -137,6 +138,9 @@ typedef struct {
     int64_t *beat_seen;
     double *beat_changed;
     bool failure_known;         // the store already says the job failed
+    bool replacing;             // this launcher takes the place of one that died
+    bool silence_said;          // this barrier has said which node it waits for
+    int64_t *claims_seen;       // launchers that have joined as each node so far
     bool gave_up;               // a local failure with no restarts left ends the job
     char reason[2 * TEXT_MAX];  // why the job ends or restarts, for messages
 } job_t;
@@ -988,6 +992,7 @@ static failure_t first_failure_of_job(job_t *job) {
     double wait = fmin(job->opt.rdzv_timeout, job->kill_grace + KILL_WAIT_S + 2.0);
     double deadline = now_s() + wait;
     for (int count = 0; count < job->opt.nnodes && now_s() < deadline; sleep_s(0.05)) {
+        heartbeat(job);   // a replacement must not take this live node for dead
         for (int r = 0; r < job->opt.nnodes; r++) {
             failure_t f;
             if (seen[r] || !read_failure_record(job, r, &f)) continue;
@@ -1018,11 +1023,16 @@ static void post_restart(job_t *job) {
     int n = snprintf(text, sizeof text, "node %d (%s): %s", job->opt.node_rank, job->host,
                      job->reason);
     store_set(job->store, key, text, (size_t)(n < TEXT_MAX ? n : TEXT_MAX - 1));
+    snprintf(job->reason, sizeof job->reason, "%s", text);   // as the other nodes read it
 }
 
 // What the other nodes say: the job failed, a restart is wanted, or a node
 // went silent. True (and *outcome set, job->reason filled) when something happened.
-static bool check_other_nodes(job_t *job, bool watch_restart, outcome_t *outcome) {
+// A silent node - its launcher or its whole host died - restarts the job when
+// restarts are left: the others then wait in the 'stopped' barrier
+// (await_replacement) for a new launcher to take its place (take_over_node).
+static bool check_other_nodes(job_t *job, bool watch_restart, bool await_replacement,
+                              outcome_t *outcome) {
     if (job->opt.nnodes == 1) return false;
     char key[64], text[TEXT_MAX];
     if (store_check(job->store, "ddprun/failed")) {
@@ -1041,9 +1051,24 @@ static bool check_other_nodes(job_t *job, bool watch_restart, outcome_t *outcome
     }
     int silent = find_silent_node(job);
     if (silent < 0) return false;
+    const char *host = job->node_host[silent] ? job->node_host[silent] : "?";
+    if (await_replacement) {
+        if (!job->silence_said)
+            say("node %d (%s) has sent no heartbeat for %g s: its launcher died or the network "
+                "between the nodes failed; waiting up to %g s for a new launcher of node %d (the "
+                "same command, on that host or another) to take its place", silent, host,
+                node_silence_max(job), job->opt.rdzv_timeout, silent);
+        job->silence_said = true;
+        return false;
+    }
     snprintf(job->reason, sizeof job->reason, "node %d (%s) has sent no heartbeat for %g s: "
-             "its launcher died or the network between the nodes failed", silent,
-             job->node_host[silent] ? job->node_host[silent] : "?", node_silence_max(job));
+             "its launcher died or the network between the nodes failed", silent, host,
+             node_silence_max(job));
+    if (watch_restart && job->generation < job->opt.max_restarts) {
+        post_restart(job);
+        *outcome = OUTCOME_RESTART;
+        return true;
+    }
     *outcome = OUTCOME_FAILED;
     return true;
 }
@@ -1078,12 +1103,52 @@ static void serve_and_connect(job_t *job) {
                                job->opt.rdzv_timeout);
 }
 
+static void read_node(job_t *job, int r);
+
+// Another launcher joined as this node before us. If it still runs, two
+// launchers were given one --node_rank: a mistake. If it died (killed, or its
+// host crashed or rebooted), this launcher takes its place, as torchrun's
+// agent does when a node comes back: the job restarts on every node from its
+// last snapshot (rejoin_job). Its heartbeat tells which: a live launcher
+// beats every HEARTBEAT_PERIOD_S in all of its waits, so REPLACE_SILENCE_S
+// without a beat means it is gone.
+static void take_over_node(job_t *job) {
+    int me = job->opt.node_rank;
+    char key[64];
+    node_key(key, sizeof key, "beat", me);
+    int64_t beats = store_add(job->store, key, 0);
+    double quiet = fmax(REPLACE_SILENCE_S, 3 * job->opt.monitor_interval);
+    say("node %d has a launcher already; watching its heartbeat for %g s to see whether it is "
+        "still alive", me, quiet);
+    job->next_beat = INFINITY;   // our own beats would look like its
+    for (double until = now_s() + quiet; now_s() < until;) {
+        pump(job, 0.2);          // also takes Ctrl-C
+        if (job->pending_signal) exit(128 + job->pending_signal);
+        if (store_add(job->store, key, 0) != beats)
+            die("another launcher already joined as node %d and is still running: give every "
+                "node its own --node_rank", me);
+    }
+    job->next_beat = 0;
+    if (store_check(job->store, "ddprun/failed")) {
+        char text[TEXT_MAX];
+        store_read_text(job, "ddprun/failed", text, sizeof text);
+        die("node %d's previous launcher is gone, but the job has ended already (%s): start "
+            "the whole job again", me, text);
+    }
+    read_node(job, me);   // what the previous launcher registered
+    if (job->node_nproc[me] != job->opt.nproc)
+        die("node %d ran %d worker%s; a launcher that takes its place must run as many "
+            "(--nproc_per_node=%d), because every rank of the job keeps its number", me,
+            job->node_nproc[me], job->node_nproc[me] == 1 ? "" : "s", job->node_nproc[me]);
+    say("node %d's previous launcher has sent no heartbeat for %g s: it is gone, and this "
+        "launcher takes its place", me, quiet);
+    job->replacing = true;
+}
+
 static void register_node(job_t *job) {
     char key[64], text[TEXT_MAX];
     node_key(key, sizeof key, "claims", job->opt.node_rank);
-    if (store_add(job->store, key, 1) > 1)
-        die("another launcher already joined as node %d: give every node its own --node_rank",
-            job->opt.node_rank);
+    if (store_add(job->store, key, 1) > 1) take_over_node(job);
     int n = snprintf(text, sizeof text, "%d %d %d %s", job->opt.nproc, job->opt.nnodes,
                      job->opt.max_restarts, job->host);
     node_key(key, sizeof key, "node", job->opt.node_rank);
@@ -1161,7 +1226,7 @@ static void wait_for_nodes(job_t *job) {
         }
         if (count == job->opt.nnodes) break;
         outcome_t outcome;
-        if (check_other_nodes(job, false, &outcome)) {
+        if (check_other_nodes(job, false, false, &outcome)) {
             say("%s", job->reason);
             finish(job, 1);
         }
@@ -1208,6 +1273,7 @@ static void rendezvous_nodes(job_t *job) {
     job->node_host = xcalloc((size_t)nnodes, sizeof *job->node_host);
     job->beat_seen = xcalloc((size_t)nnodes, sizeof *job->beat_seen);
     job->beat_changed = xcalloc((size_t)nnodes, sizeof *job->beat_changed);
+    job->claims_seen = xcalloc((size_t)nnodes, sizeof *job->claims_seen);
     serve_and_connect(job);
     // Until now Ctrl-C simply ends the launcher (there are no workers yet);
     // from here on the main loop handles signals.
@@ -1219,6 +1285,9 @@ static void rendezvous_nodes(job_t *job) {
         if (r < job->opt.node_rank) job->rank_offset += job->node_nproc[r];
         job->world_size += job->node_nproc[r];
         job->beat_changed[r] = now_s();
+        char key[64];
+        node_key(key, sizeof key, "claims", r);
+        job->claims_seen[r] = store_add(job->store, key, 0);
     }
     job->nodes_met = true;
     announce_layout(job);
@@ -1282,7 +1351,7 @@ static outcome_t run_attempt(job_t *job) {
         if (now_s() < next_check) continue;
         next_check = now_s() + job->opt.monitor_interval;
         outcome_t outcome;
-        if (check_other_nodes(job, true, &outcome)) {
+        if (check_other_nodes(job, true, false, &outcome)) {
             say("%s%s; stopping this node's workers", outcome == OUTCOME_RESTART ?
                 "restart requested by " : "", job->reason);
             post_failure_record(job);   // "none": this node stops for another's sake
@@ -1302,7 +1371,8 @@ static outcome_t node_barrier(job_t *job, const char *name, bool watch_restart,
     snprintf(key, sizeof key, "ddprun/%s/%d", name, job->generation);
     store_add(job->store, key, 1);
     double start = now_s(), deadline = timeout_s > 0 ? start + timeout_s : INFINITY;
-    bool said = false;
+    bool said = false, stopping = !strcmp(name, "stopped");
+    job->silence_said = false;
     while (store_add(job->store, key, 0) < job->opt.nnodes) {
         if (!said && now_s() - start > 2.0) {
             say("%s", !strcmp(name, "done") ? "this node's workers have finished; waiting for "
@@ -1310,7 +1380,7 @@ static outcome_t node_barrier(job_t *job, const char *name, bool watch_restart,
             said = true;
         }
         outcome_t outcome;
-        if (check_other_nodes(job, watch_restart, &outcome)) {
+        if (check_other_nodes(job, watch_restart, stopping, &outcome)) {
             say("%s%s", outcome == OUTCOME_RESTART ? "restart requested by " : "", job->reason);
             post_failure_record(job);
             return outcome;
@@ -1318,7 +1388,8 @@ static outcome_t node_barrier(job_t *job, const char *name, bool watch_restart,
         if (job->pending_signal) return after_signal(job);
         if (now_s() >= deadline) {
             snprintf(job->reason, sizeof job->reason, "not every node reached '%s' (attempt "
-                     "%d) within %g s", name, job->generation, timeout_s);
+                     "%d) within %g s%s", name, job->generation, timeout_s, job->silence_said ?
+                     ": no new launcher took the silent node's place" : "");
             say("error: %s", job->reason);
             post_failure(job);
             return OUTCOME_FAILED;
@@ -1414,6 +1485,22 @@ static void assign_ranks(job_t *job) {
     }
 }
 
+// After a restart's 'stopped' barrier: a node whose launcher was replaced
+// (take_over_node) may run on another host now; say so, and count its
+// heartbeats afresh.
+static void note_new_launchers(job_t *job) {
+    for (int r = 0; r < job->opt.nnodes; r++) {
+        char key[64];
+        node_key(key, sizeof key, "claims", r);
+        int64_t claims = store_add(job->store, key, 0);
+        job->beat_changed[r] = now_s();
+        if (r == job->opt.node_rank || claims == job->claims_seen[r]) continue;
+        job->claims_seen[r] = claims;
+        read_node(job, r);
+        say("node %d has a new launcher, on %s; it rejoins the job", r, job->node_host[r]);
+    }
+}
+
 // What happens after one attempt; returns only to run another attempt.
 static void conclude(job_t *job, outcome_t outcome) {
     if (outcome == OUTCOME_SUCCEEDED)
@@ -1430,10 +1517,41 @@ static void conclude(job_t *job, outcome_t outcome) {
         if (job->gave_up || job->opt.nnodes > 1) print_root_cause(job);
         finish(job, 1);
     case OUTCOME_RESTART:
+        note_new_launchers(job);
         job->generation++;
         say("restarting workers (restart %d of %d)", job->generation, job->opt.max_restarts);
         return;
     }
+}
+
+// A replacement launcher (take_over_node) joins at the next attempt. The
+// other nodes either still run the current attempt (their workers may be
+// stuck waiting for ours), or have asked for a restart and wait in its
+// 'stopped' barrier for every node, ours included, which we now count for.
+static void rejoin_job(job_t *job) {
+    char key[64];
+    int g = 0;   // the first attempt for which no node has asked for a restart
+    for (;; g++) {
+        node_key(key, sizeof key, "restart", g);
+        if (!store_check(job->store, key)) break;
+    }
+    snprintf(key, sizeof key, "ddprun/stopped/%d", g - 1);
+    if (g > 0 && store_add(job->store, key, 0) < job->opt.nnodes) {
+        job->generation = g - 1;   // that restart is waiting for this node
+    } else if (g < job->opt.max_restarts) {
+        job->generation = g;
+        snprintf(job->reason, sizeof job->reason, "its previous launcher died, and a new one "
+                 "takes its place");
+        post_restart(job);
+    } else {
+        job->generation = g;
+        snprintf(job->reason, sizeof job->reason, "node %d's launcher died and the job has no "
+                 "restarts left (--max_restarts=%d): start the whole job again",
+                 job->opt.node_rank, job->opt.max_restarts);
+        say("error: %s", job->reason);
+        finish(job, 1);
+    }
+    conclude(job, OUTCOME_RESTART);
 }
 
 int main(int argc, char **argv) {
@@ -1443,5 +1561,6 @@ int main(int argc, char **argv) {
     if (atexit(stop_workers_at_exit) != 0) die("atexit failed");
     rendezvous_nodes(job);
     assign_ranks(job);
+    if (job->replacing) rejoin_job(job);
     for (;;) conclude(job, run_attempt(job));
 }
