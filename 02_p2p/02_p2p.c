@@ -239,7 +239,7 @@ static void measure_size(dist_t *d, const options *o, bench_state *b, size_t byt
 
 static void open_csv(const dist_t *d, bench_state *b) {
     char dir[1024], date[32];
-    runs_dir(dir, sizeof dir, "02_p2p");
+    files_runs_dir(dir, sizeof dir, "02_p2p");
     b->csv = metrics_open(dir, "pingpong", "size_bytes,latency_us,bandwidth_GBps");
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d", localtime(&now));

@@ -532,7 +532,7 @@ static long bench_collective(bench_t *b, const options *o, coll_id c) {
     metrics_csv csv = {0};
     if (b->rank == 0) {
         char dir[1024], date[32], name[32];   // a bounded name keeps the path's length known
-        runs_dir(dir, sizeof dir, "03_collectives");
+        files_runs_dir(dir, sizeof dir, "03_collectives");
         snprintf(name, sizeof name, "%s", COLL_NAMES[c]);
         csv = metrics_open(dir, name, "size_bytes,count,type,redop,root,time_us,algbw_GBps,busbw_GBps,wrong");
         time_t now = time(NULL);
@@ -591,7 +591,7 @@ static int run_bench(dist_t *d, const options *o) {
         if (!strcmp(o->collective, "all") || !strcmp(o->collective, COLL_NAMES[c]))
             wrong += bench_collective(&b, o, (coll_id)c);
     char dir[1024];
-    runs_dir(dir, sizeof dir, "03_collectives");
+    files_runs_dir(dir, sizeof dir, "03_collectives");
     log_main("#\n# CSV: %s/<collective>.csv\n", dir);
     if (wrong) log_main("# FAILED: %ld wrong values in all\n", wrong);
     device_free(b.dev, b.send);

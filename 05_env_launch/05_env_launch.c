@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
     ddp_broadcast_parameters(dist.pg, model.params, nparams);
 
     char out_dir[1024];
-    runs_dir(out_dir, sizeof out_dir, "05_env_launch");
+    files_runs_dir(out_dir, sizeof out_dir, "05_env_launch");
     metrics_csv csv = {0};
     if (dist.rank == 0) csv = metrics_open(out_dir, "train", "epoch,loss,seconds");
 

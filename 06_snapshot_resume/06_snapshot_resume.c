@@ -42,7 +42,7 @@ typedef struct {
 static options parse_options(int argc, char **argv) {
     static char default_path[1200];
     char dir[1024];
-    runs_dir(dir, sizeof dir, "06_snapshot_resume");
+    files_runs_dir(dir, sizeof dir, "06_snapshot_resume");
     snprintf(default_path, sizeof default_path, "%s/snapshot.safetensors", dir);
     options o = {10, 1, 0, 2, {1, 10000, 32, 42, 0.01, 0.9}, 0, default_path, "auto", "auto", fault_none()};
     flag_t flags[24] = {

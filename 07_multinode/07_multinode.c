@@ -45,7 +45,7 @@ typedef struct {
 static options parse_options(int argc, char **argv) {
     static char default_path[1200];
     char dir[1024];
-    runs_dir(dir, sizeof dir, "07_multinode");
+    files_runs_dir(dir, sizeof dir, "07_multinode");
     snprintf(default_path, sizeof default_path, "%s/snapshot.safetensors", dir);
     options o = {10, 1, 2, {1, 10000, 32, 42, 0.01, 0.9}, 0, default_path, "auto", "auto", fault_none()};
     flag_t flags[24] = {

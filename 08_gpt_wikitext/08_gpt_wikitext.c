@@ -128,7 +128,7 @@ static options parse_options(int argc, char **argv) {
                  .preset = "default", .prompt = "The", .device = "auto", .nprocs = 1, .backend = "auto",
                  .precision = "auto"};
     static char default_out_dir[1024]; // outlives this function: o.out_dir points at it
-    runs_dir(default_out_dir, sizeof default_out_dir, CHAPTER);
+    files_runs_dir(default_out_dir, sizeof default_out_dir, CHAPTER);
     o.out_dir = default_out_dir;
     flag_t flags[40];
     int count;
@@ -243,7 +243,7 @@ static wikitext_t find_data(const options *o) {
     memset(&w, 0, sizeof w);
     if (!o->data_dir) die("--verify_data=false needs --data_dir (a folder with train.txt, valid.txt, test.txt)");
     snprintf(w.dir, sizeof w.dir, "%s", o->data_dir);
-    snprintf(w.root, sizeof w.root, "%s", COURSE_ROOT);
+    snprintf(w.root, sizeof w.root, "%s", files_course_root());
     for (int s = 0; s < 3; s++) {
         char path[1100];
         snprintf(path, sizeof path, "%s/%s.txt", w.dir, split_names[s]);
@@ -627,7 +627,7 @@ static int run_rank(int rank, int world, void *arg) {
     log_main("ranks: %d, backend %s\n", dist.world_size, pg_describe(dist.pg));
     char cache_dir[1000]; // --out_dir has at most 900 bytes
     snprintf(cache_dir, sizeof cache_dir, "%s/cache", o->out_dir);
-    make_dirs(cache_dir);
+    files_make_dirs_or_die(cache_dir);
 
     // --- Data: rank 0 trains (or loads) the tokenizer and fills the token
     // cache first; the others then read the cache instead of doing it again.

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "files.h"
 #include "sha256.h"
 
 #define BPE_EOT "<|endoftext|>"
@@ -791,42 +792,6 @@ static inline void bpe_text_token(bpe_text *s, const bpe_t *t, int id) {
     bpe_text_add(s, "\"", 1);
 }
 
-// Write data to path so that a crash leaves either the old file or the new
-// one, never half of one: a temporary file, fsync, rename, fsync the folder.
-static inline bool bpe_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen) {
-    char tmp[4096];
-    if (!bpe_format(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()))
-        return bpe_fail(err, errlen, "%s: path too long", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return bpe_fail(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
-    const char *p = data;
-    int failed = 0; // errno of the first failure
-    for (size_t done = 0; !failed && done < len;) {
-        ssize_t n = write(fd, p + done, len - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) failed = n < 0 ? errno : EIO;
-        else done += (size_t)n;
-    }
-    if (!failed && fsync(fd) != 0) failed = errno;
-    if (close(fd) != 0 && !failed) failed = errno;
-    if (!failed && rename(tmp, path) != 0) failed = errno;
-    if (failed) {
-        bpe_fail(err, errlen, "cannot write %s: %s", path, strerror(failed));
-        unlink(tmp);
-        return false;
-    }
-    char dir[4096];
-    bpe_format(dir, sizeof dir, "%s", path); // fits: tmp, which is longer, did
-    char *slash = strrchr(dir, '/');
-    if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
-    int dfd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) { // so that the rename itself reaches the disk; some file systems
-        (void)fsync(dfd); // cannot fsync a folder, and the data is safe either way
-        close(dfd);
-    }
-    return true;
-}
-
 static inline void bpe_json_header(bpe_text *s, const bpe_t *t) {
     char line[256];
     bpe_text_str(s, "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n  \"added_tokens\": [");
@@ -872,7 +837,7 @@ static inline bool bpe_save_json(const bpe_t *t, const char *path, char *err, si
         bpe_text_str(&s, "\"");
     }
     bpe_text_str(&s, "\n    ]\n  }\n}\n");
-    bool ok = bpe_write_atomic(path, s.data, s.len, err, errlen);
+    bool ok = files_write_atomic(path, s.data, s.len, err, errlen);   // a crash leaves the old file or the new one
     free(s.data);
     return ok;
 }

@@ -27,7 +27,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,6 +44,7 @@
 #endif
 
 #include "check.h"
+#include "files.h"
 #include "rng.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -1044,60 +1044,32 @@ static inline char *gpt_safetensors_header(const gpt_t *m, size_t *len_out) {
     return h;
 }
 
-static inline bool gpt_write_all(int fd, const void *buf, size_t n) {
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return false;
-        p += w, n -= (size_t)w;
-    }
-    return true;
-}
-
 // Header length, header, then the parameters as float32.
-static inline bool gpt_write_safetensors_fd(const gpt_t *m, int fd) {
+static inline bool gpt_write_safetensors(const gpt_t *m, FILE *out) {
     size_t hlen;
     char *header = gpt_safetensors_header(m, &hlen);
     uint64_t len64 = hlen;
-    bool ok = gpt_write_all(fd, &len64, 8) && gpt_write_all(fd, header, hlen);
+    bool ok = fwrite(&len64, 8, 1, out) == 1 && fwrite(header, 1, hlen, out) == hlen;
     free(header);
     float chunk[4096];
     for (size_t i = 0; ok && i < m->num_params; i += 4096) {
         size_t n = m->num_params - i < 4096 ? m->num_params - i : 4096;
         for (size_t j = 0; j < n; j++) chunk[j] = (float)m->params[i + j];
-        ok = gpt_write_all(fd, chunk, n * sizeof(float));
+        ok = fwrite(chunk, sizeof(float), n, out) == n;
     }
     return ok;
 }
 
-// Atomic: write path.tmp.PID, fsync, rename over path, fsync the folder.
-// A crash leaves the old file or the new one, never half of one.
+// Atomic (files.h): a crash leaves the old file or the new one, never half of one.
 static inline bool gpt_save_safetensors(const gpt_t *m, const char *path, char *err, size_t errlen) {
-    char tmp[1200], dir[1200];
-    if (strlen(path) > 1000) return snprintf(err, errlen, "path too long (over 1000 bytes): %.80s...", path), false;
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+    files_atomic f;
+    if (!files_atomic_open(&f, path, err, errlen)) return false;
+    if (!gpt_write_safetensors(m, f.out)) {
+        files_fail_errno(err, errlen, "cannot write", f.tmp);
+        files_atomic_abort(&f);
         return false;
     }
-    bool ok = gpt_write_safetensors_fd(m, fd) && fsync(fd) == 0;
-    int saved = errno;
-    ok = close(fd) == 0 && ok;
-    if (ok && rename(tmp, path) != 0) ok = false, saved = errno;
-    if (!ok) {
-        unlink(tmp);
-        snprintf(err, errlen, "writing %s failed: %s", path, strerror(saved));
-        return false;
-    }
-    snprintf(dir, sizeof dir, "%s", path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    return true;
+    return files_atomic_commit(&f, err, errlen);
 }
 
 // --- a small JSON reader, just enough for a safetensors header. Every

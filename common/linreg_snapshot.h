@@ -94,7 +94,7 @@ static inline bool linreg_snapshot_load(const char *path, const linreg_run *run,
     char report[4096], dir[1024], err[1400];
     const char *slash = strrchr(path, '/');
     snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
-    make_dirs(dir); // a first run: no folder yet, so no snapshot either
+    files_make_dirs_or_die(dir); // a first run: no folder yet, so no snapshot either
     snapshot_t snap;
     int found = snapshot_load_latest(path, &snap, report, sizeof report);
     if (report[0]) log_main("%s\n", report);

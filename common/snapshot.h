@@ -85,7 +85,7 @@
 
 #include "check.h"
 #include "json.h"
-#include "metrics.h" // make_dirs
+#include "files.h"
 
 // Tensor bytes are written as they lie in memory, and the format says little-endian.
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -476,21 +476,6 @@ static inline void snap_put_checksum(char *digits, uint32_t crc) {
     memcpy(digits, hex, 8);
 }
 
-static inline bool snap_write_all(int fd, const void *data, size_t n) {
-    const char *p = data;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n < (1u << 30) ? n : (1u << 30));
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            if (w == 0) errno = EIO;
-            return false;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
-
 // Test hook: COURSE_SNAPSHOT_PAUSE_MS=<ms> sleeps halfway through the tensor
 // bytes, before fsync and rename, so a test can kill the writer mid-write.
 static inline void snap_test_pause(void) {
@@ -501,7 +486,7 @@ static inline void snap_test_pause(void) {
     while (nanosleep(&left, &left) < 0 && errno == EINTR) {}
 }
 
-static inline bool snap_write_data(int fd, const snapshot_tensor *t, const int *order, int nt) {
+static inline bool snap_write_data(FILE *out, const snapshot_tensor *t, const int *order, int nt) {
     size_t total = 0, done = 0;
     bool paused = false;
     for (int i = 0; i < nt; i++) total += t[i].bytes;
@@ -510,57 +495,42 @@ static inline bool snap_write_data(int fd, const snapshot_tensor *t, const int *
         size_t n = t[order[i]].bytes;
         if (!paused && done + n >= total / 2) {
             size_t before = total / 2 - done;
-            if (before > 0 && !snap_write_all(fd, p, before)) return false;
+            if (before > 0 && fwrite(p, 1, before, out) != before) return false;
             snap_test_pause();
             paused = true;
             done += before;
             n -= before;
             if (n > 0) p += before;
         }
-        if (n > 0 && !snap_write_all(fd, p, n)) return false;
+        if (n > 0 && fwrite(p, 1, n, out) != n) return false;
         done += n;
     }
     if (!paused) snap_test_pause();
     return true;
 }
 
-// Makes a rename durable. Some file systems cannot fsync a directory (EINVAL);
-// there the rename is as durable as they allow.
-static inline bool snap_sync_dir(const char *dir, char *err, size_t errlen) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return snap_fail_errno(err, errlen, "cannot open directory", dir);
-    bool ok = fsync(fd) == 0 || errno == EINVAL;
-    if (!ok) snap_fail_errno(err, errlen, "cannot fsync directory", dir);
-    close(fd);
-    return ok;
-}
-
-// Temporary file, write, fsync, rename, fsync of the directory.
+// The length, the header and the tensors, written atomically (files.h).
 static inline bool snap_write_file(const char *path, const char *header, size_t header_len,
                                    const snapshot_tensor *t, const int *order, int nt, char *err, size_t errlen) {
-    char dir[SNAPSHOT_PATH_MAX], base[SNAPSHOT_PATH_MAX], tmp[2 * SNAPSHOT_PATH_MAX + 32];
+    char dir[SNAPSHOT_PATH_MAX], base[SNAPSHOT_PATH_MAX];
     unsigned char len8[8];
     if (!snap_split_path(path, dir, base)) return snap_fail(err, errlen, "snapshot path '%s' is empty, too long or a directory", path);
-    snprintf(tmp, sizeof tmp, "%s/.%s.%d.tmp", dir, base, (int)getpid());
-    make_dirs(dir);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return snap_fail_errno(err, errlen, "cannot create", tmp);
+    files_make_dirs_or_die(dir);
+    files_atomic f;
+    if (!files_atomic_open(&f, path, err, errlen)) return false;
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)header_len >> (8 * i)); // little-endian
-    bool ok = snap_write_all(fd, len8, 8) && snap_write_all(fd, header, header_len) && snap_write_data(fd, t, order, nt);
-    if (!ok) snap_fail_errno(err, errlen, "cannot write", tmp);
-    if (ok && fsync(fd) < 0) ok = snap_fail_errno(err, errlen, "cannot fsync", tmp);
-    if (close(fd) < 0 && ok) ok = snap_fail_errno(err, errlen, "cannot close", tmp);
-    if (ok && rename(tmp, path) < 0) ok = snap_fail_errno(err, errlen, "cannot rename the temporary file to", path);
-    if (!ok) {
-        unlink(tmp);
+    if (fwrite(len8, 1, 8, f.out) != 8 || fwrite(header, 1, header_len, f.out) != header_len ||
+        !snap_write_data(f.out, t, order, nt)) {
+        snap_fail_errno(err, errlen, "cannot write", f.tmp);
+        files_atomic_abort(&f);
         return false;
     }
-    return snap_sync_dir(dir, err, errlen);
+    return files_atomic_commit(&f, err, errlen);
 }
 
 // Writes the tensors (host memory) and metadata to path, atomically; creates
-// the directory if needed (make_dirs, which exits with a message if it
-// cannot). The library adds "format", "version" and "checksum" to the
+// the directory if needed (files_make_dirs_or_die, which exits with a
+// message if it cannot). The library adds "format", "version" and "checksum" to the
 // metadata. Returns false with a one-line reason in err.
 static inline bool snapshot_write(const char *path, const snapshot_tensor *t, int nt,
                                   const snapshot_meta *m, int nm, char *err, size_t errlen) {

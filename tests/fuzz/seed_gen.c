@@ -14,7 +14,7 @@ static const char *out_dir;
 static void put(const char *target, const char *name, const void *data, size_t n) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", out_dir, target);
-    make_dirs(path);
+    files_make_dirs_or_die(path);
     snprintf(path, sizeof path, "%s/%s/%s", out_dir, target, name);
     FILE *f = fopen(path, "wb");
     if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) die("cannot write %s", path);
@@ -170,7 +170,7 @@ static void gpt_weights_seed(void) {
 int main(int argc, char **argv) {
     if (argc != 2) die("usage: seed_gen DIR");
     out_dir = argv[1];
-    make_dirs(out_dir);
+    files_make_dirs_or_die(out_dir);
     json_seeds();
     snapshot_seeds();
     tokenizer_seed();

@@ -637,7 +637,7 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
 int main(int argc, char **argv) {
     if (argc > 1) {
         snprintf(scratch, sizeof scratch, "%s", argv[1]);
-        make_dirs(scratch);
+        files_make_dirs_or_die(scratch);
     } else {
         snprintf(scratch, sizeof scratch, "%s/test_snapshot.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
         CHECK_PTR(mkdtemp(scratch));
