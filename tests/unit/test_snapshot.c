@@ -265,7 +265,7 @@ static void test_crafted(void) {
     bool ok = snapshot_read(in_scratch("ok.safetensors"), &s, err, sizeof err);
     EXPECT("crafted: a hand-made valid file loads (scalar shape [])", ok && s.num_tensors == 2 && snapshot_find(&s, "b")->ndim == 0, "%s", err);
     if (ok) snapshot_release(&s);
-    refused_header("refused: non-JSON header", "{this is not json}", 0, "bad header: JSON error at byte 1");
+    refused_header("refused: non-JSON header", "{this is not json}", 0, "bad header: JSON error at line 1, column 2 (byte 1)");
     refused_header("refused: header that is not an object", "[1,2,3]", 0, "does not start with '{'");
     refused_header("refused: trailing comma", META F32("a", "[1]", 0, 4) ",}", 4, "JSON error");
     refused_header("refused: unknown dtype", META ",\"x\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor 'x' has unknown dtype 'F33'");
