@@ -150,8 +150,8 @@ int main(int argc, char **argv) {
         int dir_len = slash ? (int)(slash - opt.snapshot_path) : 1;
         snprintf(path, sizeof path, "%.*s/model.safetensors", dir_len, slash ? opt.snapshot_path : ".");
         int64_t shape[1] = {(int64_t)nparams};
-        snapshot_tensor t = snapshot_tensor_of("params", "F32", params, 1, shape);
-        snapshot_meta m[8];
+        safetensors_tensor t = safetensors_tensor_of("params", "F32", params, 1, shape);
+        safetensors_meta m[8];
         int n = linreg_run_meta(run, m);
         if (!snapshot_write(path, &t, 1, m, n, err, sizeof err)) die("could not export the model: %s", err);
         log_main("final weight %.9g  bias %.9g  (true 2.0, 3.0)\n", params[0], params[run->features]);

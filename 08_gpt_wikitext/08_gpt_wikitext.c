@@ -500,19 +500,19 @@ static void save_snapshot(model_t *model, const options *o, int epochs_done, int
     const gpt_t *m = &model->host;
     int64_t shape[1] = {(int64_t)m->num_params};
     float *zeros = m->adam_m ? NULL : xcalloc(m->num_params, sizeof(float));
-    snapshot_tensor t[3] = {snapshot_tensor_of("params", "F32", m->params, 1, shape),
-                            snapshot_tensor_of("adam_m", "F32", m->adam_m ? m->adam_m : zeros, 1, shape),
-                            snapshot_tensor_of("adam_v", "F32", m->adam_v ? m->adam_v : zeros, 1, shape)};
-    snapshot_meta meta[12];
+    safetensors_tensor t[3] = {safetensors_tensor_of("params", "F32", m->params, 1, shape),
+                            safetensors_tensor_of("adam_m", "F32", m->adam_m ? m->adam_m : zeros, 1, shape),
+                            safetensors_tensor_of("adam_v", "F32", m->adam_v ? m->adam_v : zeros, 1, shape)};
+    safetensors_meta meta[12];
     int n = 0;
-    meta[n++] = snapshot_meta_of("config", "vocab %d block %d layers %d heads %d embd %d", m->cfg.vocab_size,
+    meta[n++] = safetensors_meta_of("config", "vocab %d block %d layers %d heads %d embd %d", m->cfg.vocab_size,
                                  m->cfg.block_size, m->cfg.n_layer, m->cfg.n_head, m->cfg.n_embd);
-    meta[n++] = snapshot_meta_of("training", "batch %d accum %d lr %.9g seed %d", o->batch_size, o->grad_accum,
+    meta[n++] = safetensors_meta_of("training", "batch %d accum %d lr %.9g seed %d", o->batch_size, o->grad_accum,
                                  o->lr, o->seed);
-    meta[n++] = snapshot_meta_of("epoch", "%d", epochs_done);
-    meta[n++] = snapshot_meta_of("step", "%d", step);
-    meta[n++] = snapshot_meta_of("adam_step", "%d", m->adam_step);
-    meta[n++] = snapshot_meta_of("world_size", "%d", world);
+    meta[n++] = safetensors_meta_of("epoch", "%d", epochs_done);
+    meta[n++] = safetensors_meta_of("step", "%d", step);
+    meta[n++] = safetensors_meta_of("adam_step", "%d", m->adam_step);
+    meta[n++] = safetensors_meta_of("world_size", "%d", world);
     char err[1400];
     if (!snapshot_save_step(o->snapshot_path, step, t, 3, meta, n, 2, err, sizeof err))
         die("could not save the snapshot: %s", err);
@@ -520,7 +520,7 @@ static void save_snapshot(model_t *model, const options *o, int epochs_done, int
     free(zeros);
 }
 
-static int64_t snapshot_int(const snapshot_t *s, const char *key) {
+static int64_t snapshot_int(const safetensors_t *s, const char *key) {
     int64_t v = 0;
     char err[300];
     if (!snapshot_meta_i64(s, key, &v, err, sizeof err)) die("snapshot %s: %s", s->path, err);
@@ -533,7 +533,7 @@ static int resume(model_t *model, const options *o, dist_t *d, int *step) {
     gpt_t *m = &model->host;
     int64_t where[3] = {0, 0, 0}; // epoch, step, adam_step
     if (d->rank == 0 && o->snapshot_path) {
-        snapshot_t s;
+        safetensors_t s;
         char report[4096], err[1400], want[2][200];
         int found = snapshot_load_latest(o->snapshot_path, &s, report, sizeof report);
         if (report[0]) log_main("%s\n", report);
@@ -554,7 +554,7 @@ static int resume(model_t *model, const options *o, dist_t *d, int *step) {
                 die("cannot resume from %s: %s", s.path, err);
             where[0] = snapshot_int(&s, "epoch"), where[1] = snapshot_int(&s, "step");
             where[2] = snapshot_int(&s, "adam_step");
-            snapshot_release(&s);
+            safetensors_release(&s);
         }
     }
     dist_broadcast_host(d, where, 3, DTYPE_I64, 0);

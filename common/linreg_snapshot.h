@@ -34,14 +34,14 @@ typedef struct {
     int64_t epoch, position, global_step, world_size;
 } linreg_progress;
 
-static inline int linreg_run_meta(const linreg_run *r, snapshot_meta *m) {
+static inline int linreg_run_meta(const linreg_run *r, safetensors_meta *m) {
     int n = 0;
-    m[n++] = snapshot_meta_of("features", "%d", r->features);
-    m[n++] = snapshot_meta_of("samples", "%d", r->samples);
-    m[n++] = snapshot_meta_of("batch_size", "%d", r->batch_size);
-    m[n++] = snapshot_meta_of("seed", "%d", r->seed);
-    m[n++] = snapshot_meta_of("lr", "%.9g", r->lr);
-    m[n++] = snapshot_meta_of("momentum", "%.9g", r->momentum);
+    m[n++] = safetensors_meta_of("features", "%d", r->features);
+    m[n++] = safetensors_meta_of("samples", "%d", r->samples);
+    m[n++] = safetensors_meta_of("batch_size", "%d", r->batch_size);
+    m[n++] = safetensors_meta_of("seed", "%d", r->seed);
+    m[n++] = safetensors_meta_of("lr", "%.9g", r->lr);
+    m[n++] = safetensors_meta_of("momentum", "%.9g", r->momentum);
     return n;
 }
 
@@ -53,15 +53,15 @@ static inline void linreg_snapshot_save(const char *path, int keep, const linreg
     linreg_get_params(model, params);
     device_to_host(model->device, velocity, linreg_velocity(model), count * sizeof(float));
     int64_t shape[1] = {(int64_t)count};
-    snapshot_tensor tensors[2] = {snapshot_tensor_of("params", "F32", params, 1, shape),
-                                  snapshot_tensor_of("momentum_buffer", "F32", velocity, 1, shape)};
-    snapshot_meta meta[16];
+    safetensors_tensor tensors[2] = {safetensors_tensor_of("params", "F32", params, 1, shape),
+                                  safetensors_tensor_of("momentum_buffer", "F32", velocity, 1, shape)};
+    safetensors_meta meta[16];
     int n = linreg_run_meta(run, meta);
-    meta[n++] = snapshot_meta_of("epoch", "%lld", (long long)p->epoch);
-    meta[n++] = snapshot_meta_of("position", "%lld", (long long)p->position);
-    meta[n++] = snapshot_meta_of("global_step", "%lld", (long long)p->global_step);
-    meta[n++] = snapshot_meta_of("world_size", "%lld", (long long)p->world_size);
-    meta[n++] = snapshot_meta_of("rng", "data order = permutation(seed %d + epoch); no other random state", run->seed);
+    meta[n++] = safetensors_meta_of("epoch", "%lld", (long long)p->epoch);
+    meta[n++] = safetensors_meta_of("position", "%lld", (long long)p->position);
+    meta[n++] = safetensors_meta_of("global_step", "%lld", (long long)p->global_step);
+    meta[n++] = safetensors_meta_of("world_size", "%lld", (long long)p->world_size);
+    meta[n++] = safetensors_meta_of("rng", "data order = permutation(seed %d + epoch); no other random state", run->seed);
     char err[1400];
     if (!snapshot_save_step(path, p->global_step, tensors, 2, meta, n, keep, err, sizeof err))
         die("could not save the snapshot: %s", err);
@@ -79,7 +79,7 @@ static inline void linreg_snapshot_save(const char *path, int keep, const linreg
     free(velocity);
 }
 
-static inline int64_t linreg_meta_int(const snapshot_t *s, const char *key) {
+static inline int64_t linreg_meta_int(const safetensors_t *s, const char *key) {
     int64_t v = 0;
     char err[400];
     if (!snapshot_meta_i64(s, key, &v, err, sizeof err) || v < 0) die("snapshot %s: %s", s->path, err);
@@ -95,12 +95,12 @@ static inline bool linreg_snapshot_load(const char *path, const linreg_run *run,
     const char *slash = strrchr(path, '/');
     snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
     files_make_dirs_or_die(dir); // a first run: no folder yet, so no snapshot either
-    snapshot_t snap;
+    safetensors_t snap;
     int found = snapshot_load_latest(path, &snap, report, sizeof report);
     if (report[0]) log_main("%s\n", report);
     if (found == 0) return false;
     if (found < 0) die("no valid snapshot for %s; remove the damaged files to start afresh", path);
-    snapshot_meta want[8];
+    safetensors_meta want[8];
     int n = linreg_run_meta(run, want);
     for (int i = 0; i < n; i++)
         if (!snapshot_expect_meta(&snap, want[i].key, want[i].value, err, sizeof err))
@@ -120,7 +120,7 @@ static inline bool linreg_snapshot_load(const char *path, const linreg_run *run,
             (long long)p->epoch, (long long)p->position);
     free(params);
     free(velocity);
-    snapshot_release(&snap);
+    safetensors_release(&snap);
     return true;
 }
 
