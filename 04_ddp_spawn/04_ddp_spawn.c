@@ -22,6 +22,7 @@
 
 #include "ddp.h"
 #include "dist.h"
+#include "fault.h"
 #include "flags.h"
 #include "linreg.h"
 #include "log.h"
@@ -34,6 +35,7 @@ typedef struct {
     double lr, timeout;
     const char *backend, *device;
     bool no_baseline;
+    fault_plan fault;    // none planned; COURSE_DDP_PERTURB_RANK makes a replica drift (fault.h)
 } options;
 
 // What rank 0 of a run hands back to main: workers are separate processes,
@@ -105,6 +107,7 @@ static int train_worker(int rank, int world_size, void *arg) {
             int size = (int)(sampler.num_samples - first < opt->batch_size
                                  ? sampler.num_samples - first : opt->batch_size);
             linreg_forward_backward(&model, first, size);           // local gradient
+            fault_point(&opt->fault, &dist, step + 1, model.params);
             ddp_average_gradients(dist.pg, model.grads, nparams);  // the one DDP line
             linreg_sgd_step(&model, plan->lr);                      // same update everywhere
             step++;
@@ -157,7 +160,7 @@ static options parse_options(int argc, char **argv, int gpus) {
     // One rank per GPU; without GPUs, one rank per core (at least 2, so
     // that there is something to be parallel about).
     options o = {gpus > 0 ? gpus : (cores > 2 ? (int)cores : 2), 10, 32, 1, 10000, 42, 0, 5,
-                 0.01, 0, "auto", "auto", false};
+                 0.01, 0, "auto", "auto", false, fault_none()};
     flag_t flags[] = {
         {"nprocs", NULL, FLAG_INT, &o.nprocs, "number of ranks (processes)", 1, 256, NULL, NULL},
         {"epochs", NULL, FLAG_INT, &o.epochs, "passes over the data", 1, 100000, NULL, NULL},

@@ -17,6 +17,7 @@
 
 #include "ddp.h"
 #include "dist.h"
+#include "fault.h"
 #include "flags.h"
 #include "linreg.h"
 #include "log.h"
@@ -29,10 +30,11 @@ typedef struct {
     double lr, timeout;
     const char *backend, *device, *init_method;
     bool scale_lr;
+    fault_plan fault;    // none planned; COURSE_DDP_PERTURB_RANK makes a replica drift (fault.h)
 } options;
 
 static options parse_options(int argc, char **argv) {
-    options o = {10, 32, 1, 10000, 42, 0, 0.01, 0, "auto", "auto", "env://", true};
+    options o = {10, 32, 1, 10000, 42, 0, 0.01, 0, "auto", "auto", "env://", true, fault_none()};
     flag_t flags[] = {
         {"epochs", NULL, FLAG_INT, &o.epochs, "passes over the data", 1, 100000, NULL, NULL},
         {"batch_size", NULL, FLAG_INT, &o.batch_size, "samples per step PER RANK", 1, 1000000, NULL, NULL},
@@ -100,6 +102,7 @@ int main(int argc, char **argv) {
             int size = (int)(sampler.num_samples - first < opt.batch_size
                                  ? sampler.num_samples - first : opt.batch_size);
             linreg_forward_backward(&model, first, size);
+            fault_point(&opt.fault, &dist, step + 1, model.params);
             ddp_average_gradients(dist.pg, model.grads, nparams);
             linreg_sgd_step(&model, lr);
             batches++;

@@ -22,6 +22,7 @@
 
 #include "ddp.h"
 #include "dist.h"
+#include "fault.h"
 #include "flags.h"
 #include "linreg.h"
 #include "log.h"
@@ -114,7 +115,7 @@ int main(int argc, char **argv) {
             int size = (int)(sampler.num_samples - first < run->batch_size
                                  ? sampler.num_samples - first : run->batch_size);
             linreg_forward_backward(&model, first, size);
-            fault_maybe_die(&opt.fault, &dist, progress.global_step + 1);
+            fault_point(&opt.fault, &dist, progress.global_step + 1, model.params);
             ddp_average_gradients(dist.pg, model.grads, nparams);
             linreg_momentum_step(&model, lr, (float)run->momentum);
             batches++;

@@ -37,6 +37,7 @@
 #include "ddp.h"
 #include "device.h"
 #include "dist.h"
+#include "fault.h"
 #include "flags.h"
 #include "gpt.h"
 #include "launch_env.h"
@@ -179,7 +180,7 @@ static void choose_threads(void) {
     gpt_blas_single_threaded();
     launch_env_t env = launch_env_read();
     const char *why = "OMP_NUM_THREADS";
-    if (!env_has("OMP_NUM_THREADS")) {
+    if (!launch_env_has("OMP_NUM_THREADS")) {
 #ifdef _OPENMP
         long share = sysconf(_SC_NPROCESSORS_ONLN) / (env.local_world_size > 0 ? env.local_world_size : 1);
         omp_set_num_threads(share > 0 ? (int)share : 1);
@@ -569,17 +570,6 @@ static int resume(model_t *model, const options *o, dist_t *d, int *step) {
     return (int)where[0];
 }
 
-// Fault injection for the tests, as in chapter 06: COURSE_FAIL_RANK=r and
-// COURSE_FAIL_STEP=s make rank r exit(3) before step s, in the first
-// attempt only (a restarted job must be able to finish).
-static void maybe_fail(const dist_t *d, int step) {
-    if (env_int("COURSE_FAIL_RANK", -1) != d->rank || env_int("COURSE_FAIL_STEP", -1) != step) return;
-    if (d->env.restart_count > 0) return;
-    fprintf(stderr, "fault injection: rank %d dies at step %d\n", d->rank, step);
-    fflush(NULL);
-    exit(3);
-}
-
 static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr) {
     log_main("training: %d step(s) (%d per epoch) of %d tokens (%d rank(s) x %d x batch %d x block %d) | lr %g -> "
              "%g, warm-up %d\n", tr->total_steps, tr->steps_per_epoch,
@@ -587,6 +577,9 @@ static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr
              o->grad_accum, o->batch_size, o->block_size, o->lr, o->min_lr, tr->warmup);
     int step = 0;
     int first_epoch = resume(m, o, tr->dist, &step);
+    // For the tests, as in chapter 06: COURSE_FAIL_RANK and COURSE_FAIL_STEP
+    // make a rank die before that step, in the first attempt only.
+    fault_plan fault = fault_from_env();
     tr->start = tr->interval_start = now_seconds();
     for (int epoch = first_epoch; epoch < o->epochs && step < tr->total_steps; epoch++) {
         // Each rank takes its share of this epoch's order (seed + epoch).
@@ -594,7 +587,7 @@ static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr
         bool validated = false;
         for (int s = 0; s < tr->steps_per_epoch && step < tr->total_steps; s++) {
             double t0 = now_seconds();
-            maybe_fail(tr->dist, step + 1);
+            fault_maybe_die(&fault, tr->dist, step + 1);
             tr->loss_sum += train_step(m, tr, o, c->split[0], s, step);
             tr->loss_count++;
             step++;

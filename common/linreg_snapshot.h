@@ -1,5 +1,5 @@
 // linreg_snapshot.h - the resumable state of the linear-regression training
-// (chapters 06 and 07), and fault injection to test it.
+// (chapters 06 and 07).
 //
 // A snapshot holds everything a restarted job needs to continue as if
 // nothing had happened (chapter 06's README explains each item):
@@ -14,11 +14,8 @@
 #ifndef COURSE_LINREG_SNAPSHOT_H
 #define COURSE_LINREG_SNAPSHOT_H
 
-#include <signal.h>
-
 #include "ddp.h"
 #include "dist.h"
-#include "flags.h"
 #include "linreg.h"
 #include "log.h"
 #include "snapshot.h"
@@ -141,39 +138,6 @@ static inline bool linreg_resume(dist_t *d, const char *path, const linreg_run *
         log_main("Resuming training from snapshot at Epoch %lld, sample %lld (step %lld)\n", (long long)p->epoch,
                  (long long)p->position, (long long)p->global_step);
     return shared[0] != 0;
-}
-
-// ---------------------------------------------------------------- faults
-// For teaching and testing: rank `rank` dies just before the all-reduce of
-// global step `step` (so the others are caught inside a collective, as with
-// a real crash), by exit(3) or SIGKILL, in the first `attempts` attempts
-// only: a restarted job must be able to finish.
-typedef struct {
-    int rank, step, attempts;
-    const char *mode; // "exit" or "kill"
-} fault_plan;
-
-// Appends the four flags of a fault plan at flags[n] (they can also be set
-// by the COURSE_FAIL_* variables); returns the new count.
-static inline int fault_add_flags(fault_plan *f, flag_t *flags, int n) {
-    flags[n++] = (flag_t){"fail_rank", NULL, FLAG_INT, &f->rank, "fault injection: this rank dies... (-1: none)", -1, 1000000, NULL, "COURSE_FAIL_RANK"};
-    flags[n++] = (flag_t){"fail_step", NULL, FLAG_INT, &f->step, "...at this global step", -1, 1000000000, NULL, "COURSE_FAIL_STEP"};
-    flags[n++] = (flag_t){"fail_mode", NULL, FLAG_STRING, &f->mode, "...by exit(3) or SIGKILL", 1, 0, "exit|kill", "COURSE_FAIL_MODE"};
-    flags[n++] = (flag_t){"fail_attempts", NULL, FLAG_INT, &f->attempts, "...in the first N attempts (restarts) only", 0, 1000000, NULL, "COURSE_FAIL_ATTEMPTS"};
-    return n;
-}
-
-static inline fault_plan fault_none(void) { return (fault_plan){-1, -1, 1, "exit"}; }
-
-static inline void fault_maybe_die(const fault_plan *f, const dist_t *d, int64_t global_step) {
-    if (d->rank != f->rank || global_step != f->step) return;
-    if (d->env.restart_count >= f->attempts) return;
-    bool kill = !strcmp(f->mode, "kill");
-    fprintf(stderr, "fault injection: rank %d on node %d dies at step %lld by %s (attempt %d)\n", d->rank,
-            d->env.group_rank, (long long)global_step, kill ? "SIGKILL" : "exit(3)", d->env.restart_count);
-    fflush(NULL);
-    if (kill) raise(SIGKILL);
-    exit(3);
 }
 
 #endif
