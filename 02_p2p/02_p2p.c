@@ -8,17 +8,18 @@
 //      with pg_wait. Until then the buffer belongs to the library.
 // With --bench the same two calls measure the link: a ping-pong between
 // ranks 0 and 1 over message sizes from 8 B to 256 MiB gives the latency
-// (small messages) and the bandwidth (large ones).
+// (small messages) and the bandwidth (large ones); that benchmark is
+// bench_pingpong.h.
 //
 // The program starts its own ranks with spawn() (like mp.spawn); started
 // by a launcher (tools/ddprun, torchrun, srun), it is one of the ranks.
 #include <stdio.h>
 #include <time.h>
 
+#include "bench_pingpong.h"
 #include "dist.h"
 #include "flags.h"
 #include "log.h"
-#include "metrics.h"
 #include "spawn.h"
 #include "timer.h"
 
@@ -27,29 +28,28 @@ typedef struct {
     const char *backend, *device;
     double timeout;
     bool bench;
-    size_t minbytes, maxbytes;
-    int stepfactor, iters, warmup_iters;
+    bench_options b;   // the flags of --bench (bench_pingpong.h)
 } options;
 
 static options parse_options(int argc, char **argv) {
-    options o = {2, "auto", "auto", 0, false, 8, (size_t)256 << 20, 2, 100, 10};
+    options o = {2, "auto", "auto", 0, false, {8, (size_t)256 << 20, 2, 100, 10}};
     flag_t flags[] = {
         {"nprocs", NULL, FLAG_INT, &o.nprocs, "ranks to spawn (ranks 0 and 1 talk; the others wait)", 2, 64, NULL, NULL},
         {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl", "COURSE_BACKEND"},
         {"device", NULL, FLAG_STRING, &o.device, "where the buffers live", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
         {"timeout", NULL, FLAG_DOUBLE, &o.timeout, "seconds any wait may take (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL},
         {"bench", NULL, FLAG_BOOL, &o.bench, "measure ping-pong latency and bandwidth instead of the lesson", 1, 0, NULL, NULL},
-        {"minbytes", "b", FLAG_BYTES, &o.minbytes, "smallest message (K, M, G suffixes)", 1, 4294967296.0, NULL, NULL},
-        {"maxbytes", "e", FLAG_BYTES, &o.maxbytes, "largest message", 1, 4294967296.0, NULL, NULL},
-        {"stepfactor", "f", FLAG_INT, &o.stepfactor, "multiply the size by this from one row to the next", 2, 1024, NULL, NULL},
-        {"iters", "n", FLAG_INT, &o.iters, "timed round trips per size (fewer for big messages)", 1, 1000000, NULL, NULL},
-        {"warmup_iters", "w", FLAG_INT, &o.warmup_iters, "untimed round trips per size first", 0, 1000000, NULL, NULL},
+        {"minbytes", "b", FLAG_BYTES, &o.b.minbytes, "smallest message (K, M, G suffixes)", 1, 4294967296.0, NULL, NULL},
+        {"maxbytes", "e", FLAG_BYTES, &o.b.maxbytes, "largest message", 1, 4294967296.0, NULL, NULL},
+        {"stepfactor", "f", FLAG_INT, &o.b.stepfactor, "multiply the size by this from one row to the next", 2, 1024, NULL, NULL},
+        {"iters", "n", FLAG_INT, &o.b.iters, "timed round trips per size (fewer for big messages)", 1, 1000000, NULL, NULL},
+        {"warmup_iters", "w", FLAG_INT, &o.b.warmup_iters, "untimed round trips per size first", 0, 1000000, NULL, NULL},
     };
     flag_set set = {"02_p2p", "send a tensor from rank 0 to rank 1; --bench: ping-pong latency and bandwidth",
                     NULL, flags, (int)(sizeof flags / sizeof flags[0])};
     flags_parse(&set, argc, argv);
-    if (o.minbytes > o.maxbytes)
-        flags_fail(&set, "-b/--minbytes (%zu) is larger than -e/--maxbytes (%zu)", o.minbytes, o.maxbytes);
+    if (o.b.minbytes > o.b.maxbytes)
+        flags_fail(&set, "-b/--minbytes (%zu) is larger than -e/--maxbytes (%zu)", o.b.minbytes, o.b.maxbytes);
     return o;
 }
 
@@ -150,137 +150,6 @@ static void nonblocking_exchange(dist_t *d, double timeout_s) {
     pg_barrier(d->pg);
 }
 
-// ---------------------------------------------------------------- benchmark
-// Iterations for one size: the -n asked for, but fewer for big messages, so
-// that no size moves more than about 1 GiB each way (at least 2 round trips).
-static int iters_for(size_t bytes, int asked) {
-    size_t budget = (size_t)1 << 30;
-    size_t fit = budget / bytes;
-    if (fit < 2) fit = 2;
-    return fit < (size_t)asked ? (int)fit : asked;
-}
-
-// Round trips: rank 0 sends `out` and receives the echo into `in`; rank 1
-// receives into `in` and sends it straight back. Rank 0 times each round
-// trip on its own (round_trip[i], seconds) when round_trip is not NULL:
-// both pg calls are blocking for the host, so the clock sees the whole trip.
-static void round_trips(dist_t *d, void *out, void *in, size_t bytes, int count, double *round_trip) {
-    for (int i = 0; i < count; i++) {
-        if (d->rank == 0) {
-            double start = now_seconds();
-            pg_send(d->pg, out, bytes, DTYPE_U8, 1);
-            pg_recv(d->pg, in, bytes, DTYPE_U8, 1);
-            if (round_trip) round_trip[i] = now_seconds() - start;
-        } else {
-            pg_recv(d->pg, in, bytes, DTYPE_U8, 0);
-            pg_send(d->pg, in, bytes, DTYPE_U8, 0);
-        }
-    }
-}
-
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static void bench_header(const dist_t *d, const options *o) {
-    time_t now = time(NULL);
-    char date[32];
-    strftime(date, sizeof date, "%Y-%m-%d %H:%M", localtime(&now));
-    log_main("# ping-pong between rank 0 and rank 1 (%d ranks in the job), %s\n", d->world_size, date);
-    log_main("# device: %s | backend: %s\n", d->device.name, pg_describe(d->pg));
-    log_main("# method: per size, %d untimed round trips (warm-up), then n timed ones: rank 0 sends with\n"
-             "#   pg_send and waits for the echo with pg_recv; a host timer (CLOCK_MONOTONIC) times each trip.\n"
-             "#   n = %d, or fewer for big sizes so that a size moves at most 1 GiB each way (n >= 2).\n"
-             "#   latency = median round-trip time / 2 (one way); mean = mean round trip / 2;\n"
-             "#   bandwidth = size / latency; GB = 1e9 bytes. The echo is checked: the bytes that come\n"
-             "#   back must equal the bytes sent.\n",
-             o->warmup_iters, o->iters);
-    log_main("#%13s %8s %13s %10s %16s\n", "size (B)", "iters", "latency (us)", "mean (us)", "bandwidth (GB/s)");
-}
-
-// The buffers of one benchmark run; `sent` and `scratch` are rank 0's.
-typedef struct {
-    void *out, *in;
-    unsigned char *sent, *scratch;
-    double *round_trip;
-    metrics_csv csv;
-} bench_state;
-
-// Rank 0's check that the echo is the message: a receive that silently did
-// nothing would leave `in` zero and fail here.
-static void check_echo(const dist_t *d, bench_state *b, size_t bytes) {
-    device_to_host(&d->device, b->scratch, b->in, bytes);
-    if (memcmp(b->scratch, b->sent, bytes) != 0)
-        die("ping-pong of %zu bytes: the bytes that came back differ from the bytes sent", bytes);
-}
-
-// One row of the table (ranks 0 and 1 only).
-static void measure_size(dist_t *d, const options *o, bench_state *b, size_t bytes) {
-    int iters = iters_for(bytes, o->iters);
-    if (d->rank == 0) {
-        memset(b->scratch, 0, bytes);
-        device_from_host(&d->device, b->in, b->scratch, bytes);
-    }
-    round_trips(d, b->out, b->in, bytes, o->warmup_iters ? iters_for(bytes, o->warmup_iters) : 0, NULL);
-    round_trips(d, b->out, b->in, bytes, iters, d->rank == 0 ? b->round_trip : NULL);
-    if (d->rank != 0) return;
-    check_echo(d, b, bytes);
-    double sum = 0;
-    for (int i = 0; i < iters; i++) sum += b->round_trip[i];
-    qsort(b->round_trip, (size_t)iters, sizeof(double), compare_doubles);
-    double median = iters % 2 ? b->round_trip[iters / 2]
-                              : (b->round_trip[iters / 2 - 1] + b->round_trip[iters / 2]) / 2;
-    double latency = median / 2, mean = sum / iters / 2;
-    double gbps = (double)bytes / latency / 1e9;
-    log_main("%14zu %8d %13.2f %10.2f %16.4f\n", bytes, iters, latency * 1e6, mean * 1e6, gbps);
-    metrics_row(&b->csv, "%zu,%.3f,%.6f", bytes, latency * 1e6, gbps);
-}
-
-static void open_csv(const dist_t *d, bench_state *b) {
-    char dir[1024], date[32];
-    files_runs_dir(dir, sizeof dir, "02_p2p");
-    b->csv = metrics_open(dir, "pingpong", "size_bytes,latency_us,bandwidth_GBps");
-    time_t now = time(NULL);
-    strftime(date, sizeof date, "%Y-%m-%d", localtime(&now));
-    // One comment line that plots/02_p2p.gp reads for its title.
-    metrics_row(&b->csv, "# %s | backend %s | %s", d->device.name, backend_name(pg_backend(d->pg)), date);
-}
-
-static void run_bench(dist_t *d, const options *o) {
-    bench_header(d, o);
-    bench_state b = {0};
-    size_t cap = o->maxbytes;
-    if (d->rank < 2) {
-        b.out = device_alloc(&d->device, cap);
-        b.in = device_alloc(&d->device, cap);
-    }
-    if (d->rank == 0) {
-        b.sent = xmalloc(cap);
-        b.scratch = xmalloc(cap);
-        b.round_trip = xcalloc((size_t)o->iters, sizeof(double));
-        for (size_t i = 0; i < cap; i++) b.sent[i] = (unsigned char)(i * 7 + 3);
-        device_from_host(&d->device, b.out, b.sent, cap);
-        open_csv(d, &b);
-    }
-    for (size_t bytes = o->minbytes; d->rank < 2; bytes *= (size_t)o->stepfactor) {
-        measure_size(d, o, &b, bytes);
-        if (bytes > o->maxbytes / (size_t)o->stepfactor) break;   // the next size would pass -e (or overflow)
-    }
-    if (d->rank == 0) {
-        metrics_close(&b.csv);
-        log_main("# CSV: %s\n", b.csv.path);
-    }
-    if (d->rank < 2) {
-        device_free(&d->device, b.out);
-        device_free(&d->device, b.in);
-    }
-    free(b.sent);
-    free(b.scratch);
-    free(b.round_trip);
-    pg_barrier(d->pg);   // ranks 2.. wait here for the measurement to end
-}
-
 // ---------------------------------------------------------------- the rank's program
 static int worker(int rank, int world_size, void *arg) {
     (void)rank, (void)world_size;   // dist_init reads them from the environment spawn set
@@ -291,7 +160,7 @@ static int worker(int rank, int world_size, void *arg) {
     say_where(&d);
     if (d.world_size < 2) die("02_p2p needs at least 2 ranks, the launcher started %d", d.world_size);
     if (o->bench) {
-        run_bench(&d, o);
+        run_bench(&d, &o->b);
     } else {
         if (d.world_size > 2) log_main("(ranks 2..%d take no part: a message has one sender and one receiver)\n",
                                        d.world_size - 1);

@@ -386,8 +386,7 @@ typedef struct {
     sampler_t sampler;         // this rank's blocks of each epoch
     uint16_t *inputs, *targets;
     double start, train_time;  // wall clock; seconds spent in training steps
-    double loss_sum;           // since the last progress line
-    int loss_count;
+    int loss_count;            // steps since the last progress line
     double interval_start;
     metrics_csv csv;           // rank 0 only
     dist_t *dist;
@@ -436,13 +435,14 @@ static void fill_batch(trainer_t *tr, const uint16_t *train, int index, int B, i
 }
 
 // One optimizer step: grad_accum micro-batches, the gradients averaged over
-// the ranks, then clip and AdamW. Returns the mean loss over all ranks.
-static float train_step(model_t *m, trainer_t *tr, const options *o, const uint16_t *train, int step_in_epoch, int step) {
+// the ranks, then clip and AdamW. The losses are not read here: on a GPU
+// that would make the host wait for every step, and the progress line
+// reads them (model_take_train_loss) every --log_every steps instead.
+static void train_step(model_t *m, trainer_t *tr, const options *o, const uint16_t *train, int step_in_epoch, int step) {
     model_zero_grad(m);
-    double loss = 0;
     for (int micro = 0; micro < o->grad_accum; micro++) {
         fill_batch(tr, train, step_in_epoch * o->grad_accum + micro, o->batch_size, o->block_size);
-        loss += model_forward(m, tr->inputs, tr->targets, o->batch_size, o->block_size);
+        model_train_forward(m, tr->inputs, tr->targets, o->batch_size, o->block_size);
         // The mean over micro-batches; on the last one, a GPU starts
         // averaging each bucket of gradients as soon as it is computed.
         bool last = micro == o->grad_accum - 1;
@@ -454,9 +454,6 @@ static float train_step(model_t *m, trainer_t *tr, const options *o, const uint1
     model_clip_grad_norm(m, (float)o->grad_clip);
     float lr = gpt_lr_schedule(step, tr->warmup, tr->total_steps, (float)o->lr, (float)o->min_lr);
     model_adamw(m, lr, 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
-    double mean = loss / o->grad_accum;
-    dist_all_reduce_host(tr->dist, &mean, 1, OP_AVG); // for the progress line: all ranks' loss
-    return (float)mean;
 }
 
 static void format_duration(double seconds, char *buf, size_t size) {
@@ -465,20 +462,21 @@ static void format_duration(double seconds, char *buf, size_t size) {
     else snprintf(buf, size, "%ldm%02lds", s / 60, s % 60);
 }
 
-// The progress line: loss averaged since the last line, speed (of all
-// ranks together), time left.
-static void report_progress(trainer_t *tr, const options *o, int step, int epoch) {
+// The progress line: the loss averaged since the last line over all ranks,
+// the speed (of all ranks together), the time left.
+static void report_progress(model_t *m, trainer_t *tr, const options *o, int step, int epoch) {
+    double loss = model_take_train_loss(m);           // waits for the GPU, once per line
+    dist_all_reduce_host(tr->dist, &loss, 1, OP_AVG);
     double now = now_seconds(), tokens = (double)tr->loss_count * o->batch_size * o->grad_accum * o->block_size *
                                          tr->dist->world_size;
     double tok_per_s = tokens / (now - tr->interval_start);
-    double loss = tr->loss_sum / tr->loss_count;
     char eta[32];
     format_duration(tr->train_time / step * (tr->total_steps - step), eta, sizeof eta);
     log_main("epoch %d | step %d/%d | loss %.4f | lr %.2e | %.0f tokens/s | ETA %s\n", epoch + 1, step,
              tr->total_steps, loss, gpt_lr_schedule(step - 1, tr->warmup, tr->total_steps, (float)o->lr,
              (float)o->min_lr), tok_per_s, eta);
     metrics_row(&tr->csv, "%d,%d,%.5f,,%.1f", step, epoch + 1, loss, tok_per_s);
-    tr->loss_sum = 0, tr->loss_count = 0;
+    tr->loss_count = 0;
     tr->interval_start = now_seconds();
 }
 
@@ -588,11 +586,11 @@ static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr
         for (int s = 0; s < tr->steps_per_epoch && step < tr->total_steps; s++) {
             double t0 = now_seconds();
             fault_maybe_die(&fault, tr->dist, step + 1);
-            tr->loss_sum += train_step(m, tr, o, c->split[0], s, step);
+            train_step(m, tr, o, c->split[0], s, step);
             tr->loss_count++;
             step++;
             tr->train_time += now_seconds() - t0;
-            if (step % o->log_every == 0 || step == tr->total_steps) report_progress(tr, o, step, epoch);
+            if (step % o->log_every == 0 || step == tr->total_steps) report_progress(m, tr, o, step, epoch);
             validated = o->eval_every > 0 && step % o->eval_every == 0;
             if (validated) validate(m, tr, c, o, step, epoch);
         }

@@ -7,10 +7,12 @@
 //   1. checks, the two number types, conversions
 //   2. reductions inside a warp and inside a block (shuffles)
 //   3. the layers: kernels + the host function that launches them
-//   4. matrix products with cuBLAS (row-major on a column-major library)
-//   5. the model: memory plan, forward, backward with bucket callbacks
-//   6. the optimizer: gradient norm, clipping, AdamW
-//   7. copies to and from the host, and one-layer entry points for tests
+//   4. matrix products with cuBLAS (row-major on a column-major library),
+//      and attention with them: the readable way
+//   5. flash attention: the fast way, one kernel, no T x T matrices
+//   6. the model: memory plan, forward, backward with bucket callbacks
+//   7. the optimizer: gradient norm, clipping, AdamW
+//   8. copies to and from the host, and one-layer entry points for tests
 //
 // Precision. Templates take the activation type Act: float (fp32 mode,
 // the reference) or __nv_bfloat16 (bf16 mode). Whatever Act is:
@@ -25,8 +27,9 @@
 //   - cuBLAS accumulates in fp32 (CUBLAS_COMPUTE_32F) in both modes.
 //
 // Streams. Every kernel of a model goes to its own non-blocking stream.
-// Functions that return data to the host wait for that stream; others
-// (zero_grad, adamw) only queue work.
+// The steps of training (zero_grad, forward, backward, clipping, AdamW)
+// only queue work: the loss and the gradient norm stay on the device until
+// the host asks for them. Functions that return data to the host wait.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -155,6 +158,26 @@ static __device__ float block_reduce(float v, bool is_max) {
     }
     __syncthreads();
     float r = result;
+    __syncthreads();
+    return r;
+}
+
+// The block's sum in double (the loss, the gradient norm). Every thread
+// gets it. The additions happen in the same order every run, so the result
+// is the same bits every run.
+static __device__ double block_sum_double(double v) {
+    __shared__ double partial[WARP];
+    __shared__ double result;
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
+    v = warp_sum_double(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = warp_sum_double(lane < warps ? partial[lane] : 0.0);
+        if (lane == 0) result = v;
+    }
+    __syncthreads();
+    double r = result;
     __syncthreads();
     return r;
 }
@@ -439,13 +462,19 @@ static void residual_forward(const gpu_ctx *x, Act *out, const Act *a, const Act
     launched("residual_forward_kernel");
 }
 
-// --- softmax + cross-entropy. Forward: one block per row of V logits
-// (V is thousands: one warp would loop too long). loss = lse - z[target]
-// with lse = max + log(sum exp(z - max)); lse is kept for the backward
-// pass, so the logits need not be overwritten with probabilities.
+// --- softmax + cross-entropy. Rows of logits are Vp >= V numbers long:
+// the vocabulary padded to a multiple of 64 for the LM head's matrix
+// product (see "the vocabulary, padded" in section 6). The padding comes
+// FIRST in each row, the V real logits after it; the loss never looks at
+// the padding, and its gradient is 0.
+//
+// Forward: one block per row (V is thousands: one warp would loop too
+// long). loss = lse - z[target] with lse = max + log(sum exp(z - max));
+// lse is kept for the backward pass, so the logits need not be
+// overwritten with probabilities.
 static __global__ void crossentropy_forward_kernel(float *losses, float *lse, const float *logits,
-                                                   const uint16_t *targets, int V) {
-    const float *z = logits + (size_t)blockIdx.x * V;
+                                                   const uint16_t *targets, int V, int Vp) {
+    const float *z = logits + (size_t)blockIdx.x * Vp + (Vp - V);
     float maxv = -INFINITY;
     for (int i = threadIdx.x; i < V; i += blockDim.x) maxv = fmaxf(maxv, z[i]);
     maxv = block_reduce(maxv, true);
@@ -460,30 +489,33 @@ static __global__ void crossentropy_forward_kernel(float *losses, float *lse, co
 }
 
 // Backward: dlogits = (softmax - onehot(target)) * dloss, element by
-// element (p = exp(z - lse)). In fp32 mode dlogits may be the logits buffer.
+// element (p = exp(z - lse)), and 0 for the padding. In fp32 mode dlogits
+// may be the logits buffer.
 template <typename Act>
 static __global__ void crossentropy_backward_kernel(Act *dlogits, const float *logits, const float *lse,
-                                                    const uint16_t *targets, int V, size_t total, float dloss) {
+                                                    const uint16_t *targets, int V, int Vp, size_t total,
+                                                    float dloss) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
-    size_t n = i / V;
-    int v = (int)(i % V);
-    float p = expf(logits[i] - lse[n]);
-    dlogits[i] = from_f<Act>((p - (v == targets[n] ? 1.0f : 0.0f)) * dloss);
+    size_t n = i / Vp;
+    int v = (int)(i % Vp) - (Vp - V); // the token this column stands for; < 0: padding
+    float d = 0.0f;
+    if (v >= 0) d = (expf(logits[i] - lse[n]) - (v == targets[n] ? 1.0f : 0.0f)) * dloss;
+    dlogits[i] = from_f<Act>(d);
 }
 
 static void crossentropy_forward(const gpu_ctx *x, float *losses, float *lse, const float *logits,
-                                 const uint16_t *targets, int N, int V) {
-    crossentropy_forward_kernel<<<N, 256, 0, x->stream>>>(losses, lse, logits, targets, V);
+                                 const uint16_t *targets, int N, int V, int Vp) {
+    crossentropy_forward_kernel<<<N, 256, 0, x->stream>>>(losses, lse, logits, targets, V, Vp);
     launched("crossentropy_forward_kernel");
 }
 
 template <typename Act>
 static void crossentropy_backward(const gpu_ctx *x, Act *dlogits, const float *logits, const float *lse,
-                                  const uint16_t *targets, int N, int V, float dloss) {
-    size_t total = (size_t)N * V;
+                                  const uint16_t *targets, int N, int V, int Vp, float dloss) {
+    size_t total = (size_t)N * Vp;
     crossentropy_backward_kernel<Act><<<blocks_for(total, 256), 256, 0, x->stream>>>(dlogits, logits, lse,
-                                                                                     targets, V, total, dloss);
+                                                                                     targets, V, Vp, total, dloss);
     launched("crossentropy_backward_kernel");
 }
 
@@ -587,7 +619,287 @@ static void attention_backward(const gpu_ctx *x, Act *dqkv, float *dp, Act *ds, 
     }
 }
 
-// ===================================================================== 5. the model
+// ===================================================================== 5. flash attention
+//
+// The same attention as section 4, in ONE launch per layer for all
+// sequences and heads, and without the T x T matrices (FlashAttention, Dao
+// et al. 2022; the backward pass is organised as in FlashAttention-2). The
+// cuBLAS path writes the scores, the probabilities and, backward, dP and dS
+// to memory: 4 B NH T^2 numbers per layer, 400 million for GPT-2 small at
+// batch 8 x 1024, most of the layer's memory traffic. This path reads q, k,
+// v (and dy) and writes y, dq, dk, dv, plus one number per row: the row's
+// log-sum-exp lse, from which the backward pass rebuilds any probability,
+// p_ts = exp(s_ts - lse_t), instead of storing it.
+//
+// Forward, one thread per query row t of one (sequence, head): it keeps its
+// query q and its output accumulator o in registers and walks over keys
+// 0..t in tiles of FLASH_TILE rows. The block's threads load each tile of K
+// and V into shared memory together (every row of the block needs the same
+// keys: one load serves FLASH_ROWS rows). Per tile, the online softmax:
+//     s_j = q . k_j * scale                    this tile's scores
+//     m'  = max(m, max_j s_j)                  the running maximum
+//     l   = l * exp(m - m') + sum_j exp(s_j - m')
+//     o   = o * exp(m - m') + sum_j exp(s_j - m') v_j
+// (rescaling by exp(m - m') keeps every exponent <= 0, as the softmax's
+// max subtraction does). At the end y = o / l and lse = m + log(l).
+//
+// The math is fp32 whatever Act is: tiles are widened to fp32 as they are
+// loaded. Head sizes up to FLASH_MAX_HS: the kernels are compiled for a few
+// sizes HS, and a head of hs < HS channels is padded with zeros (which add
+// nothing to a dot product); larger heads use the cuBLAS path.
+//
+// What this kernel is not: FlashAttention's tensor-core version. Its
+// products run on the CUDA cores in fp32, one row per thread; tensor cores
+// (mma instructions over warp-wide tiles) are the next step, and which path
+// is faster at a given size is for the benchmark to say.
+#define FLASH_ROWS 64   // rows a block owns = its threads
+#define FLASH_TILE 32   // rows of the other operand per tile in shared memory
+#define FLASH_MAX_HS 128
+
+// `#pragma unroll` for nvcc, so that the per-thread arrays below stay in
+// registers; g++ (the emulated GPU's compiler) does not know the pragma.
+#ifdef __CUDA_ARCH__
+#define UNROLL _Pragma("unroll")
+#else
+#define UNROLL
+#endif
+
+// The head size the kernels are compiled for that fits hs; 0: none does.
+static int flash_head_size(int hs) { return hs <= 32 ? 32 : hs <= 64 ? 64 : hs <= FLASH_MAX_HS ? FLASH_MAX_HS : 0; }
+
+// Rows r0 .. r0 + FLASH_TILE - 1 of a (T, hs) slice of rows `ld` numbers
+// apart, into shared memory as fp32 times `scale`; rows past T and channels
+// past hs become 0. All threads of the block share the work, consecutive
+// threads reading consecutive channels.
+template <int HS, typename Act>
+static __device__ void load_tile(float (*tile)[HS], const Act *src, int ld, int r0, int T, int hs, float scale) {
+    for (int e = threadIdx.x; e < FLASH_TILE * HS; e += blockDim.x) {
+        int r = e / HS, c = e % HS;
+        tile[r][c] = r0 + r < T && c < hs ? to_f(src[(size_t)(r0 + r) * ld + c]) * scale : 0.0f;
+    }
+}
+
+// One row of a (T, hs) slice into registers, zero-padded to HS.
+template <int HS, typename Act>
+static __device__ __forceinline__ void load_row(float *dst, const Act *src, int hs, float scale) {
+    UNROLL for (int c = 0; c < HS; c++) dst[c] = c < hs ? to_f(src[c]) * scale : 0.0f;
+}
+
+template <int HS> static __device__ __forceinline__ float dot(const float *a, const float *b) {
+    float s = 0.0f;
+    UNROLL for (int c = 0; c < HS; c++) s += a[c] * b[c];
+    return s;
+}
+
+// One tile of the online softmax for one query row that sees the first n
+// keys of the tile (n < FLASH_TILE only on the diagonal: the causal mask).
+template <int HS>
+static __device__ __forceinline__ void attend_tile(const float *q, float *o, float &m, float &l,
+                                                   const float (*k)[HS], const float (*v)[HS], int n) {
+    float s[FLASH_TILE], tile_max = -INFINITY;
+    UNROLL for (int j = 0; j < FLASH_TILE; j++) {
+        s[j] = j < n ? dot<HS>(q, k[j]) : -INFINITY;
+        tile_max = fmaxf(tile_max, s[j]);
+    }
+    float m_new = fmaxf(m, tile_max), rescale = expf(m - m_new); // 0 on the first tile (m = -inf)
+    l *= rescale;
+    UNROLL for (int c = 0; c < HS; c++) o[c] *= rescale;
+    UNROLL for (int j = 0; j < FLASH_TILE; j++) {
+        if (j >= n) continue;
+        float p = expf(s[j] - m_new);
+        l += p;
+        UNROLL for (int c = 0; c < HS; c++) o[c] += p * v[j][c];
+    }
+    m = m_new;
+}
+
+// Where a block works: blockIdx.x is the (sequence, head), blockIdx.y
+// picks FLASH_ROWS rows. Threads whose row is past T still load tiles and
+// meet the barriers; they read row T - 1 (harmlessly) and store nothing.
+struct flash_block {
+    int b, h, bh, first; // sequence, head, b * NH + h, the block's first row
+};
+
+static __device__ flash_block flash_where(int NH, bool last_rows_first) {
+    flash_block w;
+    w.bh = blockIdx.x, w.b = w.bh / NH, w.h = w.bh % NH;
+    int tile = last_rows_first ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+    w.first = tile * FLASH_ROWS;
+    return w;
+}
+
+// Forward: out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C). The last
+// query rows see the most keys, so their blocks are started first.
+template <typename Act, int HS>
+static __global__ void __launch_bounds__(FLASH_ROWS)
+    flash_forward_kernel(Act *out, float *lse, const Act *qkv, int T, int C, int NH, float scale) {
+    __shared__ float k_tile[FLASH_TILE][HS];
+    __shared__ float v_tile[FLASH_TILE][HS];
+    flash_block w = flash_where(NH, true);
+    int hs = C / NH, C3 = 3 * C, t = w.first + threadIdx.x, r = min(t, T - 1);
+    bool mine = t < T;
+    const Act *q_in = qkv + (size_t)w.b * T * C3 + w.h * hs, *k_in = q_in + C, *v_in = q_in + 2 * C;
+    float q[HS], o[HS], m = -INFINITY, l = 0.0f;
+    load_row<HS>(q, q_in + (size_t)r * C3, hs, scale);
+    UNROLL for (int c = 0; c < HS; c++) o[c] = 0.0f;
+    int last = min(T, w.first + FLASH_ROWS) - 1; // the block's last row sees keys 0..last
+    for (int j0 = 0; j0 <= last; j0 += FLASH_TILE) {
+        load_tile<HS>(k_tile, k_in, C3, j0, T, hs, 1.0f);
+        load_tile<HS>(v_tile, v_in, C3, j0, T, hs, 1.0f);
+        __syncthreads();
+        if (mine && j0 <= t) attend_tile<HS>(q, o, m, l, k_tile, v_tile, min(FLASH_TILE, t - j0 + 1));
+        __syncthreads(); // everyone is done with the tile before the next one overwrites it
+    }
+    if (!mine) return; // no barrier follows
+    Act *y = out + ((size_t)w.b * T + t) * C + w.h * hs;
+    UNROLL for (int c = 0; c < HS; c++) if (c < hs) y[c] = from_f<Act>(o[c] / l);
+    lse[(size_t)w.bh * T + t] = m + logf(l);
+}
+
+// Backward, with p_ts = exp(s_ts - lse_t) rebuilt from the saved lse:
+//     dp_ts = dy_t . v_s                  dP = dY V^T
+//     ds_ts = p_ts (dp_ts - D_t)          the softmax's backward, where
+//     D_t   = sum_s p_ts dp_ts = dy_t . y_t   (one dot product per row)
+//     dq_t  = scale sum_s ds_ts k_s,  dk_s = scale sum_t ds_ts q_t,  dv_s = sum_t p_ts dy_t
+// dq sums over keys, dk and dv over queries. Two kernels, so that each
+// thread owns what it sums and no atomics are needed: this one gives a
+// thread a query row (as the forward pass) and computes dq and D; the next
+// gives a thread a key row and computes dk and dv from the D saved here.
+template <typename Act, int HS>
+static __global__ void __launch_bounds__(FLASH_ROWS)
+    flash_backward_dq_kernel(Act *dqkv, float *delta, const Act *qkv, const Act *out, const Act *dout,
+                             const float *lse, int T, int C, int NH, float scale) {
+    __shared__ float k_tile[FLASH_TILE][HS];
+    __shared__ float v_tile[FLASH_TILE][HS];
+    flash_block w = flash_where(NH, true);
+    int hs = C / NH, C3 = 3 * C, t = w.first + threadIdx.x, r = min(t, T - 1);
+    bool mine = t < T;
+    const Act *q_in = qkv + (size_t)w.b * T * C3 + w.h * hs, *k_in = q_in + C, *v_in = q_in + 2 * C;
+    size_t yrow = ((size_t)w.b * T + r) * C + w.h * hs;
+    float q[HS], dy[HS], dq[HS], D = 0.0f, row_lse = lse[(size_t)w.bh * T + r];
+    load_row<HS>(q, q_in + (size_t)r * C3, hs, scale);
+    load_row<HS>(dy, dout + yrow, hs, 1.0f);
+    UNROLL for (int c = 0; c < HS; c++) if (c < hs) D += dy[c] * to_f(out[yrow + c]); // no registers for y
+    UNROLL for (int c = 0; c < HS; c++) dq[c] = 0.0f;
+    int last = min(T, w.first + FLASH_ROWS) - 1;
+    for (int j0 = 0; j0 <= last; j0 += FLASH_TILE) {
+        load_tile<HS>(k_tile, k_in, C3, j0, T, hs, 1.0f);
+        load_tile<HS>(v_tile, v_in, C3, j0, T, hs, 1.0f);
+        __syncthreads();
+        int n = mine ? min(FLASH_TILE, t - j0 + 1) : 0;
+        for (int j = 0; j < n; j++) {
+            float p = expf(dot<HS>(q, k_tile[j]) - row_lse), ds = p * (dot<HS>(dy, v_tile[j]) - D);
+            UNROLL for (int c = 0; c < HS; c++) dq[c] += ds * k_tile[j][c];
+        }
+        __syncthreads();
+    }
+    if (!mine) return;
+    Act *dq_out = dqkv + (size_t)w.b * T * C3 + (size_t)t * C3 + w.h * hs;
+    UNROLL for (int c = 0; c < HS; c++) if (c < hs) dq_out[c] = from_f<Act>(dq[c] * scale);
+    delta[(size_t)w.bh * T + t] = D;
+}
+
+// dk and dv: one thread per key row s, which queries s..T-1 see. Tiles of
+// queries (q pre-scaled, dy, lse, D) go through shared memory. The first
+// keys are seen by the most queries, and their blocks come first anyway.
+// A thread holds four rows of HS numbers (k, v, dk, dv): at HS = 64 that
+// is more than a thread's 255 registers, and the compiler keeps some in
+// local memory (cached in L1). Measuring what that costs is the
+// benchmark's job.
+template <typename Act, int HS>
+static __global__ void __launch_bounds__(FLASH_ROWS)
+    flash_backward_dkv_kernel(Act *dqkv, const Act *qkv, const Act *dout, const float *lse, const float *delta,
+                              int T, int C, int NH, float scale) {
+    __shared__ float q_tile[FLASH_TILE][HS];
+    __shared__ float dy_tile[FLASH_TILE][HS];
+    __shared__ float lse_tile[FLASH_TILE];
+    __shared__ float delta_tile[FLASH_TILE];
+    flash_block w = flash_where(NH, false);
+    int hs = C / NH, C3 = 3 * C, s = w.first + threadIdx.x, r = min(s, T - 1);
+    bool mine = s < T;
+    const Act *q_in = qkv + (size_t)w.b * T * C3 + w.h * hs, *dy_in = dout + (size_t)w.b * T * C + w.h * hs;
+    float k[HS], v[HS], dk[HS], dv[HS];
+    load_row<HS>(k, q_in + C + (size_t)r * C3, hs, 1.0f);
+    load_row<HS>(v, q_in + 2 * C + (size_t)r * C3, hs, 1.0f);
+    UNROLL for (int c = 0; c < HS; c++) dk[c] = dv[c] = 0.0f;
+    const float *row_lse = lse + (size_t)w.bh * T, *row_delta = delta + (size_t)w.bh * T;
+    for (int t0 = w.first; t0 < T; t0 += FLASH_TILE) {
+        load_tile<HS>(q_tile, q_in, C3, t0, T, hs, scale);
+        load_tile<HS>(dy_tile, dy_in, C, t0, T, hs, 1.0f);
+        if (threadIdx.x < FLASH_TILE) {
+            int t = t0 + threadIdx.x;
+            lse_tile[threadIdx.x] = t < T ? row_lse[t] : 0.0f;
+            delta_tile[threadIdx.x] = t < T ? row_delta[t] : 0.0f;
+        }
+        __syncthreads();
+        int from = mine ? max(0, s - t0) : FLASH_TILE, to = min(FLASH_TILE, T - t0); // queries t >= s only
+        for (int i = from; i < to; i++) {
+            float p = expf(dot<HS>(q_tile[i], k) - lse_tile[i]), ds = p * (dot<HS>(dy_tile[i], v) - delta_tile[i]);
+            UNROLL for (int c = 0; c < HS; c++) {
+                dv[c] += p * dy_tile[i][c];
+                dk[c] += ds * q_tile[i][c]; // q_tile holds q * scale
+            }
+        }
+        __syncthreads();
+    }
+    if (!mine) return;
+    Act *dk_out = dqkv + (size_t)w.b * T * C3 + (size_t)s * C3 + C + w.h * hs, *dv_out = dk_out + C;
+    UNROLL for (int c = 0; c < HS; c++) {
+        if (c >= hs) continue;
+        dk_out[c] = from_f<Act>(dk[c]);
+        dv_out[c] = from_f<Act>(dv[c]);
+    }
+}
+
+// The launches: a grid of (B * NH, row blocks), FLASH_ROWS threads each.
+static dim3 flash_grid(int B, int T, int NH) { return dim3((unsigned)(B * NH), blocks_for((size_t)T, FLASH_ROWS)); }
+
+template <typename Act, int HS>
+static void flash_forward(const gpu_ctx *x, Act *out, float *lse, const Act *qkv, int B, int T, int C, int NH) {
+    float scale = 1.0f / sqrtf((float)(C / NH));
+    flash_forward_kernel<Act, HS><<<flash_grid(B, T, NH), FLASH_ROWS, 0, x->stream>>>(out, lse, qkv, T, C, NH, scale);
+    launched("flash_forward_kernel");
+}
+
+template <typename Act, int HS>
+static void flash_backward(const gpu_ctx *x, Act *dqkv, float *delta, const Act *dout, const Act *qkv,
+                           const Act *out, const float *lse, int B, int T, int C, int NH) {
+    float scale = 1.0f / sqrtf((float)(C / NH));
+    dim3 grid = flash_grid(B, T, NH);
+    flash_backward_dq_kernel<Act, HS><<<grid, FLASH_ROWS, 0, x->stream>>>(dqkv, delta, qkv, out, dout, lse, T, C,
+                                                                          NH, scale);
+    launched("flash_backward_dq_kernel");
+    flash_backward_dkv_kernel<Act, HS><<<grid, FLASH_ROWS, 0, x->stream>>>(dqkv, qkv, dout, lse, delta, T, C, NH,
+                                                                           scale);
+    launched("flash_backward_dkv_kernel");
+}
+
+// Forward: out and lse (B * NH * T floats, kept for the backward pass).
+template <typename Act>
+static void flash_attention_forward(const gpu_ctx *x, Act *out, float *lse, const Act *qkv, int B, int T, int C,
+                                    int NH) {
+    switch (flash_head_size(C / NH)) {
+    case 32: flash_forward<Act, 32>(x, out, lse, qkv, B, T, C, NH); break;
+    case 64: flash_forward<Act, 64>(x, out, lse, qkv, B, T, C, NH); break;
+    case FLASH_MAX_HS: flash_forward<Act, FLASH_MAX_HS>(x, out, lse, qkv, B, T, C, NH); break;
+    default: die("flash attention: heads of %d channels are more than %d", C / NH, FLASH_MAX_HS);
+    }
+}
+
+// Backward: dqkv (overwritten) from dout, with out and lse of the forward
+// pass; delta is B * NH * T floats of scratch.
+template <typename Act>
+static void flash_attention_backward(const gpu_ctx *x, Act *dqkv, float *delta, const Act *dout, const Act *qkv,
+                                     const Act *out, const float *lse, int B, int T, int C, int NH) {
+    switch (flash_head_size(C / NH)) {
+    case 32: flash_backward<Act, 32>(x, dqkv, delta, dout, qkv, out, lse, B, T, C, NH); break;
+    case 64: flash_backward<Act, 64>(x, dqkv, delta, dout, qkv, out, lse, B, T, C, NH); break;
+    case FLASH_MAX_HS: flash_backward<Act, FLASH_MAX_HS>(x, dqkv, delta, dout, qkv, out, lse, B, T, C, NH); break;
+    default: die("flash attention: heads of %d channels are more than %d", C / NH, FLASH_MAX_HS);
+    }
+}
+
+// ===================================================================== 6. the model
 
 // gpt.h's parameter table, rebuilt here (this file cannot include gpt.h):
 // wte, wpe, then per block the twelve tensors below, then ln_f. The tests
@@ -619,6 +931,32 @@ static size_t build_table(const gpt_config *c, tensor_slice *out, int *count) {
 
 static int block_tensor(int layer, int i) { return 2 + layer * BLOCK_TENSORS + i; }
 
+// AdamW updates every tensor in ONE launch (section 7). The flat parameter
+// array is cut into chunks of at most ADAM_CHUNK numbers that never straddle
+// two tensors; block b of the launch updates chunk b, and the chunk's entry
+// in this table (built once, copied to the device at create) says whether
+// its tensor is decayed. One launch instead of one per tensor: 1 instead of
+// 12 per layer + 4 (148 for GPT-2 small).
+typedef struct {
+    size_t offset;  // first parameter of the chunk
+    unsigned count; // at most ADAM_CHUNK
+    unsigned decay; // 1 for matrices (weight decay), 0 for vectors
+} adam_chunk;
+
+static const unsigned ADAM_CHUNK = 4096; // 16 numbers for each of a block's 256 threads
+
+// Fills out (NULL: only counts); returns the number of chunks.
+static int build_adam_chunks(const tensor_slice *tensors, int num_tensors, adam_chunk *out) {
+    int n = 0;
+    for (int t = 0; t < num_tensors; t++)
+        for (size_t done = 0; done < tensors[t].count; done += ADAM_CHUNK, n++) {
+            size_t left = tensors[t].count - done;
+            if (out) out[n] = adam_chunk{tensors[t].offset + done, (unsigned)(left < ADAM_CHUNK ? left : ADAM_CHUNK),
+                                         tensors[t].decay ? 1u : 0u};
+        }
+    return n;
+}
+
 extern "C" size_t gpt_cuda_num_params(const gpt_config *cfg) { return build_table(cfg, NULL, NULL); }
 
 extern "C" int gpt_cuda_buckets(const gpt_config *cfg, gpt_cuda_bucket *out, int max) {
@@ -644,73 +982,143 @@ extern "C" int gpt_cuda_buckets(const gpt_config *cfg, gpt_cuda_bucket *out, int
     return n;
 }
 
+// --- the vocabulary, padded. The LM head is a product with wte, a V x C
+// matrix. GPT-2's V = 50257 is odd: cuBLAS computes in tiles of 64 or 128
+// rows and columns, so the last tile is mostly waste, and rows of 50257
+// logits do not start on 16-byte boundaries, which its fastest kernels
+// need. So the LM head computes Vp = V rounded up to a multiple of 64
+// logits per token (50304 for GPT-2). The extra Vp - V rows of the matrix
+// must be zeros somewhere, yet the parameter layout must stay gpt.h's (wpe
+// follows wte directly; snapshots and the gradient buckets depend on it).
+// So they go IN FRONT of wte: the parameters, their gradients and the bf16
+// copy are allocated with head_pad = (Vp - V) * C zeros before the flat
+// array, and "padding rows, then wte" is one Vp x C matrix (lm_head()).
+// Its padding logits come first in each row of logits; the loss kernels
+// skip them and give them gradient 0, so the padding rows' gradient is 0
+// too, and AdamW, which works on the flat array, never touches them.
+static int padded_vocab(int V) { return (V + 63) / 64 * 64; }
+
+static size_t head_pad(const gpt_config *c) {
+    return (size_t)(padded_vocab(c->vocab_size) - c->vocab_size) * c->n_embd;
+}
+
+// The numbers a training step produces for the host - the loss and the
+// gradient norm - stay in device memory, in this struct, where kernels
+// write them. The host reads them only when it asks (gpt_cuda_loss,
+// gpt_cuda_grad_norm), so a step never waits for the GPU: the host queues
+// the next step while the GPU still computes this one.
+typedef struct {
+    double loss_sum;  // the mean losses of the forward passes since gpt_cuda_take_loss
+    float loss;       // the mean loss of the last forward pass with targets
+    float grad_norm;  // from the last gpt_cuda_clip_grad_norm
+    float clip_scale; // 1, or max_norm / norm when clipping: the next AdamW multiplies the gradients by it
+} device_scalars;
+
+// Which attention a model uses: the flash kernels (the default), or the
+// cuBLAS path, the readable reference, with GPT_CUDA_ATTENTION=cublas in
+// the environment when the model is created. Heads of more than
+// FLASH_MAX_HS channels always take the cuBLAS path.
+static bool use_flash(const gpt_config *c) {
+    const char *choice = getenv("GPT_CUDA_ATTENTION");
+    bool fits = flash_head_size(c->n_embd / c->n_head) > 0;
+    if (!choice || !*choice) return fits;
+    if (!strcmp(choice, "cublas")) return false;
+    if (strcmp(choice, "flash") != 0) die("GPT_CUDA_ATTENTION is '%s': use flash or cublas", choice);
+    if (!fits)
+        die("GPT_CUDA_ATTENTION=flash: the flash kernels take heads of up to %d channels, this model's have %d",
+            FLASH_MAX_HS, c->n_embd / c->n_head);
+    return true;
+}
+
+// What attention keeps per layer for the backward pass: the cuBLAS path the
+// probabilities (B*NH*T*T activations), the flash path one log-sum-exp per
+// row (B*NH*T floats, stored with the LayerNorm statistics).
+static size_t attention_acts(bool flash, size_t B, size_t NH, size_t T) { return flash ? 0 : B * NH * T * T; }
+static size_t stats_per_layer(bool flash, size_t N, size_t NH) { return 4 * N + (flash ? NH * N : 0); }
+
 struct gpt_cuda {
     gpt_config cfg;
     bool bf16_mode;
+    bool flash;       // the attention path (use_flash)
     int max_B, max_T; // what the buffers were sized for
     int B, T;         // the last forward pass
     size_t num_params;
+    int Vp;          // the vocabulary padded to a multiple of 64 (the logits per token)
+    size_t head_pad; // (Vp - V) * C zeros in front of wte in params, grads and params_lp
     int num_tensors;
     tensor_slice *tensors;
+    int num_adam_chunks;
+    adam_chunk *adam_chunks; // device: AdamW's table
     gpu_ctx ctx;
 
-    float *params, *grads, *adam_m, *adam_v; // fp32, num_params each
-    bf16 *params_lp;                         // bf16 mode: the copy the products read
-    void *acts;       // Act: encoded, scratch, lnf, then per block 16NC + B*NH*T*T
-    float *stats;     // fp32: per block ln1/ln2 mean and rstd (4N), then lnf mean, rstd, losses, lse
-    float *logits;    // (N, V) fp32
-    void *dlogits;    // (N, V) Act; the logits buffer itself in fp32 mode
-    float *scores;    // bf16 mode: fp32 attention scores, then dP (B*NH*T*T); fp32 mode: NULL
-    void *dscores;    // Act (B*NH*T*T): dS (and dP in fp32 mode)
+    float *params, *grads, *adam_m, *adam_v; // fp32, num_params each (params, grads: head_pad more in front)
+    bf16 *params_lp;                         // bf16 mode: the copy the products read (head_pad more in front)
+    void *acts;       // Act: encoded, scratch, lnf, then per block 16NC (+ B*NH*T*T: cuBLAS attention)
+    float *stats;     // fp32: per block ln1/ln2 mean and rstd (4N) (+ attention's lse, NH*N: flash),
+                      // then lnf mean, rstd, losses, lse
+    float *logits;    // (N, Vp) fp32
+    void *dlogits;    // (N, Vp) Act; the logits buffer itself in fp32 mode
+    float *scores;    // flash: backward's D (NH*N); cuBLAS, bf16 mode: fp32 scores, then dP (B*NH*T*T)
+    void *dscores;    // cuBLAS: Act (B*NH*T*T): dS (and dP in fp32 mode)
     void *grad_acts;  // Act: dres (NC), dtmp (NC), dqkv (3NC), dhidden (4NC)
-    uint16_t *inputs, *targets;
-    double *norm_partials, *norm_partials_host;
-    float *losses_host;
+    uint16_t *inputs, *targets;     // device
+    uint16_t *tokens_host;          // pinned staging for inputs and targets (2 x max_B x max_T)
+    cudaEvent_t tokens_copied;      // the staging buffer's last copy has run: it may be refilled
+    double *norm_partials;
+    device_scalars *scalars;        // loss, loss sum, gradient norm, clip scale: on the device
+    int losses_summed;              // forward passes with targets since gpt_cuda_take_loss
+    bool clip_pending;              // the next AdamW applies scalars->clip_scale
 
     int num_buckets;
     gpt_cuda_bucket *buckets;
     cudaEvent_t *bucket_events;
 
     int adam_step;
-    bool have_targets;
+    bool have_targets, have_loss, have_norm;
     size_t allocated;
 };
 
 // --- the memory plan: gpt_cuda_memory_needed and gpt_cuda_create share it.
 typedef struct {
     size_t params, grads, adam, params_lp, acts, stats, logits, dlogits, scores, dscores, grad_acts, tokens,
-        partials, workspace;
+        partials, chunks, scalars, workspace;
 } memory_plan;
 
 static const int NORM_BLOCKS = 264; // two per SM of an H100: enough to fill it, few partials to add
 
-static memory_plan plan_memory(const gpt_config *c, int B, int T, bool use_bf16, size_t num_params) {
-    size_t N = (size_t)B * T, C = (size_t)c->n_embd, V = (size_t)c->vocab_size, L = (size_t)c->n_layer;
-    size_t att = (size_t)B * c->n_head * T * T, act = use_bf16 ? 2 : 4;
+static memory_plan plan_memory(const gpt_config *c, int B, int T, bool use_bf16, bool flash, size_t num_params) {
+    size_t N = (size_t)B * T, C = (size_t)c->n_embd, Vp = (size_t)padded_vocab(c->vocab_size);
+    size_t L = (size_t)c->n_layer, NH = (size_t)c->n_head, act = use_bf16 ? 2 : 4;
+    size_t att = attention_acts(flash, (size_t)B, NH, (size_t)T);
+    size_t padded = num_params + head_pad(c);
     memory_plan p;
-    p.params = p.grads = num_params * 4;
+    p.params = p.grads = padded * 4;
     p.adam = 2 * num_params * 4;
-    p.params_lp = use_bf16 ? num_params * 2 : 0;
+    p.params_lp = use_bf16 ? padded * 2 : 0;
     p.acts = (3 * N * C + L * (16 * N * C + att)) * act;
-    p.stats = (L * 4 * N + 4 * N) * 4;
-    p.logits = N * V * 4;
-    p.dlogits = use_bf16 ? N * V * 2 : 0;
-    p.scores = use_bf16 ? att * 4 : 0;
+    p.stats = (L * stats_per_layer(flash, N, NH) + 4 * N) * 4;
+    p.logits = N * Vp * 4;
+    p.dlogits = use_bf16 ? N * Vp * 2 : 0;
+    p.scores = flash ? NH * N * 4 : use_bf16 ? att * 4 : 0;
     p.dscores = att * act;
     p.grad_acts = 9 * N * C * act;
     p.tokens = 2 * N * sizeof(uint16_t);
     p.partials = NORM_BLOCKS * sizeof(double);
+    p.scalars = sizeof(device_scalars);
+    // At most one chunk per ADAM_CHUNK parameters plus one partial chunk per tensor.
+    p.chunks = (num_params / ADAM_CHUNK + 4 + BLOCK_TENSORS * L) * sizeof(adam_chunk);
     p.workspace = CUBLAS_WORKSPACE_BYTES;
     return p;
 }
 
 static size_t plan_total(const memory_plan *p) {
     return p->params + p->grads + p->adam + p->params_lp + p->acts + p->stats + p->logits + p->dlogits + p->scores +
-           p->dscores + p->grad_acts + p->tokens + p->partials + p->workspace;
+           p->dscores + p->grad_acts + p->tokens + p->partials + p->chunks +
+           p->scalars + p->workspace;
 }
 
 extern "C" size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool use_bf16) {
-    memory_plan p = plan_memory(cfg, B, T, use_bf16, gpt_cuda_num_params(cfg));
+    memory_plan p = plan_memory(cfg, B, T, use_bf16, use_flash(cfg), gpt_cuda_num_params(cfg));
     return plan_total(&p);
 }
 
@@ -727,8 +1135,8 @@ static void *device_buffer(gpt_cuda_t *g, size_t bytes, const char *what) {
 
 // --- views of the buffers for the current batch (B, T), as gpt.h's
 template <typename Act> struct block_acts {
-    Act *ln1, *qkv, *att, *atty, *res2, *ln2, *fch, *fch_gelu, *res3;
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+    Act *ln1, *qkv, *att, *atty, *res2, *ln2, *fch, *fch_gelu, *res3; // att: cuBLAS attention only
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *att_lse;       // att_lse: flash attention only
 };
 
 template <typename Act> struct head_acts {
@@ -739,15 +1147,17 @@ template <typename Act> struct head_acts {
 template <typename Act> struct grad_acts { Act *dres, *dtmp, *dqkv, *dhidden; };
 
 template <typename Act> static block_acts<Act> block_view(const gpt_cuda_t *g, int layer) {
-    size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, att = (size_t)g->B * g->cfg.n_head * g->T * g->T;
+    size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, NH = (size_t)g->cfg.n_head;
+    size_t att = attention_acts(g->flash, (size_t)g->B, NH, (size_t)g->T);
     Act *cur = (Act *)g->acts + 3 * N * C + (size_t)layer * (16 * N * C + att);
     auto carve = [&](size_t n) { Act *p = cur; cur += n; return p; };
     block_acts<Act> a;
-    a.ln1 = carve(N * C), a.qkv = carve(3 * N * C), a.att = carve(att), a.atty = carve(N * C);
+    a.ln1 = carve(N * C), a.qkv = carve(3 * N * C), a.att = att ? carve(att) : NULL, a.atty = carve(N * C);
     a.res2 = carve(N * C), a.ln2 = carve(N * C), a.fch = carve(4 * N * C), a.fch_gelu = carve(4 * N * C);
     a.res3 = carve(N * C);
-    float *s = g->stats + (size_t)layer * 4 * N;
+    float *s = g->stats + (size_t)layer * stats_per_layer(g->flash, N, NH);
     a.ln1_mean = s, a.ln1_rstd = s + N, a.ln2_mean = s + 2 * N, a.ln2_rstd = s + 3 * N;
+    a.att_lse = g->flash ? s + 4 * N : NULL;
     return a;
 }
 
@@ -755,7 +1165,7 @@ template <typename Act> static head_acts<Act> head_view(const gpt_cuda_t *g) {
     size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd;
     head_acts<Act> h;
     h.encoded = (Act *)g->acts, h.scratch = h.encoded + N * C, h.lnf = h.scratch + N * C;
-    float *s = g->stats + (size_t)g->cfg.n_layer * 4 * N;
+    float *s = g->stats + (size_t)g->cfg.n_layer * stats_per_layer(g->flash, N, (size_t)g->cfg.n_head);
     h.lnf_mean = s, h.lnf_rstd = s + N, h.losses = s + 2 * N, h.lse = s + 3 * N;
     return h;
 }
@@ -771,6 +1181,10 @@ template <typename Act> static grad_acts<Act> grad_view(const gpt_cuda_t *g) {
 template <typename Act> static const Act *weights(const gpt_cuda_t *g) {
     return g->bf16_mode ? (const Act *)(const void *)g->params_lp : (const Act *)(const void *)g->params;
 }
+
+// The LM head's Vp x C matrix in a flat array (parameters, their bf16
+// copy, gradients): the padding rows in front of wte, then wte.
+template <typename T> static T *lm_head(const gpt_cuda_t *g, T *flat) { return flat - g->head_pad; }
 
 static size_t off(const gpt_cuda_t *g, int layer, int i) { return g->tensors[block_tensor(layer, i)].offset; }
 
@@ -792,7 +1206,8 @@ template <typename Act> static void block_forward(gpt_cuda_t *g, int l) {
     Act *scratch = head_view<Act>(g).scratch;
     layernorm_forward(x, a.ln1, a.ln1_mean, a.ln1_rstd, in, p + off(g, l, LN1_W), p + off(g, l, LN1_B), N, C);
     matmul_forward(x, a.qkv, a.ln1, w + off(g, l, QKV_W), p + off(g, l, QKV_B), N, C, 3 * C);
-    attention_forward(x, a.atty, a.att, scores_buffer(g, a.att), a.qkv, B, T, C, g->cfg.n_head);
+    if (g->flash) flash_attention_forward(x, a.atty, a.att_lse, a.qkv, B, T, C, g->cfg.n_head);
+    else attention_forward(x, a.atty, a.att, scores_buffer(g, a.att), a.qkv, B, T, C, g->cfg.n_head);
     matmul_forward(x, scratch, a.atty, w + off(g, l, ATTPROJ_W), p + off(g, l, ATTPROJ_B), N, C, C);
     residual_forward(x, a.res2, in, scratch, (size_t)N * C);
     layernorm_forward(x, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + off(g, l, LN2_W), p + off(g, l, LN2_B), N, C);
@@ -803,7 +1218,7 @@ template <typename Act> static void block_forward(gpt_cuda_t *g, int l) {
 }
 
 template <typename Act> static void model_forward(gpt_cuda_t *g, bool with_targets) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, N = B * T;
+    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->cfg.n_layer, N = B * T;
     const gpu_ctx *x = &g->ctx;
     head_acts<Act> h = head_view<Act>(g);
     const float *p = g->params;
@@ -811,8 +1226,8 @@ template <typename Act> static void model_forward(gpt_cuda_t *g, bool with_targe
     encoder_forward(x, h.encoded, g->inputs, p, p + wpe, B, T, C);
     for (int l = 0; l < L; l++) block_forward<Act>(g, l);
     layernorm_forward(x, h.lnf, h.lnf_mean, h.lnf_rstd, block_input<Act>(g, L), p + lnf, p + lnf + C, N, C);
-    matmul_forward<Act, float>(x, g->logits, h.lnf, weights<Act>(g), NULL, N, C, V); // tied LM head: wte
-    if (with_targets) crossentropy_forward(x, h.losses, h.lse, g->logits, g->targets, N, V);
+    matmul_forward<Act, float>(x, g->logits, h.lnf, lm_head(g, weights<Act>(g)), NULL, N, C, Vp); // tied: wte
+    if (with_targets) crossentropy_forward(x, h.losses, h.lse, g->logits, g->targets, N, V, Vp);
 }
 
 static void check_tokens(const gpt_cuda_t *g, const uint16_t *tokens, size_t n, const char *what) {
@@ -822,36 +1237,82 @@ static void check_tokens(const gpt_cuda_t *g, const uint16_t *tokens, size_t n, 
                 g->cfg.vocab_size);
 }
 
-extern "C" float gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T) {
+// The tokens travel through pinned host memory (cudaMallocHost): from
+// ordinary pageable memory CUDA may have to wait for the stream before it
+// can copy, from pinned memory the copy is only queued. The staging buffer
+// is refilled once its previous copy has run (tokens_copied), which the
+// GPU does at the very start of the previous forward pass: the host may
+// run a step ahead of the GPU, which is all it needs to keep it busy.
+static void upload_tokens(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, size_t N) {
+    cudaStream_t s = g->ctx.stream;
+    uint16_t *in = g->tokens_host, *tg = g->tokens_host + (size_t)g->max_B * g->max_T;
+    CHECK_CUDA(cudaEventSynchronize(g->tokens_copied));
+    memcpy(in, inputs, N * sizeof(uint16_t));
+    CHECK_CUDA(cudaMemcpyAsync(g->inputs, in, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
+    if (targets) {
+        memcpy(tg, targets, N * sizeof(uint16_t));
+        CHECK_CUDA(cudaMemcpyAsync(g->targets, tg, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
+    }
+    CHECK_CUDA(cudaEventRecord(g->tokens_copied, s));
+}
+
+// The mean of the N losses, in double as gpt.h adds them, by one block;
+// it becomes scalars->loss and is added to scalars->loss_sum.
+static __global__ void mean_loss_kernel(device_scalars *out, const float *losses, int N) {
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < N; i += blockDim.x) sum += losses[i];
+    sum = block_sum_double(sum);
+    if (threadIdx.x == 0) {
+        float mean = (float)(sum / N);
+        out->loss = mean;
+        out->loss_sum += mean;
+    }
+}
+
+extern "C" void gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T) {
     if (B < 1 || T < 1 || B > g->max_B || T > g->max_T)
         die("gpt_cuda_forward: a batch of %d x %d tokens does not fit the %d x %d the GPU model was created for", B,
             T, g->max_B, g->max_T);
     size_t N = (size_t)B * T;
     check_tokens(g, inputs, N, "input");
     if (targets) check_tokens(g, targets, N, "target");
-    cudaStream_t s = g->ctx.stream;
-    CHECK_CUDA(cudaMemcpyAsync(g->inputs, inputs, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
-    if (targets) CHECK_CUDA(cudaMemcpyAsync(g->targets, targets, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
+    upload_tokens(g, inputs, targets, N);
     g->B = B, g->T = T, g->have_targets = targets != NULL;
     if (g->bf16_mode) model_forward<bf16>(g, targets != NULL);
     else model_forward<float>(g, targets != NULL);
-    if (!targets) {
-        CHECK_CUDA(cudaStreamSynchronize(s));
-        return -1.0f;
-    }
-    // The mean in double on the host, as gpt.h sums its losses.
+    if (!targets) return;
     float *losses = g->bf16_mode ? head_view<bf16>(g).losses : head_view<float>(g).losses;
-    CHECK_CUDA(cudaMemcpyAsync(g->losses_host, losses, N * sizeof(float), cudaMemcpyDeviceToHost, s));
-    CHECK_CUDA(cudaStreamSynchronize(s));
-    double total = 0;
-    for (size_t i = 0; i < N; i++) total += g->losses_host[i];
-    return (float)(total / (double)N);
+    mean_loss_kernel<<<1, 256, 0, g->ctx.stream>>>(g->scalars, losses, (int)N);
+    launched("mean_loss_kernel");
+    g->have_loss = true, g->losses_summed++;
+}
+
+// One number from the device. This is where the host waits for the GPU.
+template <typename T> static T read_scalar(gpt_cuda_t *g, const T *dev) {
+    T value;
+    CHECK_CUDA(cudaMemcpyAsync(&value, dev, sizeof(T), cudaMemcpyDeviceToHost, g->ctx.stream));
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
+    return value;
+}
+
+extern "C" float gpt_cuda_loss(gpt_cuda_t *g) {
+    if (!g->have_loss) die("gpt_cuda_loss: no gpt_cuda_forward with targets yet");
+    return read_scalar(g, &g->scalars->loss);
+}
+
+extern "C" float gpt_cuda_take_loss(gpt_cuda_t *g, int *count) {
+    double sum = read_scalar(g, &g->scalars->loss_sum);
+    int n = g->losses_summed;
+    CHECK_CUDA(cudaMemsetAsync(&g->scalars->loss_sum, 0, sizeof(double), g->ctx.stream));
+    g->losses_summed = 0;
+    if (count) *count = n;
+    return n ? (float)(sum / n) : 0.0f;
 }
 
 extern "C" void gpt_cuda_logits(gpt_cuda_t *g, int b, int t, float *out_host) {
     if (b < 0 || t < 0 || b >= g->B || t >= g->T) die("gpt_cuda_logits: (%d, %d) is outside the last batch", b, t);
-    size_t V = (size_t)g->cfg.vocab_size;
-    CHECK_CUDA(cudaMemcpyAsync(out_host, g->logits + ((size_t)b * g->T + t) * V, V * sizeof(float),
+    size_t V = (size_t)g->cfg.vocab_size, Vp = (size_t)g->Vp; // the padding comes first in a row
+    CHECK_CUDA(cudaMemcpyAsync(out_host, g->logits + ((size_t)b * g->T + t) * Vp + (Vp - V), V * sizeof(float),
                                cudaMemcpyDeviceToHost, g->ctx.stream));
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
 }
@@ -859,14 +1320,14 @@ extern "C" void gpt_cuda_logits(gpt_cuda_t *g, int b, int t, float *out_host) {
 // The block's backward pass, in the reverse order of its forward pass,
 // exactly as gpt_block_backward. On entry dres = d(loss)/d(res3); on return d(loss)/d(x).
 template <typename Act> static void block_backward(gpt_cuda_t *g, int l) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T;
+    int B = g->B, T = g->T, C = g->cfg.n_embd, NH = g->cfg.n_head, N = B * T;
     const gpu_ctx *x = &g->ctx;
     const float *p = g->params;
     float *d = g->grads;
     const Act *w = weights<Act>(g);
     block_acts<Act> a = block_view<Act>(g, l);
     grad_acts<Act> ga = grad_view<Act>(g);
-    float *dp = g->bf16_mode ? g->scores : (float *)g->dscores;
+    float *dp = g->bf16_mode ? g->scores : (float *)g->dscores; // cuBLAS attention's scratch
     Act *ds = (Act *)g->dscores;
 
     matmul_backward(x, ga.dhidden, d + off(g, l, FCPROJ_W), d + off(g, l, FCPROJ_B), ga.dres, a.fch_gelu,
@@ -878,7 +1339,8 @@ template <typename Act> static void block_backward(gpt_cuda_t *g, int l) {
                        a.ln2_mean, a.ln2_rstd, N, C);
     matmul_backward(x, ga.dtmp, d + off(g, l, ATTPROJ_W), d + off(g, l, ATTPROJ_B), ga.dres, a.atty,
                     w + off(g, l, ATTPROJ_W), N, C, C);
-    attention_backward(x, ga.dqkv, dp, ds, ga.dtmp, a.qkv, a.att, B, T, C, g->cfg.n_head);
+    if (g->flash) flash_attention_backward(x, ga.dqkv, g->scores, ga.dtmp, a.qkv, a.atty, a.att_lse, B, T, C, NH);
+    else attention_backward(x, ga.dqkv, dp, ds, ga.dtmp, a.qkv, a.att, B, T, C, NH);
     matmul_backward(x, ga.dtmp, d + off(g, l, QKV_W), d + off(g, l, QKV_B), ga.dqkv, a.ln1, w + off(g, l, QKV_W), N,
                     C, 3 * C);
     layernorm_backward(x, ga.dres, d + off(g, l, LN1_W), d + off(g, l, LN1_B), ga.dtmp, block_input<Act>(g, l),
@@ -894,15 +1356,16 @@ static void bucket_done(gpt_cuda_t *g, int i, gpt_cuda_bucket_fn fn, void *user)
 }
 
 template <typename Act> static void model_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn fn, void *user) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, L = g->cfg.n_layer, N = B * T;
+    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->cfg.n_layer, N = B * T;
     const gpu_ctx *x = &g->ctx;
     head_acts<Act> h = head_view<Act>(g);
     grad_acts<Act> ga = grad_view<Act>(g);
     size_t wpe = g->tensors[1].offset, lnf = g->tensors[g->num_tensors - 2].offset;
     Act *dlogits = (Act *)g->dlogits;
 
-    crossentropy_backward(x, dlogits, g->logits, h.lse, g->targets, N, V, grad_scale / (float)N);
-    matmul_backward<Act>(x, ga.dtmp, g->grads, NULL, dlogits, h.lnf, weights<Act>(g), N, C, V); // adds into dwte
+    crossentropy_backward(x, dlogits, g->logits, h.lse, g->targets, N, V, Vp, grad_scale / (float)N);
+    matmul_backward<Act>(x, ga.dtmp, lm_head(g, g->grads), NULL, dlogits, h.lnf, lm_head(g, weights<Act>(g)), N, C,
+                         Vp); // adds into dwte
     CHECK_CUDA(cudaMemsetAsync(ga.dres, 0, sizeof(Act) * (size_t)N * C, x->stream));
     layernorm_backward(x, ga.dres, g->grads + lnf, g->grads + lnf + C, ga.dtmp, block_input<Act>(g, L),
                        g->params + lnf, h.lnf_mean, h.lnf_rstd, N, C);
@@ -920,7 +1383,6 @@ extern "C" void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_buck
     g->have_targets = false; // in fp32 mode the logits have become dlogits
     if (g->bf16_mode) model_backward<bf16>(g, grad_scale, bucket_ready, user);
     else model_backward<float>(g, grad_scale, bucket_ready, user);
-    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
 }
 
 extern "C" void gpt_cuda_zero_grad(gpt_cuda_t *g) {
@@ -950,11 +1412,11 @@ static void check_fits(const gpt_config *c, int B, int T, bool use_bf16, size_t 
 }
 
 static void allocate_buffers(gpt_cuda_t *g, const memory_plan *p) {
-    g->params = (float *)device_buffer(g, p->params, "parameters");
-    g->grads = (float *)device_buffer(g, p->grads, "gradients");
+    g->params = (float *)device_buffer(g, p->params, "parameters") + g->head_pad;
+    g->grads = (float *)device_buffer(g, p->grads, "gradients") + g->head_pad;
     g->adam_m = (float *)device_buffer(g, p->adam / 2, "AdamW first moments");
     g->adam_v = (float *)device_buffer(g, p->adam / 2, "AdamW second moments");
-    g->params_lp = (bf16 *)device_buffer(g, p->params_lp, "bf16 weight copy");
+    if (g->bf16_mode) g->params_lp = (bf16 *)device_buffer(g, p->params_lp, "bf16 weight copy") + g->head_pad;
     g->acts = device_buffer(g, p->acts, "activations");
     g->stats = (float *)device_buffer(g, p->stats, "LayerNorm statistics and losses");
     g->logits = (float *)device_buffer(g, p->logits, "logits");
@@ -965,7 +1427,26 @@ static void allocate_buffers(gpt_cuda_t *g, const memory_plan *p) {
     g->inputs = (uint16_t *)device_buffer(g, p->tokens, "tokens");
     g->targets = g->inputs + (size_t)g->max_B * g->max_T;
     g->norm_partials = (double *)device_buffer(g, p->partials, "gradient-norm partial sums");
+    g->adam_chunks = (adam_chunk *)device_buffer(g, p->chunks, "AdamW chunk table");
+    g->scalars = (device_scalars *)device_buffer(g, p->scalars, "loss and gradient norm");
     g->ctx = ctx_create(g->ctx.stream, device_buffer(g, p->workspace, "cuBLAS workspace"));
+}
+
+// The LM head's padding rows are zeros (a zero row's logit is 0, and its
+// gradient, times the zero gradient of that logit, stays 0).
+static void zero_head_padding(gpt_cuda_t *g) {
+    cudaStream_t s = g->ctx.stream;
+    CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->params), 0, g->head_pad * sizeof(float), s));
+    if (g->params_lp) CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->params_lp), 0, g->head_pad * sizeof(bf16), s));
+}
+
+static void upload_adam_chunks(gpt_cuda_t *g) {
+    adam_chunk *table = (adam_chunk *)xmalloc(sizeof(adam_chunk) * (size_t)g->num_adam_chunks);
+    build_adam_chunks(g->tensors, g->num_tensors, table);
+    CHECK_CUDA(cudaMemcpyAsync(g->adam_chunks, table, sizeof(adam_chunk) * (size_t)g->num_adam_chunks,
+                               cudaMemcpyHostToDevice, g->ctx.stream));
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream)); // before the host buffer goes
+    free(table);
 }
 
 static void refresh_bf16_copy(gpt_cuda_t *g) {
@@ -978,22 +1459,28 @@ extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *param
     g->cfg = *cfg, g->bf16_mode = use_bf16, g->max_B = g->B = B, g->max_T = g->T = T;
     g->tensors = (tensor_slice *)xmalloc(sizeof(tensor_slice) * (size_t)(4 + BLOCK_TENSORS * cfg->n_layer));
     g->num_params = build_table(cfg, g->tensors, &g->num_tensors);
-    memory_plan plan = plan_memory(cfg, B, T, use_bf16, g->num_params);
+    g->Vp = padded_vocab(cfg->vocab_size), g->head_pad = head_pad(cfg);
+    g->num_adam_chunks = build_adam_chunks(g->tensors, g->num_tensors, NULL);
+    g->flash = use_flash(cfg);
+    memory_plan plan = plan_memory(cfg, B, T, use_bf16, g->flash, g->num_params);
     check_fits(cfg, B, T, use_bf16, plan_total(&plan));
     CHECK_CUDA(cudaStreamCreateWithFlags(&g->ctx.stream, cudaStreamNonBlocking));
     allocate_buffers(g, &plan);
-    g->norm_partials_host = (double *)xmalloc(plan.partials);
-    g->losses_host = (float *)xmalloc(sizeof(float) * (size_t)B * T);
+    CHECK_CUDA(cudaMallocHost(&g->tokens_host, plan.tokens));
+    CHECK_CUDA(cudaEventCreateWithFlags(&g->tokens_copied, cudaEventDisableTiming));
     g->num_buckets = gpt_cuda_buckets(cfg, NULL, 0);
     g->buckets = (gpt_cuda_bucket *)xmalloc(sizeof(gpt_cuda_bucket) * (size_t)g->num_buckets);
     gpt_cuda_buckets(cfg, g->buckets, g->num_buckets);
     g->bucket_events = (cudaEvent_t *)xmalloc(sizeof(cudaEvent_t) * (size_t)g->num_buckets);
     for (int i = 0; i < g->num_buckets; i++)
         CHECK_CUDA(cudaEventCreateWithFlags(&g->bucket_events[i], cudaEventDisableTiming));
+    upload_adam_chunks(g);
+    zero_head_padding(g);
     gpt_cuda_set_params(g, params_host);
-    CHECK_CUDA(cudaMemsetAsync(g->grads, 0, plan.grads, g->ctx.stream));
+    CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->grads), 0, plan.grads, g->ctx.stream));
     CHECK_CUDA(cudaMemsetAsync(g->adam_m, 0, plan.adam / 2, g->ctx.stream));
     CHECK_CUDA(cudaMemsetAsync(g->adam_v, 0, plan.adam / 2, g->ctx.stream));
+    CHECK_CUDA(cudaMemsetAsync(g->scalars, 0, plan.scalars, g->ctx.stream));
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
     return g;
 }
@@ -1002,14 +1489,17 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
     if (!g) return;
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
     CHECK_CUBLAS(cublasDestroy(g->ctx.cublas)); // before its workspace goes
-    void *bufs[] = {g->params, g->grads, g->adam_m, g->adam_v, g->params_lp, g->acts, g->stats, g->logits,
+    void *bufs[] = {lm_head(g, g->params), lm_head(g, g->grads), g->adam_m, g->adam_v,
+                    g->params_lp ? lm_head(g, g->params_lp) : NULL, g->acts, g->stats, g->logits,
                     g->bf16_mode ? g->dlogits : NULL, g->scores, g->dscores, g->grad_acts, g->inputs,
-                    g->norm_partials, g->ctx.workspace};
+                    g->norm_partials, g->adam_chunks, g->scalars, g->ctx.workspace};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) CHECK_CUDA(cudaFree(bufs[i]));
     for (int i = 0; i < g->num_buckets; i++) CHECK_CUDA(cudaEventDestroy(g->bucket_events[i]));
     CHECK_CUDA(cudaStreamDestroy(g->ctx.stream));
-    free(g->bucket_events), free(g->buckets), free(g->tensors), free(g->norm_partials_host), free(g->losses_host);
+    CHECK_CUDA(cudaEventDestroy(g->tokens_copied));
+    CHECK_CUDA(cudaFreeHost(g->tokens_host));
+    free(g->bucket_events), free(g->buckets), free(g->tensors);
     free(g);
 }
 
@@ -1018,6 +1508,7 @@ extern "C" size_t gpt_cuda_param_count(const gpt_cuda_t *g) { return g->num_para
 extern "C" float *gpt_cuda_params_device(gpt_cuda_t *g) { return g->params; }
 extern "C" float *gpt_cuda_grads_device(gpt_cuda_t *g) { return g->grads; }
 extern "C" size_t gpt_cuda_allocated_bytes(const gpt_cuda_t *g) { return g->allocated; }
+extern "C" const char *gpt_cuda_attention(const gpt_cuda_t *g) { return g->flash ? "flash" : "cublas"; }
 
 extern "C" size_t gpt_cuda_device_used_bytes(void) {
     size_t free_bytes = 0, total_bytes = 0;
@@ -1025,86 +1516,87 @@ extern "C" size_t gpt_cuda_device_used_bytes(void) {
     return total_bytes - free_bytes;
 }
 
-// ===================================================================== 6. the optimizer
+// ===================================================================== 7. the optimizer
 
-// Sum of squares of n floats, in double, as NORM_BLOCKS partial sums: each
-// thread strides through the array (grid-stride loop), the block reduces
-// its threads' sums with shuffles, and the host adds the partials in a
-// fixed order, so the norm is the same bits every run.
+// The gradient norm, on the device. First, sums of squares in double as
+// one partial sum per block: each thread strides through the array
+// (grid-stride loop) and the block adds its threads' sums. Then one warp
+// adds the partials and decides the clip scale. The order of every
+// addition is fixed, so the norm is the same bits every run.
 static __global__ void sum_squares_kernel(double *partials, const float *x, size_t n) {
-    __shared__ double warp_sums[WARP];
     double s = 0.0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         s += (double)x[i] * x[i];
+    s = block_sum_double(s);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// As gpt_clip_grad_norm: scale = max_norm / (norm + 1e-6) when the norm
+// exceeds max_norm (max_norm <= 0: never). Launched as one warp.
+static __global__ void grad_norm_kernel(device_scalars *out, const double *partials, int count, float max_norm) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < count; i += WARP) s += partials[i];
     s = warp_sum_double(s);
-    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    if (lane == 0) warp_sums[warp] = s;
-    __syncthreads();
-    if (warp == 0) {
-        s = lane < (int)(blockDim.x / WARP) ? warp_sums[lane] : 0.0;
-        s = warp_sum_double(s);
-        if (lane == 0) partials[blockIdx.x] = s;
+    if (threadIdx.x == 0) {
+        double norm = sqrt(s);
+        out->grad_norm = (float)norm;
+        out->clip_scale = max_norm > 0 && norm > max_norm ? (float)(max_norm / (norm + 1e-6)) : 1.0f;
     }
 }
 
-static __global__ void scale_kernel(float *x, size_t n, float s) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= s;
-}
-
-extern "C" float gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm) {
+// Clipping without a pass of its own: the norm and the scale are computed
+// here, and the next AdamW multiplies each gradient by the scale as it
+// reads it (the gradient buffer itself keeps the unclipped values).
+extern "C" void gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm) {
     cudaStream_t s = g->ctx.stream;
-    sum_squares_kernel<<<NORM_BLOCKS, 256, 0, s>>>(g->norm_partials, g->grads, g->num_params);
+    int blocks = (int)blocks_for(g->num_params, 256 * 16); // at least 16 numbers a thread
+    if (blocks > NORM_BLOCKS) blocks = NORM_BLOCKS;
+    sum_squares_kernel<<<blocks, 256, 0, s>>>(g->norm_partials, g->grads, g->num_params);
     launched("sum_squares_kernel");
-    CHECK_CUDA(cudaMemcpyAsync(g->norm_partials_host, g->norm_partials, NORM_BLOCKS * sizeof(double),
-                               cudaMemcpyDeviceToHost, s));
-    CHECK_CUDA(cudaStreamSynchronize(s));
-    double sum = 0;
-    for (int i = 0; i < NORM_BLOCKS; i++) sum += g->norm_partials_host[i];
-    double norm = sqrt(sum);
-    if (max_norm > 0 && norm > max_norm) {
-        scale_kernel<<<blocks_for(g->num_params, 256), 256, 0, s>>>(g->grads, g->num_params,
-                                                                    (float)(max_norm / (norm + 1e-6)));
-        launched("scale_kernel");
-    }
-    return (float)norm;
+    grad_norm_kernel<<<1, WARP, 0, s>>>(g->scalars, g->norm_partials, blocks, max_norm);
+    launched("grad_norm_kernel");
+    g->clip_pending = true, g->have_norm = true;
 }
 
-// AdamW, one thread per parameter, gpt_adamw_step's arithmetic in the same
-// order. In bf16 mode it also writes the parameter's bf16 copy, so the next
-// forward pass reads the updated weights without another pass over memory.
+extern "C" float gpt_cuda_grad_norm(gpt_cuda_t *g) {
+    if (!g->have_norm) die("gpt_cuda_grad_norm: no gpt_cuda_clip_grad_norm yet");
+    return read_scalar(g, &g->scalars->grad_norm);
+}
+
+// gpt_adamw_step's arithmetic in the same order, on the gradient times
+// the clip scale (NULL: no clipping). In bf16 mode it also writes the
+// parameter's bf16 copy, so the next forward pass reads the updated weights
+// without another pass over memory.
 static __global__ void adamw_kernel(float *params, bf16 *params_lp, const float *grads, float *m, float *v,
-                                    size_t n, float lr, float beta1, float beta2, float c1, float c2, float eps,
-                                    float decay) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float g = grads[i];
-    float mi = beta1 * m[i] + (1.0f - beta1) * g, vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi, v[i] = vi;
-    float p = params[i];
-    p -= decay * p;
-    p -= lr * (mi / c1) / (sqrtf(vi / c2) + eps);
-    params[i] = p;
-    if (params_lp) params_lp[i] = __float2bfloat16(p);
+                                    const adam_chunk *chunks, const float *clip_scale, float lr, float beta1,
+                                    float beta2, float c1, float c2, float eps, float weight_decay) {
+    adam_chunk ch = chunks[blockIdx.x];
+    float decay = ch.decay ? lr * weight_decay : 0.0f, scale = clip_scale ? *clip_scale : 1.0f;
+    for (unsigned k = threadIdx.x; k < ch.count; k += blockDim.x) {
+        size_t i = ch.offset + k;
+        float g = grads[i] * scale;
+        float mi = beta1 * m[i] + (1.0f - beta1) * g, vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi, v[i] = vi;
+        float p = params[i];
+        p -= decay * p;
+        p -= lr * (mi / c1) / (sqrtf(vi / c2) + eps);
+        params[i] = p;
+        if (params_lp) params_lp[i] = __float2bfloat16(p);
+    }
 }
 
-// One launch per tensor: the tensor decides whether weight decay applies
-// (matrices yes, vectors no), as in gpt.h.
 extern "C" void gpt_cuda_adamw(gpt_cuda_t *g, float lr, float beta1, float beta2, float eps, float weight_decay) {
     g->adam_step++;
     double c1 = 1 - pow((double)beta1, g->adam_step), c2 = 1 - pow((double)beta2, g->adam_step);
-    for (int t = 0; t < g->num_tensors; t++) {
-        const tensor_slice *ts = &g->tensors[t];
-        size_t o = ts->offset;
-        float decay = ts->decay ? lr * weight_decay : 0.0f;
-        adamw_kernel<<<blocks_for(ts->count, 256), 256, 0, g->ctx.stream>>>(
-            g->params + o, g->params_lp ? g->params_lp + o : NULL, g->grads + o, g->adam_m + o, g->adam_v + o,
-            ts->count, lr, beta1, beta2, (float)c1, (float)c2, eps, decay);
-        launched("adamw_kernel");
-    }
+    const float *clip = g->clip_pending ? &g->scalars->clip_scale : NULL;
+    adamw_kernel<<<g->num_adam_chunks, 256, 0, g->ctx.stream>>>(g->params, g->params_lp, g->grads, g->adam_m,
+                                                                 g->adam_v, g->adam_chunks, clip, lr, beta1, beta2,
+                                                                 (float)c1, (float)c2, eps, weight_decay);
+    launched("adamw_kernel");
+    g->clip_pending = false;
 }
 
-// ===================================================================== 7. copies, and layers one at a time
+// ===================================================================== 8. copies, and layers one at a time
 
 static void copy_in(gpt_cuda_t *g, float *dev, const float *host) {
     CHECK_CUDA(cudaMemcpyAsync(dev, host, g->num_params * sizeof(float), cudaMemcpyHostToDevice, g->ctx.stream));
@@ -1295,6 +1787,27 @@ extern "C" void gpt_cuda_test_attention(bool bf16_mode, int B, int T, int C, int
 }
 
 template <typename Act>
+static void test_flash_attention(int B, int T, int C, int NH, const float *qkv, float *out, float *lse,
+                                 const float *dout, float *dqkv) {
+    test_run r = test_begin();
+    size_t NC = (size_t)B * T * C, rows = (size_t)B * NH * T;
+    Act *q = upload<Act>(&r, qkv, 3 * NC), *y = upload_zeros<Act>(&r, NC), *dy = upload<Act>(&r, dout, NC);
+    Act *dq = upload_zeros<Act>(&r, 3 * NC);
+    float *l = upload_zeros<float>(&r, rows), *delta = upload_zeros<float>(&r, rows);
+    flash_attention_forward(&r.ctx, y, l, q, B, T, C, NH);
+    flash_attention_backward(&r.ctx, dq, delta, dy, q, y, l, B, T, C, NH);
+    download(&r, out, y, NC), download(&r, lse, l, rows), download(&r, dqkv, dq, 3 * NC);
+    test_end(&r);
+}
+
+extern "C" void gpt_cuda_test_flash_attention(bool bf16_mode, int B, int T, int C, int NH, const float *qkv,
+                                              float *out, float *lse, const float *dout, float *dqkv) {
+    if (flash_head_size(C / NH) == 0) die("gpt_cuda_test_flash_attention: heads of %d channels are too large", C / NH);
+    if (bf16_mode) test_flash_attention<bf16>(B, T, C, NH, qkv, out, lse, dout, dqkv);
+    else test_flash_attention<float>(B, T, C, NH, qkv, out, lse, dout, dqkv);
+}
+
+template <typename Act>
 static void test_gelu(size_t n, const float *inp, float *out, const float *dout, float *dinp) {
     test_run r = test_begin();
     Act *x = upload<Act>(&r, inp, n), *y = upload_zeros<Act>(&r, n), *d = upload<Act>(&r, dout, n);
@@ -1324,15 +1837,15 @@ extern "C" void gpt_cuda_test_residual(bool bf16_mode, size_t n, const float *a,
 }
 
 template <typename Act>
-static float test_crossentropy(int N, int V, const float *logits, const uint16_t *targets, float *losses,
+static float test_crossentropy(int N, int V, int Vp, const float *logits, const uint16_t *targets, float *losses,
                                float dloss, float *dlogits) {
     test_run r = test_begin();
-    size_t NV = (size_t)N * V;
+    size_t NV = (size_t)N * Vp;
     float *z = upload<float>(&r, logits, NV), *l = upload_zeros<float>(&r, N), *lse = upload_zeros<float>(&r, N);
     uint16_t *tg = upload_tokens(&r, targets, N);
     Act *d = upload_zeros<Act>(&r, NV);
-    crossentropy_forward(&r.ctx, l, lse, z, tg, N, V);
-    crossentropy_backward(&r.ctx, d, z, lse, tg, N, V, dloss);
+    crossentropy_forward(&r.ctx, l, lse, z, tg, N, V, Vp);
+    crossentropy_backward(&r.ctx, d, z, lse, tg, N, V, Vp, dloss);
     download(&r, losses, l, N), download(&r, dlogits, d, NV);
     test_end(&r);
     double total = 0;
@@ -1340,8 +1853,8 @@ static float test_crossentropy(int N, int V, const float *logits, const uint16_t
     return (float)(total / N);
 }
 
-extern "C" float gpt_cuda_test_crossentropy(bool bf16_mode, int N, int V, const float *logits,
+extern "C" float gpt_cuda_test_crossentropy(bool bf16_mode, int N, int V, int Vp, const float *logits,
                                             const uint16_t *targets, float *losses, float dloss, float *dlogits) {
-    if (bf16_mode) return test_crossentropy<bf16>(N, V, logits, targets, losses, dloss, dlogits);
-    return test_crossentropy<float>(N, V, logits, targets, losses, dloss, dlogits);
+    if (bf16_mode) return test_crossentropy<bf16>(N, V, Vp, logits, targets, losses, dloss, dlogits);
+    return test_crossentropy<float>(N, V, Vp, logits, targets, losses, dloss, dlogits);
 }

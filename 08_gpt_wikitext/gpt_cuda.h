@@ -5,7 +5,8 @@
 // CPU model is the reference the GPU is tested against. The GPU keeps its
 // own copies of everything: parameters, gradients, AdamW moments,
 // activations. The host sees tokens going in and losses, logits,
-// parameters and gradients coming out.
+// parameters and gradients coming out, when it asks: a training step only
+// queues work on the GPU and never waits for it.
 //
 // Two precisions (--dtype):
 //   fp32  everything in float: the reference, equal to gpt.h within 1e-4.
@@ -53,7 +54,8 @@ typedef struct gpt_cuda gpt_cuda_t;
 // Parameters in the flat layout; equals gpt.h's num_params for cfg.
 size_t gpt_cuda_num_params(const gpt_config *cfg);
 
-// Device bytes gpt_cuda_create allocates for batches up to B x T.
+// Device bytes gpt_cuda_create allocates for batches up to B x T (with the
+// attention path it will choose: see gpt_cuda_attention).
 size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool bf16);
 
 // A range of the flat gradient buffer that one step of the backward pass
@@ -83,9 +85,20 @@ size_t gpt_cuda_param_count(const gpt_cuda_t *g);
 float *gpt_cuda_params_device(gpt_cuda_t *g); // fp32 master weights
 float *gpt_cuda_grads_device(gpt_cuda_t *g);  // fp32 gradients, one flat buffer
 
-// Mean cross-entropy of B x T tokens (B, T at most those given to create),
-// or -1 when targets is NULL; the logits then stay for gpt_cuda_logits.
-float gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T);
+// The forward pass over B x T tokens (B, T at most those given to create).
+// It only queues work on the GPU: with targets, the mean cross-entropy
+// stays in device memory until gpt_cuda_loss asks for it, so a training
+// step never waits for the GPU. The logits stay for gpt_cuda_logits.
+void gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T);
+
+// The mean loss of the last forward pass with targets. Waits for the GPU.
+float gpt_cuda_loss(gpt_cuda_t *g);
+
+// Each forward pass with targets also adds its mean loss to a sum on the
+// device. This returns the mean of those losses since the last call (their
+// number in *count, if count is not NULL; 0 when there were none) and starts
+// a new sum: one wait for the GPU every so many steps, for a progress line.
+float gpt_cuda_take_loss(gpt_cuda_t *g, int *count);
 
 // The V logits of sequence b, position t of the last forward pass (read them
 // before gpt_cuda_backward: in fp32 mode it turns the logits into their gradient).
@@ -102,13 +115,18 @@ typedef void (*gpt_cuda_bucket_fn)(void *user, const gpt_cuda_bucket *bucket, cu
 
 // Adds grad_scale * d(mean loss)/d(params) to the gradients (micro-batches
 // accumulate, as gpt_backward). bucket_ready may be NULL (no callbacks); with
-// gradient accumulation pass it on the last micro-batch only. Returns when
-// the backward pass is complete on the device, so a blocking all-reduce on
-// any stream may follow.
+// gradient accumulation pass it on the last micro-batch only. Only queues
+// work on gpt_cuda_stream: another stream that reads the gradients must
+// first wait for a bucket's event (or for that stream).
 void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn bucket_ready, void *user);
 
-// As gpt_clip_grad_norm and gpt_adamw_step (decay on 2-D tensors only).
-float gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm);
+// As gpt_clip_grad_norm, but queued: the norm and the clip scale are
+// computed on the device, and the next gpt_cuda_adamw applies the scale as
+// it reads each gradient (the gradient buffer keeps the unclipped values).
+void gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm);
+// The norm before clipping of the last gpt_cuda_clip_grad_norm. Waits for the GPU.
+float gpt_cuda_grad_norm(gpt_cuda_t *g);
+// As gpt_adamw_step (decay on 2-D tensors only): one launch, queued.
 void gpt_cuda_adamw(gpt_cuda_t *g, float lr, float beta1, float beta2, float eps, float weight_decay);
 
 // Host <-> device copies of whole flat arrays (num_params floats each), for
@@ -121,6 +139,12 @@ void gpt_cuda_set_grads(gpt_cuda_t *g, const float *host);
 // step) and the number of steps taken.
 void gpt_cuda_get_adam(gpt_cuda_t *g, float *m_host, float *v_host, int *step);
 void gpt_cuda_set_adam(gpt_cuda_t *g, const float *m_host, const float *v_host, int step);
+
+// "flash" or "cublas": the attention path this model uses. Flash is the
+// default; GPT_CUDA_ATTENTION=cublas in the environment when the model is
+// created picks the cuBLAS path (the readable reference, with the T x T
+// matrices); heads of more than 128 channels always use it.
+const char *gpt_cuda_attention(const gpt_cuda_t *g);
 
 // Bytes this model has allocated on the device (all at create, so this is
 // also its peak), and what the whole process uses on the GPU now
@@ -144,12 +168,19 @@ void gpt_cuda_test_layernorm(bool bf16, int N, int C, const float *inp, const fl
 void gpt_cuda_test_matmul(bool bf16, int N, int C, int OC, const float *inp, const float *weight,
                           const float *bias, float *out, const float *dout, float *dinp, float *dweight,
                           float *dbias);
+// The cuBLAS path: att receives the probabilities (B, NH, T, T).
 void gpt_cuda_test_attention(bool bf16, int B, int T, int C, int NH, const float *qkv, float *out, float *att,
                              const float *dout, float *dqkv);
+// The flash path: lse receives each row's log-sum-exp of the scaled scores
+// (B, NH, T), in place of the probabilities. Heads of up to 128 channels.
+void gpt_cuda_test_flash_attention(bool bf16, int B, int T, int C, int NH, const float *qkv, float *out, float *lse,
+                                   const float *dout, float *dqkv);
 void gpt_cuda_test_gelu(bool bf16, size_t n, const float *inp, float *out, const float *dout, float *dinp);
 void gpt_cuda_test_residual(bool bf16, size_t n, const float *a, const float *b, float *out);
 // Logits stay fp32 in both precisions; bf16 only changes dlogits' type.
-float gpt_cuda_test_crossentropy(bool bf16, int N, int V, const float *logits, const uint16_t *targets,
+// Rows of logits and dlogits are Vp >= V long, as in the model: Vp - V
+// padding columns first (ignored by the loss, gradient 0), then the V logits.
+float gpt_cuda_test_crossentropy(bool bf16, int N, int V, int Vp, const float *logits, const uint16_t *targets,
                                  float *losses, float dloss, float *dlogits);
 
 #ifdef __cplusplus

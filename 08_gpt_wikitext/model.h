@@ -34,6 +34,8 @@
 typedef struct {
     gpt_t host;        // the CPU model; on a GPU run, the host copy of the state
     bool on_gpu, bf16;
+    double loss_sum;   // CPU: model_train_forward's losses since model_take_train_loss
+    int loss_count;
 #ifdef COURSE_CUDA
     gpt_cuda_t *gpu;
     pg_t *averaging;   // during model_backward: the group the buckets are averaged over
@@ -67,11 +69,37 @@ static inline void model_free(model_t *m) {
 }
 
 // Mean cross-entropy of the batch; with targets NULL, logits only (-1).
+// On a GPU this waits for the GPU, to read the loss.
 static inline float model_forward(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T) {
 #ifdef COURSE_CUDA
-    if (m->gpu) return gpt_cuda_forward(m->gpu, in, tg, B, T);
+    if (m->gpu) {
+        gpt_cuda_forward(m->gpu, in, tg, B, T);
+        return tg ? gpt_cuda_loss(m->gpu) : -1.0f;
+    }
 #endif
     return gpt_forward(&m->host, in, tg, B, T);
+}
+
+// The training loop's forward pass: the loss is not read at once but added
+// to a sum (on the GPU, in device memory), which model_take_train_loss
+// returns as a mean. A GPU step then never waits for the GPU; the loop
+// reads the loss only when it prints it.
+static inline void model_train_forward(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T) {
+#ifdef COURSE_CUDA
+    if (m->gpu) { gpt_cuda_forward(m->gpu, in, tg, B, T); return; }
+#endif
+    m->loss_sum += gpt_forward(&m->host, in, tg, B, T);
+    m->loss_count++;
+}
+
+// The mean loss of the model_train_forward calls since the last call (0 if none).
+static inline float model_take_train_loss(model_t *m) {
+#ifdef COURSE_CUDA
+    if (m->gpu) return gpt_cuda_take_loss(m->gpu, NULL);
+#endif
+    float mean = m->loss_count ? (float)(m->loss_sum / m->loss_count) : 0.0f;
+    m->loss_sum = 0, m->loss_count = 0;
+    return mean;
 }
 
 static inline void model_zero_grad(model_t *m) {
@@ -114,11 +142,12 @@ static inline void model_average_gradients(model_t *m, pg_t *pg) {
     ddp_average_gradients(pg, m->host.grads, m->host.num_params);
 }
 
-static inline float model_clip_grad_norm(model_t *m, float max_norm) {
+// On a GPU only queued: the norm stays on the device (gpt_cuda_grad_norm reads it).
+static inline void model_clip_grad_norm(model_t *m, float max_norm) {
 #ifdef COURSE_CUDA
-    if (m->gpu) return gpt_cuda_clip_grad_norm(m->gpu, max_norm);
+    if (m->gpu) { gpt_cuda_clip_grad_norm(m->gpu, max_norm); return; }
 #endif
-    return gpt_clip_grad_norm(&m->host, max_norm);
+    gpt_clip_grad_norm(&m->host, max_norm);
 }
 
 static inline void model_adamw(model_t *m, float lr, float beta1, float beta2, float eps, float weight_decay) {

@@ -76,8 +76,14 @@ if has_gpu; then
     run_capture 60 "$TMP/gpu" "$bin" --device cuda; status=$?
     if [[ $status -eq 0 ]] && [[ $(grep -c '^Rank 1 has data 1\.0' "$TMP/gpu") -eq 2 ]]; then pass "02: --device cuda: rank 1 gets 1.0 twice"
     else fail "02: --device cuda: rank 1 gets 1.0 twice" "status $status: $(tail -n 3 "$TMP/gpu" | tr '\n' '|')"; fi
+    # 4 ranks (2 and 3 take no part): each on its own GPU with nccl, or sharing one.
+    run_capture 60 "$TMP/gpu4" "$bin" --device cuda --nprocs 4; status=$?
+    if [[ $status -eq 0 ]] && [[ $(grep -c '^Rank 1 has data 1\.0' "$TMP/gpu4") -eq 2 ]] && grep -q '^(ranks 2\.\.3 take no part' "$TMP/gpu4"; then
+        pass "02: --device cuda --nprocs 4: rank 1 gets 1.0 twice ($(head -n 1 "$TMP/gpu4" | sed -n 's/.*| backend: \([a-z]*\).*/backend \1/p'))"
+    else fail "02: --device cuda --nprocs 4" "status $status: $(tail -n 3 "$TMP/gpu4" | tr '\n' '|')"; fi
 else
     skip "02: --device cuda: rank 1 gets 1.0 twice" "no GPU on this machine"
+    skip "02: --device cuda --nprocs 4" "no GPU on this machine"
 fi
 
 # --- bad input: one line naming the flag, exit status 2

@@ -54,6 +54,9 @@ expect_after "scatter: rank 2 gets chunk 2 of the root's buffer" scatter 2 "[8 9
 expect_after "reduce_scatter: rank 1 gets chunk 1 of the sum" reduce_scatter 1 "[616 620 624 628]" "$TMP/lesson"
 expect_after "all_to_all: rank 1 gets chunk 1 of every rank" all_to_all 1 \
     "[4 5 6 7 104 105 106 107 204 205 206 207 304 305 306 307]" "$TMP/lesson"
+# 10: bitwise reductions on integers agree on flags.
+expect_after "all_reduce bor: every rank learns which ranks are ready (13: rank 1 is not)" all_reduce 2 "[13 15]" "$TMP/lesson" bor
+expect_after "all_reduce band: the features every rank supports (3)" all_reduce 1 "[0 3]" "$TMP/lesson" band
 # barrier: rank 3 arrives 300 ms late; nobody leaves before (50 ms slack for
 # the ranks' clocks starting a little apart).
 times=$(for r in 0 1 2 3; do after_of barrier $r "$TMP/lesson" times; done | tr -d '[]' | tr '\n' ';')
@@ -144,6 +147,9 @@ bench_case "-d uint8 -o prod, 2 ranks" -d uint8 -o prod --nprocs 2 --collective 
 bench_case "-d int32 -o avg (integer division), 3 ranks" -d int32 -o avg --nprocs 3 --collective reduce_scatter
 bench_case "-d int64 -o max -r 2, 3 ranks" -d int64 -o max -r 2 --nprocs 3 --collective reduce
 bench_case "-d double -o min -r 1, 2 ranks" -d double -o min -r 1 --nprocs 2 --collective scatter
+bench_case "-d all -o all, 3 ranks: a row for each type and reduction" -d all -o all --nprocs 3
+bench_case "-d uint8 -o bxor, 4 ranks" -d uint8 -o bxor --nprocs 4 --collective reduce_scatter
+bench_case "-d int64 -o band -r 1, 3 ranks" -d int64 -o band -r 1 --nprocs 3 --collective reduce
 
 # --- GPUs
 if has_gpu; then
@@ -151,8 +157,21 @@ if has_gpu; then
     result=$(check_table "$TMP/gpu")
     if [[ $status -eq 0 && "$result" == "|9 tables 8 OK" ]]; then pass "03: --device cuda --bench: #wrong 0 everywhere"
     else fail "03: --device cuda --bench: #wrong 0 everywhere" "status $status: $result"; fi
-    else
+    # Every type and reduction, 2 and 4 ranks: each on its own GPU with nccl
+    # (the emulated GPU has 8), or sharing one with the cpu backend, staged.
+    for n in 2 4; do
+        run_capture 300 "$TMP/gpu_all$n" "$bin" --device cuda --nprocs $n --bench -b 8 -e 64K -f 32 -c 1 -n 1 -w 0 \
+            -d all -o all; status=$?
+        result=$(check_table "$TMP/gpu_all$n")
+        backend=$(head -n 1 "$TMP/gpu_all$n" | sed -n 's/.*| backend: \([a-z]*\).*/\1/p')
+        rows=$(grep -cE '^ +[0-9]+ +[0-9]+ ' "$TMP/gpu_all$n")
+        if [[ $status -eq 0 && "$result" == "|9 tables 8 OK" && $rows -eq 442 ]]; then
+            pass "03: --device cuda --bench -d all -o all, $n ranks ($backend): $rows rows, #wrong 0 everywhere"
+        else fail "03: --device cuda --bench -d all -o all, $n ranks" "status $status, $rows rows: $result"; fi
+    done
+else
     skip "03: --device cuda --bench: #wrong 0 everywhere" "no GPU on this machine"
+    skip "03: --device cuda --bench -d all -o all, 2 and 4 ranks" "no GPU on this machine"
 fi
 
 # --- bad input: one line naming the flag, exit status 2
@@ -163,6 +182,7 @@ bad_flag() {
     else fail "03: $name exits 2" "status $status: $(head -n 1 "$TMP/bad")"; fi
 }
 bad_flag "-o xor" --bench -o xor
+bad_flag "-o band -d float (bitwise needs integers)" --bench -o band -d float
 bad_flag "-d half" --bench -d half
 bad_flag "--collective allreduce" --bench --collective allreduce
 bad_flag "-r 4 with 4 ranks" --bench --nprocs 4 -r 4

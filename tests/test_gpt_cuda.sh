@@ -52,6 +52,22 @@ else
     fi
 fi
 
+# The benchmark's own code (make bench-gpt), at the tests' tiny size: on a
+# GPU (real or emulated) it must time a step of each kind and print one
+# well-formed row; the row's numbers mean something only on a real GPU.
+if $cpu_only; then
+    skip "gpt cuda bench mode runs" "this is a CPU-only build"
+elif ! has_gpu; then
+    skip "gpt cuda bench mode runs" "no GPU here (nvidia-smi lists none)"
+else
+    run_capture 300 "$TMP/bench.log" "$bin" --mode bench --config tiny --vocab_size 211 --batch_size 4 --steps 2 --warmup 1
+    status=$?
+    row=$(sed -n 's/^BENCH //p' "$TMP/bench.log")
+    if [[ $status -eq 0 ]] && awk -F, '{ exit !(NF == 17 && $2 == "tiny" && $8 > 0 && $9 > 0) }' <<<"$row"; then
+        pass "gpt cuda bench mode runs and prints a row ($(cut -d, -f2-4,8 <<<"$row"))"
+    else fail "gpt cuda bench mode runs and prints a row" "status $status: $(tail -n 2 "$TMP/bench.log" | tr '\n' '|')"; fi
+fi
+
 sanitizer=$(command -v compute-sanitizer 2>/dev/null || true)
 for candidate in "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" /usr/local/cuda/bin/compute-sanitizer; do
     [[ -z "$sanitizer" && -x "$candidate" ]] && sanitizer=$candidate
