@@ -209,7 +209,7 @@ while [[ -z $status0 || -z $status1 ]]; do
         echo "rehearsal: FAIL: the job did not end within $deadline s (a hang); stopping it"
         exit 1
     fi
-    if [[ -n $kill_epoch && -z $killed_at ]] && grep -q "epoch $kill_epoch |" "$out/node0.log"; then
+    if [[ -n $kill_epoch && -z $killed_at ]] && grep -qE "epoch +$kill_epoch \|" "$out/node0.log"; then
         kill -9 -- "-$pid1" 2>/dev/null
         ((have_ns)) && ip netns pids "$ns1" | xargs -r kill -9 2>/dev/null
         killed_at=$SECONDS

@@ -137,7 +137,26 @@ static inline bool linreg_resume(dist_t *d, const char *path, const linreg_run *
     if (shared[0])
         log_main("Resuming training from snapshot at Epoch %lld, sample %lld (step %lld)\n", (long long)p->epoch,
                  (long long)p->position, (long long)p->global_step);
+    if (shared[0] && p->world_size != d->world_size)
+        log_main("the snapshot was written by %lld rank(s), this run has %d: the rest of epoch %lld "
+                 "is re-sharded from global position %lld\n", (long long)p->world_size,
+                 d->world_size, (long long)p->epoch, (long long)p->position);
     return shared[0] != 0;
+}
+
+// Rank 0, at the end: the weights alone, for inference, beside the
+// snapshots (<dir of snapshot_path>/model.safetensors).
+static inline void linreg_export(const char *snapshot_path, const linreg_run *run, const float *params) {
+    char path[1100], err[1400];
+    const char *slash = strrchr(snapshot_path, '/');
+    int dir_len = slash ? (int)(slash - snapshot_path) : 1;
+    snprintf(path, sizeof path, "%.*s/model.safetensors", dir_len, slash ? snapshot_path : ".");
+    int64_t shape[1] = {(int64_t)run->features + 1};
+    safetensors_tensor t = safetensors_tensor_of("params", "F32", params, 1, shape);
+    safetensors_meta m[8];
+    int n = linreg_run_meta(run, m);
+    if (!snapshot_write(path, &t, 1, m, n, err, sizeof err)) die("could not export the model: %s", err);
+    log_main("model exported to %s\n", path);
 }
 
 #endif
