@@ -9,7 +9,7 @@ include common/detect.mk
 CHAPTERS := $(patsubst %/Makefile,%,$(sort $(wildcard [0-9][0-9]_*/Makefile)))
 TOOLS := $(if $(wildcard tools/Makefile),tools)
 
-.PHONY: all help test asan bench bench-gpt gpu-check plots speedup clean data $(CHAPTERS) tools unit-tests
+.PHONY: all help test asan bench bench-gpt gpu-check plots speedup clean data diffs $(CHAPTERS) tools unit-tests
 
 all: $(CHAPTERS) $(TOOLS)
 
@@ -68,6 +68,23 @@ plots: all
 data:
 	@bash tools/get_wikitext.sh
 
+# Read the diff first: chapters 04 to 07 train with one text, so each
+# chapter's main file differs from the one before by that chapter's idea
+# alone (01 -> 04 data parallelism, 04 -> 05 a launcher, 05 -> 06 snapshots
+# and restarts, 06 -> 07 many nodes). diff exits 1 when files differ; only
+# its 2 (trouble) fails the target.
+DIFFS := 01_single_gpu/01_single_gpu.c:04_ddp_spawn/04_ddp_spawn.c \
+         04_ddp_spawn/04_ddp_spawn.c:05_env_launch/05_env_launch.c \
+         05_env_launch/05_env_launch.c:06_snapshot_resume/06_snapshot_resume.c \
+         06_snapshot_resume/06_snapshot_resume.c:07_multinode/07_multinode.c
+diffs:
+	@for pair in $(DIFFS); do \
+	    old=$${pair%%:*}; new=$${pair##*:}; \
+	    diff -u --label "$$old" --label "$$new" "$$old" "$$new"; status=$$?; \
+	    if [ $$status -gt 128 ]; then exit 0; fi;   # a pager or head closed the pipe \
+	    if [ $$status -gt 1 ]; then exit 2; fi; \
+	done
+
 # One classroom exercise: build its check with your file (SOLUTION=1: with
 # the reference solution) and run it. EX=NN/name, e.g. EX=03/ring_allreduce.
 .PHONY: check-exercise
@@ -91,6 +108,7 @@ help:
 	@echo "  make speedup      measure speedup vs number of ranks (CSV + figure data)"
 	@echo "  make plots        run missing measurements, draw gnuplot figures (PNG) under runs/plots/"
 	@echo "  make data         download WikiText-2 for chapter 08 (if ../shared/data is absent)"
+	@echo "  make diffs        chapters 01->04->05->06->07 as diffs: read the diff first"
 	@echo "  make check-exercise EX=NN/name [SOLUTION=1]   check a classroom exercise, e.g. EX=03/ring_allreduce"
 	@echo "  make clean        remove builds and runs/"
 	@echo "chapters:"

@@ -64,7 +64,7 @@ int main(int argc, char **argv) {
     linreg_init(&model, &device, &data, opt.batch_size);
 
     char out_dir[1024];
-    runs_dir(out_dir, sizeof out_dir, "01_single_gpu");
+    files_runs_dir(out_dir, sizeof out_dir, "01_single_gpu");
     metrics_csv csv = metrics_open(out_dir, "loss", "step,epoch,loss");
     char date[32];
     time_t now = time(NULL);

@@ -16,7 +16,6 @@
 //
 // Like chapter 2 it starts its own ranks with spawn(), or is one rank when
 // a launcher (tools/ddprun, torchrun, srun) started it.
-#include <dirent.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -38,30 +37,6 @@ typedef struct {
     bool bench, mismatch;
     bench_options b;   // the flags of --bench (bench_collectives.h)
 } options;
-
-// Counts GPUs without initialising CUDA in this process: a child forked
-// after CUDA is initialised cannot use the GPU (PyTorch counts devices
-// through NVML before mp.spawn for the same reason). The driver lists one
-// directory per GPU; CUDA_VISIBLE_DEVICES may hide some of them.
-static int gpus_before_fork(void) {
-#ifdef COURSE_CUDA
-    DIR *dir = opendir("/proc/driver/nvidia/gpus");
-    if (!dir) return 0;
-    int count = 0;
-    for (struct dirent *e; (e = readdir(dir)) != NULL;)
-        if (e->d_name[0] != '.') count++;
-    closedir(dir);
-    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
-    if (visible) {
-        int listed = visible[0] ? 1 : 0;
-        for (const char *p = visible; *p; p++) listed += *p == ',';
-        if (listed < count) count = listed;
-    }
-    return count;
-#else
-    return 0;
-#endif
-}
 
 static options parse_options(int argc, char **argv, const launch_env_t *env) {
     options o = {0, "auto", "auto", 0, false, false, {1, 8, (size_t)64 << 20, 2, 20, 5, "sum", "float", "all", 0}};
@@ -96,7 +71,7 @@ static options parse_options(int argc, char **argv, const launch_env_t *env) {
     if (o.b.minbytes > o.b.maxbytes)
         flags_fail(&set, "-b/--minbytes (%zu) is larger than -e/--maxbytes (%zu)", o.b.minbytes, o.b.maxbytes);
     if (o.nprocs == 0) {
-        int gpus = strcmp(o.device, "cpu") ? gpus_before_fork() : 0;
+        int gpus = strcmp(o.device, "cpu") ? device_count_gpus_before_fork() : 0;
         o.nprocs = gpus >= 2 ? gpus : 4;
     }
     int world = env->launched ? env->world_size : o.nprocs;

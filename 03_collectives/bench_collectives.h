@@ -366,7 +366,7 @@ static int run_bench(dist_t *d, const bench_options *o) {
         if (!strcmp(o->collective, "all") || !strcmp(o->collective, COLLECTIVE[c].name))
             wrong += bench_collective(&b, o, (coll_id)c);
     char dir[1024];
-    runs_dir(dir, sizeof dir, "03_collectives");
+    files_runs_dir(dir, sizeof dir, "03_collectives");
     log_main("#\n# CSV: %s/<collective>.csv\n", dir);
     if (wrong) log_main("# FAILED: %ld wrong values in all\n", wrong);
     device_free(b.dev, b.send);

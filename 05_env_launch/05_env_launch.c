@@ -10,6 +10,7 @@
 //   ./05_env_launch                                              one process
 //   tools/ddprun --standalone --nproc_per_node=2 ./05_env_launch  two ranks
 //
+// Read the diff first: `make diffs` shows what changed since chapter 04.
 // Rank 0 alone prints and writes files; the other ranks work quietly. The
 // loss printed per epoch is the mean over ALL ranks (one all-reduce), not
 // just rank 0's share.
@@ -17,6 +18,7 @@
 
 #include "ddp.h"
 #include "dist.h"
+#include "fault.h"
 #include "flags.h"
 #include "linreg.h"
 #include "log.h"
@@ -24,15 +26,20 @@
 #include "sampler.h"
 #include "timer.h"
 
+#define CHAPTER "05_env_launch"
+
 typedef struct {
     int epochs, batch_size, features, samples, seed, check_replicas;
     double lr, timeout;
     const char *backend, *device, *init_method;
     bool scale_lr;
+    fault_plan fault;    // none planned; COURSE_DDP_PERTURB_RANK makes a replica drift (fault.h)
 } options;
 
 static options parse_options(int argc, char **argv) {
-    options o = {10, 32, 1, 10000, 42, 0, 0.01, 0, "auto", "auto", "env://", true};
+    options o = {.epochs = 10, .batch_size = 32, .features = 1, .samples = 10000, .seed = 42, .lr = 0.01,
+                 .backend = "auto", .device = "auto", .init_method = "env://", .scale_lr = true,
+                 .fault = fault_none()};
     flag_t flags[] = {
         {"epochs", NULL, FLAG_INT, &o.epochs, "passes over the data", 1, 100000, NULL, NULL},
         {"batch_size", NULL, FLAG_INT, &o.batch_size, "samples per step PER RANK", 1, 1000000, NULL, NULL},
@@ -47,7 +54,7 @@ static options parse_options(int argc, char **argv) {
         {"check_replicas", NULL, FLAG_INT, &o.check_replicas, "every N steps, stop if the replicas differ (0: never)", 0, 1000000000, NULL, NULL},
         {"timeout", NULL, FLAG_DOUBLE, &o.timeout, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL},
     };
-    flag_set set = {"05_env_launch", "data-parallel training; rank and world size come from the launcher",
+    flag_set set = {CHAPTER, "data-parallel training; rank and world size come from the launcher",
                     NULL, flags, (int)(sizeof flags / sizeof flags[0])};
     flags_parse(&set, argc, argv);
     return o;
@@ -61,7 +68,7 @@ int main(int argc, char **argv) {
     dist_t dist;
     dist_options how = {opt.init_method, opt.backend, opt.device, opt.timeout};
     dist_init(&dist, &how);
-    log_main("05_env_launch: %d rank(s) (%s), backend %s; rank 0 on %s: %s\n", dist.world_size,
+    log_main(CHAPTER ": %d rank(s) (%s), backend %s; rank 0 on %s: %s\n", dist.world_size,
              dist.env.launched ? dist.env.source : "no launcher: a single process",
              pg_describe(dist.pg), dist.device.name, dist.device.why);
     // The effective batch is world_size x batch_size; the linear scaling
@@ -70,38 +77,41 @@ int main(int argc, char **argv) {
     log_main("batch %d per rank x %d rank(s) = %d per step; lr %g\n", opt.batch_size,
              dist.world_size, opt.batch_size * dist.world_size, lr);
 
-    // --- Data and sampler: every rank makes the same dataset; the sampler
-    // gives each its disjoint share of every epoch.
+    // --- Data and sampler: every rank makes the same dataset (as every
+    // rank would open the same files); the sampler gives each its disjoint
+    // share of every epoch.
     linreg_data data = linreg_make_data(opt.features, opt.samples, (uint64_t)opt.seed);
     sampler_t sampler = sampler_create(opt.samples, dist.world_size, dist.rank, true,
                                        (uint64_t)opt.seed, false);
 
-    // --- Model: replicas made equal by broadcasting rank 0's parameters.
+    // --- Model: a replica per rank, made equal by broadcasting rank 0's.
     linreg_model model;
     linreg_init(&model, &dist.device, &data, opt.batch_size);
     size_t nparams = (size_t)opt.features + 1;
     ddp_broadcast_parameters(dist.pg, model.params, nparams);
+    int first_epoch = 0;
+    int64_t step = 0;
 
     char out_dir[1024];
-    runs_dir(out_dir, sizeof out_dir, "05_env_launch");
+    files_runs_dir(out_dir, sizeof out_dir, CHAPTER);
     metrics_csv csv = {0};
     if (dist.rank == 0) csv = metrics_open(out_dir, "train", "epoch,loss,seconds");
 
-    // --- Training loop.
+    // --- Training loop. The clock starts when every rank is ready.
     pg_barrier(dist.pg);
     double start = now_seconds();
-    long step = 0;
     double first_loss = 0, last_loss = 0;   // of the first and the last epoch
-    for (int epoch = 0; epoch < opt.epochs; epoch++) {
-        sampler_set_epoch(&sampler, epoch);
+    for (int epoch = first_epoch; epoch < opt.epochs; epoch++) {
+        sampler_set_epoch(&sampler, epoch); // a new order each epoch, the same on every rank
         linreg_set_order(&model, sampler.indices, sampler.num_samples);
         double batches = 0;
         for (int64_t first = 0; first < sampler.num_samples; first += opt.batch_size) {
             int size = (int)(sampler.num_samples - first < opt.batch_size
                                  ? sampler.num_samples - first : opt.batch_size);
-            linreg_forward_backward(&model, first, size);
-            ddp_average_gradients(dist.pg, model.grads, nparams);
-            linreg_sgd_step(&model, lr);
+            linreg_forward_backward(&model, first, size);             // local gradient
+            fault_point(&opt.fault, &dist, step + 1, model.params);   // planned failures (fault.h)
+            ddp_average_gradients(dist.pg, model.grads, nparams);     // the one DDP line
+            linreg_sgd_step(&model, lr);                              // same update everywhere
             batches++;
             step++;
             if (opt.check_replicas > 0 && step % opt.check_replicas == 0)
@@ -113,23 +123,24 @@ int main(int argc, char **argv) {
         double loss_and_batches[2] = {linreg_take_loss_sum(&model), batches};
         dist_all_reduce_host(&dist, loss_and_batches, 2, OP_SUM);
         double epoch_loss = loss_and_batches[0] / loss_and_batches[1];
-        if (epoch == 0) first_loss = epoch_loss;
+        if (epoch == first_epoch) first_loss = epoch_loss;
         last_loss = epoch_loss;
-        log_main("epoch %2d | loss %.6f (mean over all ranks) | %ld steps | %.3f s\n", epoch,
-                 epoch_loss, step, now_seconds() - start);
+        log_main("epoch %2d | loss %.6f (mean over all ranks) | %lld steps | %.3f s\n", epoch,
+                 epoch_loss, (long long)step, now_seconds() - start);
         if (dist.rank == 0) metrics_row(&csv, "%d,%.8f,%.6f", epoch, epoch_loss, now_seconds() - start);
     }
-    pg_barrier(dist.pg);
+    pg_barrier(dist.pg); // the job is done when the slowest rank is
     double seconds = now_seconds() - start;
 
-    // --- Report and teardown.
+    // --- Report and teardown. The checksum compares runs bit for bit.
     float *params = xmalloc(sizeof(float) * nparams);
     linreg_get_params(&model, params);
     if (dist.rank == 0) {
         metrics_close(&csv);
-        log_main("final weight %.6f  bias %.6f  (true 2.0, 3.0)\n", params[0], params[opt.features]);
+        log_main("final weight %.6f  bias %.6f  (true 2.0, 3.0)  parameters checksum %016llx\n", params[0],
+                 params[opt.features], (unsigned long long)checksum_bytes(params, sizeof(float) * nparams));
         log_main("training time %.6f s on %d rank(s) (%.0f samples/s)\n", seconds, dist.world_size,
-                 (double)opt.samples * opt.epochs / seconds);
+                 (double)opt.samples * (opt.epochs - first_epoch) / seconds);
     }
     free(params);
     linreg_free(&model);
@@ -139,9 +150,9 @@ int main(int argc, char **argv) {
     // rank 0 says it before anyone leaves, then all of them exit with 1.
     bool diverged = linreg_diverged(first_loss, last_loss);
     if (diverged && dist.rank == 0)
-        course_say("error: training diverged: the loss went from %g (epoch 0) to %g (epoch %d). lr %g%s is "
+        course_say("error: training diverged: the loss went from %g (epoch %d) to %g (epoch %d). lr %g%s is "
                    "too large: SGD on this data is stable only for lr below 1. Use --lr %g or less, or "
-                   "fewer ranks", first_loss, last_loss, opt.epochs - 1, lr,
+                   "fewer ranks", first_loss, first_epoch, last_loss, opt.epochs - 1, lr,
                    opt.scale_lr && dist.world_size > 1 ? " (lr x world size, the linear scaling rule)" : "",
                    0.5 / (opt.scale_lr ? dist.world_size : 1));
     dist_finish(&dist);

@@ -14,154 +14,187 @@
 //       06_snapshot_resume/06_snapshot_resume --total_epochs 20 --save_every 2
 //       --fail_rank 1 --fail_step 2000          (one command line)
 //
-// Read it top to bottom: options, then main: set-up, resume, the training
-// loop (with snapshots and fault injection), export. What a snapshot holds
-// is in common/linreg_snapshot.h, how it is written safely in
-// common/snapshot.h.
+// Read the diff first: `make diffs` shows what changed since chapter 05.
+// What a snapshot holds is in common/linreg_snapshot.h, how it is written
+// safely in common/snapshot.h.
 #include <stdio.h>
 
 #include "ddp.h"
 #include "dist.h"
+#include "fault.h"
 #include "flags.h"
 #include "linreg.h"
+#include "linreg_snapshot.h"
 #include "log.h"
 #include "metrics.h"
 #include "sampler.h"
-#include "linreg_snapshot.h"
-#include "snapshot.h"
 #include "timer.h"
 
+#define CHAPTER "06_snapshot_resume"
+
 typedef struct {
-    int total_epochs, save_every, save_every_steps, keep;
-    linreg_run run;       // what a snapshot must match: model, data, batch, optimizer
-    double timeout;
-    const char *snapshot_path, *backend, *device;
-    fault_plan fault;     // --fail_rank R --fail_step S: a rank dies, for the lesson
+    int epochs, batch_size, features, samples, seed, check_replicas;
+    double lr, timeout;
+    const char *backend, *device, *init_method;
+    bool scale_lr;
+    fault_plan fault;    // --fail_rank R --fail_step S: a rank dies, for the lesson (fault.h)
+    int save_every, save_every_steps, keep;
+    double momentum;
+    const char *snapshot_path;
 } options;
 
 static options parse_options(int argc, char **argv) {
     static char default_path[1200];
     char dir[1024];
-    runs_dir(dir, sizeof dir, "06_snapshot_resume");
+    files_runs_dir(dir, sizeof dir, CHAPTER);
     snprintf(default_path, sizeof default_path, "%s/snapshot.safetensors", dir);
-    options o = {10, 1, 0, 2, {1, 10000, 32, 42, 0.01, 0.9}, 0, default_path, "auto", "auto", fault_none()};
+    options o = {.epochs = 10, .batch_size = 32, .features = 1, .samples = 10000, .seed = 42, .lr = 0.01,
+                 .backend = "auto", .device = "auto", .init_method = "env://", .scale_lr = false,
+                 .fault = fault_none(), .save_every = 1, .keep = 2, .momentum = 0.9, .snapshot_path = default_path};
     flag_t flags[24] = {
-        {"total_epochs", NULL, FLAG_INT, &o.total_epochs, "epochs of the whole run, across restarts", 1, 100000, NULL, NULL},
+        {"total_epochs", NULL, FLAG_INT, &o.epochs, "epochs of the whole run, across restarts", 1, 100000, NULL, NULL},
         {"save_every", NULL, FLAG_INT, &o.save_every, "snapshot every N epochs", 1, 100000, NULL, NULL},
         {"save_every_steps", NULL, FLAG_INT, &o.save_every_steps, "also snapshot every N steps (0: only at epoch ends)", 0, 1000000000, NULL, NULL},
         {"snapshot_path", NULL, FLAG_STRING, &o.snapshot_path, "snapshot series: DIR/STEM.safetensors", 1, 0, NULL, NULL},
         {"keep", NULL, FLAG_INT, &o.keep, "keep the newest K snapshots", 1, 1000, NULL, NULL},
-        {"batch_size", NULL, FLAG_INT, &o.run.batch_size, "samples per step PER RANK", 1, 1000000, NULL, NULL},
-        {"lr", NULL, FLAG_DOUBLE, &o.run.lr, "learning rate", 0, 100, NULL, NULL},
-        {"momentum", NULL, FLAG_DOUBLE, &o.run.momentum, "SGD momentum (optimizer state!)", 0, 0.999, NULL, NULL},
-        {"features", NULL, FLAG_INT, &o.run.features, "input features D", 1, 65536, NULL, NULL},
-        {"samples", NULL, FLAG_INT, &o.run.samples, "training samples", 1, 100000000, NULL, NULL},
-        {"seed", NULL, FLAG_INT, &o.run.seed, "seed for data and shuffling", 0, 2147483647, NULL, NULL},
+        {"batch_size", NULL, FLAG_INT, &o.batch_size, "samples per step PER RANK", 1, 1000000, NULL, NULL},
+        {"lr", NULL, FLAG_DOUBLE, &o.lr, "learning rate of one process", 0, 100, NULL, NULL},
+        {"momentum", NULL, FLAG_DOUBLE, &o.momentum, "SGD momentum (optimizer state!)", 0, 0.999, NULL, NULL},
+        {"scale_lr", NULL, FLAG_BOOL, &o.scale_lr, "multiply lr by the world size (linear scaling rule)", 1, 0, NULL, NULL},
+        {"features", NULL, FLAG_INT, &o.features, "input features D", 1, 65536, NULL, NULL},
+        {"samples", NULL, FLAG_INT, &o.samples, "training samples", 1, 100000000, NULL, NULL},
+        {"seed", NULL, FLAG_INT, &o.seed, "seed for data and shuffling", 0, 2147483647, NULL, NULL},
         {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl", "COURSE_BACKEND"},
         {"device", NULL, FLAG_STRING, &o.device, "where to compute", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
+        {"init_method", NULL, FLAG_STRING, &o.init_method, "how ranks meet: env://, tcp://HOST:PORT, file:///path", 1, 0, NULL, NULL},
+        {"check_replicas", NULL, FLAG_INT, &o.check_replicas, "every N steps, stop if the replicas differ (0: never)", 0, 1000000000, NULL, NULL},
         {"timeout", NULL, FLAG_DOUBLE, &o.timeout, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL},
     };
-    int count = fault_add_flags(&o.fault, flags, 14);
-    flag_set set = {"06_snapshot_resume", "data-parallel training that snapshots and resumes after failures",
+    int count = fault_add_flags(&o.fault, flags, 17);
+    flag_set set = {CHAPTER, "data-parallel training that snapshots and resumes after failures",
                     NULL, flags, count};
     flags_parse(&set, argc, argv);
     return o;
 }
 
-// The snapshot itself (what it holds and why, how it is written and
-// checked) is in common/linreg_snapshot.h and common/snapshot.h; the
-// README walks through both. Here: when to write one, and how to resume.
-
-// ---------------------------------------------------------------- main
 int main(int argc, char **argv) {
     options opt = parse_options(argc, argv);
 
-    // --- Set-up, as in chapter 05.
+    // --- Set-up: who am I? The launcher's variables say; dist_init reads
+    // them, meets the other ranks and builds the process group.
     dist_t dist;
-    dist_options how = {"env://", opt.backend, opt.device, opt.timeout};
+    dist_options how = {opt.init_method, opt.backend, opt.device, opt.timeout};
     dist_init(&dist, &how);
-    log_main("06_snapshot_resume: %d rank(s), backend %s; rank 0 on %s; restart %d of at most %d\n",
-             dist.world_size, pg_describe(dist.pg), dist.device.name, dist.env.restart_count,
-             dist.env.max_restarts);
-    const linreg_run *run = &opt.run;
-    linreg_data data = linreg_make_data(run->features, run->samples, (uint64_t)run->seed);
-    sampler_t sampler = sampler_create(run->samples, dist.world_size, dist.rank, true,
-                                       (uint64_t)run->seed, false);
-    linreg_model model;
-    linreg_init(&model, &dist.device, &data, run->batch_size);
-    size_t nparams = (size_t)run->features + 1;
+    log_main(CHAPTER ": %d rank(s) (%s), backend %s; rank 0 on %s: %s\n", dist.world_size,
+             dist.env.launched ? dist.env.source : "no launcher: a single process",
+             pg_describe(dist.pg), dist.device.name, dist.device.why);
+    log_main("restart %d of at most %d\n", dist.env.restart_count, dist.env.max_restarts);
+    // The effective batch is world_size x batch_size; the linear scaling
+    // rule raises the learning rate by the same factor.
+    float lr = (float)(opt.scale_lr ? opt.lr * dist.world_size : opt.lr);
+    log_main("batch %d per rank x %d rank(s) = %d per step; lr %g\n", opt.batch_size,
+             dist.world_size, opt.batch_size * dist.world_size, lr);
 
+    // --- Data and sampler: every rank makes the same dataset (as every
+    // rank would open the same files); the sampler gives each its disjoint
+    // share of every epoch.
+    linreg_data data = linreg_make_data(opt.features, opt.samples, (uint64_t)opt.seed);
+    sampler_t sampler = sampler_create(opt.samples, dist.world_size, dist.rank, true,
+                                       (uint64_t)opt.seed, false);
+
+    // --- Model: a replica per rank, made equal by broadcasting rank 0's.
+    linreg_model model;
+    linreg_init(&model, &dist.device, &data, opt.batch_size);
+    size_t nparams = (size_t)opt.features + 1;
     // --- Resume: rank 0 reads the newest valid snapshot (a damaged one is
     // reported and an older one used), then everyone gets its state by
     // broadcast: no shared filesystem needed for the other ranks.
+    linreg_run run = {opt.features, opt.samples, opt.batch_size, opt.seed,
+                      opt.scale_lr ? opt.lr * dist.world_size : opt.lr, opt.momentum};
     linreg_progress progress;
-    if (linreg_resume(&dist, opt.snapshot_path, run, opt.total_epochs, &model, &progress)) {
-        if (progress.world_size != dist.world_size)
-            log_main("the snapshot was written by %lld rank(s), this run has %d: the rest of epoch %lld "
-                     "is re-sharded from global position %lld\n", (long long)progress.world_size,
-                     dist.world_size, (long long)progress.epoch, (long long)progress.position);
-    }
+    linreg_resume(&dist, opt.snapshot_path, &run, opt.epochs, &model, &progress);
+    int first_epoch = (int)progress.epoch;
+    int64_t step = progress.global_step;
 
-    // --- Training loop, with snapshots and fault injection.
-    float lr = (float)run->lr;
+    char out_dir[1024];
+    files_runs_dir(out_dir, sizeof out_dir, CHAPTER);
+    metrics_csv csv = {0};
+    if (dist.rank == 0) csv = metrics_open(out_dir, "train", "epoch,loss,seconds");
+
+    // --- Training loop. The clock starts when every rank is ready.
+    pg_barrier(dist.pg);
     double start = now_seconds();
-    for (int64_t epoch = progress.epoch; epoch < opt.total_epochs; epoch++) {
-        int64_t from = epoch == progress.epoch ? progress.position : 0;
-        sampler_set_epoch_from(&sampler, (int)epoch, from);
+    double first_loss = 0, last_loss = 0;   // of the first and the last epoch
+    for (int epoch = first_epoch; epoch < opt.epochs; epoch++) {
+        int64_t from = epoch == first_epoch ? progress.position : 0;   // resumed mid-epoch: go on from there
+        sampler_set_epoch_from(&sampler, epoch, from);
         linreg_set_order(&model, sampler.indices, sampler.num_samples);
         double batches = 0;
-        for (int64_t first = 0; first < sampler.num_samples; first += run->batch_size) {
-            int size = (int)(sampler.num_samples - first < run->batch_size
-                                 ? sampler.num_samples - first : run->batch_size);
-            linreg_forward_backward(&model, first, size);
-            fault_maybe_die(&opt.fault, &dist, progress.global_step + 1);
-            ddp_average_gradients(dist.pg, model.grads, nparams);
-            linreg_momentum_step(&model, lr, (float)run->momentum);
+        for (int64_t first = 0; first < sampler.num_samples; first += opt.batch_size) {
+            int size = (int)(sampler.num_samples - first < opt.batch_size
+                                 ? sampler.num_samples - first : opt.batch_size);
+            linreg_forward_backward(&model, first, size);             // local gradient
+            fault_point(&opt.fault, &dist, step + 1, model.params);   // planned failures (fault.h)
+            ddp_average_gradients(dist.pg, model.grads, nparams);     // the one DDP line
+            linreg_momentum_step(&model, lr, (float)opt.momentum);    // same update everywhere
             batches++;
+            step++;
+            if (opt.check_replicas > 0 && step % opt.check_replicas == 0)
+                ddp_check_replicas(dist.pg, &dist.device, model.params, nparams, step);
             // Where the run is now: the ranks together have trained on
             // (first + size) x world samples of this epoch's global order.
-            progress = (linreg_progress){epoch, from + (first + size) * dist.world_size, progress.global_step + 1, dist.world_size};
-            if (progress.position > run->samples) progress.position = run->samples; // padding at the end
+            progress = (linreg_progress){epoch, from + (first + size) * dist.world_size, step, dist.world_size};
+            if (progress.position > opt.samples) progress.position = opt.samples; // padding at the end
             bool epoch_done = first + size >= sampler.num_samples;
-            if (epoch_done) progress = (linreg_progress){epoch + 1, 0, progress.global_step, dist.world_size};
+            if (epoch_done) progress = (linreg_progress){epoch + 1, 0, step, dist.world_size};
             // Mid-epoch snapshots every --save_every_steps; the one at the
             // epoch's end comes after the epoch's line, below.
-            bool save = !epoch_done && opt.save_every_steps > 0 && progress.global_step % opt.save_every_steps == 0;
-            if (save && dist.rank == 0) linreg_snapshot_save(opt.snapshot_path, opt.keep, run, &model, &progress);
+            bool save = !epoch_done && opt.save_every_steps > 0 && step % opt.save_every_steps == 0;
+            if (save && dist.rank == 0) linreg_snapshot_save(opt.snapshot_path, opt.keep, &run, &model, &progress);
         }
-        double loss[2] = {linreg_take_loss_sum(&model), batches};
-        dist_all_reduce_host(&dist, loss, 2, OP_SUM);
-        log_main("epoch %lld | loss %.6f | step %lld | %.3f s\n", (long long)epoch,
-                 loss[1] > 0 ? loss[0] / loss[1] : 0.0, (long long)progress.global_step, now_seconds() - start);
-        bool save = (epoch + 1) % opt.save_every == 0 ||
-                    (opt.save_every_steps > 0 && progress.global_step % opt.save_every_steps == 0);
-        if (save && dist.rank == 0) linreg_snapshot_save(opt.snapshot_path, opt.keep, run, &model, &progress);
+        // The epoch's loss over all ranks: sum every rank's batch losses
+        // and batch counts, then divide. Rank 0's own share would be only
+        // 1/world of the picture.
+        double loss_and_batches[2] = {linreg_take_loss_sum(&model), batches};
+        dist_all_reduce_host(&dist, loss_and_batches, 2, OP_SUM);
+        double epoch_loss = loss_and_batches[0] / loss_and_batches[1];
+        if (epoch == first_epoch) first_loss = epoch_loss;
+        last_loss = epoch_loss;
+        log_main("epoch %2d | loss %.6f (mean over all ranks) | %lld steps | %.3f s\n", epoch,
+                 epoch_loss, (long long)step, now_seconds() - start);
+        if (dist.rank == 0) metrics_row(&csv, "%d,%.8f,%.6f", epoch, epoch_loss, now_seconds() - start);
+        bool save = (epoch + 1) % opt.save_every == 0 || (opt.save_every_steps > 0 && step % opt.save_every_steps == 0);
+        if (save && dist.rank == 0) linreg_snapshot_save(opt.snapshot_path, opt.keep, &run, &model, &progress);
     }
-    pg_barrier(dist.pg);
+    pg_barrier(dist.pg); // the job is done when the slowest rank is
+    double seconds = now_seconds() - start;
 
-    // --- Export: the weights alone, for inference. A snapshot is for
-    // training on; an exported model is what you ship.
+    // --- Report and teardown. The checksum compares runs bit for bit.
     float *params = xmalloc(sizeof(float) * nparams);
     linreg_get_params(&model, params);
     if (dist.rank == 0) {
-        // Beside the snapshots: <dir of --snapshot_path>/model.safetensors.
-        char path[1100], err[1400];
-        const char *slash = strrchr(opt.snapshot_path, '/');
-        int dir_len = slash ? (int)(slash - opt.snapshot_path) : 1;
-        snprintf(path, sizeof path, "%.*s/model.safetensors", dir_len, slash ? opt.snapshot_path : ".");
-        int64_t shape[1] = {(int64_t)nparams};
-        snapshot_tensor t = snapshot_tensor_of("params", "F32", params, 1, shape);
-        snapshot_meta m[8];
-        int n = linreg_run_meta(run, m);
-        if (!snapshot_write(path, &t, 1, m, n, err, sizeof err)) die("could not export the model: %s", err);
-        log_main("final weight %.9g  bias %.9g  (true 2.0, 3.0)\n", params[0], params[run->features]);
-        log_main("final parameters checksum %016llx; model exported to %s\n",
-                 (unsigned long long)checksum_bytes(params, sizeof(float) * nparams), path);
+        metrics_close(&csv);
+        log_main("final weight %.6f  bias %.6f  (true 2.0, 3.0)  parameters checksum %016llx\n", params[0],
+                 params[opt.features], (unsigned long long)checksum_bytes(params, sizeof(float) * nparams));
+        log_main("training time %.6f s on %d rank(s) (%.0f samples/s)\n", seconds, dist.world_size,
+                 (double)opt.samples * (opt.epochs - first_epoch) / seconds);
+        // The weights alone, for inference: a snapshot is for training on,
+        // an exported model is what you ship.
+        linreg_export(opt.snapshot_path, &run, params);
     }
     free(params);
     linreg_free(&model);
     sampler_free(&sampler);
     linreg_free_data(&data);
+    // Did it learn, or blow up? Every rank knows (the loss is all-reduced);
+    // rank 0 says it before anyone leaves, then all of them exit with 1.
+    bool diverged = linreg_diverged(first_loss, last_loss);
+    if (diverged && dist.rank == 0)
+        course_say("error: training diverged: the loss went from %g (epoch %d) to %g (epoch %d). lr %g%s is "
+                   "too large: SGD on this data is stable only for lr below 1. Use --lr %g or less, or "
+                   "fewer ranks", first_loss, first_epoch, last_loss, opt.epochs - 1, lr,
+                   opt.scale_lr && dist.world_size > 1 ? " (lr x world size, the linear scaling rule)" : "",
+                   0.5 / (opt.scale_lr ? dist.world_size : 1));
     dist_finish(&dist);
-    return 0;
+    return diverged ? 1 : 0;
 }

@@ -1,7 +1,7 @@
 // 07_multinode.c - Chapter 7: one job, many nodes.
 //
-// The training is chapter 06's (data parallel, snapshots, restarts); what is
-// new is where the ranks run. A launcher on EACH node starts that node's
+// The training is chapter 06's (data parallel, snapshots, restarts), the
+// same text; what is new is where the ranks run. A launcher on EACH node starts that node's
 // workers; the launchers meet at node 0 (MASTER_ADDR:MASTER_PORT) and hand
 // out global ranks node by node, so each worker knows three numbers:
 //   RANK        its place in the whole job (0 .. WORLD_SIZE-1): data shard, who saves
@@ -16,6 +16,7 @@
 //   (each is one command line)
 //   one machine, two "nodes": 07_multinode/rehearsal.sh
 //
+// Read the diff first: `make diffs` shows what changed since chapter 06.
 // Every rank prints where it is ("[node 1 | rank 3 | local 1] ...") and the
 // address it offers to the others, then rank 0 reports. Before any of that
 // dist_init has checked that every rank runs the same course, CUDA and NCCL
@@ -25,46 +26,58 @@
 
 #include "ddp.h"
 #include "dist.h"
+#include "fault.h"
 #include "flags.h"
 #include "linreg.h"
+#include "linreg_snapshot.h"
 #include "log.h"
 #include "metrics.h"
 #include "netif.h"
 #include "sampler.h"
-#include "linreg_snapshot.h"
 #include "timer.h"
 
+#define CHAPTER "07_multinode"
+
 typedef struct {
-    int total_epochs, save_every, keep;
-    linreg_run run;      // what a snapshot must match (common/linreg_snapshot.h)
-    double timeout;
-    const char *snapshot_path, *backend, *device;
-    fault_plan fault;
+    int epochs, batch_size, features, samples, seed, check_replicas;
+    double lr, timeout;
+    const char *backend, *device, *init_method;
+    bool scale_lr;
+    fault_plan fault;    // --fail_rank R --fail_step S: a rank dies, for the lesson (fault.h)
+    int save_every, save_every_steps, keep;
+    double momentum;
+    const char *snapshot_path;
 } options;
 
 static options parse_options(int argc, char **argv) {
     static char default_path[1200];
     char dir[1024];
-    runs_dir(dir, sizeof dir, "07_multinode");
+    files_runs_dir(dir, sizeof dir, CHAPTER);
     snprintf(default_path, sizeof default_path, "%s/snapshot.safetensors", dir);
-    options o = {10, 1, 2, {1, 10000, 32, 42, 0.01, 0.9}, 0, default_path, "auto", "auto", fault_none()};
+    options o = {.epochs = 10, .batch_size = 32, .features = 1, .samples = 10000, .seed = 42, .lr = 0.01,
+                 .backend = "auto", .device = "auto", .init_method = "env://", .scale_lr = false,
+                 .fault = fault_none(), .save_every = 1, .keep = 2, .momentum = 0.9, .snapshot_path = default_path};
     flag_t flags[24] = {
-        {"total_epochs", NULL, FLAG_INT, &o.total_epochs, "epochs of the whole run, across restarts", 1, 100000, NULL, NULL},
-        {"save_every", NULL, FLAG_INT, &o.save_every, "snapshot every N epochs (rank 0, on node 0's disk)", 1, 100000, NULL, NULL},
+        {"total_epochs", NULL, FLAG_INT, &o.epochs, "epochs of the whole run, across restarts", 1, 100000, NULL, NULL},
+        {"save_every", NULL, FLAG_INT, &o.save_every, "snapshot every N epochs", 1, 100000, NULL, NULL},
+        {"save_every_steps", NULL, FLAG_INT, &o.save_every_steps, "also snapshot every N steps (0: only at epoch ends)", 0, 1000000000, NULL, NULL},
         {"snapshot_path", NULL, FLAG_STRING, &o.snapshot_path, "snapshot series: DIR/STEM.safetensors", 1, 0, NULL, NULL},
         {"keep", NULL, FLAG_INT, &o.keep, "keep the newest K snapshots", 1, 1000, NULL, NULL},
-        {"batch_size", NULL, FLAG_INT, &o.run.batch_size, "samples per step PER RANK", 1, 1000000, NULL, NULL},
-        {"lr", NULL, FLAG_DOUBLE, &o.run.lr, "learning rate", 0, 100, NULL, NULL},
-        {"momentum", NULL, FLAG_DOUBLE, &o.run.momentum, "SGD momentum", 0, 0.999, NULL, NULL},
-        {"features", NULL, FLAG_INT, &o.run.features, "input features D", 1, 65536, NULL, NULL},
-        {"samples", NULL, FLAG_INT, &o.run.samples, "training samples", 1, 100000000, NULL, NULL},
-        {"seed", NULL, FLAG_INT, &o.run.seed, "seed for data and shuffling", 0, 2147483647, NULL, NULL},
+        {"batch_size", NULL, FLAG_INT, &o.batch_size, "samples per step PER RANK", 1, 1000000, NULL, NULL},
+        {"lr", NULL, FLAG_DOUBLE, &o.lr, "learning rate of one process", 0, 100, NULL, NULL},
+        {"momentum", NULL, FLAG_DOUBLE, &o.momentum, "SGD momentum (optimizer state!)", 0, 0.999, NULL, NULL},
+        {"scale_lr", NULL, FLAG_BOOL, &o.scale_lr, "multiply lr by the world size (linear scaling rule)", 1, 0, NULL, NULL},
+        {"features", NULL, FLAG_INT, &o.features, "input features D", 1, 65536, NULL, NULL},
+        {"samples", NULL, FLAG_INT, &o.samples, "training samples", 1, 100000000, NULL, NULL},
+        {"seed", NULL, FLAG_INT, &o.seed, "seed for data and shuffling", 0, 2147483647, NULL, NULL},
         {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl", "COURSE_BACKEND"},
         {"device", NULL, FLAG_STRING, &o.device, "where to compute", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
+        {"init_method", NULL, FLAG_STRING, &o.init_method, "how ranks meet: env://, tcp://HOST:PORT, file:///path", 1, 0, NULL, NULL},
+        {"check_replicas", NULL, FLAG_INT, &o.check_replicas, "every N steps, stop if the replicas differ (0: never)", 0, 1000000000, NULL, NULL},
         {"timeout", NULL, FLAG_DOUBLE, &o.timeout, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL},
     };
-    int count = fault_add_flags(&o.fault, flags, 13);
-    flag_set set = {"07_multinode", "data-parallel training across several nodes, with snapshots",
+    int count = fault_add_flags(&o.fault, flags, 17);
+    flag_set set = {CHAPTER, "data-parallel training across several nodes, with snapshots",
                     NULL, flags, count};
     flags_parse(&set, argc, argv);
     return o;
@@ -108,7 +121,7 @@ static void report_layout(dist_t *d) {
             r = last;
         }
     }
-    log_main("07_multinode: %d rank%s on %s; started by %s; backend %s; restart %d of at most %d\n",
+    log_main(CHAPTER ": %d rank%s on %s; started by %s; backend %s; restart %d of at most %d\n",
              world, world == 1 ? "" : "s", text, d->env.launched ? d->env.source : "hand (no launcher)",
              pg_describe(d->pg), d->env.restart_count, d->env.max_restarts);
     free(node_of);
@@ -121,65 +134,116 @@ int main(int argc, char **argv) {
     // --- Set-up: the same call as on one node. The launchers did the
     // multi-node work; dist_init meets the others and checks versions.
     dist_t dist;
-    dist_options how = {"env://", opt.backend, opt.device, opt.timeout};
+    dist_options how = {opt.init_method, opt.backend, opt.device, opt.timeout};
     dist_init(&dist, &how);
     print_start_line(&dist);
     report_layout(&dist);
+    // The effective batch is world_size x batch_size; the linear scaling
+    // rule raises the learning rate by the same factor.
+    float lr = (float)(opt.scale_lr ? opt.lr * dist.world_size : opt.lr);
+    log_main("batch %d per rank x %d rank(s) = %d per step; lr %g\n", opt.batch_size,
+             dist.world_size, opt.batch_size * dist.world_size, lr);
 
-    // --- Data and model: every rank builds the same dataset and takes the
-    // share its GLOBAL rank gives it; the node does not matter.
-    const linreg_run *run = &opt.run;
-    linreg_data data = linreg_make_data(run->features, run->samples, (uint64_t)run->seed);
-    sampler_t sampler = sampler_create(run->samples, dist.world_size, dist.rank, true,
-                                       (uint64_t)run->seed, false);
+    // --- Data and sampler: every rank makes the same dataset (as every
+    // rank would open the same files); the sampler gives each the share its
+    // GLOBAL rank names: the node does not matter.
+    linreg_data data = linreg_make_data(opt.features, opt.samples, (uint64_t)opt.seed);
+    sampler_t sampler = sampler_create(opt.samples, dist.world_size, dist.rank, true,
+                                       (uint64_t)opt.seed, false);
+
+    // --- Model: a replica per rank, made equal by broadcasting rank 0's.
     linreg_model model;
-    linreg_init(&model, &dist.device, &data, run->batch_size);
-    size_t nparams = (size_t)run->features + 1;
+    linreg_init(&model, &dist.device, &data, opt.batch_size);
+    size_t nparams = (size_t)opt.features + 1;
+    // --- Resume: rank 0 reads node 0's snapshot (a damaged one is
+    // reported and an older one used), then a broadcast carries the state
+    // to every rank of every node: no shared filesystem needed.
+    linreg_run run = {opt.features, opt.samples, opt.batch_size, opt.seed,
+                      opt.scale_lr ? opt.lr * dist.world_size : opt.lr, opt.momentum};
+    linreg_progress progress;
+    linreg_resume(&dist, opt.snapshot_path, &run, opt.epochs, &model, &progress);
+    int first_epoch = (int)progress.epoch;
+    int64_t step = progress.global_step;
 
-    // --- Resume: rank 0 reads node 0's snapshot; a broadcast carries the
-    // state to every rank of every node.
-    // Snapshots are taken at epoch ends only here (chapter 06 shows mid-epoch ones).
-    linreg_progress where;
-    linreg_resume(&dist, opt.snapshot_path, run, opt.total_epochs, &model, &where);
+    char out_dir[1024];
+    files_runs_dir(out_dir, sizeof out_dir, CHAPTER);
+    metrics_csv csv = {0};
+    if (dist.rank == 0) csv = metrics_open(out_dir, "train", "epoch,loss,seconds");
 
-    // --- Training loop: exactly chapter 06's, whatever the number of nodes.
-    int64_t step = where.global_step;
+    // --- Training loop. The clock starts when every rank is ready.
+    pg_barrier(dist.pg);
     double start = now_seconds();
-    for (int64_t epoch = where.epoch; epoch < opt.total_epochs; epoch++) {
-        sampler_set_epoch(&sampler, (int)epoch);
+    double first_loss = 0, last_loss = 0;   // of the first and the last epoch
+    for (int epoch = first_epoch; epoch < opt.epochs; epoch++) {
+        int64_t from = epoch == first_epoch ? progress.position : 0;   // resumed mid-epoch: go on from there
+        sampler_set_epoch_from(&sampler, epoch, from);
         linreg_set_order(&model, sampler.indices, sampler.num_samples);
         double batches = 0;
-        for (int64_t first = 0; first < sampler.num_samples; first += run->batch_size) {
-            int size = (int)(sampler.num_samples - first < run->batch_size
-                                 ? sampler.num_samples - first : run->batch_size);
-            linreg_forward_backward(&model, first, size);
-            fault_maybe_die(&opt.fault, &dist, step + 1);
-            ddp_average_gradients(dist.pg, model.grads, nparams);
-            linreg_momentum_step(&model, (float)run->lr, (float)run->momentum);
-            step++;
+        for (int64_t first = 0; first < sampler.num_samples; first += opt.batch_size) {
+            int size = (int)(sampler.num_samples - first < opt.batch_size
+                                 ? sampler.num_samples - first : opt.batch_size);
+            linreg_forward_backward(&model, first, size);             // local gradient
+            fault_point(&opt.fault, &dist, step + 1, model.params);   // planned failures (fault.h)
+            ddp_average_gradients(dist.pg, model.grads, nparams);     // the one DDP line
+            linreg_momentum_step(&model, lr, (float)opt.momentum);    // same update everywhere
             batches++;
+            step++;
+            if (opt.check_replicas > 0 && step % opt.check_replicas == 0)
+                ddp_check_replicas(dist.pg, &dist.device, model.params, nparams, step);
+            // Where the run is now: the ranks together have trained on
+            // (first + size) x world samples of this epoch's global order.
+            progress = (linreg_progress){epoch, from + (first + size) * dist.world_size, step, dist.world_size};
+            if (progress.position > opt.samples) progress.position = opt.samples; // padding at the end
+            bool epoch_done = first + size >= sampler.num_samples;
+            if (epoch_done) progress = (linreg_progress){epoch + 1, 0, step, dist.world_size};
+            // Mid-epoch snapshots every --save_every_steps; the one at the
+            // epoch's end comes after the epoch's line, below.
+            bool save = !epoch_done && opt.save_every_steps > 0 && step % opt.save_every_steps == 0;
+            if (save && dist.rank == 0) linreg_snapshot_save(opt.snapshot_path, opt.keep, &run, &model, &progress);
         }
-        double loss[2] = {linreg_take_loss_sum(&model), batches};
-        dist_all_reduce_host(&dist, loss, 2, OP_SUM);
-        log_main("epoch %lld | loss %.6f | step %lld | %.3f s\n", (long long)epoch,
-                 loss[1] > 0 ? loss[0] / loss[1] : 0.0, (long long)step, now_seconds() - start);
-        if ((epoch + 1) % opt.save_every == 0 && dist.rank == 0) {
-            linreg_progress now = {epoch + 1, 0, step, dist.world_size};
-            linreg_snapshot_save(opt.snapshot_path, opt.keep, run, &model, &now);
-        }
+        // The epoch's loss over all ranks: sum every rank's batch losses
+        // and batch counts, then divide. Rank 0's own share would be only
+        // 1/world of the picture.
+        double loss_and_batches[2] = {linreg_take_loss_sum(&model), batches};
+        dist_all_reduce_host(&dist, loss_and_batches, 2, OP_SUM);
+        double epoch_loss = loss_and_batches[0] / loss_and_batches[1];
+        if (epoch == first_epoch) first_loss = epoch_loss;
+        last_loss = epoch_loss;
+        log_main("epoch %2d | loss %.6f (mean over all ranks) | %lld steps | %.3f s\n", epoch,
+                 epoch_loss, (long long)step, now_seconds() - start);
+        if (dist.rank == 0) metrics_row(&csv, "%d,%.8f,%.6f", epoch, epoch_loss, now_seconds() - start);
+        bool save = (epoch + 1) % opt.save_every == 0 || (opt.save_every_steps > 0 && step % opt.save_every_steps == 0);
+        if (save && dist.rank == 0) linreg_snapshot_save(opt.snapshot_path, opt.keep, &run, &model, &progress);
     }
+    pg_barrier(dist.pg); // the job is done when the slowest rank is
+    double seconds = now_seconds() - start;
 
-    // --- Teardown: the result, in full precision so runs can be compared.
-    pg_barrier(dist.pg);
+    // --- Report and teardown. The checksum compares runs bit for bit.
     float *params = xmalloc(sizeof(float) * nparams);
     linreg_get_params(&model, params);
-    log_main("final weight %.9g  bias %.9g  (true 2.0, 3.0)  parameters checksum %016llx\n",
-             params[0], params[run->features],
-             (unsigned long long)checksum_bytes(params, sizeof(float) * nparams));
+    if (dist.rank == 0) {
+        metrics_close(&csv);
+        log_main("final weight %.6f  bias %.6f  (true 2.0, 3.0)  parameters checksum %016llx\n", params[0],
+                 params[opt.features], (unsigned long long)checksum_bytes(params, sizeof(float) * nparams));
+        log_main("training time %.6f s on %d rank(s) (%.0f samples/s)\n", seconds, dist.world_size,
+                 (double)opt.samples * (opt.epochs - first_epoch) / seconds);
+        // The weights alone, for inference: a snapshot is for training on,
+        // an exported model is what you ship.
+        linreg_export(opt.snapshot_path, &run, params);
+    }
     free(params);
     linreg_free(&model);
     sampler_free(&sampler);
     linreg_free_data(&data);
+    // Did it learn, or blow up? Every rank knows (the loss is all-reduced);
+    // rank 0 says it before anyone leaves, then all of them exit with 1.
+    bool diverged = linreg_diverged(first_loss, last_loss);
+    if (diverged && dist.rank == 0)
+        course_say("error: training diverged: the loss went from %g (epoch %d) to %g (epoch %d). lr %g%s is "
+                   "too large: SGD on this data is stable only for lr below 1. Use --lr %g or less, or "
+                   "fewer ranks", first_loss, first_epoch, last_loss, opt.epochs - 1, lr,
+                   opt.scale_lr && dist.world_size > 1 ? " (lr x world size, the linear scaling rule)" : "",
+                   0.5 / (opt.scale_lr ? dist.world_size : 1));
     dist_finish(&dist);
-    return 0;
+    return diverged ? 1 : 0;
 }

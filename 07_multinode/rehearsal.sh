@@ -99,7 +99,7 @@ for v in "$nproc0" "$nproc1" "$max_restarts" "$deadline" ${kill_epoch:+"$kill_ep
     [[ $v =~ ^[0-9]+$ ]] || die_usage "expected a non-negative integer, got '$v'"
 done
 ((nproc0 >= 1 && nproc1 >= 1)) || die_usage "each node needs at least one worker"
-[[ -n $kill_epoch ]] && kill_on="epoch $kill_epoch |"
+[[ -n $kill_epoch ]] && kill_on="epoch +$kill_epoch \\|"
 [[ -n $restart_after && -z $kill_on ]] && die_usage "--restart_node1_after needs --kill_node1_on or --kill_node1_at_epoch"
 [[ -n $restart_after && $launcher == slurm ]] && die_usage "--restart_node1_after needs --launcher ddprun (a new launcher takes the lost one's place)"
 [[ $PROGRAM == /* ]] || PROGRAM=$PWD/$PROGRAM
@@ -229,11 +229,11 @@ while [[ -z $status0 || -z $status1 ]] || restart_pending; do
         echo "rehearsal: FAIL: the job did not end within $deadline s (a hang); stopping it"
         exit 1
     fi
-    if [[ -n $kill_on && -z $killed_at ]] && grep -q -- "$kill_on" "$out/node0.log"; then
+    if [[ -n $kill_on && -z $killed_at ]] && grep -qE -- "$kill_on" "$out/node0.log"; then
         kill -9 -- "-$pid1" 2>/dev/null
         ((have_ns)) && ip netns pids "$ns1" | xargs -r kill -9 2>/dev/null
         killed_at=$SECONDS
-        echo "rehearsal: killed node 1 (launcher and workers, kill -9) after node 0 printed '$(grep -m1 -- "$kill_on" "$out/node0.log" | cut -c1-100)'"
+        echo "rehearsal: killed node 1 (launcher and workers, kill -9) after node 0 printed '$(grep -m1 -E -- "$kill_on" "$out/node0.log" | cut -c1-100)'"
     fi
     if restart_pending && [[ -n $killed_at && -n $status1 ]] && ((SECONDS - killed_at >= restart_after)); then
         start_node 1 "$nproc1" node1-again.log ${node1_env[@]+"${node1_env[@]}"}

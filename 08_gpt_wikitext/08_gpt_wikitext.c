@@ -37,6 +37,7 @@
 #include "ddp.h"
 #include "device.h"
 #include "dist.h"
+#include "fault.h"
 #include "flags.h"
 #include "gpt.h"
 #include "launch_env.h"
@@ -129,7 +130,7 @@ static options parse_options(int argc, char **argv) {
                  .preset = "default", .prompt = "The", .device = "auto", .nprocs = 1, .backend = "auto",
                  .precision = "auto"};
     static char default_out_dir[1024]; // outlives this function: o.out_dir points at it
-    runs_dir(default_out_dir, sizeof default_out_dir, CHAPTER);
+    files_runs_dir(default_out_dir, sizeof default_out_dir, CHAPTER);
     o.out_dir = default_out_dir;
     flag_t flags[40];
     int count;
@@ -180,7 +181,7 @@ static void choose_threads(void) {
     gpt_blas_single_threaded();
     launch_env_t env = launch_env_read();
     const char *why = "OMP_NUM_THREADS";
-    if (!env_has("OMP_NUM_THREADS")) {
+    if (!launch_env_has("OMP_NUM_THREADS")) {
 #ifdef _OPENMP
         long share = sysconf(_SC_NPROCESSORS_ONLN) / (env.local_world_size > 0 ? env.local_world_size : 1);
         omp_set_num_threads(share > 0 ? (int)share : 1);
@@ -244,7 +245,7 @@ static wikitext_t find_data(const options *o) {
     memset(&w, 0, sizeof w);
     if (!o->data_dir) die("--verify_data=false needs --data_dir (a folder with train.txt, valid.txt, test.txt)");
     snprintf(w.dir, sizeof w.dir, "%s", o->data_dir);
-    snprintf(w.root, sizeof w.root, "%s", COURSE_ROOT);
+    snprintf(w.root, sizeof w.root, "%s", files_course_root());
     for (int s = 0; s < 3; s++) {
         char path[1100];
         snprintf(path, sizeof path, "%s/%s.txt", w.dir, split_names[s]);
@@ -499,19 +500,19 @@ static void save_snapshot(model_t *model, const options *o, int epochs_done, int
     const gpt_t *m = &model->host;
     int64_t shape[1] = {(int64_t)m->num_params};
     float *zeros = m->adam_m ? NULL : xcalloc(m->num_params, sizeof(float));
-    snapshot_tensor t[3] = {snapshot_tensor_of("params", "F32", m->params, 1, shape),
-                            snapshot_tensor_of("adam_m", "F32", m->adam_m ? m->adam_m : zeros, 1, shape),
-                            snapshot_tensor_of("adam_v", "F32", m->adam_v ? m->adam_v : zeros, 1, shape)};
-    snapshot_meta meta[12];
+    safetensors_tensor t[3] = {safetensors_tensor_of("params", "F32", m->params, 1, shape),
+                            safetensors_tensor_of("adam_m", "F32", m->adam_m ? m->adam_m : zeros, 1, shape),
+                            safetensors_tensor_of("adam_v", "F32", m->adam_v ? m->adam_v : zeros, 1, shape)};
+    safetensors_meta meta[12];
     int n = 0;
-    meta[n++] = snapshot_meta_of("config", "vocab %d block %d layers %d heads %d embd %d", m->cfg.vocab_size,
+    meta[n++] = safetensors_meta_of("config", "vocab %d block %d layers %d heads %d embd %d", m->cfg.vocab_size,
                                  m->cfg.block_size, m->cfg.n_layer, m->cfg.n_head, m->cfg.n_embd);
-    meta[n++] = snapshot_meta_of("training", "batch %d accum %d lr %.9g seed %d", o->batch_size, o->grad_accum,
+    meta[n++] = safetensors_meta_of("training", "batch %d accum %d lr %.9g seed %d", o->batch_size, o->grad_accum,
                                  o->lr, o->seed);
-    meta[n++] = snapshot_meta_of("epoch", "%d", epochs_done);
-    meta[n++] = snapshot_meta_of("step", "%d", step);
-    meta[n++] = snapshot_meta_of("adam_step", "%d", m->adam_step);
-    meta[n++] = snapshot_meta_of("world_size", "%d", world);
+    meta[n++] = safetensors_meta_of("epoch", "%d", epochs_done);
+    meta[n++] = safetensors_meta_of("step", "%d", step);
+    meta[n++] = safetensors_meta_of("adam_step", "%d", m->adam_step);
+    meta[n++] = safetensors_meta_of("world_size", "%d", world);
     char err[1400];
     if (!snapshot_save_step(o->snapshot_path, step, t, 3, meta, n, 2, err, sizeof err))
         die("could not save the snapshot: %s", err);
@@ -519,7 +520,7 @@ static void save_snapshot(model_t *model, const options *o, int epochs_done, int
     free(zeros);
 }
 
-static int64_t snapshot_int(const snapshot_t *s, const char *key) {
+static int64_t snapshot_int(const safetensors_t *s, const char *key) {
     int64_t v = 0;
     char err[300];
     if (!snapshot_meta_i64(s, key, &v, err, sizeof err)) die("snapshot %s: %s", s->path, err);
@@ -532,7 +533,7 @@ static int resume(model_t *model, const options *o, dist_t *d, int *step) {
     gpt_t *m = &model->host;
     int64_t where[3] = {0, 0, 0}; // epoch, step, adam_step
     if (d->rank == 0 && o->snapshot_path) {
-        snapshot_t s;
+        safetensors_t s;
         char report[4096], err[1400], want[2][200];
         int found = snapshot_load_latest(o->snapshot_path, &s, report, sizeof report);
         if (report[0]) log_main("%s\n", report);
@@ -553,7 +554,7 @@ static int resume(model_t *model, const options *o, dist_t *d, int *step) {
                 die("cannot resume from %s: %s", s.path, err);
             where[0] = snapshot_int(&s, "epoch"), where[1] = snapshot_int(&s, "step");
             where[2] = snapshot_int(&s, "adam_step");
-            snapshot_release(&s);
+            safetensors_release(&s);
         }
     }
     dist_broadcast_host(d, where, 3, DTYPE_I64, 0);
@@ -568,17 +569,6 @@ static int resume(model_t *model, const options *o, dist_t *d, int *step) {
     return (int)where[0];
 }
 
-// Fault injection for the tests, as in chapter 06: COURSE_FAIL_RANK=r and
-// COURSE_FAIL_STEP=s make rank r exit(3) before step s, in the first
-// attempt only (a restarted job must be able to finish).
-static void maybe_fail(const dist_t *d, int step) {
-    if (env_int("COURSE_FAIL_RANK", -1) != d->rank || env_int("COURSE_FAIL_STEP", -1) != step) return;
-    if (d->env.restart_count > 0) return;
-    fprintf(stderr, "fault injection: rank %d dies at step %d\n", d->rank, step);
-    fflush(NULL);
-    exit(3);
-}
-
 static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr) {
     log_main("training: %d step(s) (%d per epoch) of %d tokens (%d rank(s) x %d x batch %d x block %d) | lr %g -> "
              "%g, warm-up %d\n", tr->total_steps, tr->steps_per_epoch,
@@ -586,6 +576,9 @@ static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr
              o->grad_accum, o->batch_size, o->block_size, o->lr, o->min_lr, tr->warmup);
     int step = 0;
     int first_epoch = resume(m, o, tr->dist, &step);
+    // For the tests, as in chapter 06: COURSE_FAIL_RANK and COURSE_FAIL_STEP
+    // make a rank die before that step, in the first attempt only.
+    fault_plan fault = fault_from_env();
     tr->start = tr->interval_start = now_seconds();
     for (int epoch = first_epoch; epoch < o->epochs && step < tr->total_steps; epoch++) {
         // Each rank takes its share of this epoch's order (seed + epoch).
@@ -593,7 +586,7 @@ static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr
         bool validated = false;
         for (int s = 0; s < tr->steps_per_epoch && step < tr->total_steps; s++) {
             double t0 = now_seconds();
-            maybe_fail(tr->dist, step + 1);
+            fault_maybe_die(&fault, tr->dist, step + 1);
             train_step(m, tr, o, c->split[0], s, step);
             tr->loss_count++;
             step++;
@@ -626,7 +619,7 @@ static int run_rank(int rank, int world, void *arg) {
     nodes_report(&dist); // one line per node: host, ranks, device, transport
     char cache_dir[1000]; // --out_dir has at most 900 bytes
     snprintf(cache_dir, sizeof cache_dir, "%s/cache", o->out_dir);
-    make_dirs(cache_dir);
+    files_make_dirs_or_die(cache_dir);
 
     // --- Data: rank 0 trains (or loads) the tokenizer and fills the token
     // cache first; the others then read the cache instead of doing it again.

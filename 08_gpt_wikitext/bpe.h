@@ -18,7 +18,7 @@
 //   4. encoding (a cache per distinct word; merges applied by rank) and
 //      decoding
 //   5. saving and loading in the layout of Hugging Face tokenizers'
-//      tokenizer.json, with a small strict JSON reader
+//      tokenizer.json (read with the course's JSON reader, common/json.h)
 //
 // Token ids are uint16_t, so a vocabulary holds at most 65536 tokens.
 // One special token, "<|endoftext|>", marks document boundaries; the
@@ -39,6 +39,8 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "files.h"
+#include "json.h"
 #include "sha256.h"
 
 #define BPE_EOT "<|endoftext|>"
@@ -791,42 +793,6 @@ static inline void bpe_text_token(bpe_text *s, const bpe_t *t, int id) {
     bpe_text_add(s, "\"", 1);
 }
 
-// Write data to path so that a crash leaves either the old file or the new
-// one, never half of one: a temporary file, fsync, rename, fsync the folder.
-static inline bool bpe_write_atomic(const char *path, const void *data, size_t len, char *err, size_t errlen) {
-    char tmp[4096];
-    if (!bpe_format(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()))
-        return bpe_fail(err, errlen, "%s: path too long", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return bpe_fail(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
-    const char *p = data;
-    int failed = 0; // errno of the first failure
-    for (size_t done = 0; !failed && done < len;) {
-        ssize_t n = write(fd, p + done, len - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) failed = n < 0 ? errno : EIO;
-        else done += (size_t)n;
-    }
-    if (!failed && fsync(fd) != 0) failed = errno;
-    if (close(fd) != 0 && !failed) failed = errno;
-    if (!failed && rename(tmp, path) != 0) failed = errno;
-    if (failed) {
-        bpe_fail(err, errlen, "cannot write %s: %s", path, strerror(failed));
-        unlink(tmp);
-        return false;
-    }
-    char dir[4096];
-    bpe_format(dir, sizeof dir, "%s", path); // fits: tmp, which is longer, did
-    char *slash = strrchr(dir, '/');
-    if (slash) *(slash == dir ? slash + 1 : slash) = '\0';
-    int dfd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) { // so that the rename itself reaches the disk; some file systems
-        (void)fsync(dfd); // cannot fsync a folder, and the data is safe either way
-        close(dfd);
-    }
-    return true;
-}
-
 static inline void bpe_json_header(bpe_text *s, const bpe_t *t) {
     char line[256];
     bpe_text_str(s, "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n  \"added_tokens\": [");
@@ -872,270 +838,9 @@ static inline bool bpe_save_json(const bpe_t *t, const char *path, char *err, si
         bpe_text_str(&s, "\"");
     }
     bpe_text_str(&s, "\n    ]\n  }\n}\n");
-    bool ok = bpe_write_atomic(path, s.data, s.len, err, errlen);
+    bool ok = files_write_atomic(path, s.data, s.len, err, errlen);   // a crash leaves the old file or the new one
     free(s.data);
     return ok;
-}
-
-// ---------------------------------------------------------------- JSON reader
-//
-// Just enough JSON for tokenizer files, and strict: every read is bounds
-// checked, nesting is limited, strings must be valid UTF-8, escapes
-// (\uXXXX with surrogate pairs) are decoded. The document becomes a tree
-// of nodes; children of an array or object are linked through `next`.
-
-typedef enum { BPE_JSON_NULL, BPE_JSON_BOOL, BPE_JSON_NUMBER, BPE_JSON_STRING, BPE_JSON_ARRAY, BPE_JSON_OBJECT } bpe_json_type;
-
-typedef struct {
-    bpe_json_type type;
-    int32_t first, next;     // first child; next sibling (-1: none)
-    int32_t count;           // children
-    size_t key_off, str_off; // member name and string value, in the pool
-    uint32_t key_len, str_len;
-    double number;           // numbers, and 0/1 for booleans
-} bpe_json_node;
-
-typedef struct {
-    const char *text;
-    size_t len, pos;
-    int depth;
-    bpe_json_node *nodes;
-    size_t count, cap;
-    char *pool;
-    size_t pool_len, pool_cap;
-    char err[160];
-} bpe_json;
-
-#define BPE_JSON_MAX_DEPTH 64
-
-static inline const char *bpe_json_type_name(bpe_json_type type) {
-    static const char *names[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
-    return names[type];
-}
-
-// Record the first error with its line and column; returns -1 for chaining.
-static inline int32_t bpe_json_fail(bpe_json *j, const char *what) {
-    if (j->err[0]) return -1;
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i < j->pos && i < j->len; i++) {
-        if (j->text[i] == '\n') line++, col = 1;
-        else col++;
-    }
-    bpe_fail(j->err, sizeof j->err, "line %zu, column %zu: %s", line, col, what);
-    return -1;
-}
-
-static inline void bpe_json_skip_space(bpe_json *j) {
-    while (j->pos < j->len) {
-        char c = j->text[j->pos];
-        if (c != ' ' && c != '\t' && c != '\r' && c != '\n') break;
-        j->pos++;
-    }
-}
-
-static inline int32_t bpe_json_new_node(bpe_json *j, bpe_json_type type) {
-    if (j->count >= INT32_MAX) return bpe_json_fail(j, "too many values");
-    j->nodes = bpe_grow(j->nodes, &j->cap, j->count + 1, sizeof *j->nodes);
-    j->nodes[j->count] = (bpe_json_node){.type = type, .first = -1, .next = -1};
-    return (int32_t)j->count++;
-}
-
-static inline void bpe_json_pool_add(bpe_json *j, const char *bytes, size_t n) {
-    j->pool = bpe_grow(j->pool, &j->pool_cap, j->pool_len + n + 1, 1);
-    memcpy(j->pool + j->pool_len, bytes, n);
-    j->pool_len += n;
-}
-
-static inline int bpe_hex_value(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-// The 4 hex digits of a \u escape at text[pos] ("\uXXXX"), or -1.
-static inline int32_t bpe_json_hex4(const bpe_json *j, size_t pos) {
-    if (pos + 6 > j->len || j->text[pos] != '\\' || j->text[pos + 1] != 'u') return -1;
-    int32_t v = 0;
-    for (int i = 2; i < 6; i++) {
-        int h = bpe_hex_value(j->text[pos + i]);
-        if (h < 0) return -1;
-        v = v * 16 + h;
-    }
-    return v;
-}
-
-// One escape sequence at j->pos (which points at the backslash).
-static inline bool bpe_json_escape(bpe_json *j) {
-    if (j->pos + 1 >= j->len) return bpe_json_fail(j, "unterminated string"), false;
-    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
-    const char *simple = j->text[j->pos + 1] ? strchr(from, j->text[j->pos + 1]) : NULL;
-    if (simple) return bpe_json_pool_add(j, &to[simple - from], 1), j->pos += 2, true;
-    int32_t cp = bpe_json_hex4(j, j->pos);
-    if (cp < 0) return bpe_json_fail(j, "bad escape in string (allowed: \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)"), false;
-    j->pos += 6;
-    if (cp >= 0xDC00 && cp <= 0xDFFF) return bpe_json_fail(j, "\\u escape is a lone low surrogate"), false;
-    if (cp >= 0xD800 && cp <= 0xDBFF) { // a high surrogate needs its low half next
-        int32_t low = bpe_json_hex4(j, j->pos);
-        if (low < 0xDC00 || low > 0xDFFF) return bpe_json_fail(j, "\\u escape is a high surrogate without its low half"), false;
-        cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-        j->pos += 6;
-    }
-    char utf8[4];
-    bpe_json_pool_add(j, utf8, (size_t)bpe_utf8_encode((uint32_t)cp, utf8));
-    return true;
-}
-
-// A string literal at j->pos, decoded into the pool.
-static inline bool bpe_json_string(bpe_json *j, size_t *off, uint32_t *len) {
-    if (j->pos >= j->len || j->text[j->pos] != '"') return bpe_json_fail(j, "expected a string"), false;
-    j->pos++;
-    *off = j->pool_len;
-    for (;;) {
-        if (j->pos >= j->len) return bpe_json_fail(j, "unterminated string"), false;
-        unsigned char c = (unsigned char)j->text[j->pos];
-        uint32_t cp;
-        if (c == '"') break;
-        if (c < 0x20) return bpe_json_fail(j, "control character inside a string (must be escaped)"), false;
-        if (c == '\\') {
-            if (!bpe_json_escape(j)) return false;
-            continue;
-        }
-        int n = bpe_utf8_decode((const unsigned char *)j->text + j->pos, j->len - j->pos, &cp);
-        if (n == 0) return bpe_json_fail(j, "invalid UTF-8 inside a string"), false;
-        bpe_json_pool_add(j, j->text + j->pos, (size_t)n);
-        j->pos += (size_t)n;
-    }
-    j->pos++;
-    if (j->pool_len - *off > UINT32_MAX) return bpe_json_fail(j, "string too long"), false;
-    *len = (uint32_t)(j->pool_len - *off);
-    return true;
-}
-
-static inline size_t bpe_json_digits(const bpe_json *j, size_t pos) {
-    while (pos < j->len && j->text[pos] >= '0' && j->text[pos] <= '9') pos++;
-    return pos;
-}
-
-// A number, checked against JSON's grammar before strtod sees it.
-static inline int32_t bpe_json_number(bpe_json *j) {
-    size_t start = j->pos, p = j->pos;
-    if (p < j->len && j->text[p] == '-') p++;
-    size_t int_end = bpe_json_digits(j, p);
-    if (int_end == p || (j->text[p] == '0' && int_end > p + 1)) return bpe_json_fail(j, "bad number");
-    p = int_end;
-    if (p < j->len && j->text[p] == '.') {
-        size_t e = bpe_json_digits(j, p + 1);
-        if (e == p + 1) return bpe_json_fail(j, "bad number: digits must follow '.'");
-        p = e;
-    }
-    if (p < j->len && (j->text[p] == 'e' || j->text[p] == 'E')) {
-        p++;
-        if (p < j->len && (j->text[p] == '+' || j->text[p] == '-')) p++;
-        size_t e = bpe_json_digits(j, p);
-        if (e == p) return bpe_json_fail(j, "bad number: digits must follow the exponent");
-        p = e;
-    }
-    char buf[64];
-    if (p - start >= sizeof buf) return bpe_json_fail(j, "number too long");
-    memcpy(buf, j->text + start, p - start);
-    buf[p - start] = '\0';
-    int32_t node = bpe_json_new_node(j, BPE_JSON_NUMBER);
-    if (node >= 0) j->nodes[node].number = strtod(buf, NULL);
-    j->pos = p;
-    return node;
-}
-
-static inline int32_t bpe_json_literal(bpe_json *j) {
-    static const char *words[] = {"null", "true", "false"};
-    for (int i = 0; i < 3; i++) {
-        size_t n = strlen(words[i]);
-        if (j->len - j->pos >= n && !memcmp(j->text + j->pos, words[i], n)) {
-            int32_t node = bpe_json_new_node(j, i == 0 ? BPE_JSON_NULL : BPE_JSON_BOOL);
-            if (node >= 0) j->nodes[node].number = i == 1;
-            j->pos += n;
-            return node;
-        }
-    }
-    return bpe_json_fail(j, "expected a value (string, number, object, array, true, false or null)");
-}
-
-static inline int32_t bpe_json_value(bpe_json *j);
-
-// Array or object at j->pos: the opening bracket, then members until the closing one.
-static inline int32_t bpe_json_container(bpe_json *j, bool is_object) {
-    if (++j->depth > BPE_JSON_MAX_DEPTH) return bpe_json_fail(j, "nested too deeply");
-    int32_t node = bpe_json_new_node(j, is_object ? BPE_JSON_OBJECT : BPE_JSON_ARRAY), last = -1;
-    char close = is_object ? '}' : ']';
-    j->pos++;
-    bpe_json_skip_space(j);
-    if (node >= 0 && j->pos < j->len && j->text[j->pos] == close) return j->pos++, j->depth--, node;
-    while (node >= 0) {
-        size_t key_off = 0;
-        uint32_t key_len = 0;
-        bpe_json_skip_space(j);
-        if (is_object) {
-            if (!bpe_json_string(j, &key_off, &key_len)) return -1;
-            bpe_json_skip_space(j);
-            if (j->pos >= j->len || j->text[j->pos] != ':') return bpe_json_fail(j, "expected ':' after a member name");
-            j->pos++;
-        }
-        int32_t child = bpe_json_value(j);
-        if (child < 0) return -1;
-        j->nodes[child].key_off = key_off, j->nodes[child].key_len = key_len;
-        if (last < 0) j->nodes[node].first = child;
-        else j->nodes[last].next = child;
-        last = child;
-        j->nodes[node].count++;
-        bpe_json_skip_space(j);
-        if (j->pos < j->len && j->text[j->pos] == ',') { j->pos++; continue; }
-        if (j->pos < j->len && j->text[j->pos] == close) return j->pos++, j->depth--, node;
-        return bpe_json_fail(j, is_object ? "expected ',' or '}' in an object" : "expected ',' or ']' in an array");
-    }
-    return -1;
-}
-
-static inline int32_t bpe_json_value(bpe_json *j) {
-    bpe_json_skip_space(j);
-    if (j->pos >= j->len) return bpe_json_fail(j, "unexpected end of file");
-    char c = j->text[j->pos];
-    if (c == '{' || c == '[') return bpe_json_container(j, c == '{');
-    if (c == '-' || (c >= '0' && c <= '9')) return bpe_json_number(j);
-    if (c == '"') {
-        int32_t node = bpe_json_new_node(j, BPE_JSON_STRING);
-        size_t off;
-        uint32_t len;
-        if (node < 0 || !bpe_json_string(j, &off, &len)) return -1;
-        j->nodes[node].str_off = off, j->nodes[node].str_len = len;
-        return node;
-    }
-    return bpe_json_literal(j);
-}
-
-// Parse a whole document; the root is node 0. False with j->err on error.
-static inline bool bpe_json_parse(bpe_json *j, const char *text, size_t len) {
-    memset(j, 0, sizeof *j);
-    j->text = text, j->len = len;
-    if (bpe_json_value(j) < 0) return false;
-    bpe_json_skip_space(j);
-    if (j->pos != j->len) return bpe_json_fail(j, "unexpected text after the end of the document"), false;
-    return true;
-}
-
-static inline void bpe_json_free(bpe_json *j) { free(j->nodes), free(j->pool); }
-
-// Member `key` of object node obj, or -1.
-static inline int32_t bpe_json_get(const bpe_json *j, int32_t obj, const char *key) {
-    if (obj < 0 || j->nodes[obj].type != BPE_JSON_OBJECT) return -1;
-    size_t n = strlen(key);
-    for (int32_t c = j->nodes[obj].first; c >= 0; c = j->nodes[c].next)
-        if (j->nodes[c].key_len == n && !memcmp(j->pool + j->nodes[c].key_off, key, n)) return c;
-    return -1;
-}
-
-static inline bool bpe_json_string_is(const bpe_json *j, int32_t node, const char *s) {
-    return node >= 0 && j->nodes[node].type == BPE_JSON_STRING && j->nodes[node].str_len == strlen(s) &&
-           !memcmp(j->pool + j->nodes[node].str_off, s, strlen(s));
 }
 
 // ---------------------------------------------------------------- loading
@@ -1152,21 +857,31 @@ static inline const char *bpe_quote(const char *s, size_t len, char out[64]) {
 }
 
 
+// "an object", "a string", ...: a JSON type in a message.
+static inline const char *bpe_json_kind(json_type type) {
+    static const char *names[] = {"null", "a boolean", "a boolean", "a number", "a string", "an array", "an object"};
+    return names[type];
+}
+
 // Member `key` of obj, which must exist and have the given type.
-static inline int32_t bpe_json_need(const bpe_json *j, int32_t obj, const char *key, bpe_json_type type,
-                                    const char *where, char *reason, size_t reason_len) {
-    int32_t node = bpe_json_get(j, obj, key);
-    if (node < 0) return bpe_fail(reason, reason_len, "missing field %s%s", where, key), -1;
-    if (j->nodes[node].type != type)
-        return bpe_fail(reason, reason_len, "%s%s should be %s, not %s", where, key, bpe_json_type_name(type),
-                             bpe_json_type_name(j->nodes[node].type)), -1;
+static inline const json_node *bpe_json_need(const json_doc *j, const json_node *obj, const char *key, json_type type,
+                                             const char *where, char *reason, size_t reason_len) {
+    const json_node *node = json_member(j, obj, key);
+    if (!node) return bpe_fail(reason, reason_len, "missing field %s%s", where, key), NULL;
+    if (node->type != type)
+        return bpe_fail(reason, reason_len, "%s%s should be %s, not %s", where, key, bpe_json_kind(type),
+                        bpe_json_kind(node->type)), NULL;
     return node;
 }
 
+static inline bool bpe_json_string_is(const json_node *node, const char *s) {
+    return node && node->type == JSON_STRING && node->len == strlen(s) && !memcmp(node->text, s, node->len);
+}
+
 // A JSON integer in [0, BPE_MAX_VOCAB), else -1.
-static inline int32_t bpe_json_token_id(const bpe_json *j, int32_t node) {
-    if (j->nodes[node].type != BPE_JSON_NUMBER) return -1;
-    double v = j->nodes[node].number;
+static inline int32_t bpe_json_token_id(const json_node *node) {
+    double v;
+    if (!json_double(node, &v)) return -1;
     return v >= 0 && v < BPE_MAX_VOCAB && v == (double)(int32_t)v ? (int32_t)v : -1;
 }
 
@@ -1193,26 +908,27 @@ typedef struct {
     int max_id;
 } bpe_loader;
 
-static inline bool bpe_load_check_model(const bpe_json *j, char *reason, size_t reason_len) {
-    int32_t model = bpe_json_need(j, 0, "model", BPE_JSON_OBJECT, "", reason, reason_len);
-    if (model < 0) return false;
-    if (!bpe_json_string_is(j, bpe_json_get(j, model, "type"), "BPE"))
+static inline bool bpe_load_check_model(const json_doc *j, char *reason, size_t reason_len) {
+    const json_node *root = json_root(j);
+    const json_node *model = bpe_json_need(j, root, "model", JSON_OBJECT, "", reason, reason_len);
+    if (!model) return false;
+    if (!bpe_json_string_is(json_member(j, model, "type"), "BPE"))
         return bpe_fail(reason, reason_len, "model.type must be \"BPE\" (missing or another model)");
     const char *parts[] = {"pre_tokenizer", "decoder"};
     for (int i = 0; i < 2; i++) {
-        int32_t part = bpe_json_need(j, 0, parts[i], BPE_JSON_OBJECT, "", reason, reason_len);
-        if (part < 0) return false;
-        if (!bpe_json_string_is(j, bpe_json_get(j, part, "type"), "ByteLevel"))
+        const json_node *part = bpe_json_need(j, root, parts[i], JSON_OBJECT, "", reason, reason_len);
+        if (!part) return false;
+        if (!bpe_json_string_is(json_member(j, part, "type"), "ByteLevel"))
             return bpe_fail(reason, reason_len, "%s.type must be \"ByteLevel\" (this reader handles byte-level BPE only)", parts[i]);
     }
     const char *affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (int i = 0; i < 2; i++) {
-        int32_t a = bpe_json_get(j, model, affixes[i]);
-        if (a >= 0 && !(j->nodes[a].type == BPE_JSON_NULL || bpe_json_string_is(j, a, "")))
+        const json_node *a = json_member(j, model, affixes[i]);
+        if (a && !(a->type == JSON_NULL || bpe_json_string_is(a, "")))
             return bpe_fail(reason, reason_len, "model.%s is set, which this reader does not support", affixes[i]);
     }
-    int32_t ignore = bpe_json_get(j, model, "ignore_merges");
-    if (ignore >= 0 && j->nodes[ignore].type == BPE_JSON_BOOL && j->nodes[ignore].number != 0)
+    const json_node *ignore = json_member(j, model, "ignore_merges");
+    if (ignore && ignore->type == JSON_TRUE)
         return bpe_fail(reason, reason_len, "model.ignore_merges is true, which this reader does not support");
     return true;
 }
@@ -1240,31 +956,31 @@ static inline bool bpe_load_token(bpe_loader *L, const char *bytes, size_t len, 
     return true;
 }
 
-static inline bool bpe_load_added(const bpe_json *j, bpe_loader *L, char *reason, size_t reason_len) {
-    int32_t added = bpe_json_need(j, 0, "added_tokens", BPE_JSON_ARRAY, "", reason, reason_len);
-    if (added < 0) return false;
-    for (int32_t a = j->nodes[added].first; a >= 0; a = j->nodes[a].next) {
-        int32_t content = bpe_json_need(j, a, "content", BPE_JSON_STRING, "added_tokens[].", reason, reason_len);
-        int32_t id = content < 0 ? -1 : bpe_json_need(j, a, "id", BPE_JSON_NUMBER, "added_tokens[].", reason, reason_len);
-        if (id < 0) return false;
-        const char *s = j->pool + j->nodes[content].str_off;
-        uint32_t n = j->nodes[content].str_len;
-        if (!bpe_load_token(L, s, n, bpe_json_token_id(j, id), true, s, n, reason, reason_len)) return false;
+static inline bool bpe_load_added(const json_doc *j, bpe_loader *L, char *reason, size_t reason_len) {
+    const json_node *added = bpe_json_need(j, json_root(j), "added_tokens", JSON_ARRAY, "", reason, reason_len);
+    if (!added) return false;
+    for (const json_node *a = json_first(j, added); a; a = json_next(j, a)) {
+        const json_node *content = bpe_json_need(j, a, "content", JSON_STRING, "added_tokens[].", reason, reason_len);
+        const json_node *id = content ? bpe_json_need(j, a, "id", JSON_NUMBER, "added_tokens[].", reason, reason_len) : NULL;
+        if (!id) return false;
+        if (!bpe_load_token(L, content->text, content->len, bpe_json_token_id(id), true, content->text, content->len,
+                            reason, reason_len))
+            return false;
     }
     if (bpe_strmap_find(&L->specials, BPE_EOT, strlen(BPE_EOT)) < 0)
         return bpe_fail(reason, reason_len, "added_tokens has no \"%s\" token", BPE_EOT);
     return true;
 }
 
-static inline bool bpe_load_vocab(const bpe_json *j, bpe_loader *L, char *reason, size_t reason_len) {
-    int32_t model = bpe_json_get(j, 0, "model");
-    int32_t vocab = bpe_json_need(j, model, "vocab", BPE_JSON_OBJECT, "model.", reason, reason_len);
-    if (vocab < 0) return false;
+static inline bool bpe_load_vocab(const json_doc *j, bpe_loader *L, char *reason, size_t reason_len) {
+    const json_node *model = json_member(j, json_root(j), "model");
+    const json_node *vocab = bpe_json_need(j, model, "vocab", JSON_OBJECT, "model.", reason, reason_len);
+    if (!vocab) return false;
     char bytes[1024], q[64];
-    for (int32_t v = j->nodes[vocab].first; v >= 0; v = j->nodes[v].next) {
-        const char *key = j->pool + j->nodes[v].key_off;
-        size_t key_len = j->nodes[v].key_len, n;
-        int32_t id = bpe_json_token_id(j, v);
+    for (const json_node *v = json_first(j, vocab); v; v = json_next(j, v)) {
+        const char *key = v->key;
+        size_t key_len = v->key_len, n;
+        int32_t id = bpe_json_token_id(v);
         int64_t special = bpe_strmap_find(&L->specials, key, key_len);
         if (special >= 0) {
             if (L->specials.entries[special].value != id)
@@ -1305,31 +1021,31 @@ static inline int32_t bpe_load_merge_part(const bpe_t *t, const char *s, size_t 
 }
 
 // One merge, "left right" or ["left", "right"], into its two halves.
-static inline bool bpe_merge_halves(const bpe_json *j, int32_t m, const char *half[2], size_t half_len[2]) {
-    const bpe_json_node *node = &j->nodes[m];
-    if (node->type == BPE_JSON_STRING) {
-        const char *s = j->pool + node->str_off;
-        const char *space = memchr(s, ' ', node->str_len);
-        if (!space || memchr(space + 1, ' ', node->str_len - (size_t)(space + 1 - s))) return false;
+static inline bool bpe_merge_halves(const json_doc *j, const json_node *node, const char *half[2], size_t half_len[2]) {
+    if (node->type == JSON_STRING) {
+        const char *s = node->text;
+        const char *space = memchr(s, ' ', node->len);
+        if (!space || memchr(space + 1, ' ', node->len - (size_t)(space + 1 - s))) return false;
         half[0] = s, half_len[0] = (size_t)(space - s);
-        half[1] = space + 1, half_len[1] = node->str_len - half_len[0] - 1;
+        half[1] = space + 1, half_len[1] = node->len - half_len[0] - 1;
         return half_len[0] > 0 && half_len[1] > 0;
     }
-    if (node->type != BPE_JSON_ARRAY || node->count != 2) return false;
-    for (int i = 0, c = node->first; i < 2; i++, c = j->nodes[c].next) {
-        if (j->nodes[c].type != BPE_JSON_STRING) return false;
-        half[i] = j->pool + j->nodes[c].str_off, half_len[i] = j->nodes[c].str_len;
+    if (node->type != JSON_ARRAY || node->count != 2) return false;
+    const json_node *c = json_first(j, node);
+    for (int i = 0; i < 2; i++, c = json_next(j, c)) {
+        if (c->type != JSON_STRING) return false;
+        half[i] = c->text, half_len[i] = c->len;
     }
     return true;
 }
 
-static inline bool bpe_load_merges(const bpe_json *j, bpe_t *t, char *reason, size_t reason_len) {
-    int32_t model = bpe_json_get(j, 0, "model");
-    int32_t merges = bpe_json_need(j, model, "merges", BPE_JSON_ARRAY, "model.", reason, reason_len);
-    if (merges < 0) return false;
+static inline bool bpe_load_merges(const json_doc *j, bpe_t *t, char *reason, size_t reason_len) {
+    const json_node *model = json_member(j, json_root(j), "model");
+    const json_node *merges = bpe_json_need(j, model, "merges", JSON_ARRAY, "model.", reason, reason_len);
+    if (!merges) return false;
     int rank = 0;
     char q[64], joined[2048];
-    for (int32_t m = j->nodes[merges].first; m >= 0; m = j->nodes[m].next, rank++) {
+    for (const json_node *m = json_first(j, merges); m; m = json_next(j, m), rank++) {
         const char *half[2];
         size_t half_len[2], la, lb;
         if (!bpe_merge_halves(j, m, half, half_len))
@@ -1369,8 +1085,8 @@ static inline char *bpe_read_file(const char *path, size_t *len, char *reason, s
     return data;
 }
 
-static inline bpe_t *bpe_from_json(const bpe_json *j, char *reason, size_t reason_len) {
-    if (j->nodes[0].type != BPE_JSON_OBJECT) return bpe_fail(reason, reason_len, "the document is not a JSON object"), NULL;
+static inline bpe_t *bpe_from_json(const json_doc *j, char *reason, size_t reason_len) {
+    if (json_root(j)->type != JSON_OBJECT) return bpe_fail(reason, reason_len, "the document is not a JSON object"), NULL;
     bpe_loader L = {.max_id = -1};
     L.slot_of_id = xmalloc(BPE_MAX_VOCAB * sizeof *L.slot_of_id);
     for (int i = 0; i < BPE_MAX_VOCAB; i++) L.slot_of_id[i] = -1;
@@ -1385,15 +1101,26 @@ static inline bpe_t *bpe_from_json(const bpe_json *j, char *reason, size_t reaso
     return t;
 }
 
+// A tokenizer from tokenizer.json text that the JSON reader may decode in
+// place (common/json.h). On bad content: NULL and a one-line reason,
+// prefixed by name.
+static inline bpe_t *bpe_parse_json_in_place(char *text, size_t len, const char *name, char *err, size_t errlen) {
+    char reason[256] = "", why[200] = "";
+    json_doc j;
+    bpe_t *t = NULL;
+    if (!json_parse(text, len, &j, why, sizeof why)) return bpe_fail(err, errlen, "%s: not valid JSON: %s", name, why), NULL;
+    if (!(t = bpe_from_json(&j, reason, sizeof reason))) bpe_fail(err, errlen, "%s: %s", name, reason);
+    json_free(&j);
+    return t;
+}
+
 // A tokenizer from tokenizer.json text in memory (len bytes, no NUL
 // needed). On bad content: NULL and a one-line reason, prefixed by name.
 static inline bpe_t *bpe_parse_json(const char *text, size_t len, const char *name, char *err, size_t errlen) {
-    char reason[256] = "";
-    bpe_json j;
-    bpe_t *t = NULL;
-    if (!bpe_json_parse(&j, text, len)) bpe_fail(err, errlen, "%s: not valid JSON: %s", name, j.err);
-    else if (!(t = bpe_from_json(&j, reason, sizeof reason))) bpe_fail(err, errlen, "%s: %s", name, reason);
-    bpe_json_free(&j);
+    char *copy = xmalloc(len);
+    if (len) memcpy(copy, text, len);
+    bpe_t *t = bpe_parse_json_in_place(copy, len, name, err, errlen);
+    free(copy);
     return t;
 }
 
@@ -1403,7 +1130,7 @@ static inline bpe_t *bpe_load_json(const char *path, char *err, size_t errlen) {
     size_t len;
     char *text = bpe_read_file(path, &len, reason, sizeof reason);
     if (!text) return bpe_fail(err, errlen, "%s: %s", path, reason), NULL;
-    bpe_t *t = bpe_parse_json(text, len, path, err, errlen);
+    bpe_t *t = bpe_parse_json_in_place(text, len, path, err, errlen);
     free(text);
     return t;
 }

@@ -27,7 +27,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -46,6 +45,8 @@
 
 #include "check.h"
 #include "rng.h"
+#include "safetensors.h"
+#include "safetensors_read.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "gpt.h reads and writes little-endian files by copying memory; port gpt_save/gpt_load first"
@@ -1007,12 +1008,12 @@ static inline void gpt_generate(gpt_t *m, uint16_t *tokens, int len, int total, 
 
 // ===================================================================== 8. safetensors
 //
-// The format Hugging Face uses: an 8-byte little-endian header length, a
-// JSON header {"name": {"dtype": "F32", "shape": [...], "data_offsets":
-// [begin, end]}, ..., "__metadata__": {"key": "value"}}, then the raw
-// little-endian data, offsets counted from the end of the header. Python
-// reads it with safetensors.torch.load_file; the metadata carries the
-// configuration, so a file describes its model completely.
+// The format Hugging Face uses, written and read by common/safetensors.h: an
+// 8-byte header length, a JSON header {"name": {"dtype": "F32", "shape":
+// [...], "data_offsets": [begin, end]}, ..., "__metadata__": {"key":
+// "value"}}, then the raw little-endian data. Python reads it with
+// safetensors.torch.load_file; the metadata carries the configuration, so a
+// file describes its model completely.
 
 static const char *const gpt_config_keys[5] = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd"};
 
@@ -1021,252 +1022,52 @@ static inline int *gpt_config_field(gpt_config *c, int i) {
     return fields[i];
 }
 
-// The JSON header, padded with spaces to a multiple of 8 bytes (so that
-// the data is aligned, as the format recommends). malloc'd.
-static inline char *gpt_safetensors_header(const gpt_t *m, size_t *len_out) {
-    size_t cap = 256 + (size_t)m->num_tensors * 160, len = 0;
-    char *h = xmalloc(cap);
-    gpt_config c = m->cfg;
-    len += (size_t)snprintf(h + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\",\"model\":\"gpt\"");
-    for (int i = 0; i < 5; i++)
-        len += (size_t)snprintf(h + len, cap - len, ",\"%s\":\"%d\"", gpt_config_keys[i], *gpt_config_field(&c, i));
-    len += (size_t)snprintf(h + len, cap - len, "}");
+// Every tensor of the table as float32 (a test's double model is converted
+// into *copy, which the caller frees; a float model is used in place).
+static inline safetensors_tensor *gpt_file_tensors(const gpt_t *m, float **copy) {
+    const float *data = (const float *)m->params;
+    *copy = NULL;
+    if (sizeof(gpt_real) != sizeof(float)) {
+        *copy = xmalloc(m->num_params * sizeof(float));
+        for (size_t i = 0; i < m->num_params; i++) (*copy)[i] = (float)m->params[i];
+        data = *copy;
+    }
+    safetensors_tensor *t = xcalloc((size_t)m->num_tensors, sizeof *t);
     for (int i = 0; i < m->num_tensors; i++) {
-        const gpt_tensor *t = &m->tensors[i];
-        len += (size_t)snprintf(h + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d", t->name, t->shape[0]);
-        if (t->ndim == 2) len += (size_t)snprintf(h + len, cap - len, ",%d", t->shape[1]);
-        len += (size_t)snprintf(h + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", t->offset * 4,
-                                (t->offset + t->count) * 4);
+        const gpt_tensor *g = &m->tensors[i];
+        int64_t shape[2] = {g->shape[0], g->shape[1]};
+        t[i] = safetensors_tensor_of(g->name, "F32", data + g->offset, g->ndim, shape);
     }
-    len += (size_t)snprintf(h + len, cap - len, "}");
-    while (len % 8) h[len++] = ' ';
-    *len_out = len;
-    return h;
+    return t;
 }
 
-static inline bool gpt_write_all(int fd, const void *buf, size_t n) {
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return false;
-        p += w, n -= (size_t)w;
-    }
-    return true;
-}
-
-// Header length, header, then the parameters as float32.
-static inline bool gpt_write_safetensors_fd(const gpt_t *m, int fd) {
-    size_t hlen;
-    char *header = gpt_safetensors_header(m, &hlen);
-    uint64_t len64 = hlen;
-    bool ok = gpt_write_all(fd, &len64, 8) && gpt_write_all(fd, header, hlen);
-    free(header);
-    float chunk[4096];
-    for (size_t i = 0; ok && i < m->num_params; i += 4096) {
-        size_t n = m->num_params - i < 4096 ? m->num_params - i : 4096;
-        for (size_t j = 0; j < n; j++) chunk[j] = (float)m->params[i + j];
-        ok = gpt_write_all(fd, chunk, n * sizeof(float));
-    }
+// The weights and the configuration, atomically (a crash leaves the old
+// file or the new one, never half of one).
+static inline bool gpt_save_safetensors(const gpt_t *m, const char *path, char *err, size_t errlen) {
+    safetensors_meta meta[7] = {safetensors_meta_of("format", "pt"), safetensors_meta_of("model", "gpt")};
+    gpt_config c = m->cfg;
+    for (int i = 0; i < 5; i++) meta[2 + i] = safetensors_meta_of(gpt_config_keys[i], "%d", *gpt_config_field(&c, i));
+    float *copy;
+    safetensors_tensor *t = gpt_file_tensors(m, &copy);
+    bool ok = safetensors_write(path, t, m->num_tensors, meta, 7, err, errlen);
+    free(t);
+    free(copy);
     return ok;
 }
 
-// Atomic: write path.tmp.PID, fsync, rename over path, fsync the folder.
-// A crash leaves the old file or the new one, never half of one.
-static inline bool gpt_save_safetensors(const gpt_t *m, const char *path, char *err, size_t errlen) {
-    char tmp[1200], dir[1200];
-    if (strlen(path) > 1000) return snprintf(err, errlen, "path too long (over 1000 bytes): %.80s...", path), false;
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
-        return false;
+// The configuration recorded in the metadata; false (why set) when it is
+// missing or cannot be built.
+static inline bool gpt_file_config(const safetensors_t *f, gpt_config *cfg, char *why, size_t whylen) {
+    memset(cfg, 0, sizeof *cfg);
+    for (int i = 0; i < 5; i++) {
+        const char *text = safetensors_meta_get(f, gpt_config_keys[i]);
+        char *end = NULL;
+        long v = text ? strtol(text, &end, 10) : -1;
+        if (text && (*end || end == text || v < 0 || v > 1000000)) v = -1;
+        if (v >= 0) *gpt_config_field(cfg, i) = (int)v;
     }
-    bool ok = gpt_write_safetensors_fd(m, fd) && fsync(fd) == 0;
-    int saved = errno;
-    ok = close(fd) == 0 && ok;
-    if (ok && rename(tmp, path) != 0) ok = false, saved = errno;
-    if (!ok) {
-        unlink(tmp);
-        snprintf(err, errlen, "writing %s failed: %s", path, strerror(saved));
-        return false;
-    }
-    snprintf(dir, sizeof dir, "%s", path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    return true;
-}
-
-// --- a small JSON reader, just enough for a safetensors header. Every
-// function returns false on anything unexpected; the caller reports it.
-typedef struct { const char *p, *end; } gpt_json;
-
-static inline void gpt_json_ws(gpt_json *j) {
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t')) j->p++;
-}
-
-static inline bool gpt_json_char(gpt_json *j, char c) {
-    gpt_json_ws(j);
-    if (j->p < j->end && *j->p == c) return j->p++, true;
-    return false;
-}
-
-// A string without escapes beyond \" \\ \/ (names in our files are plain).
-static inline bool gpt_json_string(gpt_json *j, char *out, size_t size) {
-    if (!gpt_json_char(j, '"')) return false;
-    size_t n = 0;
-    while (j->p < j->end && *j->p != '"') {
-        char c = *j->p++;
-        if (c == '\\') {
-            if (j->p >= j->end || !strchr("\"\\/", *j->p)) return false;
-            c = *j->p++;
-        }
-        if (n + 1 >= size) return false;
-        out[n++] = c;
-    }
-    out[n] = '\0';
-    return j->p < j->end && *j->p++ == '"';
-}
-
-static inline bool gpt_json_uint(gpt_json *j, uint64_t *out) {
-    gpt_json_ws(j);
-    if (j->p >= j->end || *j->p < '0' || *j->p > '9') return false;
-    uint64_t v = 0;
-    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
-        if (v > (UINT64_MAX - 9) / 10) return false;
-        v = v * 10 + (uint64_t)(*j->p++ - '0');
-    }
-    *out = v;
-    return true;
-}
-
-// [n, n, ...] with at most max numbers.
-static inline bool gpt_json_uint_array(gpt_json *j, uint64_t *out, int max, int *count) {
-    *count = 0;
-    if (!gpt_json_char(j, '[')) return false;
-    if (gpt_json_char(j, ']')) return true;
-    do {
-        if (*count >= max || !gpt_json_uint(j, &out[*count])) return false;
-        (*count)++;
-    } while (gpt_json_char(j, ','));
-    return gpt_json_char(j, ']');
-}
-
-typedef struct { char dtype[16]; uint64_t shape[4], offsets[2]; int ndim, noffsets; } gpt_st_entry;
-
-static inline bool gpt_json_tensor_entry(gpt_json *j, gpt_st_entry *e) {
-    memset(e, 0, sizeof *e);
-    if (!gpt_json_char(j, '{')) return false;
-    do {
-        char key[32];
-        if (!gpt_json_string(j, key, sizeof key) || !gpt_json_char(j, ':')) return false;
-        bool ok = !strcmp(key, "dtype")        ? gpt_json_string(j, e->dtype, sizeof e->dtype)
-                  : !strcmp(key, "shape")        ? gpt_json_uint_array(j, e->shape, 4, &e->ndim)
-                  : !strcmp(key, "data_offsets") ? gpt_json_uint_array(j, e->offsets, 2, &e->noffsets)
-                                                 : false;
-        if (!ok) return false;
-    } while (gpt_json_char(j, ','));
-    return gpt_json_char(j, '}');
-}
-
-// "__metadata__": {"key": "value", ...}: fills the configuration fields it knows.
-static inline bool gpt_json_metadata(gpt_json *j, gpt_config *c) {
-    if (!gpt_json_char(j, '{')) return false;
-    if (gpt_json_char(j, '}')) return true;
-    do {
-        char key[64], value[128];
-        if (!gpt_json_string(j, key, sizeof key) || !gpt_json_char(j, ':') ||
-            !gpt_json_string(j, value, sizeof value))
-            return false;
-        for (int i = 0; i < 5; i++) {
-            if (strcmp(key, gpt_config_keys[i])) continue;
-            char *end;
-            long v = strtol(value, &end, 10);
-            if (*end || end == value || v < 0 || v > 1000000) return false;
-            *gpt_config_field(c, i) = (int)v;
-        }
-    } while (gpt_json_char(j, ','));
-    return gpt_json_char(j, '}');
-}
-
-// "<path>: <why>" on one line: a reason may quote a tensor name from the
-// file, whose control characters (a newline, a terminal escape) become '?'.
-static inline bool gpt_fail(char *err, size_t errlen, const char *path, const char *why) {
-    snprintf(err, errlen, "%s: %s", path, why);
-    for (char *c = err; *c; c++)
-        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
-    return false;
-}
-
-// Reads the whole file. false with a reason when it cannot.
-static inline bool gpt_read_file(const char *path, char **data, size_t *size, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
-        return false;
-    }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || st.st_size < 8) {
-        fclose(f);
-        return gpt_fail(err, errlen, path, "too short to be a safetensors file");
-    }
-    *size = (size_t)st.st_size;
-    *data = xmalloc(*size);
-    bool ok = fread(*data, 1, *size, f) == *size;
-    fclose(f);
-    if (!ok) {
-        free(*data);
-        return gpt_fail(err, errlen, path, "read failed");
-    }
-    return true;
-}
-
-// Copies one tensor's data into the model after checking that its entry
-// matches the table exactly (dtype, shape, size, bounds).
-static inline bool gpt_take_tensor(gpt_t *m, const char *name, const gpt_st_entry *e, const char *data,
-                                   size_t data_len, bool *seen, char *why, size_t whylen) {
-    int i = 0;
-    while (i < m->num_tensors && strcmp(m->tensors[i].name, name)) i++;
-    if (i == m->num_tensors) return snprintf(why, whylen, "unexpected tensor '%s'", name), false;
-    const gpt_tensor *t = &m->tensors[i];
-    bool shape_ok = e->ndim == t->ndim && e->shape[0] == (uint64_t)t->shape[0] &&
-                    (t->ndim == 1 || e->shape[1] == (uint64_t)t->shape[1]);
-    if (strcmp(e->dtype, "F32")) return snprintf(why, whylen, "tensor '%s' is %s, not F32", name, e->dtype), false;
-    if (!shape_ok) return snprintf(why, whylen, "tensor '%s' has the wrong shape for this configuration", name), false;
-    if (e->noffsets != 2 || e->offsets[1] < e->offsets[0] || e->offsets[1] - e->offsets[0] != t->count * 4)
-        return snprintf(why, whylen, "tensor '%s' has bad data_offsets", name), false;
-    if (e->offsets[1] > data_len)
-        return snprintf(why, whylen, "tensor '%s' ends past the end of the file (truncated?)", name), false;
-    if (seen[i]) return snprintf(why, whylen, "tensor '%s' appears twice", name), false;
-    seen[i] = true;
-    const char *src = data + e->offsets[0];
-    for (size_t k = 0; k < t->count; k++) {
-        float v;
-        memcpy(&v, src + 4 * k, 4);
-        m->params[t->offset + k] = v;
-    }
-    return true;
-}
-
-// Pass 1 reads __metadata__ (the configuration); pass 2 the tensors.
-static inline bool gpt_parse_header(gpt_t *m, gpt_json j, bool tensors, gpt_config *cfg, const char *data,
-                                    size_t data_len, bool *seen, char *why, size_t whylen) {
-    if (!gpt_json_char(&j, '{')) return snprintf(why, whylen, "header is not a JSON object"), false;
-    do {
-        char name[128];
-        gpt_st_entry e;
-        if (!gpt_json_string(&j, name, sizeof name) || !gpt_json_char(&j, ':'))
-            return snprintf(why, whylen, "malformed JSON header"), false;
-        bool is_meta = !strcmp(name, "__metadata__");
-        if (is_meta ? !gpt_json_metadata(&j, cfg) : !gpt_json_tensor_entry(&j, &e))
-            return snprintf(why, whylen, "malformed JSON header near '%s'", name), false;
-        if (tensors && !is_meta && !gpt_take_tensor(m, name, &e, data, data_len, seen, why, whylen))
-            return false;
-    } while (gpt_json_char(&j, ','));
-    if (!gpt_json_char(&j, '}')) return snprintf(why, whylen, "malformed JSON header"), false;
+    const char *problem = gpt_config_problem(*cfg);
+    if (problem) return snprintf(why, whylen, "__metadata__ has no usable configuration (%s)", problem), false;
     return true;
 }
 
@@ -1280,40 +1081,61 @@ static inline size_t gpt_count_params(gpt_config cfg) {
     return probe.num_params;
 }
 
-// Builds *m from a file written by gpt_save_safetensors. false, with a
-// one-line reason in err, on a missing, short, corrupt or foreign file.
-// The configuration in the header is checked against the file's size before
-// the model is built: a few damaged bytes must not make it allocate (and fill)
-// gigabytes for a model the file cannot hold.
+// Every tensor of the file is one of the table's, as F32 with its shape,
+// and every one of the table's is in the file.
+static inline bool gpt_file_matches(const gpt_t *m, const safetensors_t *f, char *why, size_t whylen) {
+    for (int i = 0; i < f->num_tensors; i++) {
+        const safetensors_tensor *e = &f->tensors[i];
+        int k = 0;
+        while (k < m->num_tensors && strcmp(m->tensors[k].name, e->name)) k++;
+        if (k == m->num_tensors) return snprintf(why, whylen, "unexpected tensor '%s'", e->name), false;
+        const gpt_tensor *t = &m->tensors[k];
+        bool shape_ok = e->ndim == t->ndim && e->shape[0] == t->shape[0] && (t->ndim == 1 || e->shape[1] == t->shape[1]);
+        if (strcmp(e->dtype, "F32")) return snprintf(why, whylen, "tensor '%s' is %s, not F32", e->name, e->dtype), false;
+        if (!shape_ok) return snprintf(why, whylen, "tensor '%s' has the wrong shape for this configuration", e->name), false;
+    }
+    for (int k = 0; k < m->num_tensors; k++)
+        if (!safetensors_find(f, m->tensors[k].name))
+            return snprintf(why, whylen, "tensor '%s' is missing", m->tensors[k].name), false;
+    return true;
+}
+
+// "<path>: <why>" on one line: a reason may quote a tensor name from the
+// file, whose control characters (a newline, a terminal escape) become '?'.
+static inline bool gpt_fail(char *err, size_t errlen, const char *path, const char *why) {
+    snprintf(err, errlen, "%s: %s", path, why);
+    for (char *c = err; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    return false;
+}
+
+// Builds *m from a file written by gpt_save_safetensors (or by Python with
+// the same names). false, with a one-line reason in err, on a missing,
+// short, corrupt or foreign file. The configuration in the header is checked
+// against the file's size before the model is built: a few damaged bytes
+// must not make it allocate (and fill) gigabytes for a model the file
+// cannot hold.
 static inline bool gpt_load_safetensors(gpt_t *m, const char *path, char *err, size_t errlen) {
-    char *file = NULL;
-    size_t size = 0;
-    if (!gpt_read_file(path, &file, &size, err, errlen)) return false;
-    uint64_t hlen;
-    memcpy(&hlen, file, 8);
+    safetensors_t f;
     char why[256] = "";
-    gpt_config cfg = {0, 0, 0, 0, 0};
-    bool ok = hlen <= size - 8 && hlen <= (100u << 20);
-    if (!ok) snprintf(why, sizeof why, "header length %llu does not fit the file", (unsigned long long)hlen);
-    gpt_json j = {file + 8, file + 8 + (ok ? hlen : 0)};
-    ok = ok && gpt_parse_header(NULL, j, false, &cfg, NULL, 0, NULL, why, sizeof why);
-    const char *problem = ok ? gpt_config_problem(cfg) : NULL;
-    if (problem) ok = false, snprintf(why, sizeof why, "__metadata__ has no usable configuration (%s)", problem);
+    gpt_config cfg;
+    if (!safetensors_read(path, &f, why, sizeof why)) return gpt_fail(err, errlen, path, why);
+    bool ok = gpt_file_config(&f, &cfg, why, sizeof why);
     size_t params = ok ? gpt_count_params(cfg) : 0;
-    if (ok && params > (size - 8 - hlen) / sizeof(float))
+    if (ok && params > f.blob_bytes / sizeof(float))
         ok = false, snprintf(why, sizeof why, "its __metadata__ describes a model of %zu parameters, but the file holds "
-                             "only %llu bytes of tensors (truncated, or a damaged configuration)", params,
-                             (unsigned long long)(size - 8 - hlen));
+                             "only %zu bytes of tensors (truncated, or a damaged configuration)", params, f.blob_bytes);
     if (ok) {
         gpt_init(m, cfg, 0);
-        bool *seen = xcalloc((size_t)m->num_tensors, sizeof(bool));
-        ok = gpt_parse_header(m, j, true, &cfg, file + 8 + hlen, size - 8 - hlen, seen, why, sizeof why);
-        for (int i = 0; ok && i < m->num_tensors; i++)
-            if (!seen[i]) ok = false, snprintf(why, sizeof why, "tensor '%s' is missing", m->tensors[i].name);
-        free(seen);
+        ok = gpt_file_matches(m, &f, why, sizeof why);
+        for (int k = 0; ok && k < m->num_tensors; k++) {
+            const gpt_tensor *t = &m->tensors[k];
+            const float *src = safetensors_find(&f, t->name)->data;
+            for (size_t i = 0; i < t->count; i++) m->params[t->offset + i] = src[i];
+        }
         if (!ok) gpt_free(m);
     }
-    free(file);
+    safetensors_release(&f);
     if (!ok) return gpt_fail(err, errlen, path, why);
     return true;
 }

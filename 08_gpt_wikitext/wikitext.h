@@ -35,6 +35,7 @@
 
 #include "bpe.h"
 #include "check.h"
+#include "files.h"
 #include "sha256.h"
 
 // Sizes and SHA-256 of wikitext-2-v1 (wiki.{train,valid,test}.tokens), as
@@ -57,25 +58,6 @@ static inline const wikitext_file_info *wikitext_info(const char *split) {
     for (int i = 0; i < 3; i++)
         if (!strcmp(split, wikitext_files[i].split)) return &wikitext_files[i];
     die("unknown WikiText-2 split '%s' (use train, valid or test)", split);
-}
-
-// The project root: the nearest folder above this executable that holds
-// common/course.mk (binaries live in <root>/<chapter>/, <root>/tools/, ...).
-static inline void wikitext_default_root(char root[1024]) {
-    ssize_t n = readlink("/proc/self/exe", root, 1023);
-    root[n > 0 ? n : 0] = '\0';
-    for (int up = 0; up < 4; up++) {
-        char *slash = strrchr(root, '/');
-        if (!slash || slash == root) break;
-        *slash = '\0';
-        char probe[1100];
-        if (bpe_format(probe, sizeof probe, "%s/common/course.mk", root) && access(probe, R_OK) == 0) return;
-    }
-#ifdef COURSE_ROOT
-    bpe_format(root, 1024, "%s", COURSE_ROOT); // where course.mk says the project was built
-#else
-    bpe_format(root, 1024, "."); // not found: assume we run from the root
-#endif
 }
 
 static inline bool wikitext_has_train(const char *dir) {
@@ -120,11 +102,11 @@ static inline void wikitext_verify_file(const wikitext_t *w, const wikitext_file
 
 // Find the data folder (see the top of this file) and verify the three
 // files. data_dir_flag and project_root may be NULL (root: found from the
-// executable's path). Dies with a one-line "how to get it" when missing or damaged.
+// executable's path, files.h). Dies with a one-line "how to get it" when missing or damaged.
 static inline wikitext_t wikitext_find(const char *data_dir_flag, const char *project_root) {
     wikitext_t w = {0};
-    if (!project_root) wikitext_default_root(w.root);
-    else if (!bpe_format(w.root, sizeof w.root, "%s", project_root)) die("project root path too long: %s", project_root);
+    if (!project_root) project_root = files_course_root();
+    if (!bpe_format(w.root, sizeof w.root, "%s", project_root)) die("project root path too long: %s", project_root);
     const char *env = getenv("WIKITEXT_DIR");
     char tried[2][1024];
     int count = 0;
@@ -283,19 +265,6 @@ static inline uint16_t *wikitext_cache_read(const char *path, wikitext_cache_key
     return ids;
 }
 
-// mkdir -p: create dir and its parents; false with errno set on failure.
-static inline bool wikitext_make_dirs(const char *dir) {
-    char path[1024];
-    if (!bpe_format(path, sizeof path, "%s", dir)) return errno = ENAMETOOLONG, false;
-    for (char *p = path + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(path, 0755) != 0 && errno != EEXIST) return false;
-        *p = '/';
-    }
-    return mkdir(path, 0755) == 0 || errno == EEXIST;
-}
-
 static inline bool wikitext_cache_write(const char *path, wikitext_cache_key key, const uint16_t *ids, size_t count,
                                         char *err, size_t errlen) {
     size_t size = WIKITEXT_CACHE_HEADER + 2 * count;
@@ -316,9 +285,9 @@ static inline bool wikitext_cache_write(const char *path, wikitext_cache_key key
     char *slash = strrchr(dir, '/');
     if (ok && slash && slash != dir) {
         *slash = '\0';
-        if (!wikitext_make_dirs(dir)) ok = bpe_fail(err, errlen, "cannot create folder %s: %s", dir, strerror(errno));
+        if (!files_make_dirs(dir)) ok = bpe_fail(err, errlen, "cannot create folder %s: %s", dir, strerror(errno));
     }
-    ok = ok && bpe_write_atomic(path, data, size, err, errlen);
+    ok = ok && files_write_atomic(path, data, size, err, errlen);
     free(data);
     return ok;
 }

@@ -44,7 +44,7 @@ static inline void bench_date(char *out, size_t size, bool with_time) {
 static inline metrics_csv bench_open_csv(const dist_t *d, const char *chapter, const char *name,
                                          const char *columns, bool name_ranks) {
     char dir[1024], date[32], base[64];   // bounded, so the path's length is known
-    runs_dir(dir, sizeof dir, chapter);
+    files_runs_dir(dir, sizeof dir, chapter);
     snprintf(base, sizeof base, "%s", name);
     metrics_csv csv = metrics_open(dir, base, columns);
     bench_date(date, sizeof date, false);

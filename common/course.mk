@@ -20,7 +20,7 @@ NVCC_ARCH := $(if $(filter native,$(CUDA_ARCH)),-arch=native,-gencode arch=compu
 
 # ---------------------------------------------------------------- flags
 CC ?= cc
-CFLAGS := -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -I$(COMMON) -pthread -DCOURSE_ROOT='"$(COURSE_ROOT)"'
+CFLAGS := -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -I$(COMMON) -pthread
 LDLIBS := -lm -pthread
 NVCCFLAGS := -O2 -g -std=c++17 -I$(COMMON) $(if $(NCCL_INC),-I$(NCCL_INC)) $(NVCC_ARCH) -Xcompiler -Wall,-Wextra -DCOURSE_CUDA
 ifeq ($(HAVE_OPENMP),yes)

@@ -12,7 +12,8 @@
 //   3. Reduce identically: the process group gives every rank the same
 //      bytes, so no rank drifts by a rounding error.
 // A debug check (ddp_check_replicas) proves rule 3 held: it compares a
-// checksum of every rank's parameters and names the rank that diverged.
+// checksum of every rank's parameters and names the rank that diverged
+// (fault.h makes a rank drift on purpose, to see it work).
 #ifndef COURSE_DDP_H
 #define COURSE_DDP_H
 
@@ -27,20 +28,6 @@
 // Everyone starts from rank 0's parameters.
 static inline void ddp_broadcast_parameters(pg_t *pg, float *params, size_t count) {
     pg_broadcast(pg, params, count, DTYPE_F32, 0);
-}
-
-// Fault injection for the tests and exercises: COURSE_DDP_PERTURB_RANK=r
-// makes rank r change one gradient once, after the all-reduce, as a bug
-// would; the replicas then differ and ddp_check_replicas must say so.
-static inline void ddp_maybe_perturb(pg_t *pg, float *grads) {
-    static bool done = false;
-    const char *who = getenv("COURSE_DDP_PERTURB_RANK");
-    if (done || !who || atoi(who) != pg_rank(pg) || pg_world_size(pg) == 1) return;
-    float one = 1.0f, g;
-    device_to_host(pg_device(pg), &g, grads, sizeof g);
-    g += one;
-    device_from_host(pg_device(pg), grads, &g, sizeof g);
-    done = true;
 }
 
 // The bucket size: DDP_BUCKET_BYTES, or COURSE_DDP_BUCKET_BYTES when set
@@ -69,7 +56,6 @@ static inline void ddp_average_gradients_in_buckets(pg_t *pg, float *grads, size
         size_t n = count - first < bucket ? count - first : bucket;
         pg_all_reduce(pg, grads + first, grads + first, n, DTYPE_F32, OP_AVG);
     }
-    ddp_maybe_perturb(pg, grads);
 }
 
 static inline void ddp_average_gradients(pg_t *pg, float *grads, size_t count) {
@@ -87,10 +73,11 @@ static inline void ddp_average_bucket_after(pg_t *pg, float *grads, size_t count
     if (pg_world_size(pg) > 1) pg_all_reduce_after(pg, grads, count, DTYPE_F32, OP_AVG, ready);
 }
 
+// grads: the buffer the buckets are averaged in; final when this returns.
 static inline void ddp_finish_gradients(pg_t *pg, float *grads) {
+    (void)grads; // named for the reader: nothing is done to it here
     if (pg_world_size(pg) == 1) return;
     pg_wait_queued(pg);
-    ddp_maybe_perturb(pg, grads);
 }
 #endif
 

@@ -2,7 +2,8 @@
 //
 // Files the course reads back (snapshot headers above all) may be truncated,
 // damaged or hand-edited, so this reader accepts exactly the JSON of RFC 8259
-// and otherwise stops at the first problem, naming it and its byte offset.
+// and otherwise stops at the first problem, naming it and where it is
+// (line, column and byte offset).
 // It never reads outside the text it is given, it bounds the nesting depth
 // (JSON_MAX_DEPTH) so hostile input cannot exhaust the stack, and it requires
 // strings to be valid UTF-8. Duplicate keys are kept; callers that care check.
@@ -88,7 +89,12 @@ static inline bool json_utf8_valid(const char *s, size_t len) {
 __attribute__((format(printf, 2, 3)))
 static inline bool json_fail(json_parser *p, const char *fmt, ...) {
     if (!p->err || p->errlen == 0) return false;
-    int used = snprintf(p->err, p->errlen, "JSON error at byte %zu: ", p->pos);
+    size_t line = 1, column = 1;   // where a person editing the file looks
+    for (size_t i = 0; i < p->pos && i < p->len; i++) {
+        if (p->s[i] == '\n') line++, column = 1;
+        else column++;
+    }
+    int used = snprintf(p->err, p->errlen, "JSON error at line %zu, column %zu (byte %zu): ", line, column, p->pos);
     if (used < 0 || (size_t)used >= p->errlen) return false;
     va_list args;
     va_start(args, fmt);

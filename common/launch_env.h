@@ -24,7 +24,7 @@ typedef struct {
 
 // Reads an integer variable; returns fallback when unset; dies on garbage,
 // because a mistyped RANK would otherwise hang the whole job.
-static inline int env_int(const char *name, int fallback) {
+static inline int launch_env_int(const char *name, int fallback) {
     const char *text = getenv(name);
     if (!text || !text[0]) return fallback;
     char *end;
@@ -34,22 +34,22 @@ static inline int env_int(const char *name, int fallback) {
     return (int)v;
 }
 
-static inline bool env_has(const char *name) {
+static inline bool launch_env_has(const char *name) {
     const char *text = getenv(name);
     return text && text[0];
 }
 
 static inline void launch_env_read_names(launch_env_t *e, const char *rank, const char *world,
                                          const char *local_rank, const char *local_world) {
-    e->rank = env_int(rank, 0);
-    e->world_size = env_int(world, 1);
-    e->local_rank = env_int(local_rank, e->rank);
-    e->local_world_size = local_world ? env_int(local_world, e->world_size) : e->world_size;
+    e->rank = launch_env_int(rank, 0);
+    e->world_size = launch_env_int(world, 1);
+    e->local_rank = launch_env_int(local_rank, e->rank);
+    e->local_world_size = local_world ? launch_env_int(local_world, e->world_size) : e->world_size;
 }
 
 // SLURM_TASKS_PER_NODE reads like "4(x2),3": 4 tasks on each of the first
 // two nodes, then 3. Returns the count of node `node`, or 0 if unknown.
-static inline int slurm_tasks_on_node(const char *spec, int node) {
+static inline int launch_env_slurm_tasks(const char *spec, int node) {
     int index = 0;
     while (spec && *spec) {
         char *end;
@@ -68,17 +68,17 @@ static inline int slurm_tasks_on_node(const char *spec, int node) {
 
 static inline launch_env_t launch_env_read(void) {
     launch_env_t e = {0, 1, 0, 1, 0, 0, 0, false, "none"};
-    if (env_has("RANK") || env_has("WORLD_SIZE")) {
+    if (launch_env_has("RANK") || launch_env_has("WORLD_SIZE")) {
         launch_env_read_names(&e, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
         e.source = "torchrun variables (RANK, WORLD_SIZE, ...)";
-    } else if (env_has("SLURM_PROCID") && env_has("SLURM_NTASKS")) {
+    } else if (launch_env_has("SLURM_PROCID") && launch_env_has("SLURM_NTASKS")) {
         launch_env_read_names(&e, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL);
-        e.group_rank = env_int("SLURM_NODEID", 0);
+        e.group_rank = launch_env_int("SLURM_NODEID", 0);
         // Nodes may hold different numbers of tasks: ask for this node's.
-        int here = slurm_tasks_on_node(getenv("SLURM_TASKS_PER_NODE"), e.group_rank);
+        int here = launch_env_slurm_tasks(getenv("SLURM_TASKS_PER_NODE"), e.group_rank);
         if (here > 0) e.local_world_size = here;
         e.source = "SLURM variables (SLURM_PROCID, SLURM_NTASKS, ...)";
-    } else if (env_has("OMPI_COMM_WORLD_RANK")) {
+    } else if (launch_env_has("OMPI_COMM_WORLD_RANK")) {
         launch_env_read_names(&e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                               "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE");
         // OpenMPI names no node index (OMPI_COMM_WORLD_NODE_RANK is something
@@ -89,9 +89,9 @@ static inline launch_env_t launch_env_read(void) {
         return e;
     }
     e.launched = true;
-    e.group_rank = env_int("GROUP_RANK", e.group_rank);
-    e.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", 0);
-    e.max_restarts = env_int("TORCHELASTIC_MAX_RESTARTS", 0);
+    e.group_rank = launch_env_int("GROUP_RANK", e.group_rank);
+    e.restart_count = launch_env_int("TORCHELASTIC_RESTART_COUNT", 0);
+    e.max_restarts = launch_env_int("TORCHELASTIC_MAX_RESTARTS", 0);
     if (e.world_size < 1) die("world size must be at least 1 (from %s)", e.source);
     if (e.rank >= e.world_size)
         die("rank %d is not below world size %d (from %s)", e.rank, e.world_size, e.source);

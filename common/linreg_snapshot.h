@@ -1,5 +1,5 @@
 // linreg_snapshot.h - the resumable state of the linear-regression training
-// (chapters 06 and 07), and fault injection to test it.
+// (chapters 06 and 07).
 //
 // A snapshot holds everything a restarted job needs to continue as if
 // nothing had happened (chapter 06's README explains each item):
@@ -14,11 +14,8 @@
 #ifndef COURSE_LINREG_SNAPSHOT_H
 #define COURSE_LINREG_SNAPSHOT_H
 
-#include <signal.h>
-
 #include "ddp.h"
 #include "dist.h"
-#include "flags.h"
 #include "linreg.h"
 #include "log.h"
 #include "snapshot.h"
@@ -34,14 +31,14 @@ typedef struct {
     int64_t epoch, position, global_step, world_size;
 } linreg_progress;
 
-static inline int linreg_run_meta(const linreg_run *r, snapshot_meta *m) {
+static inline int linreg_run_meta(const linreg_run *r, safetensors_meta *m) {
     int n = 0;
-    m[n++] = snapshot_meta_of("features", "%d", r->features);
-    m[n++] = snapshot_meta_of("samples", "%d", r->samples);
-    m[n++] = snapshot_meta_of("batch_size", "%d", r->batch_size);
-    m[n++] = snapshot_meta_of("seed", "%d", r->seed);
-    m[n++] = snapshot_meta_of("lr", "%.9g", r->lr);
-    m[n++] = snapshot_meta_of("momentum", "%.9g", r->momentum);
+    m[n++] = safetensors_meta_of("features", "%d", r->features);
+    m[n++] = safetensors_meta_of("samples", "%d", r->samples);
+    m[n++] = safetensors_meta_of("batch_size", "%d", r->batch_size);
+    m[n++] = safetensors_meta_of("seed", "%d", r->seed);
+    m[n++] = safetensors_meta_of("lr", "%.9g", r->lr);
+    m[n++] = safetensors_meta_of("momentum", "%.9g", r->momentum);
     return n;
 }
 
@@ -53,15 +50,15 @@ static inline void linreg_snapshot_save(const char *path, int keep, const linreg
     linreg_get_params(model, params);
     device_to_host(model->device, velocity, linreg_velocity(model), count * sizeof(float));
     int64_t shape[1] = {(int64_t)count};
-    snapshot_tensor tensors[2] = {snapshot_tensor_of("params", "F32", params, 1, shape),
-                                  snapshot_tensor_of("momentum_buffer", "F32", velocity, 1, shape)};
-    snapshot_meta meta[16];
+    safetensors_tensor tensors[2] = {safetensors_tensor_of("params", "F32", params, 1, shape),
+                                  safetensors_tensor_of("momentum_buffer", "F32", velocity, 1, shape)};
+    safetensors_meta meta[16];
     int n = linreg_run_meta(run, meta);
-    meta[n++] = snapshot_meta_of("epoch", "%lld", (long long)p->epoch);
-    meta[n++] = snapshot_meta_of("position", "%lld", (long long)p->position);
-    meta[n++] = snapshot_meta_of("global_step", "%lld", (long long)p->global_step);
-    meta[n++] = snapshot_meta_of("world_size", "%lld", (long long)p->world_size);
-    meta[n++] = snapshot_meta_of("rng", "data order = permutation(seed %d + epoch); no other random state", run->seed);
+    meta[n++] = safetensors_meta_of("epoch", "%lld", (long long)p->epoch);
+    meta[n++] = safetensors_meta_of("position", "%lld", (long long)p->position);
+    meta[n++] = safetensors_meta_of("global_step", "%lld", (long long)p->global_step);
+    meta[n++] = safetensors_meta_of("world_size", "%lld", (long long)p->world_size);
+    meta[n++] = safetensors_meta_of("rng", "data order = permutation(seed %d + epoch); no other random state", run->seed);
     char err[1400];
     if (!snapshot_save_step(path, p->global_step, tensors, 2, meta, n, keep, err, sizeof err))
         die("could not save the snapshot: %s", err);
@@ -79,7 +76,7 @@ static inline void linreg_snapshot_save(const char *path, int keep, const linreg
     free(velocity);
 }
 
-static inline int64_t linreg_meta_int(const snapshot_t *s, const char *key) {
+static inline int64_t linreg_meta_int(const safetensors_t *s, const char *key) {
     int64_t v = 0;
     char err[400];
     if (!snapshot_meta_i64(s, key, &v, err, sizeof err) || v < 0) die("snapshot %s: %s", s->path, err);
@@ -94,13 +91,13 @@ static inline bool linreg_snapshot_load(const char *path, const linreg_run *run,
     char report[4096], dir[1024], err[1400];
     const char *slash = strrchr(path, '/');
     snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
-    make_dirs(dir); // a first run: no folder yet, so no snapshot either
-    snapshot_t snap;
+    files_make_dirs_or_die(dir); // a first run: no folder yet, so no snapshot either
+    safetensors_t snap;
     int found = snapshot_load_latest(path, &snap, report, sizeof report);
     if (report[0]) log_main("%s\n", report);
     if (found == 0) return false;
     if (found < 0) die("no valid snapshot for %s; remove the damaged files to start afresh", path);
-    snapshot_meta want[8];
+    safetensors_meta want[8];
     int n = linreg_run_meta(run, want);
     for (int i = 0; i < n; i++)
         if (!snapshot_expect_meta(&snap, want[i].key, want[i].value, err, sizeof err))
@@ -120,7 +117,7 @@ static inline bool linreg_snapshot_load(const char *path, const linreg_run *run,
             (long long)p->epoch, (long long)p->position);
     free(params);
     free(velocity);
-    snapshot_release(&snap);
+    safetensors_release(&snap);
     return true;
 }
 
@@ -140,40 +137,26 @@ static inline bool linreg_resume(dist_t *d, const char *path, const linreg_run *
     if (shared[0])
         log_main("Resuming training from snapshot at Epoch %lld, sample %lld (step %lld)\n", (long long)p->epoch,
                  (long long)p->position, (long long)p->global_step);
+    if (shared[0] && p->world_size != d->world_size)
+        log_main("the snapshot was written by %lld rank(s), this run has %d: the rest of epoch %lld "
+                 "is re-sharded from global position %lld\n", (long long)p->world_size,
+                 d->world_size, (long long)p->epoch, (long long)p->position);
     return shared[0] != 0;
 }
 
-// ---------------------------------------------------------------- faults
-// For teaching and testing: rank `rank` dies just before the all-reduce of
-// global step `step` (so the others are caught inside a collective, as with
-// a real crash), by exit(3) or SIGKILL, in the first `attempts` attempts
-// only: a restarted job must be able to finish.
-typedef struct {
-    int rank, step, attempts;
-    const char *mode; // "exit" or "kill"
-} fault_plan;
-
-// Appends the four flags of a fault plan at flags[n] (they can also be set
-// by the COURSE_FAIL_* variables); returns the new count.
-static inline int fault_add_flags(fault_plan *f, flag_t *flags, int n) {
-    flags[n++] = (flag_t){"fail_rank", NULL, FLAG_INT, &f->rank, "fault injection: this rank dies... (-1: none)", -1, 1000000, NULL, "COURSE_FAIL_RANK"};
-    flags[n++] = (flag_t){"fail_step", NULL, FLAG_INT, &f->step, "...at this global step", -1, 1000000000, NULL, "COURSE_FAIL_STEP"};
-    flags[n++] = (flag_t){"fail_mode", NULL, FLAG_STRING, &f->mode, "...by exit(3) or SIGKILL", 1, 0, "exit|kill", "COURSE_FAIL_MODE"};
-    flags[n++] = (flag_t){"fail_attempts", NULL, FLAG_INT, &f->attempts, "...in the first N attempts (restarts) only", 0, 1000000, NULL, "COURSE_FAIL_ATTEMPTS"};
-    return n;
-}
-
-static inline fault_plan fault_none(void) { return (fault_plan){-1, -1, 1, "exit"}; }
-
-static inline void fault_maybe_die(const fault_plan *f, const dist_t *d, int64_t global_step) {
-    if (d->rank != f->rank || global_step != f->step) return;
-    if (d->env.restart_count >= f->attempts) return;
-    bool kill = !strcmp(f->mode, "kill");
-    fprintf(stderr, "fault injection: rank %d on node %d dies at step %lld by %s (attempt %d)\n", d->rank,
-            d->env.group_rank, (long long)global_step, kill ? "SIGKILL" : "exit(3)", d->env.restart_count);
-    fflush(NULL);
-    if (kill) raise(SIGKILL);
-    exit(3);
+// Rank 0, at the end: the weights alone, for inference, beside the
+// snapshots (<dir of snapshot_path>/model.safetensors).
+static inline void linreg_export(const char *snapshot_path, const linreg_run *run, const float *params) {
+    char path[1100], err[1400];
+    const char *slash = strrchr(snapshot_path, '/');
+    int dir_len = slash ? (int)(slash - snapshot_path) : 1;
+    snprintf(path, sizeof path, "%.*s/model.safetensors", dir_len, slash ? snapshot_path : ".");
+    int64_t shape[1] = {(int64_t)run->features + 1};
+    safetensors_tensor t = safetensors_tensor_of("params", "F32", params, 1, shape);
+    safetensors_meta m[8];
+    int n = linreg_run_meta(run, m);
+    if (!snapshot_write(path, &t, 1, m, n, err, sizeof err)) die("could not export the model: %s", err);
+    log_main("model exported to %s\n", path);
 }
 
 #endif

@@ -80,6 +80,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "files.h"
 
 enum {
     STORE_MAX_KEY = 1024,           // bytes, prefix included
@@ -1480,9 +1481,8 @@ static inline void rendezvous_tcp(rendezvous_t *r, const char *where, const char
 // the store on a port the system picks and publishes where it is in a small
 // text record at path:
 //     course-rendezvous 1 / host H / port P / nonce N / world W / started T / pid PID
-// (one "name value" per line). It writes a temporary file, fsyncs it and
-// renames it over path, so a reader sees the old record or the new one, never
-// half of one. The nonce is a random number the store also sends in its hello
+// (one "name value" per line). It writes it atomically (files.h), so a
+// reader sees the old record or the new one, never half of one. The nonce is a random number the store also sends in its hello
 // answer. A record left by an earlier run is therefore harmless: its address
 // is dead (connection refused: read again), or a different live store answers
 // there (another nonce, or another job's token: read again). Clients accept a
@@ -1496,34 +1496,14 @@ typedef struct {
     uint64_t nonce;
 } rendezvous_record;
 
-static inline void rendezvous_fsync_dir(const char *path) {
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash == dir) slash[1] = '\0';
-    else if (slash) *slash = '\0';
-    else snprintf(dir, sizeof dir, ".");
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    CHECK_SYS(fd);
-    CHECK_SYS(fsync(fd));
-    close(fd);
-}
-
 static inline void rendezvous_write_record(const char *path, const rendezvous_record *rec) {
-    char tmp[4200], text[600];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    char text[600], err[FILES_PATH_MAX + 200];
     int len = snprintf(text, sizeof text, "course-rendezvous 1\nhost %s\nport %d\nnonce %016"
                        PRIx64 "\nworld %d\nstarted %lld\npid %d\n", rec->host, rec->port,
                        rec->nonce, rec->world, (long long)time(NULL), (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        die("file:// rendezvous cannot write '%s': %s (the directory must exist and be "
-            "writable on every node)", tmp, strerror(errno));
-    if (write(fd, text, (size_t)len) != len) die("writing '%s' failed: %s", tmp, strerror(errno));
-    CHECK_SYS(fsync(fd));
-    CHECK_SYS(close(fd));
-    if (rename(tmp, path) < 0) die("renaming '%s' to '%s' failed: %s", tmp, path, strerror(errno));
-    rendezvous_fsync_dir(path);
+    if (!files_write_atomic(path, text, (size_t)len, err, sizeof err))
+        die("file:// rendezvous cannot write its record: %s (the directory must exist and be "
+            "writable on every node)", err);
 }
 
 // False (with why) when the record is missing or malformed.

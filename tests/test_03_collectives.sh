@@ -98,7 +98,7 @@ check_table() {
     echo "$why"
 }
 
-run_capture 120 "$TMP/bench" "$bin" --bench -b 8 -e 1M -f 8 -c 1 -n 5 -w 1; status=$?
+run_capture 120 "$TMP/bench" "$bin" --bench -b 8 -e 1M -f 8 -c 1 -n 5 -w 1 --nprocs 4; status=$?
 check "03: --bench (all collectives, 4 ranks) exits 0" test $status -eq 0
 result=$(check_table "$TMP/bench")
 if [[ "$result" == "|9 tables 8 OK" ]]; then
@@ -153,7 +153,7 @@ bench_case "-d int64 -o band -r 1, 3 ranks" -d int64 -o band -r 1 --nprocs 3 --c
 
 # --- GPUs
 if has_gpu; then
-    run_capture 120 "$TMP/gpu" "$bin" --device cuda --bench -b 8 -e 1M -f 8 -n 5 -w 1; status=$?
+    run_capture 120 "$TMP/gpu" "$bin" --device cuda --nprocs 4 --bench -b 8 -e 1M -f 8 -n 5 -w 1; status=$?
     result=$(check_table "$TMP/gpu")
     if [[ $status -eq 0 && "$result" == "|9 tables 8 OK" ]]; then pass "03: --device cuda --bench: #wrong 0 everywhere"
     else fail "03: --device cuda --bench: #wrong 0 everywhere" "status $status: $result"; fi

@@ -2,7 +2,7 @@
 source "$(dirname "$0")/lib.sh"
 bin="$ROOT/06_snapshot_resume/06_snapshot_resume"
 ddprun="$ROOT/tools/ddprun"
-checksum() { sed -n 's/.*final parameters checksum \([0-9a-f]*\).*/\1/p' "$1" | tail -n 1; }
+checksum() { sed -n 's/.*parameters checksum \([0-9a-f]*\).*/\1/p' "$1" | tail -n 1; }
 common=(--total_epochs 3 --save_every_steps 40 --device cpu)
 
 # Bit-exact resume: kill a rank mid-epoch, let ddprun restart the group, and
@@ -38,7 +38,7 @@ snap="$TMP/kill/s.safetensors"
 "$bin" --total_epochs 1 --save_every 1 --device cpu --snapshot_path "$snap" >"$TMP/k1" 2>&1
 # The epoch's line comes first, then its snapshot, which names the epoch
 # the run goes on with (epochs count from 0, as the lines do).
-order=$(grep -n -e '^epoch 0 | loss' -e '^snapshot saved at step 313: epoch 0 done, resumes at Epoch 1;' "$TMP/k1" | cut -d: -f1 | tr '\n' ' ')
+order=$(grep -n -e '^epoch  0 | loss' -e '^snapshot saved at step 313: epoch 0 done, resumes at Epoch 1;' "$TMP/k1" | cut -d: -f1 | tr '\n' ' ')
 if [[ $(wc -w <<<"$order") -eq 2 && ${order%% *} -lt $(echo $order | cut -d' ' -f2) ]]; then
     pass "06: 'epoch 0 | loss' comes before its snapshot line, 'epoch 0 done, resumes at Epoch 1'"
 else fail "06: 'epoch 0 | loss' comes before its snapshot line, 'epoch 0 done, resumes at Epoch 1'" "$(head -n 4 "$TMP/k1" | tr '\n' '|')"; fi

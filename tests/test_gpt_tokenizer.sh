@@ -50,7 +50,7 @@ expect_error() {
 }
 
 printf '{"model": {"type": "BPE"' >"$TMP/cut.json"
-expect_error "bpe_tool: a truncated tokenizer file is refused in one line" 1 'cut.json: not valid JSON: line 1' \
+expect_error "bpe_tool: a truncated tokenizer file is refused in one line" 1 'cut.json: not valid JSON: JSON error at line 1, column 25' \
     "$tool" encode -t "$TMP/cut.json" -i "$TMP/corpus.txt" -o "$TMP/x.u16"
 expect_error "bpe_tool: a vocabulary too small is a usage error" 2 '--vocab_size must be between 257 and 65536' \
     "$tool" train --input "$TMP/corpus.txt" --vocab_size 100 --output "$TMP/t.json"

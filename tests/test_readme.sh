@@ -100,10 +100,17 @@ not_here README.md "make test" "this test is part of what make test runs"
 run README.md 02_p2p 120 "make -n test" 'tests/run.sh p2p'
 run README.md . 60 "make 04_ddp_spawn" '^built 04_ddp_spawn/04_ddp_spawn; run it from here with \./04_ddp_spawn/04_ddp_spawn'
 exercise README.md . "make check-exercise EX=03/ring_allreduce"
+# Read the diff first: make diffs exits 0 (diff's 1 is not a failure) after
+# the four diffs, 01 -> 04 -> 05 -> 06 -> 07, in that order.
+run README.md . 60 "make diffs" '^\+\+\+ 07_multinode/07_multinode\.c$'
+order=$(grep '^+++ ' "$TMP/out" | cut -c5- | tr '\n' ' ')
+want="04_ddp_spawn/04_ddp_spawn.c 05_env_launch/05_env_launch.c 06_snapshot_resume/06_snapshot_resume.c 07_multinode/07_multinode.c "
+if [[ "$order" == "$want" ]]; then pass "README.md: make diffs prints the four diffs in order"
+else fail "README.md: make diffs prints the four diffs in order" "got: $order"; fi
 run README.md . 60 "make help"
 # make help: every target of the top Makefile, and every chapter with its line.
 missing=""
-for target in test asan bench bench-gpt speedup plots data check-exercise clean; do
+for target in test asan bench bench-gpt speedup plots data diffs check-exercise clean; do
     grep -q "^  make $target " "$TMP/out" || missing+=" make $target"
 done
 for chapter in "$course"/[0-9][0-9]_*/; do

@@ -46,7 +46,7 @@ static char *read_or_die(const char *path, size_t *len) {
 
 static void write_or_die(const char *path, const void *data, size_t len) {
     char err[512];
-    if (!bpe_write_atomic(path, data, len, err, sizeof err)) die("%s", err);
+    if (!files_write_atomic(path, data, len, err, sizeof err)) die("%s", err);
 }
 
 static bpe_t *load_or_die(const char *path) {

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "files.h"
 #include "flags.h"
 #include "store.h"
 
@@ -275,18 +276,6 @@ static bool write_all(int fd, const char *buf, size_t len) {
         }
     }
     return true;
-}
-
-static void make_dirs(const char *path) {
-    char partial[4096];
-    if (strlen(path) >= sizeof partial) die("path '%.60s...' is too long", path);
-    for (size_t i = 1; i <= strlen(path); i++) {
-        if (path[i] != '/' && path[i] != '\0') continue;
-        memcpy(partial, path, i);
-        partial[i] = '\0';
-        if (mkdir(partial, 0755) < 0 && errno != EEXIST)
-            die("cannot create the log directory '%s': %s", partial, strerror(errno));
-    }
 }
 
 // ================================================================ options
@@ -657,7 +646,7 @@ static void pump(job_t *job, double timeout_s) {
 static int open_log(const job_t *job, int rank, const char *name) {
     char dir[4096], path[4200];
     snprintf(dir, sizeof dir, "%s/attempt_%d/%d", job->opt.log_dir, job->generation, rank);
-    make_dirs(dir);
+    if (!files_make_dirs(dir)) die("cannot create the log directory '%s': %s", dir, strerror(errno));
     snprintf(path, sizeof path, "%s/%s.log", dir, name);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) die("cannot write the log file '%s': %s", path, strerror(errno));

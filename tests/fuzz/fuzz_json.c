@@ -1,5 +1,5 @@
-// fuzz_json - the two JSON readers: common/json.h (snapshot headers) and the
-// one inside 08_gpt_wikitext/bpe.h (tokenizer.json).
+// fuzz_json - the course's JSON reader, common/json.h (safetensors headers,
+// tokenizer.json).
 //
 // Input: any bytes, as JSON text. Promises checked:
 // - a refusal has a one-line reason and leaves nothing allocated;
@@ -7,12 +7,11 @@
 //   of its children, members of objects have keys and elements of arrays do
 //   not, strings are valid UTF-8 with a NUL right after len bytes, and
 //   json_u64 agrees with the digits it was given;
-// - neither reader looks past the end of the text (the text is copied to a
+// - the reader never looks past the end of the text (the text is copied to a
 //   block of exactly its size with no NUL after it, so AddressSanitizer
 //   sees any read beyond it).
 #include "fuzz.h"
 #include "json.h"
-#include "bpe.h"
 
 // Visits n and everything under it; depth guards this walk itself.
 static void check_tree(const json_doc *doc, const json_node *n, bool in_object, int depth) {
@@ -54,34 +53,8 @@ static void fuzz_course_json(const uint8_t *data, size_t size) {
     free(text);
 }
 
-static void fuzz_bpe_json(const uint8_t *data, size_t size) {
-    char *text = malloc(size ? size : 1);
-    bpe_json j;
-    if (!text) abort();
-    memcpy(text, data, size);
-    if (bpe_json_parse(&j, text, size)) {
-        fuzz_check(j.count > 0 && j.err[0] == '\0', "bpe json: accepted with no root, or with an error");
-        for (size_t i = 0; i < j.count; i++) {
-            const bpe_json_node *n = &j.nodes[i];
-            int32_t count = 0;
-            for (int32_t c = n->first; c >= 0; c = j.nodes[c].next) {
-                fuzz_check(c > (int32_t)i && (size_t)c < j.count, "bpe json: a child index out of order or out of range");
-                count++;
-            }
-            fuzz_check(count == n->count, "bpe json: count differs from the number of children");
-            if (n->type == BPE_JSON_STRING)
-                fuzz_check(n->str_off + n->str_len <= j.pool_len, "bpe json: string outside the pool");
-        }
-    } else {
-        fuzz_check(fuzz_one_line(j.err), "bpe json: refusal without a one-line reason");
-    }
-    bpe_json_free(&j);
-    free(text);
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_quiet();
     fuzz_course_json(data, size);
-    fuzz_bpe_json(data, size);
     return 0;
 }

@@ -23,23 +23,23 @@ static int by_begin(const void *a, const void *b) {
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-static void check_accepted(const snapshot_t *s) {
-    fuzz_check(!strcmp(snapshot_meta_get(s, "format"), SNAPSHOT_FORMAT), "snapshot: accepted another format");
+static void check_accepted(const safetensors_t *s) {
+    fuzz_check(!strcmp(safetensors_meta_get(s, "format"), SNAPSHOT_FORMAT), "snapshot: accepted another format");
     span *spans = malloc(sizeof *spans * (size_t)(s->num_tensors + 1));
     if (!spans) abort();
     const char *blob = s->blob;
     for (int i = 0; i < s->num_tensors; i++) {
-        const snapshot_tensor *t = &s->tensors[i];
+        const safetensors_tensor *t = &s->tensors[i];
         uint64_t bytes;
         const char *p = t->data;
-        fuzz_check(snap_tensor_bytes(snapshot_dtype_size(t->dtype), t->ndim, t->shape, &bytes) && bytes == t->bytes,
+        fuzz_check(st_tensor_bytes(safetensors_dtype_size(t->dtype), t->ndim, t->shape, &bytes) && bytes == t->bytes,
                    "snapshot: a tensor's bytes disagree with its dtype and shape");
         fuzz_check(p >= blob && (size_t)(p - blob) <= s->blob_bytes && t->bytes <= s->blob_bytes - (size_t)(p - blob),
                    "snapshot: a tensor lies outside the data");
-        fuzz_check((size_t)(p - blob) % snapshot_dtype_size(t->dtype) == 0, "snapshot: a misaligned tensor");
+        fuzz_check((size_t)(p - blob) % safetensors_dtype_size(t->dtype) == 0, "snapshot: a misaligned tensor");
         spans[i] = (span){(size_t)(p - blob), (size_t)(p - blob) + t->bytes};
         char err[600];
-        fuzz_check(snapshot_find(s, t->name) == t, "snapshot: two tensors with one name");
+        fuzz_check(safetensors_find(s, t->name) == t, "snapshot: two tensors with one name");
         fuzz_check(snapshot_expect_tensor(s, t->name, t->dtype, t->ndim, t->shape, err, sizeof err),
                    "snapshot: expect_tensor refuses a tensor as it was read");
     }
@@ -54,18 +54,18 @@ static void check_accepted(const snapshot_t *s) {
     for (int i = 0; i < s->num_meta; i++) {
         int64_t v;
         char err[700];
-        fuzz_check(snapshot_meta_get(s, s->meta[i].key) == s->meta[i].value, "snapshot: a metadata key twice");
+        fuzz_check(safetensors_meta_get(s, s->meta[i].key) == s->meta[i].value, "snapshot: a metadata key twice");
         if (!snapshot_meta_i64(s, s->meta[i].key, &v, err, sizeof err)) fuzz_check(fuzz_one_line(err), "snapshot: meta_i64 reason");
     }
 }
 
 static void read_once(const uint8_t *data, size_t size) {
-    snapshot_t s;
-    char err[SNAPSHOT_PATH_MAX + 200] = "";
+    safetensors_t s;
+    char err[FILES_PATH_MAX + 200] = "";
     fuzz_file_put(&file, data, size);
     if (snapshot_read(file.path, &s, err, sizeof err)) {
         check_accepted(&s);
-        snapshot_release(&s);
+        safetensors_release(&s);
     } else {
         fuzz_check(fuzz_one_line(err), "snapshot: refusal without a one-line reason");
         fuzz_check(!s.tensors && !s.meta && !s.blob && !s.num_tensors, "snapshot: a refusal left data behind");
@@ -74,13 +74,13 @@ static void read_once(const uint8_t *data, size_t size) {
 
 // The CRC of the whole file with the digits at `digits` taken as zeros.
 static void reseal(uint8_t *buf, size_t size, size_t digits) {
-    snapshot_crc c;
+    crc32c_t c;
     char hex[9];
-    snapshot_crc_init(&c);
-    snapshot_crc_update(&c, buf, digits);
-    snapshot_crc_update(&c, "00000000", 8);
-    snapshot_crc_update(&c, buf + digits + 8, size - digits - 8);
-    snprintf(hex, sizeof hex, "%08x", snapshot_crc_final(&c));
+    crc32c_init(&c);
+    crc32c_update(&c, buf, digits);
+    crc32c_update(&c, "00000000", 8);
+    crc32c_update(&c, buf + digits + 8, size - digits - 8);
+    snprintf(hex, sizeof hex, "%08x", crc32c_final(&c));
     memcpy(buf + digits, hex, 8);
 }
 

@@ -14,7 +14,7 @@ static const char *out_dir;
 static void put(const char *target, const char *name, const void *data, size_t n) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", out_dir, target);
-    make_dirs(path);
+    files_make_dirs_or_die(path);
     snprintf(path, sizeof path, "%s/%s/%s", out_dir, target, name);
     FILE *f = fopen(path, "wb");
     if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) die("cannot write %s", path);
@@ -41,11 +41,11 @@ static void snapshot_seeds(void) {
     double lr = 0.01;
     int64_t step[1] = {42};
     uint8_t mask[3] = {1, 0, 1};
-    snapshot_tensor t[] = {
-        snapshot_tensor_of("w", "F32", w, 2, (int64_t[]){2, 3}), snapshot_tensor_of("lr", "F64", &lr, 0, NULL),
-        snapshot_tensor_of("step", "I64", step, 1, (int64_t[]){1}), snapshot_tensor_of("mask", "U8", mask, 1, (int64_t[]){3}),
+    safetensors_tensor t[] = {
+        safetensors_tensor_of("w", "F32", w, 2, (int64_t[]){2, 3}), safetensors_tensor_of("lr", "F64", &lr, 0, NULL),
+        safetensors_tensor_of("step", "I64", step, 1, (int64_t[]){1}), safetensors_tensor_of("mask", "U8", mask, 1, (int64_t[]){3}),
     };
-    snapshot_meta m[] = {snapshot_meta_of("epoch", "%d", 3), snapshot_meta_of("note", "%s", "caf\xc3\xa9 \"q\" \\")};
+    safetensors_meta m[] = {safetensors_meta_of("epoch", "%d", 3), safetensors_meta_of("note", "%s", "caf\xc3\xa9 \"q\" \\")};
     char path[1024], err[600];
     size_t n;
     snprintf(path, sizeof path, "%s/.seed.safetensors", out_dir);
@@ -170,7 +170,7 @@ static void gpt_weights_seed(void) {
 int main(int argc, char **argv) {
     if (argc != 2) die("usage: seed_gen DIR");
     out_dir = argv[1];
-    make_dirs(out_dir);
+    files_make_dirs_or_die(out_dir);
     json_seeds();
     snapshot_seeds();
     tokenizer_seed();

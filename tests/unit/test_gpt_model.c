@@ -236,16 +236,23 @@ static void check_damage(const char *dir) {
     char *file = read_bytes(path, &n);
     uint64_t hlen;
     memcpy(&hlen, file, 8);
-    struct { const char *what, *find, *replace; size_t cut; uint64_t header; } cases[] = {
-        {"truncated data", NULL, NULL, n - 5, 0},
-        {"truncated header", NULL, NULL, 8 + hlen / 2, 0},
-        {"header length past the end", NULL, NULL, 0, 1u << 30},
-        {"wrong dtype", "\"F32\"", "\"F16\"", 0, 0},
-        {"wrong shape", "[37,16]", "[36,16]", 0, 0},
-        {"missing tensor", "\"ln_f.bias\"", "\"ln_f.bian\"", 0, 0},
-        {"bad offsets", "[0,2368]", "[0,2364]", 0, 0},
-        {"no configuration", "\"n_embd\"", "\"n_embx\"", 0, 0},
-        {"not JSON", "{\"__metadata__\"", "[\"__metadata__\"", 0, 0},
+    // Each case names what the reason must say. The file's checksum catches
+    // any changed byte; the cases with unseal also rename the checksum key,
+    // so that the file is read as one without a checksum (as a file from
+    // elsewhere) and the check behind it must refuse it.
+    struct { const char *what, *find, *replace; size_t cut; uint64_t header; bool unseal; const char *want; } cases[] = {
+        {"truncated data", NULL, NULL, n - 5, 0, false, "end beyond the data"},
+        {"truncated header", NULL, NULL, 8 + hlen / 2, 0, false, "larger than the file"},
+        {"header length past the end", NULL, NULL, 0, 1u << 30, false, "larger than the file"},
+        {"a changed dtype of the same size", "\"F32\"", "\"I32\"", 0, 0, false, "checksum mismatch"},
+        {"a changed dtype of the same size, no checksum", "\"F32\"", "\"I32\"", 0, 0, true, "is I32, not F32"},
+        {"a dtype of another size", "\"F32\"", "\"F16\"", 0, 0, false, "hold 2368 bytes"},
+        {"wrong shape", "[37,16]", "[36,16]", 0, 0, true, "hold 2368 bytes"},
+        {"missing tensor", "\"ln_f.bias\"", "\"ln_f.bian\"", 0, 0, true, "unexpected tensor 'ln_f.bian'"},
+        {"bad offsets", "[0,2368]", "[0,2364]", 0, 0, true, "hold 2364 bytes"},
+        {"no configuration", "\"n_embd\"", "\"n_embx\"", 0, 0, true, "no usable configuration"},
+        {"changed configuration", "\"n_layer\":\"2\"", "\"n_layer\":\"1\"", 0, 0, true, "unexpected tensor"},
+        {"not JSON", "{\"__metadata__\"", "[\"__metadata__\"", 0, 0, false, "does not start with '{'"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         char *copy = xmalloc(n);
@@ -256,13 +263,16 @@ static void check_damage(const char *dir) {
             char *at = memmem(copy + 8, hlen, cases[c].find, strlen(cases[c].find));
             if (at) memcpy(at, cases[c].replace, strlen(cases[c].replace)); // same length by construction
         }
+        char *sum = cases[c].unseal ? memmem(copy + 8, hlen, "\"checksum\"", 10) : NULL;
+        if (sum) memcpy(sum, "\"checksux\"", 10);
         write_bytes(bad, copy, len);
         err[0] = '\0';
         bool loaded = gpt_load_safetensors(&back, bad, err, sizeof err);
         char name[96];
         snprintf(name, sizeof name, "gpt safetensors rejects: %s", cases[c].what);
         printf("info: %s -> %s\n", cases[c].what, err);
-        EXPECT(name, !loaded && err[0] && !strchr(err, '\n'), "loaded %d, reason '%s'", loaded, err);
+        EXPECT(name, !loaded && strstr(err, cases[c].want) && !strchr(err, '\n'), "loaded %d, reason '%s' (wanted '%s')", loaded,
+               err, cases[c].want);
         if (loaded) gpt_free(&back);
         free(copy);
     }

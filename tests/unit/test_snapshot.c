@@ -57,8 +57,8 @@ typedef struct {
     int64_t rng[2];
     uint8_t mask[5];
     uint16_t half[3];
-    snapshot_tensor t[6];
-    snapshot_meta m[5];
+    safetensors_tensor t[6];
+    safetensors_meta m[5];
 } sample;
 
 static void make_sample(sample *s, uint64_t seed) {
@@ -70,20 +70,20 @@ static void make_sample(sample *s, uint64_t seed) {
     for (int i = 0; i < 5; i++) s->mask[i] = (uint8_t)rng_below(&r, 256);
     for (int i = 0; i < 3; i++) s->half[i] = (uint16_t)rng_below(&r, 65536);
     // Odd sizes and mixed element sizes, so the writer has to order them for alignment.
-    s->t[0] = snapshot_tensor_of("mask", "U8", s->mask, 1, (int64_t[]){5});
-    s->t[1] = snapshot_tensor_of("model.w", "F32", s->w, 2, (int64_t[]){3, 4});
-    s->t[2] = snapshot_tensor_of("half", "BF16", s->half, 1, (int64_t[]){3});
-    s->t[3] = snapshot_tensor_of("lr", "F64", &s->lr, 0, NULL);
-    s->t[4] = snapshot_tensor_of("rng", "I64", s->rng, 1, (int64_t[]){2});
-    s->t[5] = snapshot_tensor_of("empty", "F32", NULL, 2, (int64_t[]){0, 7});
-    s->m[0] = snapshot_meta_of("epoch", "%d", 3);
-    s->m[1] = snapshot_meta_of("features", "%d", 64);
-    s->m[2] = snapshot_meta_of("config", "%s", "lr=0.01 \"quoted\" back\\slash caf\xc3\xa9");
-    s->m[3] = snapshot_meta_of("empty_value", "%s", "");
-    s->m[4] = snapshot_meta_of("step", "%llu", (unsigned long long)seed);
+    s->t[0] = safetensors_tensor_of("mask", "U8", s->mask, 1, (int64_t[]){5});
+    s->t[1] = safetensors_tensor_of("model.w", "F32", s->w, 2, (int64_t[]){3, 4});
+    s->t[2] = safetensors_tensor_of("half", "BF16", s->half, 1, (int64_t[]){3});
+    s->t[3] = safetensors_tensor_of("lr", "F64", &s->lr, 0, NULL);
+    s->t[4] = safetensors_tensor_of("rng", "I64", s->rng, 1, (int64_t[]){2});
+    s->t[5] = safetensors_tensor_of("empty", "F32", NULL, 2, (int64_t[]){0, 7});
+    s->m[0] = safetensors_meta_of("epoch", "%d", 3);
+    s->m[1] = safetensors_meta_of("features", "%d", 64);
+    s->m[2] = safetensors_meta_of("config", "%s", "lr=0.01 \"quoted\" back\\slash caf\xc3\xa9");
+    s->m[3] = safetensors_meta_of("empty_value", "%s", "");
+    s->m[4] = safetensors_meta_of("step", "%llu", (unsigned long long)seed);
 }
 
-static bool same_tensor(const snapshot_tensor *a, const snapshot_tensor *b) {
+static bool same_tensor(const safetensors_tensor *a, const safetensors_tensor *b) {
     if (!a || !b || strcmp(a->dtype, b->dtype) || a->ndim != b->ndim || a->bytes != b->bytes) return false;
     for (int d = 0; d < a->ndim; d++)
         if (a->shape[d] != b->shape[d]) return false;
@@ -91,12 +91,12 @@ static bool same_tensor(const snapshot_tensor *a, const snapshot_tensor *b) {
 }
 
 static void expect_refused(const char *name, const char *path, const char *want) {
-    snapshot_t s;
+    safetensors_t s;
     char err[600] = "";
     bool ok = snapshot_read(path, &s, err, sizeof err);
     EXPECT(name, !ok && strstr(err, want) && !strchr(err, '\n') && s.tensors == NULL,
            "read %s with message '%s'; expected a refusal saying '%s'", ok ? "succeeded" : "failed", err, want);
-    if (ok) snapshot_release(&s);
+    if (ok) safetensors_release(&s);
     if (getenv("TEST_SNAPSHOT_VERBOSE")) fprintf(stderr, "    message: %s\n", err);
 }
 
@@ -104,7 +104,7 @@ static void expect_refused(const char *name, const char *path, const char *want)
 
 static void test_round_trip(void) {
     sample a;
-    snapshot_t s;
+    safetensors_t s;
     char err[600] = "";
     const char *path = in_scratch("round.safetensors");
     make_sample(&a, 7);
@@ -114,15 +114,15 @@ static void test_round_trip(void) {
     EXPECT("snapshot: read back succeeds", ok, "%s", err);
     if (!ok) return;
     int same = 0;
-    for (int i = 0; i < 6; i++) same += same_tensor(snapshot_find(&s, a.t[i].name), &a.t[i]);
+    for (int i = 0; i < 6; i++) same += same_tensor(safetensors_find(&s, a.t[i].name), &a.t[i]);
     EXPECT("snapshot: round trip gives identical tensors", same == 6 && s.num_tensors == 6, "%d of 6 identical, %d read", same, s.num_tensors);
     int meta = 0;
-    for (int i = 0; i < 5; i++) meta += snapshot_meta_get(&s, a.m[i].key) && !strcmp(snapshot_meta_get(&s, a.m[i].key), a.m[i].value);
+    for (int i = 0; i < 5; i++) meta += safetensors_meta_get(&s, a.m[i].key) && !strcmp(safetensors_meta_get(&s, a.m[i].key), a.m[i].value);
     EXPECT("snapshot: round trip gives identical metadata (quotes, backslash, UTF-8, empty)", meta == 5, "%d of 5 identical", meta);
     EXPECT("snapshot: format, version and checksum are recorded",
-           !strcmp(snapshot_meta_get(&s, "format"), "course-snapshot") && !strcmp(snapshot_meta_get(&s, "version"), "2") &&
-               !strncmp(snapshot_meta_get(&s, "checksum"), "crc32c:", 7) && s.num_meta == 8,
-           "format=%s num_meta=%d", snapshot_meta_get(&s, "format"), s.num_meta);
+           !strcmp(safetensors_meta_get(&s, "format"), "course-snapshot") && !strcmp(safetensors_meta_get(&s, "version"), "2") &&
+               !strncmp(safetensors_meta_get(&s, "checksum"), "crc32c:", 7) && s.num_meta == 8,
+           "format=%s num_meta=%d", safetensors_meta_get(&s, "format"), s.num_meta);
     int64_t epoch = 0;
     EXPECT("snapshot: meta_i64 reads a number", snapshot_meta_i64(&s, "epoch", &epoch, err, sizeof err) && epoch == 3, "%s", err);
     EXPECT("snapshot: meta_i64 refuses text", !snapshot_meta_i64(&s, "config", &epoch, err, sizeof err) && strstr(err, "not a whole number"), "%s", err);
@@ -130,7 +130,7 @@ static void test_round_trip(void) {
     EXPECT("snapshot: copy checks and copies a tensor",
            snapshot_copy(&s, "model.w", "F32", 2, (int64_t[]){3, 4}, w, err, sizeof err) && !memcmp(w, a.w, sizeof w), "%s", err);
     EXPECT("snapshot: the path it was read from is kept", !strcmp(s.path, path), "path '%s'", s.path);
-    snapshot_release(&s);
+    safetensors_release(&s);
     EXPECT("snapshot: release empties the struct", s.tensors == NULL && s.blob == NULL && s.num_tensors == 0, "not emptied");
 }
 
@@ -162,7 +162,7 @@ static void test_layout(void) {
         if (e == meta) continue;
         const json_node *off = json_member(&doc, e, "data_offsets"), *dt = json_member(&doc, e, "dtype");
         if (!off || !dt || !json_u64(json_first(&doc, off), &begins[count]) || !json_u64(json_next(&doc, json_first(&doc, off)), &ends[count])) break;
-        aligned &= begins[count] % snapshot_dtype_size(dt->text) == 0;
+        aligned &= begins[count] % safetensors_dtype_size(dt->text) == 0;
         covered += ends[count] - begins[count];
         if (!strcmp(e->key, "model.w")) {
             sample a;
@@ -187,20 +187,20 @@ static void test_layout(void) {
 }
 
 static void test_crc(void) {
-    snapshot_crc c;
-    snapshot_crc_init(&c);
-    snapshot_crc_update(&c, "123456789", 9);
-    uint32_t whole = snapshot_crc_final(&c);
+    crc32c_t c;
+    crc32c_init(&c);
+    crc32c_update(&c, "123456789", 9);
+    uint32_t whole = crc32c_final(&c);
     unsigned char buf[1000];
     for (int i = 0; i < 1000; i++) buf[i] = (unsigned char)(i * 7 + 3);
-    snapshot_crc_init(&c);
-    snapshot_crc_update(&c, buf, 1000);
-    uint32_t one = snapshot_crc_final(&c);
-    snapshot_crc_init(&c);
-    snapshot_crc_update(&c, buf, 3); // split at odd places: the 8-byte path and the byte path agree
-    snapshot_crc_update(&c, buf + 3, 500);
-    snapshot_crc_update(&c, buf + 503, 497);
-    EXPECT("crc32c: standard check value and chunking", whole == 0xE3069283u && one == snapshot_crc_final(&c),
+    crc32c_init(&c);
+    crc32c_update(&c, buf, 1000);
+    uint32_t one = crc32c_final(&c);
+    crc32c_init(&c);
+    crc32c_update(&c, buf, 3); // split at odd places: the 8-byte path and the byte path agree
+    crc32c_update(&c, buf + 3, 500);
+    crc32c_update(&c, buf + 503, 497);
+    EXPECT("crc32c: standard check value and chunking", whole == 0xE3069283u && one == crc32c_final(&c),
            "crc('123456789') = %08x, want e3069283", whole);
 }
 
@@ -210,12 +210,12 @@ static void test_crc(void) {
 // "crc32c:" at digits taken as "00000000": the reader's rule, written out
 // independently of snapshot.h's helpers.
 static uint32_t whole_file_crc(const unsigned char *file, size_t n, size_t digits) {
-    snapshot_crc c;
-    snapshot_crc_init(&c);
-    snapshot_crc_update(&c, file, digits);
-    snapshot_crc_update(&c, "00000000", 8);
-    snapshot_crc_update(&c, file + digits + 8, n - digits - 8);
-    return snapshot_crc_final(&c);
+    crc32c_t c;
+    crc32c_init(&c);
+    crc32c_update(&c, file, digits);
+    crc32c_update(&c, "00000000", 8);
+    crc32c_update(&c, file + digits + 8, n - digits - 8);
+    return crc32c_final(&c);
 }
 
 // Rewrites the checksum of a file after a deliberate change, as a forger (or
@@ -260,12 +260,12 @@ static void refused_header(const char *name, const char *header, size_t data_byt
 
 static void test_crafted(void) {
     craft(in_scratch("ok.safetensors"), META F32("a", "[2,2]", 0, 16) F32("b", "[]", 16, 20) "}", "0123456789abcdefghij", 20);
-    snapshot_t s;
+    safetensors_t s;
     char err[600];
     bool ok = snapshot_read(in_scratch("ok.safetensors"), &s, err, sizeof err);
-    EXPECT("crafted: a hand-made valid file loads (scalar shape [])", ok && s.num_tensors == 2 && snapshot_find(&s, "b")->ndim == 0, "%s", err);
-    if (ok) snapshot_release(&s);
-    refused_header("refused: non-JSON header", "{this is not json}", 0, "bad header: JSON error at byte 1");
+    EXPECT("crafted: a hand-made valid file loads (scalar shape [])", ok && s.num_tensors == 2 && safetensors_find(&s, "b")->ndim == 0, "%s", err);
+    if (ok) safetensors_release(&s);
+    refused_header("refused: non-JSON header", "{this is not json}", 0, "bad header: JSON error at line 1, column 2 (byte 1)");
     refused_header("refused: header that is not an object", "[1,2,3]", 0, "does not start with '{'");
     refused_header("refused: trailing comma", META F32("a", "[1]", 0, 4) ",}", 4, "JSON error");
     refused_header("refused: unknown dtype", META ",\"x\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor 'x' has unknown dtype 'F33'");
@@ -324,7 +324,7 @@ static void test_damaged_header(const unsigned char *good, size_t n) {
     changed_header("refused: a transposed shape with the same bytes", good, n, "[3,4]", "[4,3]", false, crc);
     changed_header("refused: a changed dtype of the same size (I64 -> F64)", good, n, "\"I64\"", "\"F64\"", false, crc);
     changed_header("refused: a space of the padding changed to a tab", good, n, "}  ", "}\t ", false, crc);
-    snapshot_t s;
+    safetensors_t s;
     char err[600] = "";
     unsigned char *copy = xmalloc(n);
     memcpy(copy, good, n);
@@ -332,7 +332,7 @@ static void test_damaged_header(const unsigned char *good, size_t n) {
     spit(in_scratch("resealed.safetensors"), copy, n);
     bool ok = snapshot_read(in_scratch("resealed.safetensors"), &s, err, sizeof err);
     EXPECT("checksum: this test's independent CRC of the whole file agrees with the writer's", ok && !memcmp(copy, good, n), "%s", err);
-    if (ok) snapshot_release(&s);
+    if (ok) safetensors_release(&s);
     free(copy);
 }
 
@@ -371,7 +371,7 @@ static void test_damaged(void) {
 
 static void test_expect(void) {
     sample a;
-    snapshot_t s;
+    safetensors_t s;
     char err[600] = "";
     make_sample(&a, 7);
     if (!snapshot_read(in_scratch("round.safetensors"), &s, err, sizeof err)) { EXPECT("expect: read", false, "%s", err); return; }
@@ -389,10 +389,10 @@ static void test_expect(void) {
            !strcmp(err, "snapshot has features=64 but this run has features=1"), "%s", err);
     EXPECT("expect: missing metadata", !snapshot_expect_meta(&s, "world_size", "2", err, sizeof err) &&
            !strcmp(err, "snapshot has no world_size (this run has world_size=2)"), "%s", err);
-    snapshot_release(&s);
+    safetensors_release(&s);
 }
 
-static void expect_write_refused(const char *name, const snapshot_tensor *t, int nt, const snapshot_meta *m, int nm, const char *want) {
+static void expect_write_refused(const char *name, const safetensors_tensor *t, int nt, const safetensors_meta *m, int nm, const char *want) {
     char err[600] = "";
     const char *path = in_scratch("refused-write.safetensors");
     bool ok = snapshot_write(path, t, nt, m, nm, err, sizeof err);
@@ -402,8 +402,8 @@ static void expect_write_refused(const char *name, const snapshot_tensor *t, int
 static void test_bad_writes(void) {
     sample a;
     make_sample(&a, 1);
-    snapshot_tensor t[6];
-    snapshot_meta m[5];
+    safetensors_tensor t[6];
+    safetensors_meta m[5];
     memcpy(t, a.t, sizeof t);
     snprintf(t[2].name, sizeof t[2].name, "model.w");
     expect_write_refused("write refused: duplicate tensor names", t, 6, a.m, 5, "two tensors are named 'model.w'");
@@ -424,9 +424,9 @@ static void test_bad_writes(void) {
     expect_write_refused("write refused: duplicate metadata key", a.t, 6, m, 5, "metadata key 'epoch' is given twice");
     char err[200];
     EXPECT("write: no tensors at all is a valid snapshot", snapshot_write(in_scratch("empty.safetensors"), NULL, 0, a.m, 5, err, sizeof err), "%s", err);
-    snapshot_t s;
+    safetensors_t s;
     EXPECT("read: a snapshot with no tensors", snapshot_read(in_scratch("empty.safetensors"), &s, err, sizeof err) && s.num_tensors == 0, "%s", err);
-    snapshot_release(&s);
+    safetensors_release(&s);
 }
 
 // ---------------------------------------------------------------- series
@@ -455,16 +455,16 @@ static bool step_exists(const char *tmpl, int64_t step) {
 
 static void test_series_keep(const char *tmpl, sample *a) {
     char err[600], report[2000], dir[700];
-    snapshot_t s;
+    safetensors_t s;
     bool saved = true;
     for (int step = 1; step <= 5; step++) saved &= snapshot_save_step(tmpl, step, a[step].t, 6, a[step].m, 5, 2, err, sizeof err);
     snprintf(dir, sizeof dir, "%s/series", scratch);
     EXPECT("series: steps 1..5 with keep 2 leave only steps 4 and 5", saved && count_files(dir, ".safetensors") == 2 &&
            step_exists(tmpl, 4) && step_exists(tmpl, 5) && count_files(dir, ".tmp") == 0, "%d files left", count_files(dir, ".safetensors"));
     int r = snapshot_load_latest(tmpl, &s, report, sizeof report);
-    EXPECT("series: load_latest loads the newest, silently", r == 1 && !strcmp(snapshot_meta_get(&s, "step"), "5") && report[0] == '\0',
+    EXPECT("series: load_latest loads the newest, silently", r == 1 && !strcmp(safetensors_meta_get(&s, "step"), "5") && report[0] == '\0',
            "returned %d, report '%s'", r, report);
-    if (r == 1) snapshot_release(&s);
+    if (r == 1) safetensors_release(&s);
     EXPECT("series: step path has 10 digits", snapshot_step_path("runs/x/snap.safetensors", 42, dir, sizeof dir) &&
            !strcmp(dir, "runs/x/snap.0000000042.safetensors") && snapshot_step_path("snap", 7, dir, sizeof dir) &&
            !strcmp(dir, "./snap.0000000007.safetensors") && !snapshot_step_path("x", -1, dir, sizeof dir), "'%s'", dir);
@@ -472,16 +472,16 @@ static void test_series_keep(const char *tmpl, sample *a) {
 
 static void test_series_fallback(const char *tmpl, sample *a) {
     char err[600], report[2000], path[800];
-    snapshot_t s;
+    safetensors_t s;
     snapshot_step_path(tmpl, 5, path, sizeof path);
     flip_data_byte(path);
     int r = snapshot_load_latest(tmpl, &s, report, sizeof report);
-    EXPECT("series: a damaged newest snapshot falls back to the older one", r == 1 && !strcmp(snapshot_meta_get(&s, "step"), "4") &&
-           same_tensor(snapshot_find(&s, "model.w"), &a[4].t[1]), "returned %d", r);
+    EXPECT("series: a damaged newest snapshot falls back to the older one", r == 1 && !strcmp(safetensors_meta_get(&s, "step"), "4") &&
+           same_tensor(safetensors_find(&s, "model.w"), &a[4].t[1]), "returned %d", r);
     EXPECT("series: the report says which one was refused, why, and what was loaded",
            strstr(report, "snapshot.0000000005.safetensors is damaged (checksum mismatch") &&
            strstr(report, "\nresuming from older snapshot ") && strstr(report, "snapshot.0000000004.safetensors"), "report '%s'", report);
-    if (r == 1) snapshot_release(&s);
+    if (r == 1) safetensors_release(&s);
     // A crashed writer's temporary file is never a candidate, and the next save removes it.
     snapshot_step_path(tmpl, 4, path, sizeof path);
     flip_data_byte(path);
@@ -593,7 +593,7 @@ static void test_fuzz(int rounds) {
             }
         }
         spit(path, buf, len);
-        snapshot_t s;
+        safetensors_t s;
         char err[600] = "";
         if (snapshot_read(path, &s, err, sizeof err)) {
             bool sane = true;
@@ -603,7 +603,7 @@ static void test_fuzz(int rounds) {
             }
             if (sane) accepted++;
             else if (!broken++) snprintf(first_broken, sizeof first_broken, "round %d: accepted a tensor outside the data", i);
-            snapshot_release(&s);
+            safetensors_release(&s);
         } else if (err[0] && !strchr(err, '\n') && !s.tensors && !s.meta && !s.blob) refused++;
         else if (!broken++) snprintf(first_broken, sizeof first_broken, "round %d: bad refusal '%s'", i, err);
     }
@@ -637,7 +637,7 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
 int main(int argc, char **argv) {
     if (argc > 1) {
         snprintf(scratch, sizeof scratch, "%s", argv[1]);
-        make_dirs(scratch);
+        files_make_dirs_or_die(scratch);
     } else {
         snprintf(scratch, sizeof scratch, "%s/test_snapshot.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
         CHECK_PTR(mkdtemp(scratch));

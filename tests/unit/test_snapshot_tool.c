@@ -23,12 +23,12 @@ static int save(const char *tmpl, int64_t step, int keep, size_t mib) {
     uint8_t *big = xmalloc(nbig);
     char err[1200];
     fill(step, w, NW, big, nbig, &counter);
-    snapshot_tensor t[] = {
-        snapshot_tensor_of("w", "F32", w, 1, (int64_t[]){NW}),
-        snapshot_tensor_of("big", "U8", big, 1, (int64_t[]){(int64_t)nbig}),
-        snapshot_tensor_of("counter", "I64", &counter, 0, NULL),
+    safetensors_tensor t[] = {
+        safetensors_tensor_of("w", "F32", w, 1, (int64_t[]){NW}),
+        safetensors_tensor_of("big", "U8", big, 1, (int64_t[]){(int64_t)nbig}),
+        safetensors_tensor_of("counter", "I64", &counter, 0, NULL),
     };
-    snapshot_meta m[] = {snapshot_meta_of("step", "%" PRId64, step), snapshot_meta_of("features", "%d", NW)};
+    safetensors_meta m[] = {safetensors_meta_of("step", "%" PRId64, step), safetensors_meta_of("features", "%d", NW)};
     bool ok = snapshot_save_step(tmpl, step, t, 3, m, 2, keep, err, sizeof err);
     free(big);
     if (!ok) die("cannot save step %" PRId64 ": %s", step, err);
@@ -37,9 +37,9 @@ static int save(const char *tmpl, int64_t step, int keep, size_t mib) {
 }
 
 // The content of a loaded snapshot must be exactly what save wrote for its step.
-static bool content_ok(const snapshot_t *s, int64_t *step) {
+static bool content_ok(const safetensors_t *s, int64_t *step) {
     char err[300];
-    const snapshot_tensor *w = snapshot_find(s, "w"), *big = snapshot_find(s, "big"), *counter = snapshot_find(s, "counter");
+    const safetensors_tensor *w = safetensors_find(s, "w"), *big = safetensors_find(s, "big"), *counter = safetensors_find(s, "counter");
     if (!snapshot_meta_i64(s, "step", step, err, sizeof err) || !w || !big || !counter || w->bytes != 256 * sizeof(float))
         return false;
     float want_w[256];
@@ -53,7 +53,7 @@ static bool content_ok(const snapshot_t *s, int64_t *step) {
 }
 
 static int load(const char *tmpl) {
-    snapshot_t s;
+    safetensors_t s;
     char report[4000];
     int64_t step;
     int r = snapshot_load_latest(tmpl, &s, report, sizeof report);
@@ -62,18 +62,18 @@ static int load(const char *tmpl) {
     if (r < 0) { printf("no valid snapshot\n"); return 1; }
     bool ok = content_ok(&s, &step);
     printf("%s step %" PRId64 " from %s\n", ok ? "loaded" : "wrong content in", step, s.path);
-    snapshot_release(&s);
+    safetensors_release(&s);
     return ok ? 0 : 1;
 }
 
 static int read_one(const char *path) {
-    snapshot_t s;
+    safetensors_t s;
     char err[1200];
     int64_t step;
     if (!snapshot_read(path, &s, err, sizeof err)) { printf("refused: %s\n", err); return 1; }
     bool ok = content_ok(&s, &step);
     printf("%s step %" PRId64 "\n", ok ? "ok" : "wrong content in", step);
-    snapshot_release(&s);
+    safetensors_release(&s);
     return ok ? 0 : 1;
 }
 
