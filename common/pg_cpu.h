@@ -1,8 +1,8 @@
 // pg_cpu.h - the cpu backend of pg.h: collectives between processes, on
 // host memory, over TCP sockets and (between ranks of one host) shared memory.
 //
-// Included by pg.h after its types; never on its own. It is built in four
-// layers, each using only the one below it:
+// Included by pg.h, which dispatches to it; it needs only pg_types.h. It
+// is built in four layers, each using only the one below it:
 //
 //   1. Transports. To every other rank we hold a byte stream in each
 //      direction: a TCP connection, or, when the peer runs on the same host,
@@ -36,9 +36,7 @@
 #ifndef COURSE_PG_CPU_H
 #define COURSE_PG_CPU_H
 
-#ifndef COURSE_PG_H
-#error "include pg.h, not pg_cpu.h: the cpu backend needs pg.h's types"
-#endif
+#include "pg_types.h"
 
 #include <fcntl.h>
 #include <limits.h>

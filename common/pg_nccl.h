@@ -1,6 +1,7 @@
 // pg_nccl.h - the nccl backend of pg.h: NCCL on GPU buffers, one rank per GPU.
 //
-// Included by pg.h after its types, and compiled only in the CUDA build.
+// Included by pg.h (it needs only pg_types.h), and compiled only in the
+// CUDA build.
 // NCCL does the real work; this file adds what a course needs around it:
 //
 //   - start-up as the NCCL guide prescribes: cudaSetDevice first, then rank 0
@@ -29,9 +30,7 @@
 #ifndef COURSE_PG_NCCL_H
 #define COURSE_PG_NCCL_H
 
-#ifndef COURSE_PG_H
-#error "include pg.h, not pg_nccl.h: the nccl backend needs pg.h's types"
-#endif
+#include "pg_types.h"
 
 #ifdef COURSE_CUDA
 
