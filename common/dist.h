@@ -14,7 +14,7 @@
 #include "device.h"
 #include "launch_env.h"
 #include "pg.h"
-#include "store.h"
+#include "rendezvous.h"
 #include "versions.h"
 
 typedef struct {

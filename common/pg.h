@@ -109,17 +109,15 @@ static inline bool pg_nccl_possible(const pg_config *cfg, char *why, size_t size
 #endif
 }
 
-// auto: nccl only if every rank can; the ranks count the "cannot" votes in
-// the store, so that one host with too few GPUs makes the whole job use cpu
+// auto: nccl only if every rank can; the ranks vote through the store, so that one host with too few GPUs makes the whole job use cpu
 // (a job whose ranks use different backends would hang).
 static inline backend_kind pg_vote_backend(const pg_config *cfg, bool possible, int generation,
                                            double timeout_s) {
     if (cfg->world_size == 1) return possible ? BACKEND_NCCL : BACKEND_CPU;
     char key[64];
     snprintf(key, sizeof key, "pg%d/cannot_nccl", generation);
-    store_add(cfg->store, key, possible ? 0 : 1);
-    store_barrier(cfg->store, key, cfg->rank, cfg->world_size, timeout_s);
-    return store_add(cfg->store, key, 0) == 0 ? BACKEND_NCCL : BACKEND_CPU;
+    return store_vote(cfg->store, key, cfg->rank, cfg->world_size, possible, timeout_s)
+               ? BACKEND_NCCL : BACKEND_CPU;
 }
 
 static inline backend_kind pg_choose_backend(const pg_config *cfg, int generation,

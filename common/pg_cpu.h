@@ -816,24 +816,22 @@ static inline int cpu_listen(const char *ip, int backlog, int *port) {
     return fd;
 }
 
-static inline void cpu_publish_address(cpu_pg *pg, store_t *st, int generation, int port,
-                                       const char *ip) {
-    char key[64], value[320], host[200];
+// Every rank publishes where it listens ("ip port host") and reads everyone's.
+static inline void cpu_share_addresses(cpu_pg *pg, store_t *st, int generation, int port,
+                                       const char *ip, cpu_address *all) {
+    enum { TEXT = 320 };
+    char stem[64], mine[TEXT], host[200];
     cpu_host_key(host, sizeof host);
-    snprintf(key, sizeof key, "pg%d/addr/%d", generation, pg->rank);
-    int n = snprintf(value, sizeof value, "%s %d %s", ip, port, host);
-    store_set(st, key, value, (size_t)n);
-}
-
-static inline void cpu_read_addresses(cpu_pg *pg, store_t *st, int generation, cpu_address *all) {
+    snprintf(stem, sizeof stem, "pg%d/addr", generation);
+    snprintf(mine, sizeof mine, "%s %d %s", ip, port, host);
+    char *text = xmalloc((size_t)pg->world * TEXT);
+    store_all_gather(st, stem, pg->rank, pg->world, mine, text, TEXT, pg->timeout_s);
     for (int r = 0; r < pg->world; r++) {
-        char key[64], value[320];
-        snprintf(key, sizeof key, "pg%d/addr/%d", generation, r);
-        size_t n = store_get(st, key, value, sizeof value - 1, pg->timeout_s);
-        value[n] = '\0';
+        const char *value = text + (size_t)r * TEXT;
         if (sscanf(value, "%63s %d %199s", all[r].ip, &all[r].port, all[r].host) != 3)
             die("process group: rank %d published a malformed address '%s'", r, value);
     }
+    free(text);
     const cpu_address *me = &all[pg->rank];
     for (int r = 0; r < pg->world; r++)
         if (store_is_loopback(all[r].ip) && strcmp(all[r].host, me->host))
@@ -846,8 +844,8 @@ static inline uint64_t cpu_share_nonce(cpu_pg *pg, store_t *st, int generation) 
     char key[64];
     uint64_t nonce = store_random_u64();
     snprintf(key, sizeof key, "pg%d/nonce", generation);
-    if (pg->rank == 0) store_set(st, key, &nonce, sizeof nonce);
-    else if (store_get(st, key, &nonce, sizeof nonce, pg->timeout_s) != sizeof nonce)
+    if (store_broadcast(st, key, pg->rank, &nonce, sizeof nonce, sizeof nonce, pg->timeout_s) !=
+        sizeof nonce)
         die("process group: the store holds a malformed group id");
     return nonce;
 }
@@ -941,8 +939,7 @@ static inline void cpu_connect_all(cpu_pg *pg, store_t *st, int generation, cpu_
     if (spec) snprintf(ip, sizeof ip, "%s", netif_choose(spec, variable, st->host).ip);
     else cpu_local_address(st, ip, sizeof ip);
     int listen_fd = cpu_listen(ip, pg->world, &port);
-    cpu_publish_address(pg, st, generation, port, ip);
-    cpu_read_addresses(pg, st, generation, all);
+    cpu_share_addresses(pg, st, generation, port, ip, all);
     cpu_connect_lower(pg, all, *nonce, deadline);
     cpu_accept_higher(pg, listen_fd, *nonce, deadline);
     close(listen_fd);

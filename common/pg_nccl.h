@@ -134,12 +134,10 @@ static inline ncclUniqueId nccl_share_id(nccl_pg *pg, store_t *st, int generatio
     ncclUniqueId id;
     char key[64];
     snprintf(key, sizeof key, "pg%d/nccl_id", generation);
-    if (pg->rank == 0) {
-        CHECK_NCCL(ncclGetUniqueId(&id));
-        if (pg->world > 1) store_set(st, key, &id, sizeof id);
-    } else if (store_get(st, key, &id, sizeof id, pg->timeout_s) != sizeof id) {
+    if (pg->rank == 0) CHECK_NCCL(ncclGetUniqueId(&id));
+    if (pg->world > 1 &&
+        store_broadcast(st, key, pg->rank, &id, sizeof id, sizeof id, pg->timeout_s) != sizeof id)
         die("the store holds a malformed NCCL unique id under '%s'", key);
-    }
     return id;
 }
 

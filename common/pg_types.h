@@ -15,7 +15,7 @@
 
 #include "check.h"
 #include "device.h"
-#include "store.h"
+#include "store_client.h"
 
 // ---------------------------------------------------------------- types
 

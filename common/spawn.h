@@ -20,6 +20,7 @@
 #ifndef COURSE_SPAWN_H
 #define COURSE_SPAWN_H
 
+#include <inttypes.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -31,7 +32,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "store.h"
+#include "store_server.h"
 
 typedef int (*spawn_fn)(int rank, int world_size, void *arg);
 

@@ -24,7 +24,7 @@
 #include <sys/socket.h>
 
 #include "fuzz.h"
-#include "store.h"
+#include "store_server.h"
 
 #define TOKEN "job-token-of-the-fuzzed-store"
 enum { SLOTS = 4 };

@@ -7,7 +7,7 @@
 #include "fuzz_wikitext.h"
 #include "gpt.h"
 #include "snapshot.h"
-#include "store.h"
+#include "store_wire.h"
 
 static const char *out_dir;
 

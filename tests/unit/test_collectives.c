@@ -30,6 +30,7 @@
 #include "ddp.h"
 #include "flags.h"
 #include "pg.h"
+#include "rendezvous.h"
 #include "spawn.h"
 #include "test.h"
 

@@ -21,6 +21,7 @@
 
 #include "flags.h"
 #include "pg.h"
+#include "rendezvous.h"
 #include "spawn.h"
 #include "test.h"
 
