@@ -48,7 +48,7 @@ static inline void dist_init(dist_t *d, const dist_options *opt) {
     course_set_rank(d->world_size > 1 ? d->rank : -1);
     // Same course, CUDA and NCCL on every rank, or stop now with a table (versions.h).
     versions_check(&d->rdzv, d->env.group_rank);
-    pg_config cfg = {
+    pg_config_t cfg = {
         .rank = d->rank,
         .world_size = d->world_size,
         .local_rank = d->env.local_rank,

@@ -55,13 +55,13 @@
 // ---------------------------------------------------------------- the process group
 
 struct pg {
-    backend_kind backend;          // the one in use: BACKEND_CPU or BACKEND_NCCL
+    backend_kind_t backend;          // the one in use: BACKEND_CPU or BACKEND_NCCL
     int rank, world_size;
     device_t device;               // a copy of the caller's device
     bool stage;                    // cpu backend, GPU buffers: copy through host memory
-    cpu_pg *cpu;
+    cpu_pg_t *cpu;
 #ifdef COURSE_CUDA
-    nccl_pg *nccl;
+    nccl_pg_t *nccl;
 #endif
     void *host[2];                 // staging buffers, grown on demand and kept
     size_t host_bytes[2];
@@ -70,16 +70,16 @@ struct pg {
 
 struct pg_request {
     pg_t *pg;
-    cpu_req *cpu;
+    cpu_req_t *cpu;
 #ifdef COURSE_CUDA
-    nccl_req *nccl;
+    nccl_req_t *nccl;
 #endif
     void *staged;                  // host copy of the caller's GPU buffer (staging only)
     void *device_dst;              // irecv with staging: where the bytes go at the end
     size_t bytes;
 };
 
-static inline backend_kind pg_backend(const pg_t *pg) { return pg->backend; }
+static inline backend_kind_t pg_backend(const pg_t *pg) { return pg->backend; }
 static inline const char *pg_describe(const pg_t *pg) { return pg->description; }
 static inline int pg_rank(const pg_t *pg) { return pg->rank; }
 static inline int pg_world_size(const pg_t *pg) { return pg->world_size; }
@@ -88,7 +88,7 @@ static inline const device_t *pg_device(const pg_t *pg) { return &pg->device; }
 // ---------------------------------------------------------------- choosing the backend
 
 // Can this rank run NCCL? If not, *why says so in words.
-static inline bool pg_nccl_possible(const pg_config *cfg, char *why, size_t size) {
+static inline bool pg_nccl_possible(const pg_config_t *cfg, char *why, size_t size) {
 #ifndef COURSE_CUDA
     (void)cfg;
     snprintf(why, size, "this is a CPU-only build, without NCCL");
@@ -111,8 +111,8 @@ static inline bool pg_nccl_possible(const pg_config *cfg, char *why, size_t size
 
 // auto: nccl only if every rank can; the ranks vote through the store, so that one host with too few GPUs makes the whole job use cpu
 // (a job whose ranks use different backends would hang).
-static inline backend_kind pg_vote_backend(const pg_config *cfg, bool possible, int generation,
-                                           double timeout_s) {
+static inline backend_kind_t pg_vote_backend(const pg_config_t *cfg, bool possible, int generation,
+                                             double timeout_s) {
     if (cfg->world_size == 1) return possible ? BACKEND_NCCL : BACKEND_CPU;
     char key[64];
     snprintf(key, sizeof key, "pg%d/cannot_nccl", generation);
@@ -120,8 +120,8 @@ static inline backend_kind pg_vote_backend(const pg_config *cfg, bool possible, 
                ? BACKEND_NCCL : BACKEND_CPU;
 }
 
-static inline backend_kind pg_choose_backend(const pg_config *cfg, int generation,
-                                             double timeout_s) {
+static inline backend_kind_t pg_choose_backend(const pg_config_t *cfg, int generation,
+                                               double timeout_s) {
     char why[256];
     bool possible = pg_nccl_possible(cfg, why, sizeof why);
     if (cfg->backend == BACKEND_CPU) return BACKEND_CPU;
@@ -140,7 +140,7 @@ static inline backend_kind pg_choose_backend(const pg_config *cfg, int generatio
 #endif
 }
 
-static inline void pg_check_config(const pg_config *cfg) {
+static inline void pg_check_config(const pg_config_t *cfg) {
     if (!cfg) die("pg_create: no configuration given");
     if (cfg->world_size < 1 || cfg->rank < 0 || cfg->rank >= cfg->world_size)
         die("pg_create: rank %d is not in a world of %d ranks", cfg->rank, cfg->world_size);
@@ -150,7 +150,7 @@ static inline void pg_check_config(const pg_config *cfg) {
     if ((unsigned)cfg->backend > BACKEND_NCCL) die("pg_create: unknown backend %d", (int)cfg->backend);
 }
 
-static inline void pg_describe_cpu(pg_t *pg, const pg_config *cfg) {
+static inline void pg_describe_cpu(pg_t *pg, const pg_config_t *cfg) {
     char staging[120] = "";
     if (pg->stage && cfg->local_world_size > pg->device.gpu_count)
         snprintf(staging, sizeof staging, "%d ranks share %d GPU%s: buffers staged through "
@@ -162,7 +162,7 @@ static inline void pg_describe_cpu(pg_t *pg, const pg_config *cfg) {
              cpu_transport(pg->cpu));
 }
 
-static inline pg_t *pg_create(const pg_config *cfg) {
+static inline pg_t *pg_create(const pg_config_t *cfg) {
     pg_check_config(cfg);
     pg_t *pg = xcalloc(1, sizeof *pg);
     pg->rank = cfg->rank;

@@ -46,8 +46,8 @@ static inline bool cpu_overlap(const void *a, const void *b, size_t bytes) {
 // the data, whatever n is: the ring is bandwidth-optimal. Large blocks flow
 // through the transport in pieces (the shared-memory ring, the kernel's
 // socket buffer), so sending, receiving and adding overlap: a pipeline.
-static inline void ring_reduce_scatter(cpu_pg *pg, const char *send, char *recv, size_t count,
-                                       dtype_t t, redop_t op) {
+static inline void cpu_ring_reduce_scatter(cpu_pg_t *pg, const char *send, char *recv, size_t count,
+                                           dtype_t t, redop_t op) {
     int n = pg->world, r = pg->rank;
     size_t es = dtype_size(t);
     for (int s = 0; s < n - 1; s++) {
@@ -57,7 +57,7 @@ static inline void ring_reduce_scatter(cpu_pg *pg, const char *send, char *recv,
         // Step 0 sends our own values; later steps pass on the block we
         // completed in the step before.
         const char *out = (s == 0 ? send : recv) + out_first * es;
-        cpu_req *reqs[2] = {
+        cpu_req_t *reqs[2] = {
             cpu_post_recv_reduce(pg, cpu_mod(r - 1, n), recv + in_first * es,
                                  send + in_first * es, in_len, t, op),
             cpu_post_send(pg, cpu_mod(r + 1, n), out, out_len * es),
@@ -69,13 +69,14 @@ static inline void ring_reduce_scatter(cpu_pg *pg, const char *send, char *recv,
 // Ring all-gather. Rank r starts with block (r + shift) mod n complete; in
 // every step it passes the block it received last to the right. After n-1
 // steps every rank has every block - copied bytes, never recomputed.
-static inline void ring_all_gather(cpu_pg *pg, char *buf, size_t count, size_t es, int shift) {
+static inline void cpu_ring_all_gather(cpu_pg_t *pg, char *buf, size_t count, size_t es,
+                                       int shift) {
     int n = pg->world, r = pg->rank;
     for (int s = 0; s < n - 1; s++) {
         size_t out_first, out_len, in_first, in_len;
         cpu_block(count, n, cpu_mod(r + shift - s, n), &out_first, &out_len);
         cpu_block(count, n, cpu_mod(r + shift - s - 1, n), &in_first, &in_len);
-        cpu_req *reqs[2] = {
+        cpu_req_t *reqs[2] = {
             cpu_post_recv(pg, cpu_mod(r - 1, n), buf + in_first * es, in_len * es),
             cpu_post_send(pg, cpu_mod(r + 1, n), buf + out_first * es, out_len * es),
         };
@@ -90,8 +91,8 @@ static inline void ring_all_gather(cpu_pg *pg, char *buf, size_t count, size_t e
 // same operands, hence the same bits. After log2(n) steps every rank holds
 // the whole result. When n is not a power of two, the extra ranks first hand
 // their values to a partner (r - p) and get the answer back at the end.
-static inline void recursive_doubling(cpu_pg *pg, const void *send, void *recv, size_t count,
-                                      dtype_t t, redop_t op) {
+static inline void cpu_recursive_doubling(cpu_pg_t *pg, const void *send, void *recv, size_t count,
+                                          dtype_t t, redop_t op) {
     int n = pg->world, r = pg->rank, p = 1;
     while (p * 2 <= n) p *= 2;
     size_t bytes = count * dtype_size(t);
@@ -116,16 +117,16 @@ static inline void recursive_doubling(cpu_pg *pg, const void *send, void *recv, 
     free(other);
 }
 
-static inline void all_reduce_core(cpu_pg *pg, const void *send, void *recv, size_t count,
-                                   dtype_t t, redop_t op) {
+static inline void cpu_all_reduce_core(cpu_pg_t *pg, const void *send, void *recv, size_t count,
+                                       dtype_t t, redop_t op) {
     size_t bytes = count * dtype_size(t);
     if (pg->world == 1) {
         memmove(recv, send, bytes);
     } else if (bytes <= CPU_SMALL_BYTES) {
-        recursive_doubling(pg, send, recv, count, t, op);
+        cpu_recursive_doubling(pg, send, recv, count, t, op);
     } else {
-        ring_reduce_scatter(pg, send, recv, count, t, op);
-        ring_all_gather(pg, recv, count, dtype_size(t), 1);
+        cpu_ring_reduce_scatter(pg, send, recv, count, t, op);
+        cpu_ring_all_gather(pg, recv, count, dtype_size(t), 1);
     }
 }
 
@@ -144,33 +145,33 @@ static inline void cpu_narrow_bf16(const float *wide, void *dst, size_t count) {
 // bf16 is reduced in float32 and rounded once at the end, so a sum over
 // many ranks loses no more than one rounding. AVG is SUM, then a division
 // that every rank applies to the same bytes.
-static inline void all_reduce_any(cpu_pg *pg, const void *send, void *recv, size_t count,
-                                  dtype_t t, redop_t op) {
+static inline void cpu_all_reduce_any(cpu_pg_t *pg, const void *send, void *recv, size_t count,
+                                      dtype_t t, redop_t op) {
     if (t == DTYPE_BF16) {
         float *wide = cpu_widen_bf16(send, count);
-        all_reduce_any(pg, wide, wide, count, DTYPE_F32, op);
+        cpu_all_reduce_any(pg, wide, wide, count, DTYPE_F32, op);
         cpu_narrow_bf16(wide, recv, count);
         free(wide);
         return;
     }
-    all_reduce_core(pg, send, recv, count, t, op == OP_AVG ? OP_SUM : op);
+    cpu_all_reduce_core(pg, send, recv, count, t, op == OP_AVG ? OP_SUM : op);
     if (op == OP_AVG) pg_divide_elements(recv, count, t, pg->world);
 }
 
-static inline void cpu_all_reduce(cpu_pg *pg, const void *send, void *recv, size_t count,
+static inline void cpu_all_reduce(cpu_pg_t *pg, const void *send, void *recv, size_t count,
                                   dtype_t t, redop_t op) {
     pg->tag = CPU_TAG_ALL_REDUCE;
-    all_reduce_any(pg, send, recv, count, t, op);
+    cpu_all_reduce_any(pg, send, recv, count, t, op);
 }
 
 // Reduce is an all-reduce whose result only the root keeps. On a ring each
 // link carries as many bytes as a reduce-scatter followed by a gather to the
 // root would, and the root gets exactly the bits all_reduce gives.
-static inline void cpu_reduce(cpu_pg *pg, const void *send, void *recv, size_t count, dtype_t t,
+static inline void cpu_reduce(cpu_pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
                               redop_t op, int root) {
     pg->tag = CPU_TAG_REDUCE;
     void *out = pg->rank == root ? recv : xmalloc(count * dtype_size(t));
-    all_reduce_any(pg, send, out, count, t, op);
+    cpu_all_reduce_any(pg, send, out, count, t, op);
     if (out != recv) free(out);
 }
 
@@ -180,8 +181,8 @@ static inline void cpu_reduce(cpu_pg *pg, const void *send, void *recv, size_t c
 // shifted by one step so that rank r ends with block r, as reduce_scatter
 // promises. recv has room for one block only, so the partial sums travel
 // through two scratch blocks used in turn: one being sent, one being filled.
-static inline void reduce_scatter_core(cpu_pg *pg, const char *send, char *recv, size_t count,
-                                       dtype_t t, redop_t op) {
+static inline void cpu_reduce_scatter_core(cpu_pg_t *pg, const char *send, char *recv, size_t count,
+                                           dtype_t t, redop_t op) {
     int n = pg->world, r = pg->rank;
     size_t bytes = count * dtype_size(t);
     if (n == 1) {
@@ -193,7 +194,7 @@ static inline void reduce_scatter_core(cpu_pg *pg, const char *send, char *recv,
     for (int s = 0; s < n - 1; s++) {
         int out = cpu_mod(r - s - 1, n), in = cpu_mod(r - s - 2, n);
         char *acc = s == n - 2 ? recv : scratch[s % 2];
-        cpu_req *reqs[2] = {
+        cpu_req_t *reqs[2] = {
             cpu_post_recv_reduce(pg, cpu_mod(r - 1, n), acc, send + (size_t)in * bytes, count,
                                  t, op),
             cpu_post_send(pg, cpu_mod(r + 1, n), s == 0 ? send + (size_t)out * bytes : partial,
@@ -206,25 +207,25 @@ static inline void reduce_scatter_core(cpu_pg *pg, const char *send, char *recv,
     free(scratch[1]);
 }
 
-static inline void reduce_scatter_any(cpu_pg *pg, const void *send, void *recv, size_t count,
-                                      dtype_t t, redop_t op) {
+static inline void cpu_reduce_scatter_any(cpu_pg_t *pg, const void *send, void *recv, size_t count,
+                                          dtype_t t, redop_t op) {
     if (t == DTYPE_BF16) {
         float *wide_send = cpu_widen_bf16(send, count * (size_t)pg->world);
         float *wide_recv = xmalloc(count * sizeof(float));
-        reduce_scatter_any(pg, wide_send, wide_recv, count, DTYPE_F32, op);
+        cpu_reduce_scatter_any(pg, wide_send, wide_recv, count, DTYPE_F32, op);
         cpu_narrow_bf16(wide_recv, recv, count);
         free(wide_send);
         free(wide_recv);
         return;
     }
-    reduce_scatter_core(pg, send, recv, count, t, op == OP_AVG ? OP_SUM : op);
+    cpu_reduce_scatter_core(pg, send, recv, count, t, op == OP_AVG ? OP_SUM : op);
     if (op == OP_AVG) pg_divide_elements(recv, count, t, pg->world);
 }
 
-static inline void cpu_reduce_scatter(cpu_pg *pg, const void *send, void *recv, size_t count,
+static inline void cpu_reduce_scatter(cpu_pg_t *pg, const void *send, void *recv, size_t count,
                                       dtype_t t, redop_t op) {
     pg->tag = CPU_TAG_REDUCE_SCATTER;
-    reduce_scatter_any(pg, send, recv, count, t, op);
+    cpu_reduce_scatter_any(pg, send, recv, count, t, op);
 }
 
 // ---------------------------------------------------------------- algorithms: broadcast
@@ -232,11 +233,11 @@ static inline void cpu_reduce_scatter(cpu_pg *pg, const void *send, void *recv, 
 // Binomial tree: counting ranks from the root, in round k every rank that
 // has the data sends it 2^k places further, so n ranks have it after
 // ceil(log2 n) rounds. Rank `me` receives in the round of its lowest set bit.
-static inline void tree_broadcast(cpu_pg *pg, char *buf, size_t bytes, int root) {
+static inline void cpu_tree_broadcast(cpu_pg_t *pg, char *buf, size_t bytes, int root) {
     int n = pg->world, me = cpu_mod(pg->rank - root, n), mask = 1;
     while (mask < n && !(me & mask)) mask <<= 1;
     if (me != 0) cpu_recv_wait(pg, cpu_mod(me - mask + root, n), buf, bytes);
-    cpu_req *sends[32];
+    cpu_req_t *sends[32];
     int count = 0;
     for (mask >>= 1; mask > 0; mask >>= 1)
         if (me + mask < n) sends[count++] = cpu_post_send(pg, cpu_mod(me + mask + root, n), buf, bytes);
@@ -247,11 +248,12 @@ static inline void tree_broadcast(cpu_pg *pg, char *buf, size_t bytes, int root)
 // segments. While a rank forwards segment k it already receives segment k+1,
 // so all links work at once and the time is about bytes / bandwidth, plus
 // one segment per hop to fill the pipeline.
-static inline void chain_broadcast(cpu_pg *pg, char *buf, size_t bytes, int root) {
+static inline void cpu_chain_broadcast(cpu_pg_t *pg, char *buf, size_t bytes, int root) {
     int n = pg->world, me = cpu_mod(pg->rank - root, n);
     int prev = cpu_mod(pg->rank - 1, n), next = cpu_mod(pg->rank + 1, n);
     size_t segments = (bytes + CPU_SEGMENT_BYTES - 1) / CPU_SEGMENT_BYTES;
-    cpu_req **recvs = xcalloc(segments, sizeof *recvs), **sends = xcalloc(segments, sizeof *sends);
+    cpu_req_t **recvs = xcalloc(segments, sizeof *recvs);
+    cpu_req_t **sends = xcalloc(segments, sizeof *sends);
     for (size_t k = 0; k < segments && me != 0; k++) {
         size_t at = k * CPU_SEGMENT_BYTES, len = bytes - at < CPU_SEGMENT_BYTES ? bytes - at : CPU_SEGMENT_BYTES;
         recvs[k] = cpu_post_recv(pg, prev, buf + at, len);
@@ -266,33 +268,33 @@ static inline void chain_broadcast(cpu_pg *pg, char *buf, size_t bytes, int root
     free(sends);
 }
 
-static inline void cpu_broadcast(cpu_pg *pg, void *buf, size_t bytes, int root) {
+static inline void cpu_broadcast(cpu_pg_t *pg, void *buf, size_t bytes, int root) {
     pg->tag = CPU_TAG_BROADCAST;
     if (pg->world == 1) return;
-    if (bytes <= CPU_SMALL_BYTES) tree_broadcast(pg, buf, bytes, root);
-    else chain_broadcast(pg, buf, bytes, root);
+    if (bytes <= CPU_SMALL_BYTES) cpu_tree_broadcast(pg, buf, bytes, root);
+    else cpu_chain_broadcast(pg, buf, bytes, root);
 }
 
 // ---------------------------------------------------------------- algorithms: the rest
 
 // All-gather: put our part in place, then the ring all-gather with blocks
 // of equal size.
-static inline void cpu_all_gather(cpu_pg *pg, const void *send, void *recv, size_t bytes) {
+static inline void cpu_all_gather(cpu_pg_t *pg, const void *send, void *recv, size_t bytes) {
     pg->tag = CPU_TAG_ALL_GATHER;
     memmove((char *)recv + (size_t)pg->rank * bytes, send, bytes);
-    ring_all_gather(pg, recv, bytes * (size_t)pg->world, 1, 0);
+    cpu_ring_all_gather(pg, recv, bytes * (size_t)pg->world, 1, 0);
 }
 
 // Gather and scatter: the root talks to every rank directly, all at once.
 // The root's link carries (n-1)/n of the data either way, so a tree would
 // not be faster for large messages, only more complicated.
-static inline void cpu_gather(cpu_pg *pg, const void *send, void *recv, size_t bytes, int root) {
+static inline void cpu_gather(cpu_pg_t *pg, const void *send, void *recv, size_t bytes, int root) {
     pg->tag = CPU_TAG_GATHER;
     if (pg->rank != root) {
         cpu_send_wait(pg, root, send, bytes);
         return;
     }
-    cpu_req **reqs = xcalloc((size_t)pg->world, sizeof *reqs);
+    cpu_req_t **reqs = xcalloc((size_t)pg->world, sizeof *reqs);
     int count = 0;
     for (int p = 0; p < pg->world; p++)
         if (p != root) reqs[count++] = cpu_post_recv(pg, p, (char *)recv + (size_t)p * bytes, bytes);
@@ -301,13 +303,13 @@ static inline void cpu_gather(cpu_pg *pg, const void *send, void *recv, size_t b
     free(reqs);
 }
 
-static inline void cpu_scatter(cpu_pg *pg, const void *send, void *recv, size_t bytes, int root) {
+static inline void cpu_scatter(cpu_pg_t *pg, const void *send, void *recv, size_t bytes, int root) {
     pg->tag = CPU_TAG_SCATTER;
     if (pg->rank != root) {
         cpu_recv_wait(pg, root, recv, bytes);
         return;
     }
-    cpu_req **reqs = xcalloc((size_t)pg->world, sizeof *reqs);
+    cpu_req_t **reqs = xcalloc((size_t)pg->world, sizeof *reqs);
     int count = 0;
     for (int p = 0; p < pg->world; p++)
         if (p != root)
@@ -320,13 +322,13 @@ static inline void cpu_scatter(cpu_pg *pg, const void *send, void *recv, size_t 
 // All-to-all: every pair exchanges its blocks directly. Rank r sends to
 // r+1, r+2, ... in that order, so that not everyone sends to rank 0 first.
 // In place (send == recv) works on a copy of send.
-static inline void cpu_all_to_all(cpu_pg *pg, const void *send, void *recv, size_t bytes) {
+static inline void cpu_all_to_all(cpu_pg_t *pg, const void *send, void *recv, size_t bytes) {
     pg->tag = CPU_TAG_ALL_TO_ALL;
     int n = pg->world, r = pg->rank;
     size_t all = bytes * (size_t)n;
     char *copy = NULL;
     if (cpu_overlap(send, recv, all)) send = memcpy(copy = xmalloc(all), send, all);
-    cpu_req **reqs = xcalloc(2 * (size_t)n, sizeof *reqs);
+    cpu_req_t **reqs = xcalloc(2 * (size_t)n, sizeof *reqs);
     int count = 0;
     for (int k = 1; k < n; k++) {
         int from = cpu_mod(r - k, n), to = cpu_mod(r + k, n);
@@ -343,16 +345,16 @@ static inline void cpu_all_to_all(cpu_pg *pg, const void *send, void *recv, size
 // and waits for the one 2^k behind. After ceil(log2 n) rounds every rank has
 // heard, directly or through others, from every rank: nobody leaves before
 // everybody has arrived.
-static inline void cpu_barrier_tagged(cpu_pg *pg, uint32_t tag) {
+static inline void cpu_barrier_tagged(cpu_pg_t *pg, uint32_t tag) {
     int n = pg->world, r = pg->rank;
     pg->tag = tag;
     for (int k = 1; k < n; k *= 2) {
-        cpu_req *reqs[2] = {cpu_post_recv(pg, cpu_mod(r - k, n), NULL, 0),
+        cpu_req_t *reqs[2] = {cpu_post_recv(pg, cpu_mod(r - k, n), NULL, 0),
                             cpu_post_send(pg, cpu_mod(r + k, n), NULL, 0)};
         cpu_wait(pg, reqs, 2);
     }
 }
 
-static inline void cpu_barrier(cpu_pg *pg) { cpu_barrier_tagged(pg, CPU_TAG_BARRIER); }
+static inline void cpu_barrier(cpu_pg_t *pg) { cpu_barrier_tagged(pg, CPU_TAG_BARRIER); }
 
 #endif

@@ -15,13 +15,13 @@ typedef struct {
     char ip[64];        // where the rank listens
     int port;
     char host[200];     // which host (and /dev/shm) it runs on; see cpu_host_key
-} cpu_address;
+} cpu_address_t;
 
 typedef struct {
     uint32_t magic;
     int32_t rank;
     uint64_t nonce;     // this group's random number: stray connections are refused
-} cpu_hello;
+} cpu_hello_t;
 
 // The address other ranks can reach this one at: the local end of our
 // connection to the store, which every rank reaches. The rank that serves
@@ -74,8 +74,8 @@ static inline int cpu_listen(const char *ip, int backlog, int *port) {
 }
 
 // Every rank publishes where it listens ("ip port host") and reads everyone's.
-static inline void cpu_share_addresses(cpu_pg *pg, store_t *st, int generation, int port,
-                                       const char *ip, cpu_address *all) {
+static inline void cpu_share_addresses(cpu_pg_t *pg, store_t *st, int generation, int port,
+                                       const char *ip, cpu_address_t *all) {
     enum { TEXT = 320 };
     char stem[64], mine[TEXT], host[200];
     cpu_host_key(host, sizeof host);
@@ -89,7 +89,7 @@ static inline void cpu_share_addresses(cpu_pg *pg, store_t *st, int generation, 
             die("process group: rank %d published a malformed address '%s'", r, value);
     }
     free(text);
-    const cpu_address *me = &all[pg->rank];
+    const cpu_address_t *me = &all[pg->rank];
     for (int r = 0; r < pg->world; r++)
         if (store_is_loopback(all[r].ip) && strcmp(all[r].host, me->host))
             die("rank %d can only be reached at %s, a loopback address, but runs on another "
@@ -97,7 +97,7 @@ static inline void cpu_share_addresses(cpu_pg *pg, store_t *st, int generation, 
                 "tcp:// address)", r, all[r].ip);
 }
 
-static inline uint64_t cpu_share_nonce(cpu_pg *pg, store_t *st, int generation) {
+static inline uint64_t cpu_share_nonce(cpu_pg_t *pg, store_t *st, int generation) {
     char key[64];
     uint64_t nonce = store_random_u64();
     snprintf(key, sizeof key, "pg%d/nonce", generation);
@@ -119,7 +119,7 @@ static inline void cpu_tune_socket(int fd) {
 }
 
 // Higher ranks connect to lower ones: each pair gets exactly one connection.
-static inline void cpu_connect_lower(cpu_pg *pg, const cpu_address *all, uint64_t nonce,
+static inline void cpu_connect_lower(cpu_pg_t *pg, const cpu_address_t *all, uint64_t nonce,
                                      double deadline) {
     for (int r = 0; r < pg->rank; r++) {
         char why[200] = "";
@@ -131,7 +131,7 @@ static inline void cpu_connect_lower(cpu_pg *pg, const cpu_address *all, uint64_
             store_sleep(0.01);
         }
         cpu_tune_socket(fd);
-        cpu_hello hello = {CPU_MAGIC, pg->rank, nonce};
+        cpu_hello_t hello = {CPU_MAGIC, pg->rank, nonce};
         if (store_io(fd, &hello, sizeof hello, deadline, true) != 0)
             die("could not greet rank %d at %s:%d: the connection failed", r, all[r].ip,
                 all[r].port);
@@ -141,14 +141,14 @@ static inline void cpu_connect_lower(cpu_pg *pg, const cpu_address *all, uint64_
 
 // The rank a new connection says it is, or -1 for a stray connection.
 static inline int cpu_read_hello(int fd, uint64_t nonce, double deadline) {
-    cpu_hello hello;
+    cpu_hello_t hello;
     double until = now_seconds() + 5 < deadline ? now_seconds() + 5 : deadline;
     if (store_io(fd, &hello, sizeof hello, until, false) != 0) return -1;
     if (hello.magic != CPU_MAGIC || hello.nonce != nonce) return -1;
     return hello.rank;
 }
 
-static inline void cpu_accept_timeout(const cpu_pg *pg) {
+static inline void cpu_accept_timeout(const cpu_pg_t *pg) {
     char missing[256] = "";
     size_t used = 0;
     for (int r = pg->rank + 1; r < pg->world && used < sizeof missing - 16; r++)
@@ -159,7 +159,7 @@ static inline void cpu_accept_timeout(const cpu_pg *pg) {
         pg->rank);
 }
 
-static inline void cpu_accept_higher(cpu_pg *pg, int listen_fd, uint64_t nonce, double deadline) {
+static inline void cpu_accept_higher(cpu_pg_t *pg, int listen_fd, uint64_t nonce, double deadline) {
     int missing = pg->world - 1 - pg->rank;
     while (missing > 0) {
         struct pollfd p = {listen_fd, POLLIN, 0};
@@ -183,7 +183,7 @@ static inline void cpu_accept_higher(cpu_pg *pg, int listen_fd, uint64_t nonce, 
 }
 
 // Every rank publishes where it listens, then connects to every other rank.
-static inline void cpu_connect_all(cpu_pg *pg, store_t *st, int generation, cpu_address *all,
+static inline void cpu_connect_all(cpu_pg_t *pg, store_t *st, int generation, cpu_address_t *all,
                                    uint64_t *nonce) {
     double deadline = now_seconds() + pg->timeout_s;
     char ip[64];
@@ -208,17 +208,17 @@ typedef struct {
     size_t bells, rings, data, total;   // byte offsets in the segment, and its size
     size_t ring_bytes;
     int members;
-} shm_layout;
+} cpu_shm_layout_t;
 
 static inline size_t cpu_page_round(size_t bytes) { return (bytes + 4095) & ~(size_t)4095; }
 
-static inline shm_layout cpu_shm_layout(int members) {
-    shm_layout l = {.members = members, .ring_bytes = CPU_RING_MAX};
+static inline cpu_shm_layout_t cpu_shm_layout(int members) {
+    cpu_shm_layout_t l = {.members = members, .ring_bytes = CPU_RING_MAX};
     size_t pairs = (size_t)members * (size_t)(members - 1);
     while (l.ring_bytes > CPU_RING_MIN && l.ring_bytes * pairs > CPU_SHM_BUDGET) l.ring_bytes /= 2;
     l.bells = 4096;   // after the header
-    l.rings = l.bells + cpu_page_round((size_t)members * sizeof(shm_bell));
-    l.data = l.rings + cpu_page_round(pairs * sizeof(shm_ring_ctl));
+    l.rings = l.bells + cpu_page_round((size_t)members * sizeof(cpu_shm_bell_t));
+    l.data = l.rings + cpu_page_round(pairs * sizeof(cpu_shm_ring_ctl_t));
     l.total = l.data + pairs * l.ring_bytes;
     return l;
 }
@@ -229,7 +229,7 @@ static inline size_t cpu_ring_index(int a, int b, int members) {
 }
 
 // NULL (and why) when the segment cannot be made: the group then uses TCP.
-static inline char *cpu_shm_create(const char *name, const shm_layout *l, uint64_t nonce,
+static inline char *cpu_shm_create(const char *name, const cpu_shm_layout_t *l, uint64_t nonce,
                                    char *why, size_t size) {
     int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) {
@@ -248,12 +248,12 @@ static inline char *cpu_shm_create(const char *name, const shm_layout *l, uint64
         shm_unlink(name);
         return NULL;
     }
-    shm_header h = {CPU_SHM_MAGIC, nonce, (uint64_t)l->members, l->ring_bytes};
+    cpu_shm_header_t h = {CPU_SHM_MAGIC, nonce, (uint64_t)l->members, l->ring_bytes};
     memcpy(base, &h, sizeof h);   // fresh pages are zero: counters start at 0
     return base;
 }
 
-static inline char *cpu_shm_attach(const char *name, const shm_layout *l, uint64_t nonce,
+static inline char *cpu_shm_attach(const char *name, const cpu_shm_layout_t *l, uint64_t nonce,
                                    char *why, size_t size) {
     int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) {
@@ -262,7 +262,7 @@ static inline char *cpu_shm_attach(const char *name, const shm_layout *l, uint64
     }
     char *base = mmap(NULL, l->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
-    shm_header h;
+    cpu_shm_header_t h;
     if (base != MAP_FAILED) memcpy(&h, base, sizeof h);
     if (base == MAP_FAILED || h.magic != CPU_SHM_MAGIC || h.nonce != nonce) {
         snprintf(why, size, "the segment is not this group's");
@@ -276,7 +276,7 @@ static inline char *cpu_shm_attach(const char *name, const shm_layout *l, uint64
 // name; once all have mapped it (or failed), it unlinks the name, so nothing
 // is left in /dev/shm however the job ends later. Shared memory is used only
 // if every rank of the host could map it.
-static inline char *cpu_shm_lead(cpu_pg *pg, const int *members, const shm_layout *l,
+static inline char *cpu_shm_lead(cpu_pg_t *pg, const int *members, const cpu_shm_layout_t *l,
                                  uint64_t nonce, char *why, size_t size) {
     char name[64];
     snprintf(name, sizeof name, "/course-pg-%016llx-%d", (unsigned long long)nonce, pg->rank);
@@ -299,8 +299,8 @@ static inline char *cpu_shm_lead(cpu_pg *pg, const int *members, const shm_layou
     return base;
 }
 
-static inline char *cpu_shm_join(cpu_pg *pg, int leader, const shm_layout *l, uint64_t nonce,
-                                 char *why, size_t size) {
+static inline char *cpu_shm_join(cpu_pg_t *pg, int leader, const cpu_shm_layout_t *l,
+                                 uint64_t nonce, char *why, size_t size) {
     char name[64];
     cpu_recv_wait(pg, leader, name, sizeof name);
     name[sizeof name - 1] = '\0';
@@ -318,19 +318,19 @@ static inline char *cpu_shm_join(cpu_pg *pg, int leader, const shm_layout *l, ui
 }
 
 // Point the peers of this host at their rings and doorbells.
-static inline void cpu_shm_wire(cpu_pg *pg, char *base, const int *members, int me,
-                                const shm_layout *l) {
-    shm_bell *bells = (shm_bell *)(base + l->bells);
-    shm_ring_ctl *ctls = (shm_ring_ctl *)(base + l->rings);
+static inline void cpu_shm_wire(cpu_pg_t *pg, char *base, const int *members, int me,
+                                const cpu_shm_layout_t *l) {
+    cpu_shm_bell_t *bells = (cpu_shm_bell_t *)(base + l->bells);
+    cpu_shm_ring_ctl_t *ctls = (cpu_shm_ring_ctl_t *)(base + l->rings);
     pg->shm_base = base;
     pg->shm_bytes = l->total;
     pg->bell = &bells[me];
     for (int i = 0; i < l->members; i++) {
         if (i == me) continue;
-        cpu_peer *p = &pg->peers[members[i]];
+        cpu_peer_t *p = &pg->peers[members[i]];
         size_t out = cpu_ring_index(me, i, l->members), in = cpu_ring_index(i, me, l->members);
-        p->tx = (shm_ring){&ctls[out], base + l->data + out * l->ring_bytes, l->ring_bytes};
-        p->rx = (shm_ring){&ctls[in], base + l->data + in * l->ring_bytes, l->ring_bytes};
+        p->tx = (cpu_shm_ring_t){&ctls[out], base + l->data + out * l->ring_bytes, l->ring_bytes};
+        p->rx = (cpu_shm_ring_t){&ctls[in], base + l->data + in * l->ring_bytes, l->ring_bytes};
         p->bell = &bells[i];
         p->shm = true;
     }
@@ -338,7 +338,7 @@ static inline void cpu_shm_wire(cpu_pg *pg, char *base, const int *members, int 
     pg->spin = sysconf(_SC_NPROCESSORS_ONLN) >= l->members;
 }
 
-static inline void cpu_setup_shm(cpu_pg *pg, const cpu_address *all, uint64_t nonce,
+static inline void cpu_setup_shm(cpu_pg_t *pg, const cpu_address_t *all, uint64_t nonce,
                                  char *why, size_t size) {
     const char *env = getenv("COURSE_SHM");
     if (env && !strcmp(env, "0")) {
@@ -352,7 +352,7 @@ static inline void cpu_setup_shm(cpu_pg *pg, const cpu_address *all, uint64_t no
         members[count++] = r;
     }
     if (count >= 2) {
-        shm_layout l = cpu_shm_layout(count);
+        cpu_shm_layout_t l = cpu_shm_layout(count);
         char *base = me == 0 ? cpu_shm_lead(pg, members, &l, nonce, why, size)
                              : cpu_shm_join(pg, members[0], &l, nonce, why, size);
         if (base) cpu_shm_wire(pg, base, members, me, &l);
@@ -364,18 +364,18 @@ static inline void cpu_setup_shm(cpu_pg *pg, const cpu_address *all, uint64_t no
 
 // The engine's lists of peers by transport (used by cpu_progress); before
 // the shared memory is set up every peer is a TCP peer.
-static inline void cpu_sort_peers(cpu_pg *pg) {
+static inline void cpu_sort_peers(cpu_pg_t *pg) {
     pg->tcp_count = pg->shm_count = 0;
     for (int r = 0; r < pg->world; r++) {
         if (r == pg->rank) continue;
-        cpu_peer *p = &pg->peers[r];
+        cpu_peer_t *p = &pg->peers[r];
         if (p->shm) pg->shm_ranks[pg->shm_count++] = r;
         else pg->tcp_ranks[pg->tcp_count++] = r;
         if (!p->shm && !p->bounce) p->bounce = xmalloc(CPU_BOUNCE_BYTES);
     }
 }
 
-static inline void cpu_describe(cpu_pg *pg, const char *shm_why) {
+static inline void cpu_describe(cpu_pg_t *pg, const char *shm_why) {
     if (pg->shm_count && pg->tcp_count)
         snprintf(pg->transport, sizeof pg->transport, "sockets + shared memory: shared memory "
                  "with %d rank%s of this host, TCP with %d", pg->shm_count,
@@ -389,14 +389,14 @@ static inline void cpu_describe(cpu_pg *pg, const char *shm_why) {
         snprintf(pg->transport, sizeof pg->transport, "TCP sockets");
 }
 
-static inline cpu_pg *cpu_create(const pg_config *cfg, double timeout_s, int generation) {
-    cpu_pg *pg = xcalloc(1, sizeof *pg);
+static inline cpu_pg_t *cpu_create(const pg_config_t *cfg, double timeout_s, int generation) {
+    cpu_pg_t *pg = xcalloc(1, sizeof *pg);
     pg->rank = cfg->rank;
     pg->world = cfg->world_size;
     pg->timeout_s = timeout_s;
     pg->tag = CPU_TAG_SETUP;
     pg->peers = xcalloc((size_t)pg->world, sizeof *pg->peers);
-    for (int r = 0; r < pg->world; r++) pg->peers[r] = (cpu_peer){.rank = r, .fd = -1};
+    for (int r = 0; r < pg->world; r++) pg->peers[r] = (cpu_peer_t){.rank = r, .fd = -1};
     if (pg->world == 1) {
         snprintf(pg->transport, sizeof pg->transport, "one rank: nothing to send");
         return pg;
@@ -406,7 +406,7 @@ static inline cpu_pg *cpu_create(const pg_config *cfg, double timeout_s, int gen
     pg->shm_ranks = xcalloc(n, sizeof(int));
     pg->tcp_poll = xcalloc(n, sizeof(struct pollfd));
     pg->shm_poll = xcalloc(n, sizeof(struct pollfd));
-    cpu_address *all = xcalloc(n, sizeof *all);
+    cpu_address_t *all = xcalloc(n, sizeof *all);
     uint64_t nonce;
     char shm_why[160] = "";
     cpu_connect_all(pg, cfg->store, generation, all, &nonce);
@@ -418,17 +418,17 @@ static inline cpu_pg *cpu_create(const pg_config *cfg, double timeout_s, int gen
     return pg;
 }
 
-static inline void cpu_destroy(cpu_pg *pg) {
+static inline void cpu_destroy(cpu_pg_t *pg) {
     // A last barrier: no rank closes its connections while another may
     // still be reading what it sent.
     if (pg->world > 1) cpu_barrier_tagged(pg, CPU_TAG_DESTROY);
     for (int r = 0; r < pg->world; r++) {
-        cpu_peer *p = &pg->peers[r];
+        cpu_peer_t *p = &pg->peers[r];
         if (p->fd >= 0) close(p->fd);
         free(p->bounce);
-        msg_free(p->in_msg);
+        cpu_msg_free(p->in_msg);
         for (int c = 0; c < 2; c++)
-            for (cpu_msg *m; (m = msg_pop(&p->unexpected[c])) != NULL;) msg_free(m);
+            for (cpu_msg_t *m; (m = cpu_msg_pop(&p->unexpected[c])) != NULL;) cpu_msg_free(m);
     }
     if (pg->shm_base) munmap(pg->shm_base, pg->shm_bytes);
     free(pg->peers);

@@ -69,15 +69,15 @@ typedef struct {
     uint32_t magic;
     uint32_t tag;
     uint64_t bytes;   // payload size; the payload follows, padded to a multiple of 8
-} cpu_header;
+} cpu_header_t;
 
 // Padding every payload to 8 bytes keeps every header and payload at a
 // multiple of 8 in the stream. Elements read straight out of a ring are then
 // aligned, and a ring (a power of two in size) never wraps inside an element.
 static inline size_t cpu_padded(size_t bytes) { return (bytes + 7) & ~(size_t)7; }
 
-typedef struct cpu_req {
-    struct cpu_req *next;      // in the peer's send queue or posted-receive queue
+typedef struct cpu_req_t {
+    struct cpu_req_t *next;      // in the peer's send queue or posted-receive queue
     int peer;
     uint32_t tag;
     bool is_send, done;
@@ -87,46 +87,46 @@ typedef struct cpu_req {
     const char *mine;          // reduce on receive: dst = incoming OP mine; NULL: copy
     dtype_t dtype;
     redop_t op;
-    cpu_header header;         // send: kept here while it is written out
-} cpu_req;
+    cpu_header_t header;         // send: kept here while it is written out
+} cpu_req_t;
 
-typedef struct cpu_msg {       // a message that arrived before its receive was posted
-    struct cpu_msg *next;
+typedef struct cpu_msg_t {       // a message that arrived before its receive was posted
+    struct cpu_msg_t *next;
     uint32_t tag;
     size_t bytes, cap;
     char *data;
-} cpu_msg;
+} cpu_msg_t;
 
-typedef struct { cpu_req *head, *tail; } cpu_req_queue;
-typedef struct { cpu_msg *head, *tail; } cpu_msg_queue;
+typedef struct { cpu_req_t *head, *tail; } cpu_req_queue_t;
+typedef struct { cpu_msg_t *head, *tail; } cpu_msg_queue_t;
 
-static inline void req_push(cpu_req_queue *q, cpu_req *r) {
+static inline void cpu_req_push(cpu_req_queue_t *q, cpu_req_t *r) {
     r->next = NULL;
     if (q->tail) q->tail->next = r;
     else q->head = r;
     q->tail = r;
 }
 
-static inline cpu_req *req_pop(cpu_req_queue *q) {
-    cpu_req *r = q->head;
+static inline cpu_req_t *cpu_req_pop(cpu_req_queue_t *q) {
+    cpu_req_t *r = q->head;
     if (r && !(q->head = r->next)) q->tail = NULL;
     return r;
 }
 
-static inline void msg_push(cpu_msg_queue *q, cpu_msg *m) {
+static inline void cpu_msg_push(cpu_msg_queue_t *q, cpu_msg_t *m) {
     m->next = NULL;
     if (q->tail) q->tail->next = m;
     else q->head = m;
     q->tail = m;
 }
 
-static inline cpu_msg *msg_pop(cpu_msg_queue *q) {
-    cpu_msg *m = q->head;
+static inline cpu_msg_t *cpu_msg_pop(cpu_msg_queue_t *q) {
+    cpu_msg_t *m = q->head;
     if (m && !(q->head = m->next)) q->tail = NULL;
     return m;
 }
 
-static inline void msg_free(cpu_msg *m) {
+static inline void cpu_msg_free(cpu_msg_t *m) {
     if (m) free(m->data);
     free(m);
 }
@@ -151,25 +151,25 @@ static inline void msg_free(cpu_msg *m) {
 typedef struct {
     _Alignas(64) _Atomic uint64_t head;   // bytes ever written; only the writer stores it
     _Alignas(64) _Atomic uint64_t tail;   // bytes ever read; only the reader stores it
-} shm_ring_ctl;
+} cpu_shm_ring_ctl_t;
 
 typedef struct {
     _Alignas(64) _Atomic uint32_t seq;    // the futex word: bumped to wake the owner
     _Atomic uint32_t sleeping;            // the owner is asleep, or about to be
-} shm_bell;
+} cpu_shm_bell_t;
 
 typedef struct {
     uint64_t magic, nonce, members, ring_bytes;
-} shm_header;
+} cpu_shm_header_t;
 
 typedef struct {
-    shm_ring_ctl *ctl;
+    cpu_shm_ring_ctl_t *ctl;
     char *data;
     size_t cap;                           // a power of two
-} shm_ring;
+} cpu_shm_ring_t;
 
 // Copies as much of iov as fits; returns the bytes written.
-static inline size_t ring_write(shm_ring *r, const struct iovec *iov, int count) {
+static inline size_t cpu_ring_write(cpu_shm_ring_t *r, const struct iovec *iov, int count) {
     uint64_t head = atomic_load_explicit(&r->ctl->head, memory_order_relaxed);
     uint64_t tail = atomic_load_explicit(&r->ctl->tail, memory_order_acquire);
     size_t room = r->cap - (size_t)(head - tail), written = 0;
@@ -187,7 +187,7 @@ static inline size_t ring_write(shm_ring *r, const struct iovec *iov, int count)
 }
 
 // The readable bytes up to the end of the ring (NULL when there are none).
-static inline const char *ring_peek(shm_ring *r, size_t *len) {
+static inline const char *cpu_ring_peek(cpu_shm_ring_t *r, size_t *len) {
     uint64_t tail = atomic_load_explicit(&r->ctl->tail, memory_order_relaxed);
     uint64_t head = atomic_load_explicit(&r->ctl->head, memory_order_acquire);
     size_t at = (size_t)tail & (r->cap - 1), ready = (size_t)(head - tail);
@@ -195,7 +195,7 @@ static inline const char *ring_peek(shm_ring *r, size_t *len) {
     return *len ? r->data + at : NULL;
 }
 
-static inline void ring_consume(shm_ring *r, size_t n) {
+static inline void cpu_ring_consume(cpu_shm_ring_t *r, size_t n) {
     uint64_t tail = atomic_load_explicit(&r->ctl->tail, memory_order_relaxed);
     atomic_store_explicit(&r->ctl->tail, tail + n, memory_order_release);
 }
@@ -204,7 +204,7 @@ static inline void ring_consume(shm_ring *r, size_t n) {
 // before we read `sleeping`; the sleeper orders its `sleeping = 1` before
 // it looks at the rings once more. So either it sees our bytes, or we see
 // it asleep and wake it: a wake-up is never lost.
-static inline void bell_ring(shm_bell *bell) {
+static inline void cpu_bell_ring(cpu_shm_bell_t *bell) {
     atomic_thread_fence(memory_order_seq_cst);
     if (atomic_load_explicit(&bell->sleeping, memory_order_relaxed)) {
         atomic_fetch_add(&bell->seq, 1);
@@ -228,64 +228,64 @@ typedef struct {
     bool closed;                  // the connection ended: the peer exited or crashed
     char closed_why[64];          // "closed the connection", "reset the connection", ...
     bool shm;                     // data travels through the rings below
-    shm_ring tx, rx;
-    shm_bell *bell;               // the peer's doorbell
+    cpu_shm_ring_t tx, rx;
+    cpu_shm_bell_t *bell;               // the peer's doorbell
     char *bounce;                 // TCP: bytes received, not yet used, at [start, end)
     size_t bounce_start, bounce_end;
     uint64_t rx_pos;              // bytes of the incoming stream used so far
-    cpu_req_queue sends;          // in order; the head is being written
+    cpu_req_queue_t sends;          // in order; the head is being written
     size_t tx_done;               // bytes of the head's frame already written
-    unsigned char hdr[sizeof(cpu_header)];
+    unsigned char hdr[sizeof(cpu_header_t)];
     size_t hdr_got;               // bytes of the next header received so far
     bool in_message;              // a header has arrived and its payload is arriving
-    cpu_header in;                // ... this header
+    cpu_header_t in;                // ... this header
     size_t in_got;                // ... payload bytes (padding included) so far
-    cpu_req *in_req;              // ... going into this posted receive, or
-    cpu_msg *in_msg;              // ... into this buffer, as nobody asked for it yet
-    cpu_req_queue posted[2];      // receives waiting for a message, by context
-    cpu_msg_queue unexpected[2];  // messages waiting for a receive, by context
-} cpu_peer;
+    cpu_req_t *in_req;              // ... going into this posted receive, or
+    cpu_msg_t *in_msg;              // ... into this buffer, as nobody asked for it yet
+    cpu_req_queue_t posted[2];      // receives waiting for a message, by context
+    cpu_msg_queue_t unexpected[2];  // messages waiting for a receive, by context
+} cpu_peer_t;
 
 typedef struct {
     int rank, world;
     double timeout_s;
     uint32_t tag;                 // the operation in progress (for headers and messages)
-    cpu_peer *peers;              // by rank; peers[rank] is unused
+    cpu_peer_t *peers;              // by rank; peers[rank] is unused
     int *tcp_ranks, tcp_count;    // peers reached over TCP
     int *shm_ranks, shm_count;    // peers reached over shared memory
     struct pollfd *tcp_poll, *shm_poll;
     void *shm_base;
     size_t shm_bytes;
-    shm_bell *bell;               // this rank's doorbell
+    cpu_shm_bell_t *bell;               // this rank's doorbell
     bool spin;                    // busy-wait a little before sleeping (enough cores)
     double last_probe;            // last check that the shared-memory peers live
     char transport[200];          // for pg_describe
-} cpu_pg;
+} cpu_pg_t;
 
-static inline const char *cpu_transport(const cpu_pg *pg) { return pg->transport; }
+static inline const char *cpu_transport(const cpu_pg_t *pg) { return pg->transport; }
 
-static inline void cpu_peer_closed(cpu_peer *p, const char *why) {
+static inline void cpu_peer_closed(cpu_peer_t *p, const char *why) {
     if (p->closed) return;
     p->closed = true;
     snprintf(p->closed_why, sizeof p->closed_why, "%s", why);
 }
 
-static inline void cpu_peer_error(cpu_peer *p, int err) {
+static inline void cpu_peer_error(cpu_peer_t *p, int err) {
     if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) return;
     if (err == ECONNRESET || err == EPIPE) cpu_peer_closed(p, "closed the connection");
     else cpu_peer_closed(p, strerror(err));
 }
 
 // Does this rank expect anything more from, or owe anything to, the peer?
-static inline bool cpu_peer_busy(const cpu_peer *p) {
+static inline bool cpu_peer_busy(const cpu_peer_t *p) {
     return p->sends.head || p->posted[0].head || p->posted[1].head || p->in_message;
 }
 
 // A peer that is gone matters only if we still need it: a rank that
 // finished its part and exited is fine.
-static inline void cpu_check_peers(const cpu_pg *pg) {
+static inline void cpu_check_peers(const cpu_pg_t *pg) {
     for (int r = 0; r < pg->world; r++) {
-        const cpu_peer *p = &pg->peers[r];
+        const cpu_peer_t *p = &pg->peers[r];
         if (r != pg->rank && p->closed && cpu_peer_busy(p))
             die("rank %d %s during %s (did it crash? see its output)", r, p->closed_why,
                 cpu_tag_name(pg->tag));
@@ -295,11 +295,11 @@ static inline void cpu_check_peers(const cpu_pg *pg) {
 // ---------------------------------------------------------------- the byte streams
 
 // Writes as much of iov as the transport takes now; returns the bytes written.
-static inline size_t cpu_write(cpu_peer *p, const struct iovec *iov, int count) {
+static inline size_t cpu_write(cpu_peer_t *p, const struct iovec *iov, int count) {
     if (p->closed) return 0;
     if (p->shm) {
-        size_t n = ring_write(&p->tx, iov, count);
-        if (n) bell_ring(p->bell);
+        size_t n = cpu_ring_write(&p->tx, iov, count);
+        if (n) cpu_bell_ring(p->bell);
         return n;
     }
     struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)count};
@@ -313,7 +313,7 @@ static inline size_t cpu_write(cpu_peer *p, const struct iovec *iov, int count) 
 // fewer than 8 are left. The leftover bytes move to the front of the buffer
 // at their position modulo 8 in the stream, so that elements in the buffer
 // stay aligned as they are in the stream.
-static inline const char *cpu_tcp_peek(cpu_peer *p, size_t *len) {
+static inline const char *cpu_tcp_peek(cpu_peer_t *p, size_t *len) {
     size_t have = p->bounce_end - p->bounce_start;
     if (have < 8 && !p->closed) {
         size_t at = (size_t)(p->rx_pos & 7);
@@ -332,15 +332,15 @@ static inline const char *cpu_tcp_peek(cpu_peer *p, size_t *len) {
 }
 
 // Bytes that have arrived from the peer and are not used yet (NULL: none).
-static inline const char *cpu_peek(cpu_peer *p, size_t *len) {
-    return p->shm ? ring_peek(&p->rx, len) : cpu_tcp_peek(p, len);
+static inline const char *cpu_peek(cpu_peer_t *p, size_t *len) {
+    return p->shm ? cpu_ring_peek(&p->rx, len) : cpu_tcp_peek(p, len);
 }
 
-static inline void cpu_consume(cpu_peer *p, size_t n) {
+static inline void cpu_consume(cpu_peer_t *p, size_t n) {
     p->rx_pos += n;
     if (p->shm) {
-        ring_consume(&p->rx, n);
-        bell_ring(p->bell);   // the writer may be waiting for room
+        cpu_ring_consume(&p->rx, n);
+        cpu_bell_ring(p->bell);   // the writer may be waiting for room
     } else {
         p->bounce_start += n;
     }
@@ -349,7 +349,7 @@ static inline void cpu_consume(cpu_peer *p, size_t n) {
 // ---------------------------------------------------------------- sending
 
 // The parts of r's frame (header, payload, padding) not yet written.
-static inline int cpu_frame_parts(const cpu_req *r, size_t done, struct iovec iov[3]) {
+static inline int cpu_frame_parts(const cpu_req_t *r, size_t done, struct iovec iov[3]) {
     static const char zeros[8];
     const char *base[3] = {(const char *)&r->header, r->src, zeros};
     size_t len[3] = {sizeof r->header, r->bytes, cpu_padded(r->bytes) - r->bytes};
@@ -367,9 +367,9 @@ static inline int cpu_frame_parts(const cpu_req *r, size_t done, struct iovec io
     return count;
 }
 
-static inline bool cpu_send_progress(cpu_peer *p) {
+static inline bool cpu_send_progress(cpu_peer_t *p) {
     bool moved = false;
-    cpu_req *r;
+    cpu_req_t *r;
     while ((r = p->sends.head) != NULL) {
         struct iovec iov[3];
         int parts = cpu_frame_parts(r, p->tx_done, iov);
@@ -378,7 +378,7 @@ static inline bool cpu_send_progress(cpu_peer *p) {
         moved = true;
         p->tx_done += n;
         if (p->tx_done < sizeof r->header + cpu_padded(r->bytes)) continue;
-        req_pop(&p->sends);
+        cpu_req_pop(&p->sends);
         p->tx_done = 0;
         r->done = true;   // the bytes are in the ring or the kernel: the buffer is free
     }
@@ -387,7 +387,7 @@ static inline bool cpu_send_progress(cpu_peer *p) {
 
 // ---------------------------------------------------------------- receiving
 
-static inline void cpu_check_match(const cpu_pg *pg, const cpu_peer *p, const cpu_req *r,
+static inline void cpu_check_match(const cpu_pg_t *pg, const cpu_peer_t *p, const cpu_req_t *r,
                                    uint32_t tag, size_t bytes) {
     if (tag != r->tag)
         die("rank %d sent data for %s while this rank is in %s: every rank must call the "
@@ -400,7 +400,7 @@ static inline void cpu_check_match(const cpu_pg *pg, const cpu_peer *p, const cp
 }
 
 // n bytes of r's payload, starting at byte `at`, have arrived in src.
-static inline void cpu_deliver(cpu_req *r, const char *src, size_t at, size_t n) {
+static inline void cpu_deliver(cpu_req_t *r, const char *src, size_t at, size_t n) {
     if (n == 0) return;
     if (r->mine)
         pg_combine(r->dst + at, src, r->mine + at, n / dtype_size(r->dtype), r->dtype, r->op);
@@ -409,7 +409,7 @@ static inline void cpu_deliver(cpu_req *r, const char *src, size_t at, size_t n)
 }
 
 // An unexpected message grows as it arrives (it may never be large).
-static inline void cpu_msg_append(cpu_msg *m, const char *src, size_t at, size_t n) {
+static inline void cpu_msg_append(cpu_msg_t *m, const char *src, size_t at, size_t n) {
     if (at + n > m->cap) {
         size_t cap = m->cap ? m->cap : 64 << 10;
         while (cap < at + n) cap *= 2;
@@ -422,16 +422,16 @@ static inline void cpu_msg_append(cpu_msg *m, const char *src, size_t at, size_t
     memcpy(m->data + at, src, n);
 }
 
-static inline void cpu_end_message(cpu_peer *p) {
+static inline void cpu_end_message(cpu_peer_t *p) {
     if (p->in_req) p->in_req->done = true;
-    else msg_push(&p->unexpected[cpu_context(p->in.tag)], p->in_msg);
+    else cpu_msg_push(&p->unexpected[cpu_context(p->in.tag)], p->in_msg);
     p->in_message = false;
     p->in_req = NULL;
     p->in_msg = NULL;
 }
 
 // A header is complete: find the receive it answers, or keep it for later.
-static inline void cpu_begin_message(const cpu_pg *pg, cpu_peer *p) {
+static inline void cpu_begin_message(const cpu_pg_t *pg, cpu_peer_t *p) {
     memcpy(&p->in, p->hdr, sizeof p->in);
     if (p->in.magic != CPU_MAGIC || p->in.tag == 0 || p->in.tag >= CPU_TAG_COUNT)
         die("rank %d sent bytes that are not a message during %s: the two ranks are out of "
@@ -439,7 +439,7 @@ static inline void cpu_begin_message(const cpu_pg *pg, cpu_peer *p) {
             cpu_tag_name(pg->tag));
     p->in_message = true;
     p->in_got = 0;
-    p->in_req = req_pop(&p->posted[cpu_context(p->in.tag)]);
+    p->in_req = cpu_req_pop(&p->posted[cpu_context(p->in.tag)]);
     p->in_msg = NULL;
     if (p->in_req) {
         cpu_check_match(pg, p, p->in_req, p->in.tag, p->in.bytes);
@@ -453,20 +453,20 @@ static inline void cpu_begin_message(const cpu_pg *pg, cpu_peer *p) {
 
 // The stream is used in multiples of 8 bytes (see cpu_padded); each take
 // returns how many bytes it used, 0 when it needs more.
-static inline size_t cpu_take_header(const cpu_pg *pg, cpu_peer *p, const char *src,
+static inline size_t cpu_take_header(const cpu_pg_t *pg, cpu_peer_t *p, const char *src,
                                      size_t len) {
-    size_t n = sizeof(cpu_header) - p->hdr_got;
+    size_t n = sizeof(cpu_header_t) - p->hdr_got;
     if (len < n) n = len & ~(size_t)7;
     memcpy(p->hdr + p->hdr_got, src, n);
     p->hdr_got += n;
-    if (p->hdr_got == sizeof(cpu_header)) {
+    if (p->hdr_got == sizeof(cpu_header_t)) {
         p->hdr_got = 0;
         cpu_begin_message(pg, p);
     }
     return n;
 }
 
-static inline size_t cpu_take_payload(cpu_peer *p, const char *src, size_t len) {
+static inline size_t cpu_take_payload(cpu_peer_t *p, const char *src, size_t len) {
     size_t left = cpu_padded(p->in.bytes) - p->in_got;
     size_t n = (len < left ? len : left) & ~(size_t)7;
     if (n == 0) return 0;
@@ -481,7 +481,7 @@ static inline size_t cpu_take_payload(cpu_peer *p, const char *src, size_t len) 
     return n;
 }
 
-static inline bool cpu_recv_progress(const cpu_pg *pg, cpu_peer *p) {
+static inline bool cpu_recv_progress(const cpu_pg_t *pg, cpu_peer_t *p) {
     size_t taken = 0;
     while (taken < CPU_PASS_BYTES) {
         size_t len, n;
@@ -499,9 +499,9 @@ static inline bool cpu_recv_progress(const cpu_pg *pg, cpu_peer *p) {
 
 // One pass over the TCP peers: poll() says which sockets can move bytes.
 // timeout_ms > 0 makes it the way to wait when there is nothing to do.
-static inline bool cpu_tcp_pass(cpu_pg *pg, int timeout_ms) {
+static inline bool cpu_tcp_pass(cpu_pg_t *pg, int timeout_ms) {
     for (int i = 0; i < pg->tcp_count; i++) {
-        cpu_peer *p = &pg->peers[pg->tcp_ranks[i]];
+        cpu_peer_t *p = &pg->peers[pg->tcp_ranks[i]];
         pg->tcp_poll[i] = (struct pollfd){p->closed ? -1 : p->fd,
                                           (short)(POLLIN | (p->sends.head ? POLLOUT : 0)), 0};
     }
@@ -509,7 +509,7 @@ static inline bool cpu_tcp_pass(cpu_pg *pg, int timeout_ms) {
         die("poll() on the sockets of the process group failed: %s", strerror(errno));
     bool moved = false;
     for (int i = 0; i < pg->tcp_count; i++) {
-        cpu_peer *p = &pg->peers[pg->tcp_ranks[i]];
+        cpu_peer_t *p = &pg->peers[pg->tcp_ranks[i]];
         short ev = pg->tcp_poll[i].revents;
         // Bytes already in the bounce buffer count as readable too.
         if ((ev & (POLLIN | POLLHUP | POLLERR)) || p->bounce_end - p->bounce_start >= 8)
@@ -520,10 +520,10 @@ static inline bool cpu_tcp_pass(cpu_pg *pg, int timeout_ms) {
 }
 
 // One pass over every peer; true when any byte moved.
-static inline bool cpu_progress(cpu_pg *pg) {
+static inline bool cpu_progress(cpu_pg_t *pg) {
     bool moved = false;
     for (int i = 0; i < pg->shm_count; i++) {
-        cpu_peer *p = &pg->peers[pg->shm_ranks[i]];
+        cpu_peer_t *p = &pg->peers[pg->shm_ranks[i]];
         moved |= cpu_send_progress(p);
         moved |= cpu_recv_progress(pg, p);
     }
@@ -534,16 +534,16 @@ static inline bool cpu_progress(cpu_pg *pg) {
 // Shared memory says nothing when a peer dies, but its socket does: the
 // kernel closes it when the process ends, however it ends. We never send on
 // these sockets, so anything readable means the end (0 bytes: closed).
-static inline void cpu_probe_shm_peers(cpu_pg *pg) {
+static inline void cpu_probe_shm_peers(cpu_pg_t *pg) {
     pg->last_probe = now_seconds();
     for (int i = 0; i < pg->shm_count; i++) {
-        cpu_peer *p = &pg->peers[pg->shm_ranks[i]];
+        cpu_peer_t *p = &pg->peers[pg->shm_ranks[i]];
         pg->shm_poll[i] = (struct pollfd){p->closed ? -1 : p->fd, POLLIN, 0};
     }
     if (poll(pg->shm_poll, (nfds_t)pg->shm_count, 0) <= 0) return;
     for (int i = 0; i < pg->shm_count; i++) {
         if (!pg->shm_poll[i].revents) continue;
-        cpu_peer *p = &pg->peers[pg->shm_ranks[i]];
+        cpu_peer_t *p = &pg->peers[pg->shm_ranks[i]];
         char byte;
         ssize_t n = recv(p->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
         if (n == 0) cpu_peer_closed(p, "closed the connection");
@@ -552,9 +552,9 @@ static inline void cpu_probe_shm_peers(cpu_pg *pg) {
 }
 
 // Sleep on our doorbell until a peer rings it or `seconds` pass. After
-// announcing the sleep we look at the rings once more (see bell_ring).
-static inline void cpu_bell_sleep(cpu_pg *pg, double seconds) {
-    shm_bell *bell = pg->bell;
+// announcing the sleep we look at the rings once more (see cpu_bell_ring).
+static inline void cpu_bell_sleep(cpu_pg_t *pg, double seconds) {
+    cpu_shm_bell_t *bell = pg->bell;
     uint32_t seen = atomic_load(&bell->seq);
     atomic_store(&bell->sleeping, 1);
     atomic_thread_fence(memory_order_seq_cst);
@@ -565,9 +565,9 @@ static inline void cpu_bell_sleep(cpu_pg *pg, double seconds) {
     atomic_store(&bell->sleeping, 0);
 }
 
-static inline void cpu_timeout(const cpu_pg *pg, cpu_req **reqs, int count) {
+static inline void cpu_timeout(const cpu_pg_t *pg, cpu_req_t **reqs, int count) {
     for (int i = 0; i < count; i++) {
-        const cpu_req *r = reqs[i];
+        const cpu_req_t *r = reqs[i];
         if (r->done) continue;
         die("timed out after %g s in %s: nothing moved while this rank waited to %s %zu bytes "
             "%s rank %d (is that rank stuck, dead, or in a different operation? "
@@ -578,7 +578,7 @@ static inline void cpu_timeout(const cpu_pg *pg, cpu_req **reqs, int count) {
 
 // Nothing moved in the last pass. Stop if we wait for a dead peer or have
 // waited too long; otherwise wait a little, as cheaply as the transports allow.
-static inline void cpu_idle(cpu_pg *pg, cpu_req **reqs, int count, double idle_since) {
+static inline void cpu_idle(cpu_pg_t *pg, cpu_req_t **reqs, int count, double idle_since) {
     cpu_check_peers(pg);
     double idle = now_seconds() - idle_since;
     if (idle > pg->timeout_s) cpu_timeout(pg, reqs, count);
@@ -591,7 +591,7 @@ static inline void cpu_idle(cpu_pg *pg, cpu_req **reqs, int count, double idle_s
     else cpu_bell_sleep(pg, 0.002);
 }
 
-static inline bool cpu_all_done(cpu_req **reqs, int count) {
+static inline bool cpu_all_done(cpu_req_t **reqs, int count) {
     for (int i = 0; i < count; i++)
         if (!reqs[i]->done) return false;
     return true;
@@ -600,7 +600,7 @@ static inline bool cpu_all_done(cpu_req **reqs, int count) {
 // Moves bytes until every request is done, then frees them. The timeout
 // counts from the last moment anything moved, so a long transfer that
 // progresses never times out, and a stuck one does.
-static inline void cpu_wait(cpu_pg *pg, cpu_req **reqs, int count) {
+static inline void cpu_wait(cpu_pg_t *pg, cpu_req_t **reqs, int count) {
     double idle_since = -1;
     while (!cpu_all_done(reqs, count)) {
         if (cpu_progress(pg)) {
@@ -615,50 +615,50 @@ static inline void cpu_wait(cpu_pg *pg, cpu_req **reqs, int count) {
 
 // ---------------------------------------------------------------- posting work
 
-static inline cpu_req *cpu_new_req(const cpu_pg *pg, int peer, size_t bytes) {
-    cpu_req *r = xcalloc(1, sizeof *r);
+static inline cpu_req_t *cpu_new_req(const cpu_pg_t *pg, int peer, size_t bytes) {
+    cpu_req_t *r = xcalloc(1, sizeof *r);
     r->peer = peer;
     r->tag = pg->tag;
     r->bytes = bytes;
     return r;
 }
 
-static inline cpu_req *cpu_post_send(cpu_pg *pg, int peer, const void *src, size_t bytes) {
-    cpu_req *r = cpu_new_req(pg, peer, bytes);
+static inline cpu_req_t *cpu_post_send(cpu_pg_t *pg, int peer, const void *src, size_t bytes) {
+    cpu_req_t *r = cpu_new_req(pg, peer, bytes);
     r->is_send = true;
     r->src = src;
-    r->header = (cpu_header){CPU_MAGIC, pg->tag, bytes};
-    cpu_peer *p = &pg->peers[peer];
-    req_push(&p->sends, r);
+    r->header = (cpu_header_t){CPU_MAGIC, pg->tag, bytes};
+    cpu_peer_t *p = &pg->peers[peer];
+    cpu_req_push(&p->sends, r);
     if (p->sends.head == r) cpu_send_progress(p);   // an idle link: start at once
     return r;
 }
 
 // Match a new receive with what has arrived already, or queue it.
-static inline void cpu_post(cpu_pg *pg, cpu_req *r) {
-    cpu_peer *p = &pg->peers[r->peer];
+static inline void cpu_post(cpu_pg_t *pg, cpu_req_t *r) {
+    cpu_peer_t *p = &pg->peers[r->peer];
     int context = cpu_context(r->tag);
-    cpu_msg *m = msg_pop(&p->unexpected[context]);
+    cpu_msg_t *m = cpu_msg_pop(&p->unexpected[context]);
     if (m) {   // it has arrived already
         cpu_check_match(pg, p, r, m->tag, m->bytes);
         cpu_deliver(r, m->data, 0, m->bytes);
-        msg_free(m);
+        cpu_msg_free(m);
         r->done = true;
     } else if (p->in_msg && cpu_context(p->in.tag) == context) {
         // It is arriving right now into a spare buffer: take what came so
         // far and let the rest flow straight into our destination.
         cpu_check_match(pg, p, r, p->in.tag, p->in.bytes);
         cpu_deliver(r, p->in_msg->data, 0, p->in_got < p->in.bytes ? p->in_got : p->in.bytes);
-        msg_free(p->in_msg);
+        cpu_msg_free(p->in_msg);
         p->in_msg = NULL;
         p->in_req = r;
     } else {
-        req_push(&p->posted[context], r);
+        cpu_req_push(&p->posted[context], r);
     }
 }
 
-static inline cpu_req *cpu_post_recv(cpu_pg *pg, int peer, void *dst, size_t bytes) {
-    cpu_req *r = cpu_new_req(pg, peer, bytes);
+static inline cpu_req_t *cpu_post_recv(cpu_pg_t *pg, int peer, void *dst, size_t bytes) {
+    cpu_req_t *r = cpu_new_req(pg, peer, bytes);
     r->dst = dst;
     cpu_post(pg, r);
     return r;
@@ -667,9 +667,9 @@ static inline cpu_req *cpu_post_recv(cpu_pg *pg, int peer, void *dst, size_t byt
 // Receive count elements and combine them with `mine` as they arrive:
 // dst = incoming OP mine. Reducing straight out of the transport's buffer
 // saves a pass over memory compared with receiving first and adding after.
-static inline cpu_req *cpu_post_recv_reduce(cpu_pg *pg, int peer, void *dst, const void *mine,
-                                            size_t count, dtype_t t, redop_t op) {
-    cpu_req *r = cpu_new_req(pg, peer, count * dtype_size(t));
+static inline cpu_req_t *cpu_post_recv_reduce(cpu_pg_t *pg, int peer, void *dst, const void *mine,
+                                              size_t count, dtype_t t, redop_t op) {
+    cpu_req_t *r = cpu_new_req(pg, peer, count * dtype_size(t));
     r->dst = dst;
     r->mine = mine;
     r->dtype = t;
@@ -678,30 +678,30 @@ static inline cpu_req *cpu_post_recv_reduce(cpu_pg *pg, int peer, void *dst, con
     return r;
 }
 
-static inline void cpu_send_wait(cpu_pg *pg, int peer, const void *src, size_t bytes) {
-    cpu_req *r = cpu_post_send(pg, peer, src, bytes);
+static inline void cpu_send_wait(cpu_pg_t *pg, int peer, const void *src, size_t bytes) {
+    cpu_req_t *r = cpu_post_send(pg, peer, src, bytes);
     cpu_wait(pg, &r, 1);
 }
 
-static inline void cpu_recv_wait(cpu_pg *pg, int peer, void *dst, size_t bytes) {
-    cpu_req *r = cpu_post_recv(pg, peer, dst, bytes);
+static inline void cpu_recv_wait(cpu_pg_t *pg, int peer, void *dst, size_t bytes) {
+    cpu_req_t *r = cpu_post_recv(pg, peer, dst, bytes);
     cpu_wait(pg, &r, 1);
 }
 
 // Send to and receive from the same peer at once.
-static inline void cpu_exchange(cpu_pg *pg, int peer, const void *out, void *in, size_t bytes) {
-    cpu_req *reqs[2] = {cpu_post_recv(pg, peer, in, bytes), cpu_post_send(pg, peer, out, bytes)};
+static inline void cpu_exchange(cpu_pg_t *pg, int peer, const void *out, void *in, size_t bytes) {
+    cpu_req_t *reqs[2] = {cpu_post_recv(pg, peer, in, bytes), cpu_post_send(pg, peer, out, bytes)};
     cpu_wait(pg, reqs, 2);
 }
 
 // ---------------------------------------------------------------- point-to-point (for pg.h)
 
-static inline cpu_req *cpu_isend(cpu_pg *pg, const void *buf, size_t bytes, int peer) {
+static inline cpu_req_t *cpu_isend(cpu_pg_t *pg, const void *buf, size_t bytes, int peer) {
     pg->tag = CPU_TAG_P2P;
     return cpu_post_send(pg, peer, buf, bytes);
 }
 
-static inline cpu_req *cpu_irecv(cpu_pg *pg, void *buf, size_t bytes, int peer) {
+static inline cpu_req_t *cpu_irecv(cpu_pg_t *pg, void *buf, size_t bytes, int peer) {
     pg->tag = CPU_TAG_P2P;
     return cpu_post_recv(pg, peer, buf, bytes);
 }
@@ -709,7 +709,7 @@ static inline cpu_req *cpu_irecv(cpu_pg *pg, void *buf, size_t bytes, int peer) 
 // One pass of the engine, never a wait. A caller that polls pg_test in a
 // loop still learns of a dead peer (the shared-memory probe runs at most
 // every 10 ms, as it costs a system call).
-static inline bool cpu_test(cpu_pg *pg, cpu_req *r) {
+static inline bool cpu_test(cpu_pg_t *pg, cpu_req_t *r) {
     if (r->done) return true;
     pg->tag = CPU_TAG_P2P;
     if (!cpu_progress(pg)) {
@@ -719,7 +719,7 @@ static inline bool cpu_test(cpu_pg *pg, cpu_req *r) {
     return r->done;
 }
 
-static inline void cpu_wait_request(cpu_pg *pg, cpu_req *r) {
+static inline void cpu_wait_request(cpu_pg_t *pg, cpu_req_t *r) {
     pg->tag = CPU_TAG_P2P;
     cpu_wait(pg, &r, 1);
 }

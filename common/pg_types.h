@@ -21,7 +21,7 @@
 
 typedef enum { DTYPE_F32, DTYPE_F64, DTYPE_I32, DTYPE_I64, DTYPE_U8, DTYPE_BF16 } dtype_t;
 typedef enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_AVG, OP_BAND, OP_BOR, OP_BXOR } redop_t;
-typedef enum { BACKEND_AUTO, BACKEND_CPU, BACKEND_NCCL } backend_kind;
+typedef enum { BACKEND_AUTO, BACKEND_CPU, BACKEND_NCCL } backend_kind_t;
 
 static inline bool dtype_valid(dtype_t t) { return (unsigned)t <= DTYPE_BF16; }
 static inline bool redop_valid(redop_t op) { return (unsigned)op <= OP_BXOR; }
@@ -42,11 +42,11 @@ static inline const char *redop_name(redop_t op) {
     return redop_valid(op) ? names[op] : "unknown op";
 }
 
-static inline const char *backend_name(backend_kind b) {
+static inline const char *backend_name(backend_kind_t b) {
     return b == BACKEND_NCCL ? "nccl" : b == BACKEND_CPU ? "cpu" : "auto";
 }
 
-static inline backend_kind backend_parse(const char *text) {
+static inline backend_kind_t backend_parse(const char *text) {
     if (!strcmp(text, "auto")) return BACKEND_AUTO;
     if (!strcmp(text, "cpu")) return BACKEND_CPU;
     if (!strcmp(text, "nccl")) return BACKEND_NCCL;
@@ -112,7 +112,7 @@ static inline uint16_t f32_to_bf16(float f) {
 #define PG_SIMD
 #endif
 
-static inline void combine_f32(float *d, const float *a, const float *b, size_t n, redop_t op) {
+static inline void pg_combine_f32(float *d, const float *a, const float *b, size_t n, redop_t op) {
     switch (op) {
     case OP_SUM:
     case OP_AVG:
@@ -131,7 +131,8 @@ static inline void combine_f32(float *d, const float *a, const float *b, size_t 
     }
 }
 
-static inline void combine_f64(double *d, const double *a, const double *b, size_t n, redop_t op) {
+static inline void pg_combine_f64(double *d, const double *a, const double *b, size_t n,
+                                  redop_t op) {
     switch (op) {
     case OP_SUM:
     case OP_AVG:
@@ -150,8 +151,8 @@ static inline void combine_f64(double *d, const double *a, const double *b, size
     }
 }
 
-static inline void combine_i32(int32_t *d, const int32_t *a, const int32_t *b, size_t n,
-                               redop_t op) {
+static inline void pg_combine_i32(int32_t *d, const int32_t *a, const int32_t *b, size_t n,
+                                  redop_t op) {
     switch (op) {
     case OP_SUM:
     case OP_AVG:
@@ -172,8 +173,8 @@ static inline void combine_i32(int32_t *d, const int32_t *a, const int32_t *b, s
     }
 }
 
-static inline void combine_i64(int64_t *d, const int64_t *a, const int64_t *b, size_t n,
-                               redop_t op) {
+static inline void pg_combine_i64(int64_t *d, const int64_t *a, const int64_t *b, size_t n,
+                                  redop_t op) {
     switch (op) {
     case OP_SUM:
     case OP_AVG:
@@ -194,8 +195,8 @@ static inline void combine_i64(int64_t *d, const int64_t *a, const int64_t *b, s
     }
 }
 
-static inline void combine_u8(uint8_t *d, const uint8_t *a, const uint8_t *b, size_t n,
-                              redop_t op) {
+static inline void pg_combine_u8(uint8_t *d, const uint8_t *a, const uint8_t *b, size_t n,
+                                 redop_t op) {
     switch (op) {
     case OP_SUM:
     case OP_AVG:
@@ -219,11 +220,11 @@ static inline void combine_u8(uint8_t *d, const uint8_t *a, const uint8_t *b, si
 // bf16 element by element through float32, rounding each result. (The cpu
 // backend does not use this for its sums: it widens whole buffers to f32 so
 // that a sum over many ranks is rounded only once.)
-static inline void combine_bf16(uint16_t *d, const uint16_t *a, const uint16_t *b, size_t n,
-                                redop_t op) {
+static inline void pg_combine_bf16(uint16_t *d, const uint16_t *a, const uint16_t *b, size_t n,
+                                   redop_t op) {
     for (size_t i = 0; i < n; i++) {
         float x = bf16_to_f32(a[i]), y = bf16_to_f32(b[i]), r;
-        combine_f32(&r, &x, &y, 1, op);
+        pg_combine_f32(&r, &x, &y, 1, op);
         d[i] = f32_to_bf16(r);
     }
 }
@@ -231,12 +232,12 @@ static inline void combine_bf16(uint16_t *d, const uint16_t *a, const uint16_t *
 static inline void pg_combine(void *dst, const void *a, const void *b, size_t n, dtype_t t,
                               redop_t op) {
     switch (t) {
-    case DTYPE_F32: combine_f32(dst, a, b, n, op); break;
-    case DTYPE_F64: combine_f64(dst, a, b, n, op); break;
-    case DTYPE_I32: combine_i32(dst, a, b, n, op); break;
-    case DTYPE_I64: combine_i64(dst, a, b, n, op); break;
-    case DTYPE_U8: combine_u8(dst, a, b, n, op); break;
-    case DTYPE_BF16: combine_bf16(dst, a, b, n, op); break;
+    case DTYPE_F32: pg_combine_f32(dst, a, b, n, op); break;
+    case DTYPE_F64: pg_combine_f64(dst, a, b, n, op); break;
+    case DTYPE_I32: pg_combine_i32(dst, a, b, n, op); break;
+    case DTYPE_I64: pg_combine_i64(dst, a, b, n, op); break;
+    case DTYPE_U8: pg_combine_u8(dst, a, b, n, op); break;
+    case DTYPE_BF16: pg_combine_bf16(dst, a, b, n, op); break;
     }
 }
 
@@ -262,11 +263,11 @@ static inline void pg_divide_elements(void *buf, size_t n, dtype_t t, int world)
 typedef struct {
     int rank, world_size;
     int local_rank, local_world_size;   // auto: nccl only if every local rank has its own GPU
-    backend_kind backend;               // requested
+    backend_kind_t backend;               // requested
     const device_t *device;             // where the caller's buffers live (GPU or CPU)
     store_t *store;                     // from rendezvous(): already connected
     double timeout_s;                   // every operation's deadline; <= 0: course_timeout_default()
-} pg_config;
+} pg_config_t;
 
 typedef struct pg pg_t;
 typedef struct pg_request pg_request_t;

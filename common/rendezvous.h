@@ -29,7 +29,7 @@ typedef struct {
 } rendezvous_t;
 
 // An integer from the environment: false when unset; dies when malformed.
-static inline bool store_env_int(const char *name, int min, int max, int *out) {
+static inline bool rendezvous_env_int(const char *name, int min, int max, int *out) {
     const char *text = getenv(name);
     if (!text || !text[0]) return false;
     char *end;
@@ -43,11 +43,11 @@ static inline bool store_env_int(const char *name, int min, int max, int *out) {
 
 // Fill in rank and world size from the caller or from RANK / WORLD_SIZE.
 static inline void rendezvous_rank_world(const char *method, int *rank, int *world) {
-    if (*world < 0 && !store_env_int("WORLD_SIZE", 1, 1 << 20, world)) {
+    if (*world < 0 && !rendezvous_env_int("WORLD_SIZE", 1, 1 << 20, world)) {
         if (!strcmp(method, "env://")) *world = 1;   // started by hand: one process
         else die("%s rendezvous needs the world size: pass it or set WORLD_SIZE", method);
     }
-    if (*rank < 0 && !store_env_int("RANK", 0, 1 << 20, rank)) {
+    if (*rank < 0 && !rendezvous_env_int("RANK", 0, 1 << 20, rank)) {
         if (*world == 1) *rank = 0;
         else die("%s rendezvous with a world of %d needs this process's rank: pass it or "
                  "set RANK", method, *world);
@@ -97,7 +97,7 @@ static inline void rendezvous_meet(rendezvous_t *r, const char *host, int port, 
 static inline void rendezvous_env(rendezvous_t *r, const char *token, const char *session) {
     const char *addr = getenv("MASTER_ADDR");
     int port = -1;
-    bool have_port = store_env_int("MASTER_PORT", 1, 65535, &port);
+    bool have_port = rendezvous_env_int("MASTER_PORT", 1, 65535, &port);
     if (r->world_size == 1 && (!addr || !addr[0] || !have_port)) {
         // One process started by hand: a private store on loopback, no network needed.
         r->server = store_server_start_session("127.0.0.1", 0, token, session);
@@ -145,9 +145,9 @@ typedef struct {
     char host[256];
     int port, world;
     uint64_t nonce;
-} rendezvous_record;
+} rendezvous_record_t;
 
-static inline void rendezvous_write_record(const char *path, const rendezvous_record *rec) {
+static inline void rendezvous_write_record(const char *path, const rendezvous_record_t *rec) {
     char text[600], err[FILES_PATH_MAX + 200];
     int len = snprintf(text, sizeof text, "course-rendezvous 1\nhost %s\nport %d\nnonce %016"
                        PRIx64 "\nworld %d\nstarted %lld\npid %d\n", rec->host, rec->port,
@@ -158,7 +158,7 @@ static inline void rendezvous_write_record(const char *path, const rendezvous_re
 }
 
 // False (with why) when the record is missing or malformed.
-static inline bool rendezvous_read_record(const char *path, rendezvous_record *rec, char *why,
+static inline bool rendezvous_read_record(const char *path, rendezvous_record_t *rec, char *why,
                                           size_t size) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -200,7 +200,7 @@ static inline void rendezvous_advertised_host(char *host, size_t size) {
 static inline void rendezvous_file_serve(rendezvous_t *r, const char *path, const char *token,
                                          const char *session) {
     r->server = store_server_start_session("0.0.0.0", 0, token, session);
-    rendezvous_record rec = {.port = store_server_port(r->server), .world = r->world_size,
+    rendezvous_record_t rec = {.port = store_server_port(r->server), .world = r->world_size,
                              .nonce = store_server_nonce(r->server)};
     rendezvous_advertised_host(rec.host, sizeof rec.host);
     r->store = store_connect_session("127.0.0.1", rec.port, token, session, r->timeout_s);
@@ -216,7 +216,7 @@ static inline void rendezvous_file_join(rendezvous_t *r, const char *path, const
     double deadline = store_clock() + r->timeout_s;
     char why[600] = "";
     for (;;) {
-        rendezvous_record rec;
+        rendezvous_record_t rec;
         if (rendezvous_read_record(path, &rec, why, sizeof why)) {
             bool fatal;   // a refusal only means the record points at someone else's store
             double attempt = fmin(deadline, store_clock() + 2.0);
@@ -252,7 +252,7 @@ static inline void rendezvous_file(rendezvous_t *r, const char *path, const char
 }
 
 static inline void rendezvous_file_cleanup(rendezvous_t *r) {
-    rendezvous_record rec;
+    rendezvous_record_t rec;
     char why[600];
     if (r->server && rendezvous_read_record(r->file_path, &rec, why, sizeof why) &&
         rec.nonce == store_server_nonce(r->server))
@@ -313,7 +313,7 @@ static inline rendezvous_t rendezvous(const char *init_method, int rank, int wor
     if (world_size > 1) course_set_rank(rank);
     const char *token = getenv("COURSE_JOB_TOKEN");
     int restart = 0;
-    store_env_int("TORCHELASTIC_RESTART_COUNT", 0, 1 << 30, &restart);
+    rendezvous_env_int("TORCHELASTIC_RESTART_COUNT", 0, 1 << 30, &restart);
     char session[64];
     snprintf(session, sizeof session, "attempt%d/round%d", restart, rounds_done++);
     if (!strcmp(kind, "env://")) rendezvous_env(&r, token, session);

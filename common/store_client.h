@@ -112,8 +112,8 @@ static inline int store_io(int fd, void *buf, size_t len, double deadline, bool 
 }
 
 // Send body as one frame.
-static inline int store_send_frame(int fd, const store_bytes *body, double deadline) {
-    store_bytes frame = {0};
+static inline int store_send_frame(int fd, const store_bytes_t *body, double deadline) {
+    store_bytes_t frame = {0};
     store_put_uint(&frame, body->len, 4);
     store_bytes_put(&frame, body->data, body->len);
     int rc = store_io(fd, frame.data, frame.len, deadline, true);
@@ -141,12 +141,12 @@ static inline uint8_t *store_recv_frame(int fd, double deadline, size_t *len, in
 }
 
 // What a failed hello means for the caller: try again, or give up.
-typedef enum { STORE_HELLO_OK, STORE_HELLO_RETRY, STORE_HELLO_FATAL } store_hello_result;
+typedef enum { STORE_HELLO_OK, STORE_HELLO_RETRY, STORE_HELLO_FATAL } store_hello_result_t;
 
-static inline store_hello_result store_hello_answer(const uint8_t *body, size_t len,
-                                                    const char *where, uint64_t *nonce,
-                                                    char *why, size_t size) {
-    store_reader r = {body, len, true};
+static inline store_hello_result_t store_hello_answer(const uint8_t *body, size_t len,
+                                                      const char *where, uint64_t *nonce,
+                                                      char *why, size_t size) {
+    store_reader_t r = {body, len, true};
     int status = (int)store_take_uint(&r, 1);
     if (status == STORE_REFUSED_TOKEN) {
         snprintf(why, size, "the store at %s belongs to another job (token mismatch)", where);
@@ -173,10 +173,10 @@ static inline store_hello_result store_hello_answer(const uint8_t *body, size_t 
     return STORE_HELLO_OK;
 }
 
-static inline store_hello_result store_hello(int fd, const char *where, const char *token,
-                                             const char *session, double deadline,
-                                             uint64_t *nonce, char *why, size_t size) {
-    store_bytes req = {0};
+static inline store_hello_result_t store_hello(int fd, const char *where, const char *token,
+                                               const char *session, double deadline,
+                                               uint64_t *nonce, char *why, size_t size) {
+    store_bytes_t req = {0};
     store_put_uint(&req, STORE_OP_HELLO, 1);
     store_put_uint(&req, STORE_MAGIC, 4);
     store_put_uint(&req, STORE_VERSION, 2);
@@ -196,7 +196,7 @@ static inline store_hello_result store_hello(int fd, const char *where, const ch
                  "the connection closed during the hello");
         return STORE_HELLO_RETRY;
     }
-    store_hello_result result = store_hello_answer(body, len, where, nonce, why, size);
+    store_hello_result_t result = store_hello_answer(body, len, where, nonce, why, size);
     free(body);
     return result;
 }
@@ -217,7 +217,7 @@ static inline store_t *store_try_connect(const char *host, int port, const char 
     char where[300];
     snprintf(where, sizeof where, "%s:%d", host, port);
     uint64_t nonce = 0;
-    store_hello_result rc = store_hello(fd, where, token, session, deadline, &nonce, why, size);
+    store_hello_result_t rc = store_hello(fd, where, token, session, deadline, &nonce, why, size);
     if (rc != STORE_HELLO_OK) {
         close(fd);
         *fatal = rc == STORE_HELLO_FATAL;
@@ -293,7 +293,7 @@ static inline void store_full_key(const store_t *st, const char *key, char *out)
 // Dies with a message naming the store when the connection breaks or no answer
 // comes by the deadline.
 static inline uint8_t *store_roundtrip(store_t *st, const char *what, const char *key,
-                                       const store_bytes *req, double deadline, size_t *len) {
+                                       const store_bytes_t *req, double deadline, size_t *len) {
     int rc = store_send_frame(st->fd, req, deadline);
     uint8_t *reply = rc ? NULL : store_recv_frame(st->fd, deadline, len, &rc);
     if (rc == -2)
@@ -314,10 +314,10 @@ static inline uint8_t *store_roundtrip(store_t *st, const char *what, const char
 
 // A request for one key: builds it, sends it under the lock, returns the reply.
 static inline uint8_t *store_request(store_t *st, int op, const char *what, const char *key,
-                                     const store_bytes *extra, double wait_s, size_t *len) {
+                                     const store_bytes_t *extra, double wait_s, size_t *len) {
     char full[STORE_MAX_KEY + 1];
     store_full_key(st, key, full);
-    store_bytes req = {0};
+    store_bytes_t req = {0};
     store_put_uint(&req, (uint64_t)op, 1);
     store_put_key(&req, full);
     if (extra) store_bytes_put(&req, extra->data, extra->len);
@@ -339,7 +339,7 @@ static inline void store_set(store_t *st, const char *key, const void *value, si
     if (len > STORE_MAX_VALUE)
         die("the value for store key '%s' is %zu bytes; the store holds at most %d bytes "
             "(1 MiB) per value", key, len, STORE_MAX_VALUE);
-    store_bytes extra = {0};
+    store_bytes_t extra = {0};
     store_put_uint(&extra, len, 4);
     store_bytes_put(&extra, value, len);
     size_t n;
@@ -353,7 +353,7 @@ static inline void store_set(store_t *st, const char *key, const void *value, si
 static inline size_t store_get(store_t *st, const char *key, void *buf, size_t cap,
                                double timeout_s) {
     if (timeout_s <= 0) timeout_s = st->timeout_s;
-    store_bytes extra = {0};
+    store_bytes_t extra = {0};
     store_put_uint(&extra, store_timeout_ms(timeout_s), 4);
     size_t n;
     uint8_t *reply = store_request(st, STORE_OP_GET, "get", key, &extra, timeout_s, &n);
@@ -373,7 +373,7 @@ static inline size_t store_get(store_t *st, const char *key, void *buf, size_t c
 // Like get without the value: false when the key did not appear in time.
 static inline bool store_wait(store_t *st, const char *key, double timeout_s) {
     if (timeout_s <= 0) timeout_s = st->timeout_s;
-    store_bytes extra = {0};
+    store_bytes_t extra = {0};
     store_put_uint(&extra, store_timeout_ms(timeout_s), 4);
     size_t n;
     uint8_t *reply = store_request(st, STORE_OP_WAIT, "wait", key, &extra, timeout_s, &n);
@@ -385,12 +385,12 @@ static inline bool store_wait(store_t *st, const char *key, double timeout_s) {
 
 // Adds delta to the counter at key (missing: 0) atomically; returns the new value.
 static inline int64_t store_add(store_t *st, const char *key, int64_t delta) {
-    store_bytes extra = {0};
+    store_bytes_t extra = {0};
     store_put_uint(&extra, (uint64_t)delta, 8);
     size_t n;
     uint8_t *reply = store_request(st, STORE_OP_ADD, "add", key, &extra, 0, &n);
     store_bytes_free(&extra);
-    store_reader r = {reply + 1, n - 1, true};
+    store_reader_t r = {reply + 1, n - 1, true};
     int64_t value = (int64_t)store_take_uint(&r, 8);
     bool ok = store_reader_done(&r);
     free(reply);

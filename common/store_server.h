@@ -37,21 +37,21 @@ typedef struct {
     char *key;
     uint8_t *value;
     size_t len;
-} store_entry;
+} store_entry_t;
 
-typedef struct {
+typedef struct {            // one connected client, as the server sees it
     int fd;
     char peer[64];          // "10.0.0.2:51234", for warnings
     bool greeted;           // sent a valid hello
     bool closing;           // send what is queued, then close
     bool dead;              // close at the end of this round
-    store_bytes in;         // bytes received, not yet a whole frame
-    store_bytes out;        // replies not yet sent
+    store_bytes_t in;         // bytes received, not yet a whole frame
+    store_bytes_t out;        // replies not yet sent
     size_t out_sent;
     int wait_op;            // STORE_OP_GET or STORE_OP_WAIT while parked, else 0
     char *wait_key;
     double deadline;        // of the parked wait, or of the hello
-} store_client;
+} store_conn_t;
 
 typedef struct store_server {
     int listen_fd;
@@ -66,9 +66,9 @@ typedef struct store_server {
     double accept_paused_until;
     pthread_t thread;
     pthread_mutex_t lock;   // held while the thread works; spawn holds it across fork()
-    store_client *clients;
+    store_conn_t *clients;
     size_t nclients, cap_clients;
-    store_entry *entries;
+    store_entry_t *entries;
     size_t nentries, cap_entries;
     size_t total_bytes;
     struct pollfd *pfds;
@@ -76,7 +76,7 @@ typedef struct store_server {
 } store_server_t;
 
 __attribute__((format(printf, 3, 4)))
-static inline void store_client_drop(store_server_t *s, store_client *c, const char *fmt, ...) {
+static inline void store_conn_drop(store_server_t *s, store_conn_t *c, const char *fmt, ...) {
     va_list args;
     va_start(args, fmt);
     fprintf(stderr, "warning: the rendezvous store on port %d dropped a connection from %s: ",
@@ -87,15 +87,15 @@ static inline void store_client_drop(store_server_t *s, store_client *c, const c
     c->dead = true;
 }
 
-static inline void store_client_reply(store_client *c, int status, const void *answer,
-                                      size_t len) {
+static inline void store_conn_reply(store_conn_t *c, int status, const void *answer,
+                                    size_t len) {
     store_put_uint(&c->out, 1 + len, 4);
     store_put_uint(&c->out, (uint64_t)status, 1);
     store_bytes_put(&c->out, answer, len);
 }
 
-static inline void store_client_error(store_client *c, const char *text) {
-    store_client_reply(c, STORE_ERROR, text, strlen(text));
+static inline void store_conn_error(store_conn_t *c, const char *text) {
+    store_conn_reply(c, STORE_ERROR, text, strlen(text));
 }
 
 static inline long store_find(const store_server_t *s, const char *key) {
@@ -118,10 +118,10 @@ static inline bool store_put_value(store_server_t *s, const char *key, const voi
             if (!s->entries) die("out of memory in the rendezvous store");
         }
         at = (long)s->nentries++;
-        s->entries[at] = (store_entry){strdup(key), NULL, 0};
+        s->entries[at] = (store_entry_t){strdup(key), NULL, 0};
         if (!s->entries[at].key) die("out of memory in the rendezvous store");
     }
-    store_entry *e = &s->entries[at];
+    store_entry_t *e = &s->entries[at];
     free(e->value);
     e->value = xmalloc(len);
     if (len) memcpy(e->value, value, len);
@@ -130,9 +130,9 @@ static inline bool store_put_value(store_server_t *s, const char *key, const voi
     return true;
 }
 
-static inline void store_answer_waiter(store_client *c, const store_entry *e) {
-    if (c->wait_op == STORE_OP_GET) store_client_reply(c, STORE_OK, e->value, e->len);
-    else store_client_reply(c, STORE_OK, NULL, 0);
+static inline void store_answer_waiter(store_conn_t *c, const store_entry_t *e) {
+    if (c->wait_op == STORE_OP_GET) store_conn_reply(c, STORE_OK, e->value, e->len);
+    else store_conn_reply(c, STORE_OK, NULL, 0);
     free(c->wait_key);
     c->wait_key = NULL;
     c->wait_op = 0;
@@ -142,12 +142,12 @@ static inline void store_answer_waiter(store_client *c, const store_entry *e) {
 static inline void store_wake_waiters(store_server_t *s, const char *key) {
     long at = store_find(s, key);
     for (size_t i = 0; i < s->nclients && at >= 0; i++) {
-        store_client *c = &s->clients[i];
+        store_conn_t *c = &s->clients[i];
         if (c->wait_op && !strcmp(c->wait_key, key)) store_answer_waiter(c, &s->entries[at]);
     }
 }
 
-static inline void store_begin_wait(store_server_t *s, store_client *c, int op, const char *key,
+static inline void store_begin_wait(store_server_t *s, store_conn_t *c, int op, const char *key,
                                     uint32_t timeout_ms) {
     long at = store_find(s, key);
     c->wait_op = op;
@@ -156,7 +156,7 @@ static inline void store_begin_wait(store_server_t *s, store_client *c, int op, 
         store_answer_waiter(c, &s->entries[at]);
     } else if (timeout_ms == 0) {
         c->wait_op = 0;
-        store_client_reply(c, STORE_TIMEOUT, NULL, 0);
+        store_conn_reply(c, STORE_TIMEOUT, NULL, 0);
     } else {
         c->wait_key = strdup(key);
         if (!c->wait_key) die("out of memory in the rendezvous store");
@@ -164,7 +164,7 @@ static inline void store_begin_wait(store_server_t *s, store_client *c, int op, 
     }
 }
 
-static inline void store_handle_hello(store_server_t *s, store_client *c, store_reader *r) {
+static inline void store_handle_hello(store_server_t *s, store_conn_t *c, store_reader_t *r) {
     uint32_t magic = (uint32_t)store_take_uint(r, 4);
     uint16_t version = (uint16_t)store_take_uint(r, 2);
     size_t token_len = store_take_uint(r, 2);
@@ -172,13 +172,13 @@ static inline void store_handle_hello(store_server_t *s, store_client *c, store_
     size_t session_len = store_take_uint(r, 2);
     const uint8_t *session = store_take_bytes(r, session_len);
     if (!store_reader_done(r) || magic != STORE_MAGIC) {
-        store_client_drop(s, c, "not a rendezvous-store hello (wrong magic number)");
+        store_conn_drop(s, c, "not a rendezvous-store hello (wrong magic number)");
         return;
     }
-    store_bytes a = {0};
+    store_bytes_t a = {0};
     if (version != STORE_VERSION) {
         store_put_uint(&a, STORE_VERSION, 2);
-        store_client_reply(c, STORE_REFUSED_VERSION, a.data, a.len);
+        store_conn_reply(c, STORE_REFUSED_VERSION, a.data, a.len);
         store_bytes_free(&a);
         c->closing = true;
         return;
@@ -188,31 +188,31 @@ static inline void store_handle_hello(store_server_t *s, store_client *c, store_
     if (token_len != strlen(s->token) || memcmp(token, s->token, token_len) != 0) {
         fprintf(stderr, "warning: the rendezvous store on port %d refused %s: it presented "
                 "another job's token\n", s->port, c->peer);
-        store_client_reply(c, STORE_REFUSED_TOKEN, NULL, 0);
+        store_conn_reply(c, STORE_REFUSED_TOKEN, NULL, 0);
         c->closing = true;
         return;
     }
     if (s->session[0] && session_len &&
         (session_len != strlen(s->session) || memcmp(session, s->session, session_len))) {
-        store_client_reply(c, STORE_REFUSED_SESSION, NULL, 0);  // quietly: the client retries
+        store_conn_reply(c, STORE_REFUSED_SESSION, NULL, 0);  // quietly: the client retries
         c->closing = true;
         return;
     }
     store_put_uint(&a, STORE_MAGIC, 4);
     store_put_uint(&a, STORE_VERSION, 2);
     store_put_uint(&a, s->nonce, 8);
-    store_client_reply(c, STORE_OK, a.data, a.len);
+    store_conn_reply(c, STORE_OK, a.data, a.len);
     store_bytes_free(&a);
     c->greeted = true;
 }
 
-static inline void store_handle_add(store_server_t *s, store_client *c, const char *key,
+static inline void store_handle_add(store_server_t *s, store_conn_t *c, const char *key,
                                     int64_t delta) {
     long at = store_find(s, key);
     long long now = 0;
     if (at >= 0) {
         char text[32];
-        const store_entry *e = &s->entries[at];
+        const store_entry_t *e = &s->entries[at];
         char *end;
         size_t n = e->len < sizeof text - 1 ? e->len : sizeof text - 1;
         memcpy(text, e->value, n);
@@ -220,45 +220,45 @@ static inline void store_handle_add(store_server_t *s, store_client *c, const ch
         errno = 0;
         now = strtoll(text, &end, 10);
         if (e->len == 0 || e->len >= sizeof text || *end || errno) {
-            store_client_error(c, "the key holds a value that is not a counter");
+            store_conn_error(c, "the key holds a value that is not a counter");
             return;
         }
     }
     if (__builtin_add_overflow(now, (long long)delta, &now)) {
-        store_client_error(c, "the counter would overflow");
+        store_conn_error(c, "the counter would overflow");
         return;
     }
     char text[32];
     int n = snprintf(text, sizeof text, "%lld", now);
     if (!store_put_value(s, key, text, (size_t)n)) {
-        store_client_error(c, "the store is full (256 MiB in all)");
+        store_conn_error(c, "the store is full (256 MiB in all)");
         return;
     }
-    store_bytes a = {0};
+    store_bytes_t a = {0};
     store_put_uint(&a, (uint64_t)now, 8);
-    store_client_reply(c, STORE_OK, a.data, a.len);
+    store_conn_reply(c, STORE_OK, a.data, a.len);
     store_bytes_free(&a);
     store_wake_waiters(s, key);
 }
 
-static inline void store_handle_set(store_server_t *s, store_client *c, const char *key,
-                                    store_reader *r) {
+static inline void store_handle_set(store_server_t *s, store_conn_t *c, const char *key,
+                                    store_reader_t *r) {
     size_t len = store_take_uint(r, 4);
     const uint8_t *value = store_take_bytes(r, len);
     if (!store_reader_done(r) || len > STORE_MAX_VALUE) {
-        store_client_drop(s, c, "malformed or oversized set request");
+        store_conn_drop(s, c, "malformed or oversized set request");
         return;
     }
     if (!store_put_value(s, key, value, len)) {
-        store_client_error(c, "the store is full (256 MiB in all)");
+        store_conn_error(c, "the store is full (256 MiB in all)");
         return;
     }
-    store_client_reply(c, STORE_OK, NULL, 0);
+    store_conn_reply(c, STORE_OK, NULL, 0);
     store_wake_waiters(s, key);
 }
 
-static inline void store_handle_keyed(store_server_t *s, store_client *c, int op,
-                                      const char *key, store_reader *r) {
+static inline void store_handle_keyed(store_server_t *s, store_conn_t *c, int op,
+                                      const char *key, store_reader_t *r) {
     if (op == STORE_OP_SET) {
         store_handle_set(s, c, key, r);
         return;
@@ -267,7 +267,7 @@ static inline void store_handle_keyed(store_server_t *s, store_client *c, int op
     if (op == STORE_OP_GET || op == STORE_OP_WAIT) number = store_take_uint(r, 4);
     if (op == STORE_OP_ADD) number = store_take_uint(r, 8);
     if (!store_reader_done(r) || op < STORE_OP_GET || op > STORE_OP_DELETE) {
-        store_client_drop(s, c, "malformed request (operation %d)", op);
+        store_conn_drop(s, c, "malformed request (operation %d)", op);
         return;
     }
     long at = store_find(s, key);
@@ -277,7 +277,7 @@ static inline void store_handle_keyed(store_server_t *s, store_client *c, int op
     } else if (op == STORE_OP_ADD) {
         store_handle_add(s, c, key, (int64_t)number);
     } else if (op == STORE_OP_CHECK) {
-        store_client_reply(c, STORE_OK, &flag, 1);
+        store_conn_reply(c, STORE_OK, &flag, 1);
     } else {  // DELETE
         if (at >= 0) {
             s->total_bytes -= s->entries[at].len;
@@ -285,23 +285,23 @@ static inline void store_handle_keyed(store_server_t *s, store_client *c, int op
             free(s->entries[at].value);
             s->entries[at] = s->entries[--s->nentries];
         }
-        store_client_reply(c, STORE_OK, &flag, 1);
+        store_conn_reply(c, STORE_OK, &flag, 1);
     }
 }
 
-static inline void store_handle_request(store_server_t *s, store_client *c, const uint8_t *body,
+static inline void store_handle_request(store_server_t *s, store_conn_t *c, const uint8_t *body,
                                         size_t n) {
-    store_reader r = {body, n, true};
+    store_reader_t r = {body, n, true};
     int op = (int)store_take_uint(&r, 1);
     if (!c->greeted) {
         if (op == STORE_OP_HELLO) store_handle_hello(s, c, &r);
-        else store_client_drop(s, c, "the first message was not a hello (not a store client?)");
+        else store_conn_drop(s, c, "the first message was not a hello (not a store client?)");
         return;
     }
     size_t key_len = store_take_uint(&r, 2);
     const uint8_t *raw = store_take_bytes(&r, key_len);
     if (!r.ok || key_len == 0 || key_len > STORE_MAX_KEY || memchr(raw, 0, key_len)) {
-        store_client_drop(s, c, "malformed key in request (operation %d)", op);
+        store_conn_drop(s, c, "malformed key in request (operation %d)", op);
         return;
     }
     char key[STORE_MAX_KEY + 1];
@@ -311,7 +311,7 @@ static inline void store_handle_request(store_server_t *s, store_client *c, cons
 }
 
 // Handle every whole frame received, unless the client is parked on a wait.
-static inline void store_serve_frames(store_server_t *s, store_client *c) {
+static inline void store_serve_frames(store_server_t *s, store_conn_t *c) {
     size_t used = 0;
     while (!c->dead && !c->closing && !c->wait_op && c->in.len - used >= 4) {
         uint32_t n = store_read_u32(c->in.data + used);
@@ -319,8 +319,8 @@ static inline void store_serve_frames(store_server_t *s, store_client *c) {
         // cannot make the store hold a megabyte per connection.
         uint32_t limit = c->greeted ? STORE_MAX_FRAME : STORE_MAX_HELLO;
         if (n == 0 || n > limit) {
-            store_client_drop(s, c, "a frame of %u bytes (limit %u): not a store client?", n,
-                              limit);
+            store_conn_drop(s, c, "a frame of %u bytes (limit %u): not a store client?", n,
+                            limit);
             break;
         }
         if (c->in.len - used < 4 + (size_t)n) break;
@@ -333,7 +333,7 @@ static inline void store_serve_frames(store_server_t *s, store_client *c) {
     }
 }
 
-static inline void store_client_read(store_server_t *s, store_client *c) {
+static inline void store_conn_read(store_server_t *s, store_conn_t *c) {
     uint8_t chunk[65536];
     size_t room = 4 + (size_t)STORE_MAX_FRAME - c->in.len;
     if (room == 0) return;   // a parked client sent ahead; read on once it is answered
@@ -348,7 +348,7 @@ static inline void store_client_read(store_server_t *s, store_client *c) {
     if (c->in.len >= 4 && !c->wait_op) store_serve_frames(s, c);
 }
 
-static inline void store_client_flush(store_client *c) {
+static inline void store_conn_flush(store_conn_t *c) {
     while (c->out_sent < c->out.len) {
         ssize_t n = send(c->fd, c->out.data + c->out_sent, c->out.len - c->out_sent,
                          MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -363,7 +363,7 @@ static inline void store_client_flush(store_client *c) {
     if (c->closing) c->dead = true;
 }
 
-static inline void store_client_free(store_client *c) {
+static inline void store_conn_free(store_conn_t *c) {
     if (c->fd >= 0) close(c->fd);
     store_bytes_free(&c->in);
     store_bytes_free(&c->out);
@@ -392,7 +392,7 @@ static inline void store_server_add_client(store_server_t *s, int fd,
         s->clients = realloc(s->clients, s->cap_clients * sizeof *s->clients);
         if (!s->clients) die("out of memory in the rendezvous store");
     }
-    store_client *c = &s->clients[s->nclients++];
+    store_conn_t *c = &s->clients[s->nclients++];
     memset(c, 0, sizeof *c);
     c->fd = fd;
     c->deadline = store_clock() + STORE_HELLO_GRACE_S;
@@ -402,10 +402,10 @@ static inline void store_server_add_client(store_server_t *s, int fd,
 }
 
 // The connection that has waited longest without saying hello, or NULL.
-static inline store_client *store_oldest_stranger(store_server_t *s) {
-    store_client *oldest = NULL;
+static inline store_conn_t *store_oldest_stranger(store_server_t *s) {
+    store_conn_t *oldest = NULL;
     for (size_t i = 0; i < s->nclients; i++) {
-        store_client *c = &s->clients[i];
+        store_conn_t *c = &s->clients[i];
         if (c->greeted || c->closing || c->dead) continue;
         if (!oldest || c->deadline < oldest->deadline) oldest = c;  // same grace: earliest deadline = oldest
     }
@@ -415,9 +415,9 @@ static inline store_client *store_oldest_stranger(store_server_t *s) {
 // Makes room for a new connection by closing the oldest stranger at once
 // (its slot goes at the end of the round). False when there is none.
 static inline bool store_evict_stranger(store_server_t *s, const char *why) {
-    store_client *c = store_oldest_stranger(s);
+    store_conn_t *c = store_oldest_stranger(s);
     if (!c) return false;
-    store_client_drop(s, c, "%s; it had not said hello", why);
+    store_conn_drop(s, c, "%s; it had not said hello", why);
     close(c->fd);
     c->fd = -1;
     return true;
@@ -453,15 +453,15 @@ static inline void store_server_accept(store_server_t *s) {
 static inline void store_server_expire(store_server_t *s) {
     double now = store_clock();
     for (size_t i = 0; i < s->nclients; i++) {
-        store_client *c = &s->clients[i];
+        store_conn_t *c = &s->clients[i];
         if (c->dead || now < c->deadline) continue;
         if (c->wait_op) {
-            store_client_reply(c, STORE_TIMEOUT, NULL, 0);
+            store_conn_reply(c, STORE_TIMEOUT, NULL, 0);
             free(c->wait_key);
             c->wait_key = NULL;
             c->wait_op = 0;
         } else if (!c->greeted) {
-            store_client_drop(s, c, "no hello within %.0f s", STORE_HELLO_GRACE_S);
+            store_conn_drop(s, c, "no hello within %.0f s", STORE_HELLO_GRACE_S);
         }
     }
 }
@@ -469,7 +469,7 @@ static inline void store_server_expire(store_server_t *s) {
 static inline void store_server_reap(store_server_t *s) {
     for (size_t i = 0; i < s->nclients;) {
         if (s->clients[i].dead) {
-            store_client_free(&s->clients[i]);
+            store_conn_free(&s->clients[i]);
             s->clients[i] = s->clients[--s->nclients];
         } else {
             i++;
@@ -489,7 +489,7 @@ static inline size_t store_server_fill_pollfds(store_server_t *s) {
     s->pfds[0] = (struct pollfd){s->wake[0], POLLIN, 0};
     s->pfds[1] = (struct pollfd){listen_now ? s->listen_fd : -1, POLLIN, 0};
     for (size_t i = 0; i < s->nclients; i++) {
-        const store_client *c = &s->clients[i];
+        const store_conn_t *c = &s->clients[i];
         short events = c->in.len < 4 + (size_t)STORE_MAX_FRAME ? POLLIN : 0;
         if (c->out_sent < c->out.len) events |= POLLOUT;
         s->pfds[2 + i] = (struct pollfd){c->fd, events, 0};
@@ -500,7 +500,7 @@ static inline size_t store_server_fill_pollfds(store_server_t *s) {
 static inline int store_server_poll_ms(const store_server_t *s) {
     double next = store_clock() + 1.0;   // wake at least every second
     for (size_t i = 0; i < s->nclients; i++) {
-        const store_client *c = &s->clients[i];
+        const store_conn_t *c = &s->clients[i];
         if ((c->wait_op || !c->greeted) && c->deadline < next) next = c->deadline;
     }
     if (s->accept_paused_until > store_clock() && s->accept_paused_until < next)
@@ -511,13 +511,13 @@ static inline int store_server_poll_ms(const store_server_t *s) {
 static inline void store_server_round(store_server_t *s, size_t npfds) {
     if (s->pfds[1].revents & POLLIN) store_server_accept(s);
     for (size_t i = 2; i < npfds; i++) {
-        store_client *c = &s->clients[i - 2];
-        if (s->pfds[i].revents & (POLLIN | POLLHUP | POLLERR)) store_client_read(s, c);
+        store_conn_t *c = &s->clients[i - 2];
+        if (s->pfds[i].revents & (POLLIN | POLLHUP | POLLERR)) store_conn_read(s, c);
     }
     store_server_expire(s);
     for (size_t i = 0; i < s->nclients; i++) store_serve_frames(s, &s->clients[i]);
     for (size_t i = 0; i < s->nclients; i++)
-        if (!s->clients[i].dead) store_client_flush(&s->clients[i]);
+        if (!s->clients[i].dead) store_conn_flush(&s->clients[i]);
     store_server_reap(s);
 }
 
@@ -665,7 +665,7 @@ static inline void store_server_stop(store_server_t *s) {
     pthread_mutex_unlock(&s->lock);
     store_server_wake(s);
     pthread_join(s->thread, NULL);
-    for (size_t i = 0; i < s->nclients; i++) store_client_free(&s->clients[i]);
+    for (size_t i = 0; i < s->nclients; i++) store_conn_free(&s->clients[i]);
     for (size_t i = 0; i < s->nentries; i++) {
         free(s->entries[i].key);
         free(s->entries[i].value);

@@ -101,9 +101,9 @@ static inline double course_timeout_default(void) {
 typedef struct {
     uint8_t *data;
     size_t len, cap;
-} store_bytes;
+} store_bytes_t;
 
-static inline void store_bytes_put(store_bytes *b, const void *src, size_t n) {
+static inline void store_bytes_put(store_bytes_t *b, const void *src, size_t n) {
     if (b->len + n > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->len + n) cap *= 2;
@@ -116,19 +116,19 @@ static inline void store_bytes_put(store_bytes *b, const void *src, size_t n) {
     b->len += n;
 }
 
-static inline void store_bytes_free(store_bytes *b) {
+static inline void store_bytes_free(store_bytes_t *b) {
     free(b->data);
     memset(b, 0, sizeof *b);
 }
 
 // Append an unsigned integer of `bytes` bytes, big-endian.
-static inline void store_put_uint(store_bytes *b, uint64_t v, int bytes) {
+static inline void store_put_uint(store_bytes_t *b, uint64_t v, int bytes) {
     uint8_t raw[8];
     for (int i = bytes - 1; i >= 0; i--, v >>= 8) raw[i] = (uint8_t)(v & 0xff);
     store_bytes_put(b, raw, (size_t)bytes);
 }
 
-static inline void store_put_key(store_bytes *b, const char *key) {
+static inline void store_put_key(store_bytes_t *b, const char *key) {
     size_t n = strlen(key);
     store_put_uint(b, n, 2);
     store_bytes_put(b, key, n);
@@ -139,9 +139,9 @@ typedef struct {
     const uint8_t *p;
     size_t left;
     bool ok;
-} store_reader;
+} store_reader_t;
 
-static inline uint64_t store_take_uint(store_reader *r, int bytes) {
+static inline uint64_t store_take_uint(store_reader_t *r, int bytes) {
     if (!r->ok || r->left < (size_t)bytes) {
         r->ok = false;
         return 0;
@@ -153,7 +153,7 @@ static inline uint64_t store_take_uint(store_reader *r, int bytes) {
     return v;
 }
 
-static inline const uint8_t *store_take_bytes(store_reader *r, size_t n) {
+static inline const uint8_t *store_take_bytes(store_reader_t *r, size_t n) {
     if (!r->ok || r->left < n) {
         r->ok = false;
         return NULL;
@@ -165,7 +165,7 @@ static inline const uint8_t *store_take_bytes(store_reader *r, size_t n) {
 }
 
 // Well formed and nothing left over.
-static inline bool store_reader_done(const store_reader *r) { return r->ok && r->left == 0; }
+static inline bool store_reader_done(const store_reader_t *r) { return r->ok && r->left == 0; }
 
 static inline uint32_t store_read_u32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
