@@ -3,7 +3,7 @@
 // It does, in order, what torch.distributed.init_process_group hides:
 //   1. read our place in the job from the launcher's variables (launch_env.h)
 //   2. choose the device: GPU LOCAL_RANK % GPUs, or the CPU (device.h)
-//   3. meet the other ranks through the rendezvous store (store.h)
+//   3. meet the other ranks through the rendezvous store (rendezvous.h)
 //   4. build the process group for the backend (pg.h): nccl or cpu
 // A program started by hand, without a launcher, is a job of one rank.
 #ifndef COURSE_DIST_H
