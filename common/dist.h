@@ -3,7 +3,7 @@
 // It does, in order, what torch.distributed.init_process_group hides:
 //   1. read our place in the job from the launcher's variables (launch_env.h)
 //   2. choose the device: GPU LOCAL_RANK % GPUs, or the CPU (device.h)
-//   3. meet the other ranks through the rendezvous store (store.h)
+//   3. meet the other ranks through the rendezvous store (rendezvous.h)
 //   4. build the process group for the backend (pg.h): nccl or cpu
 // A program started by hand, without a launcher, is a job of one rank.
 #ifndef COURSE_DIST_H
@@ -14,7 +14,7 @@
 #include "device.h"
 #include "launch_env.h"
 #include "pg.h"
-#include "store.h"
+#include "rendezvous.h"
 #include "versions.h"
 
 typedef struct {
@@ -48,7 +48,7 @@ static inline void dist_init(dist_t *d, const dist_options *opt) {
     course_set_rank(d->world_size > 1 ? d->rank : -1);
     // Same course, CUDA and NCCL on every rank, or stop now with a table (versions.h).
     versions_check(&d->rdzv, d->env.group_rank);
-    pg_config cfg = {
+    pg_config_t cfg = {
         .rank = d->rank,
         .world_size = d->world_size,
         .local_rank = d->env.local_rank,

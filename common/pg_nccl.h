@@ -1,6 +1,7 @@
 // pg_nccl.h - the nccl backend of pg.h: NCCL on GPU buffers, one rank per GPU.
 //
-// Included by pg.h after its types, and compiled only in the CUDA build.
+// Included by pg.h (it needs only pg_types.h), and compiled only in the
+// CUDA build.
 // NCCL does the real work; this file adds what a course needs around it:
 //
 //   - start-up as the NCCL guide prescribes: cudaSetDevice first, then rank 0
@@ -29,9 +30,7 @@
 #ifndef COURSE_PG_NCCL_H
 #define COURSE_PG_NCCL_H
 
-#ifndef COURSE_PG_H
-#error "include pg.h, not pg_nccl.h: the nccl backend needs pg.h's types"
-#endif
+#include "pg_types.h"
 
 #ifdef COURSE_CUDA
 
@@ -44,14 +43,14 @@
 #error "pg_nccl.h needs NCCL 2.14 or newer (non-blocking communicators); install a newer NCCL or build with make CUDA=0"
 #endif
 
-typedef struct nccl_req {
+typedef struct nccl_req_t {
     cudaEvent_t done;          // recorded on the stream after the operation
     bool is_send;
     void *buf;
     size_t count;
     dtype_t dtype;
     int peer;
-} nccl_req;
+} nccl_req_t;
 
 typedef struct {
     ncclComm_t comm;
@@ -59,17 +58,17 @@ typedef struct {
     int rank, world, gpu;
     double timeout_s;
     const char *op;            // the operation in progress, for messages
-    nccl_req **pending;        // isend/irecv not launched yet
+    nccl_req_t **pending;        // isend/irecv not launched yet
     int pending_count, pending_cap;
     int *scratch;              // one int on the GPU, for the barrier
-} nccl_pg;
+} nccl_pg_t;
 
 // ---------------------------------------------------------------- errors and waiting
 
 // Abort the communicator (this also frees any collective stuck inside NCCL)
 // and stop with a message naming the operation.
 __attribute__((format(printf, 2, 3), noreturn))
-static inline void nccl_fail(nccl_pg *pg, const char *fmt, ...) {
+static inline void nccl_fail(nccl_pg_t *pg, const char *fmt, ...) {
     char text[600];
     va_list args;
     va_start(args, fmt);
@@ -86,7 +85,7 @@ static inline void nccl_pause(void) {
 
 // Dies if NCCL reports an asynchronous error, e.g. ncclRemoteError when a
 // peer died.
-static inline void nccl_poll_error(nccl_pg *pg) {
+static inline void nccl_poll_error(nccl_pg_t *pg) {
     ncclResult_t state;
     ncclResult_t res = ncclCommGetAsyncError(pg->comm, &state);
     if (res != ncclSuccess) state = res;
@@ -98,7 +97,7 @@ static inline void nccl_poll_error(nccl_pg *pg) {
 // A non-blocking communicator may answer ncclInProgress: the call is still
 // being carried out, and nothing else may be asked of the communicator until
 // ncclCommGetAsyncError says it has finished.
-static inline void nccl_check(nccl_pg *pg, ncclResult_t res, const char *call) {
+static inline void nccl_check(nccl_pg_t *pg, ncclResult_t res, const char *call) {
     double deadline = now_seconds() + pg->timeout_s;
     while (res == ncclInProgress) {
         if (now_seconds() > deadline)
@@ -115,7 +114,7 @@ static inline void nccl_check(nccl_pg *pg, ncclResult_t res, const char *call) {
 
 // Wait for an event (or, with NULL, for all the work on our stream), polling
 // for errors and the deadline, as nccl-tests does.
-static inline void nccl_wait(nccl_pg *pg, cudaEvent_t event) {
+static inline void nccl_wait(nccl_pg_t *pg, cudaEvent_t event) {
     double start = now_seconds();
     for (;;) {
         cudaError_t q = event ? cudaEventQuery(event) : cudaStreamQuery(pg->stream);
@@ -131,21 +130,19 @@ static inline void nccl_wait(nccl_pg *pg, cudaEvent_t event) {
 
 // ---------------------------------------------------------------- create and destroy
 
-static inline ncclUniqueId nccl_share_id(nccl_pg *pg, store_t *st, int generation) {
+static inline ncclUniqueId nccl_share_id(nccl_pg_t *pg, store_t *st, int generation) {
     ncclUniqueId id;
     char key[64];
     snprintf(key, sizeof key, "pg%d/nccl_id", generation);
-    if (pg->rank == 0) {
-        CHECK_NCCL(ncclGetUniqueId(&id));
-        if (pg->world > 1) store_set(st, key, &id, sizeof id);
-    } else if (store_get(st, key, &id, sizeof id, pg->timeout_s) != sizeof id) {
+    if (pg->rank == 0) CHECK_NCCL(ncclGetUniqueId(&id));
+    if (pg->world > 1 &&
+        store_broadcast(st, key, pg->rank, &id, sizeof id, sizeof id, pg->timeout_s) != sizeof id)
         die("the store holds a malformed NCCL unique id under '%s'", key);
-    }
     return id;
 }
 
-static inline nccl_pg *nccl_create(const pg_config *cfg, double timeout_s, int generation) {
-    nccl_pg *pg = xcalloc(1, sizeof *pg);
+static inline nccl_pg_t *nccl_create(const pg_config_t *cfg, double timeout_s, int generation) {
+    nccl_pg_t *pg = xcalloc(1, sizeof *pg);
     pg->rank = cfg->rank;
     pg->world = cfg->world_size;
     pg->gpu = cfg->device->gpu;
@@ -167,9 +164,9 @@ static inline nccl_pg *nccl_create(const pg_config *cfg, double timeout_s, int g
     return pg;
 }
 
-static inline void nccl_flush(nccl_pg *pg);
+static inline void nccl_flush(nccl_pg_t *pg);
 
-static inline void nccl_destroy(nccl_pg *pg) {
+static inline void nccl_destroy(nccl_pg_t *pg) {
     pg->op = "pg_destroy";
     nccl_flush(pg);
     nccl_wait(pg, NULL);
@@ -211,10 +208,10 @@ static inline ncclRedOp_t nccl_op(redop_t op) {
 
 // ---------------------------------------------------------------- point-to-point
 
-static inline nccl_req *nccl_post(nccl_pg *pg, bool is_send, const void *buf, size_t count,
-                                  dtype_t t, int peer) {
-    nccl_req *r = xcalloc(1, sizeof *r);
-    *r = (nccl_req){.is_send = is_send, .buf = (void *)buf, .count = count, .dtype = t,
+static inline nccl_req_t *nccl_post(nccl_pg_t *pg, bool is_send, const void *buf, size_t count,
+                                    dtype_t t, int peer) {
+    nccl_req_t *r = xcalloc(1, sizeof *r);
+    *r = (nccl_req_t){.is_send = is_send, .buf = (void *)buf, .count = count, .dtype = t,
                     .peer = peer};
     CHECK_CUDA(cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming));
     if (count == 0) {   // nothing to move: done once the stream gets here
@@ -232,13 +229,13 @@ static inline nccl_req *nccl_post(nccl_pg *pg, bool is_send, const void *buf, si
 
 // Launch the queued isend/irecv as one group, then mark each request's end
 // on the stream.
-static inline void nccl_flush(nccl_pg *pg) {
+static inline void nccl_flush(nccl_pg_t *pg) {
     if (pg->pending_count == 0) return;
     const char *op = pg->op;
     pg->op = "send/recv";
     nccl_check(pg, ncclGroupStart(), "ncclGroupStart");
     for (int i = 0; i < pg->pending_count; i++) {
-        nccl_req *r = pg->pending[i];
+        nccl_req_t *r = pg->pending[i];
         ncclDataType_t type = nccl_type(r->dtype);
         if (r->is_send)
             nccl_check(pg, ncclSend(r->buf, r->count, type, r->peer, pg->comm, pg->stream), "ncclSend");
@@ -252,15 +249,16 @@ static inline void nccl_flush(nccl_pg *pg) {
     pg->op = op;
 }
 
-static inline nccl_req *nccl_isend(nccl_pg *pg, const void *buf, size_t count, dtype_t t, int peer) {
+static inline nccl_req_t *nccl_isend(nccl_pg_t *pg, const void *buf, size_t count, dtype_t t,
+                                     int peer) {
     return nccl_post(pg, true, buf, count, t, peer);
 }
 
-static inline nccl_req *nccl_irecv(nccl_pg *pg, void *buf, size_t count, dtype_t t, int peer) {
+static inline nccl_req_t *nccl_irecv(nccl_pg_t *pg, void *buf, size_t count, dtype_t t, int peer) {
     return nccl_post(pg, false, buf, count, t, peer);
 }
 
-static inline bool nccl_test(nccl_pg *pg, nccl_req *r) {
+static inline bool nccl_test(nccl_pg_t *pg, nccl_req_t *r) {
     pg->op = "send/recv";
     nccl_flush(pg);
     cudaError_t q = cudaEventQuery(r->done);
@@ -270,7 +268,7 @@ static inline bool nccl_test(nccl_pg *pg, nccl_req *r) {
     return false;
 }
 
-static inline void nccl_wait_request(nccl_pg *pg, nccl_req *r) {
+static inline void nccl_wait_request(nccl_pg_t *pg, nccl_req_t *r) {
     pg->op = "send/recv";
     nccl_flush(pg);
     nccl_wait(pg, r->done);
@@ -282,18 +280,18 @@ static inline void nccl_wait_request(nccl_pg *pg, nccl_req *r) {
 
 // Every collective starts by launching queued point-to-point work, so that
 // operations reach NCCL in the order the program called them.
-static inline void nccl_begin(nccl_pg *pg, const char *op) {
+static inline void nccl_begin(nccl_pg_t *pg, const char *op) {
     nccl_flush(pg);
     pg->op = op;
 }
 
-static inline void nccl_copy(nccl_pg *pg, void *dst, const void *src, size_t bytes) {
+static inline void nccl_copy(nccl_pg_t *pg, void *dst, const void *src, size_t bytes) {
     if (dst != src)
         CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, pg->stream));
 }
 
 // For BAND/BOR/BXOR: every rank's `count` elements, side by side, on the host.
-static inline char *nccl_gather_to_host(nccl_pg *pg, const void *send, size_t count, dtype_t t) {
+static inline char *nccl_gather_to_host(nccl_pg_t *pg, const void *send, size_t count, dtype_t t) {
     size_t all = count * dtype_size(t) * (size_t)pg->world;
     void *gathered;
     CHECK_CUDA(cudaMalloc(&gathered, all));
@@ -308,7 +306,7 @@ static inline char *nccl_gather_to_host(nccl_pg *pg, const void *send, size_t co
 
 // dst (on the GPU) = part 0 OP part 1 OP ... in rank order; part p of the
 // gathered inputs starts at first + p * stride bytes.
-static inline void nccl_combine_on_host(nccl_pg *pg, const char *first, size_t stride,
+static inline void nccl_combine_on_host(nccl_pg_t *pg, const char *first, size_t stride,
                                         size_t count, dtype_t t, redop_t op, void *dst) {
     size_t bytes = count * dtype_size(t);
     char *acc = xmalloc(bytes);
@@ -319,14 +317,14 @@ static inline void nccl_combine_on_host(nccl_pg *pg, const char *first, size_t s
     free(acc);
 }
 
-static inline void nccl_broadcast(nccl_pg *pg, void *buf, size_t count, dtype_t t, int root) {
+static inline void nccl_broadcast(nccl_pg_t *pg, void *buf, size_t count, dtype_t t, int root) {
     nccl_begin(pg, "broadcast");
     nccl_check(pg, ncclBroadcast(buf, buf, count, nccl_type(t), root, pg->comm, pg->stream),
                "ncclBroadcast");
     nccl_wait(pg, NULL);
 }
 
-static inline void nccl_reduce(nccl_pg *pg, const void *send, void *recv, size_t count,
+static inline void nccl_reduce(nccl_pg_t *pg, const void *send, void *recv, size_t count,
                                dtype_t t, redop_t op, int root) {
     nccl_begin(pg, "reduce");
     if (redop_is_bitwise(op)) {
@@ -343,7 +341,7 @@ static inline void nccl_reduce(nccl_pg *pg, const void *send, void *recv, size_t
     nccl_wait(pg, NULL);
 }
 
-static inline void nccl_all_reduce(nccl_pg *pg, const void *send, void *recv, size_t count,
+static inline void nccl_all_reduce(nccl_pg_t *pg, const void *send, void *recv, size_t count,
                                    dtype_t t, redop_t op) {
     nccl_begin(pg, "all_reduce");
     if (redop_is_bitwise(op)) {
@@ -357,7 +355,7 @@ static inline void nccl_all_reduce(nccl_pg *pg, const void *send, void *recv, si
     nccl_wait(pg, NULL);
 }
 
-static inline void nccl_reduce_scatter(nccl_pg *pg, const void *send, void *recv, size_t count,
+static inline void nccl_reduce_scatter(nccl_pg_t *pg, const void *send, void *recv, size_t count,
                                        dtype_t t, redop_t op) {
     nccl_begin(pg, "reduce_scatter");
     if (redop_is_bitwise(op)) {
@@ -373,7 +371,7 @@ static inline void nccl_reduce_scatter(nccl_pg *pg, const void *send, void *recv
     nccl_wait(pg, NULL);
 }
 
-static inline void nccl_all_gather(nccl_pg *pg, const void *send, void *recv, size_t count,
+static inline void nccl_all_gather(nccl_pg_t *pg, const void *send, void *recv, size_t count,
                                    dtype_t t) {
     nccl_begin(pg, "all_gather");
     nccl_check(pg, ncclAllGather(send, recv, count, nccl_type(t), pg->comm, pg->stream),
@@ -382,7 +380,7 @@ static inline void nccl_all_gather(nccl_pg *pg, const void *send, void *recv, si
 }
 
 // Gather from grouped point-to-point: the root receives from everyone at once.
-static inline void nccl_gather(nccl_pg *pg, const void *send, void *recv, size_t count,
+static inline void nccl_gather(nccl_pg_t *pg, const void *send, void *recv, size_t count,
                                dtype_t t, int root) {
     nccl_begin(pg, "gather");
     size_t bytes = count * dtype_size(t);
@@ -400,7 +398,7 @@ static inline void nccl_gather(nccl_pg *pg, const void *send, void *recv, size_t
     nccl_wait(pg, NULL);
 }
 
-static inline void nccl_scatter(nccl_pg *pg, const void *send, void *recv, size_t count,
+static inline void nccl_scatter(nccl_pg_t *pg, const void *send, void *recv, size_t count,
                                 dtype_t t, int root) {
     nccl_begin(pg, "scatter");
     size_t bytes = count * dtype_size(t);
@@ -419,7 +417,7 @@ static inline void nccl_scatter(nccl_pg *pg, const void *send, void *recv, size_
 }
 
 // All-to-all from grouped point-to-point; in place works on a copy of send.
-static inline void nccl_all_to_all(nccl_pg *pg, const void *send, void *recv, size_t count,
+static inline void nccl_all_to_all(nccl_pg_t *pg, const void *send, void *recv, size_t count,
                                    dtype_t t) {
     nccl_begin(pg, "all_to_all");
     size_t bytes = count * dtype_size(t), all = bytes * (size_t)pg->world;
@@ -448,20 +446,20 @@ static inline void nccl_all_to_all(nccl_pg *pg, const void *send, void *recv, si
 
 // Queued behind `ready` on our stream (which waits for the event, not for
 // the host); pg_wait_queued waits for it, polling as nccl_wait does.
-static inline void nccl_all_reduce_after(nccl_pg *pg, void *buf, size_t count, dtype_t t, redop_t op,
-                                         cudaEvent_t ready) {
+static inline void nccl_all_reduce_after(nccl_pg_t *pg, void *buf, size_t count, dtype_t t,
+                                         redop_t op, cudaEvent_t ready) {
     nccl_begin(pg, "all_reduce (overlapped)");
     CHECK_CUDA(cudaStreamWaitEvent(pg->stream, ready, 0));
     nccl_check(pg, ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), pg->comm, pg->stream),
                "ncclAllReduce");
 }
 
-static inline void nccl_wait_queued(nccl_pg *pg) {
+static inline void nccl_wait_queued(nccl_pg_t *pg) {
     pg->op = "all_reduce (overlapped)";
     nccl_wait(pg, NULL);
 }
 
-static inline void nccl_barrier(nccl_pg *pg) {
+static inline void nccl_barrier(nccl_pg_t *pg) {
     nccl_begin(pg, "barrier");
     nccl_check(pg, ncclAllReduce(pg->scratch, pg->scratch, 1, ncclInt32, ncclSum, pg->comm,
                                  pg->stream), "ncclAllReduce");

@@ -1,7 +1,7 @@
 // spawn.h - start N ranks of a function as processes, like torch.multiprocessing.spawn.
 //
 // spawn(4, train, &args) turns one program into a 4-rank job on this machine
-// without a launcher: the parent serves the rendezvous store (store.h) on a
+// without a launcher: the parent serves the rendezvous store (store_server.h) on a
 // free loopback port, forks 4 children with RANK, WORLD_SIZE, MASTER_ADDR,
 // MASTER_PORT, ... set as a launcher would, and each child calls
 // train(rank, 4, &args) and exits with its return value. In the child,
@@ -20,6 +20,7 @@
 #ifndef COURSE_SPAWN_H
 #define COURSE_SPAWN_H
 
+#include <inttypes.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -31,7 +32,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "store.h"
+#include "store_server.h"
 
 typedef int (*spawn_fn)(int rank, int world_size, void *arg);
 

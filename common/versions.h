@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "store.h"
+#include "rendezvous.h"
 
 #define COURSE_VERSION "0.1.0"
 
@@ -134,7 +134,7 @@ static inline void versions_print_table(const versions_t *all, int world, int co
     }
 }
 
-// Rank 0: gather, compare, and write the verdict ("ok" or the error line).
+// Rank 0: gather, compare, and give the verdict ("ok" or the error line).
 static inline void versions_judge(store_t *st, int world, double timeout_s, char *verdict,
                                   size_t size) {
     versions_t *all = xcalloc((size_t)world, sizeof *all);
@@ -155,7 +155,6 @@ static inline void versions_judge(store_t *st, int world, double timeout_s, char
                 "while each supports the CUDA runtime\n", all[0].driver, r, all[r].driver);
         break;
     }
-    store_set(st, "versions/verdict", verdict, strlen(verdict));
     free(all);
 }
 
@@ -184,13 +183,11 @@ static inline void versions_check(rendezvous_t *r, int node) {
     if (r->world_size < 2) return;
     versions_t mine = versions_mine(node);
     versions_publish(r->store, r->rank, &mine);
-    char verdict[1024];
-    if (r->rank == 0) {
-        versions_judge(r->store, r->world_size, r->timeout_s, verdict, sizeof verdict);
-    } else {
-        size_t n = store_get(r->store, "versions/verdict", verdict, sizeof verdict - 1, r->timeout_s);
-        verdict[n] = '\0';
-    }
+    char verdict[1024] = "";
+    if (r->rank == 0) versions_judge(r->store, r->world_size, r->timeout_s, verdict, sizeof verdict);
+    size_t n = store_broadcast(r->store, "versions/verdict", r->rank, verdict, strlen(verdict),
+                               sizeof verdict - 1, r->timeout_s);
+    verdict[n] = '\0';
     if (strcmp(verdict, "ok")) versions_refuse(r, verdict);
 }
 

@@ -24,7 +24,7 @@
 #include <sys/socket.h>
 
 #include "fuzz.h"
-#include "store.h"
+#include "store_server.h"
 
 #define TOKEN "job-token-of-the-fuzzed-store"
 enum { SLOTS = 4 };
@@ -32,8 +32,8 @@ enum { SLOTS = 4 };
 typedef struct {
     int peer;            // our end of the socket pair; -1: not connected
     int server_fd;       // the server's end, which the server closes
-    store_bytes replies; // bytes received, not yet a whole reply
-    store_bytes tail;    // the last bytes sent, where a token may have begun
+    store_bytes_t replies; // bytes received, not yet a whole reply
+    store_bytes_t tail;    // the last bytes sent, where a token may have begun
     bool token_sent;     // the job's token went out on this connection
 } slot;
 
@@ -49,7 +49,7 @@ static store_server_t *new_server(void) {
 }
 
 static void free_server(store_server_t *s) {
-    for (size_t i = 0; i < s->nclients; i++) store_client_free(&s->clients[i]);
+    for (size_t i = 0; i < s->nclients; i++) store_conn_free(&s->clients[i]);
     for (size_t i = 0; i < s->nentries; i++) {
         free(s->entries[i].key);
         free(s->entries[i].value);
@@ -60,7 +60,7 @@ static void free_server(store_server_t *s) {
     free(s);
 }
 
-static store_client *client_of(store_server_t *s, const slot *k) {
+static store_conn_t *client_of(store_server_t *s, const slot *k) {
     for (size_t i = 0; i < s->nclients; i++)
         if (s->clients[i].fd == k->server_fd) return &s->clients[i];
     return NULL;
@@ -100,7 +100,7 @@ static void send_bytes(slot *k, const void *data, size_t n) {
 }
 
 static void send_hello(slot *k) {
-    store_bytes body = {0}, frame = {0};
+    store_bytes_t body = {0}, frame = {0};
     store_put_uint(&body, STORE_OP_HELLO, 1);
     store_put_uint(&body, STORE_MAGIC, 4);
     store_put_uint(&body, STORE_VERSION, 2);
@@ -154,7 +154,7 @@ static void check_server(const store_server_t *s, bool token_seen) {
     fuzz_check(total == s->total_bytes, "store: total_bytes differs from the bytes held");
     fuzz_check(token_seen || s->nentries == 0, "store: a key was written by clients that never sent the job's token");
     for (size_t i = 0; i < s->nclients; i++) {
-        const store_client *c = &s->clients[i];
+        const store_conn_t *c = &s->clients[i];
         fuzz_check(c->in.len <= 4 + (size_t)STORE_MAX_FRAME, "store: a client's input grew past one frame");
         if (!c->greeted && !c->closing)
             fuzz_check(c->in.len < 4 + (size_t)STORE_MAX_HELLO, "store: a stranger holds more than a hello's worth of bytes");

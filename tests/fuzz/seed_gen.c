@@ -7,7 +7,7 @@
 #include "fuzz_wikitext.h"
 #include "gpt.h"
 #include "snapshot.h"
-#include "store.h"
+#include "store_wire.h"
 
 static const char *out_dir;
 
@@ -103,8 +103,8 @@ static void flags_seeds(void) {
 }
 
 // Store scripts: see fuzz_store.c for the step encoding.
-static void seed_send(store_bytes *script, int client, const store_bytes *frame_body) {
-    store_bytes frame = {0};
+static void seed_send(store_bytes_t *script, int client, const store_bytes_t *frame_body) {
+    store_bytes_t frame = {0};
     store_put_uint(&frame, frame_body->len, 4);
     store_bytes_put(&frame, frame_body->data, frame_body->len);
     if (frame.len > 255) die("seed frame too long");
@@ -114,8 +114,9 @@ static void seed_send(store_bytes *script, int client, const store_bytes *frame_
     store_bytes_free(&frame);
 }
 
-static void seed_request(store_bytes *script, int client, int op, const char *key, const void *extra, size_t n) {
-    store_bytes body = {0};
+static void seed_request(store_bytes_t *script, int client, int op, const char *key,
+                         const void *extra, size_t n) {
+    store_bytes_t body = {0};
     store_put_uint(&body, (uint64_t)op, 1);
     store_put_key(&body, key);
     store_bytes_put(&body, extra, n);
@@ -124,7 +125,7 @@ static void seed_request(store_bytes *script, int client, int op, const char *ke
 }
 
 static void store_seeds(void) {
-    store_bytes s = {0};
+    store_bytes_t s = {0};
     store_put_uint(&s, 4 << 2 | 0, 1); // client 0: a correct hello
     store_put_uint(&s, 4 << 2 | 1, 1); // client 1 too
     seed_request(&s, 1, STORE_OP_GET, "k", "\0\0\x27\x10", 4);            // parks: waits 10 s for k
@@ -137,7 +138,7 @@ static void store_seeds(void) {
     store_put_uint(&s, 5 << 2 | 0, 1);                                     // client 0 hangs up
     put("store", "seed-session", s.data, s.len);
     s.len = 0;
-    store_bytes hello = {0};
+    store_bytes_t hello = {0};
     store_put_uint(&hello, STORE_OP_HELLO, 1);
     store_put_uint(&hello, STORE_MAGIC, 4);
     store_put_uint(&hello, STORE_VERSION, 2);

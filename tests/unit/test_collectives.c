@@ -30,6 +30,7 @@
 #include "ddp.h"
 #include "flags.h"
 #include "pg.h"
+#include "rendezvous.h"
 #include "spawn.h"
 #include "test.h"
 
@@ -478,7 +479,7 @@ static int worker(int rank, int world, void *arg) {
     const options *o = arg;
     rendezvous_t rdzv = rendezvous("env://", -1, -1, 0);
     device_t dev = device_choose(o->device, rank);
-    pg_config cfg = {.rank = rank, .world_size = world, .local_rank = rank,
+    pg_config_t cfg = {.rank = rank, .world_size = world, .local_rank = rank,
                      .local_world_size = world, .backend = backend_parse(o->backend),
                      .device = &dev, .store = rdzv.store, .timeout_s = 0};
     ctx_t c = {.pg = pg_create(&cfg), .dev = &dev, .rdzv = &rdzv, .rank = rank, .world = world};

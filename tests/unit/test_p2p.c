@@ -21,6 +21,7 @@
 
 #include "flags.h"
 #include "pg.h"
+#include "rendezvous.h"
 #include "spawn.h"
 #include "test.h"
 
@@ -40,7 +41,7 @@ static void job_start(job *j, int rank, int world, const options *o) {
     j->world = world;
     j->rdzv = rendezvous("env://", -1, -1, 0);
     j->dev = device_choose(o->device, rank);
-    pg_config cfg = {.rank = rank, .world_size = world, .local_rank = rank,
+    pg_config_t cfg = {.rank = rank, .world_size = world, .local_rank = rank,
                      .local_world_size = world, .backend = backend_parse(o->backend),
                      .device = &j->dev, .store = j->rdzv.store, .timeout_s = 0};
     j->pg = pg_create(&cfg);
@@ -204,7 +205,7 @@ static int run_reinit(int rank, int world, void *arg) {
     device_t dev = device_choose(((const options *)arg)->device, rank);
     bool ok = true;
     for (int round = 0; round < 2; round++) {
-        pg_config cfg = {.rank = rank, .world_size = world, .local_rank = rank,
+        pg_config_t cfg = {.rank = rank, .world_size = world, .local_rank = rank,
                          .local_world_size = world,
                          .backend = backend_parse(((const options *)arg)->backend),
                          .device = &dev, .store = rdzv.store, .timeout_s = 0};

@@ -12,7 +12,7 @@
 
 #include "flags.h"
 #include "spawn.h"
-#include "store.h"
+#include "rendezvous.h"
 
 typedef struct {
     const char *mode;

@@ -394,7 +394,7 @@ static int raw_hello(int p, const char *token) {
     char why[256];
     int fd = store_dial("127.0.0.1", p, store_clock() + 5, why, sizeof why);
     if (fd < 0) return -1;
-    store_bytes req = {0};
+    store_bytes_t req = {0};
     store_put_uint(&req, STORE_OP_HELLO, 1);
     store_put_uint(&req, STORE_MAGIC, 4);
     store_put_uint(&req, STORE_VERSION, 2);
@@ -410,7 +410,7 @@ static int raw_hello(int p, const char *token) {
 static void pipelined_set(int p, const char *token, const char *key) {
     int fd = raw_hello(p, token);
     if (fd < 0) return;
-    store_bytes req = {0};
+    store_bytes_t req = {0};
     store_put_uint(&req, STORE_OP_SET, 1);
     store_put_key(&req, key);
     store_put_uint(&req, 3, 4);
@@ -595,7 +595,7 @@ static void test_teardown(void) {
     store_server_t *s = store_server_start("127.0.0.1", 0, NULL);
     int p = store_server_port(s);
     store_t *waiter = store_connect("127.0.0.1", p, NULL, 5);
-    store_bytes req = {0};
+    store_bytes_t req = {0};
     store_put_uint(&req, STORE_OP_WAIT, 1);
     store_put_key(&req, "never-set");
     store_put_uint(&req, 60000, 4);

@@ -5,7 +5,7 @@
 // barrier, adds rank+1 to a shared counter, and checks the total.
 // --rounds 2 repeats the whole rendezvous in the same process (teardown test).
 #include "flags.h"
-#include "store.h"
+#include "rendezvous.h"
 
 static int run_round(const char *init_method, int rank, int world, double timeout, int round) {
     rendezvous_t r = rendezvous(init_method, rank, world, timeout);
