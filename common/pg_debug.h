@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "store.h"
+#include "store_client.h"
 
 typedef enum { PG_DEBUG_OFF, PG_DEBUG_INFO, PG_DEBUG_DETAIL } pg_debug_level;
 
