@@ -12,7 +12,9 @@ if [[ $status -eq 0 ]] && grep -q 'rank 0 has 3, rank 1 has 2$' "$TMP/silent"; t
     pass "pg_debug: the planted mismatch passes silently without COURSE_DEBUG (rank 0 has 3, rank 1 has 2)"
 else fail "pg_debug: the planted mismatch passes silently without COURSE_DEBUG" "status $status: $(tail -n 3 "$TMP/silent" | tr '\n' '|')"; fi
 
-# DETAIL names both calls on every rank, and the job fails fast.
+# DETAIL names both calls, and the job stops fast: the first rank to see the
+# difference stops, and the launcher (spawn) stops the others, which may or
+# may not have printed the same line by then.
 for ranks in 2 4; do
     start=$(date +%s.%N)
     COURSE_DEBUG=DETAIL run_capture 60 "$TMP/detail$ranks" "$bin" --nprocs $ranks --device cpu --mismatch; status=$?
@@ -20,7 +22,7 @@ for ranks in 2 4; do
     want='collective #0 differs across ranks: rank [0-9] called all_reduce\(1000 x f32, (sum|max)\), rank [0-9] called all_reduce\(1000 x f32, (sum|max)\)'
     told=$(grep -Ec "^\[rank [0-9]+\] error: COURSE_DEBUG=DETAIL: $want" "$TMP/detail$ranks")
     named=$(grep -Ec "rank 1 called all_reduce\(1000 x f32, max\)" "$TMP/detail$ranks")
-    if [[ $status -ne 0 && $told -ge 2 && $named -ge 2 ]] && ! grep -q 'has 3' "$TMP/detail$ranks" && near "$took" 0 20; then
+    if [[ $status -ne 0 && $told -ge 1 && $named -ge 1 ]] && ! grep -q 'has 3' "$TMP/detail$ranks" && near "$took" 0 20; then
         pass "pg_debug: DETAIL stops $ranks ranks before the mismatched all_reduce, naming rank 1's max ($told ranks said so, ${took} s)"
     else fail "pg_debug: DETAIL stops $ranks ranks at the mismatch" "status $status, $told lines, $named name rank 1, ${took} s: $(tail -n 4 "$TMP/detail$ranks" | tr '\n' '|')"; fi
 done

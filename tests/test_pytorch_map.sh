@@ -13,7 +13,7 @@ missing="" named=0
 for readme in README.md [0-9][0-9]_*/README.md; do
     while IFS= read -r name; do
         named=$((named + 1))
-        grep -Eq "(^|[^a-z_])$name *\(" $sources || grep -Eq "^#define $name\b|\b$name[,=]|\b$name }" $sources \
+        grep -Eq "(^|[^a-z_])$name *\(" $sources || grep -Eq "^#define $name\b|\b$name[,=]|\b$name }|^typedef .*\b$name;" $sources \
             || missing+=" $readme:$name"
     done < <(table_rows "$readme" | awk -F'|' '{ print $3 }' | grep -o '`[^`]*`' | tr -d '`' | sed 's/[a-z_/]*\.[ch]\b//g' |
              grep -oE '\b(pg|ddp|dist|sampler|snapshot|launch_env|device|rendezvous|spawn|log|rng|model|linreg)_[a-z_]+|\bspawn\b|\bOP_[A-Z]+' | sort -u)
