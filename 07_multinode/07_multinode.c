@@ -1,9 +1,10 @@
 // 07_multinode.c - Chapter 7: one job, many nodes.
 //
 // The training is chapter 06's (data parallel, snapshots, restarts), the
-// same text; what is new is where the ranks run. A launcher on EACH node starts that node's
-// workers; the launchers meet at node 0 (MASTER_ADDR:MASTER_PORT) and hand
-// out global ranks node by node, so each worker knows three numbers:
+// same text; what is new is where the ranks run. A launcher on EACH node
+// starts that node's workers; the launchers meet at node 0
+// (MASTER_ADDR:MASTER_PORT) and hand out global ranks node by node, so each
+// worker knows three numbers:
 //   RANK        its place in the whole job (0 .. WORLD_SIZE-1): data shard, who saves
 //   LOCAL_RANK  its place on its node: which GPU of this node it uses
 //   GROUP_RANK  which node it is on
