@@ -141,7 +141,7 @@ typedef struct {
     bool failure_known;         // the store already says the job failed
     bool replacing;             // this launcher takes the place of one that died
     bool silence_said;          // this barrier has said which node it waits for
-    int64_t *claims_seen;       // launchers that have joined as each node so far
+    int64_t *replaced_seen;     // how often each node's launcher has been replaced so far
     bool gave_up;               // a local failure with no restarts left ends the job
     char reason[2 * TEXT_MAX];  // why the job ends or restarts, for messages
 } job_t;
@@ -1131,6 +1131,10 @@ static void take_over_node(job_t *job) {
             job->node_nproc[me], job->node_nproc[me] == 1 ? "" : "s", job->node_nproc[me]);
     say("node %d's previous launcher has sent no heartbeat for %g s: it is gone, and this "
         "launcher takes its place", me, quiet);
+    // Counted now, not when this launcher claimed the node: the others read
+    // the count once they have all met, which may be after that claim.
+    node_key(key, sizeof key, "replaced", me);
+    store_add(job->store, key, 1);
     job->replacing = true;
 }
 
@@ -1262,7 +1266,7 @@ static void rendezvous_nodes(job_t *job) {
     job->node_host = xcalloc((size_t)nnodes, sizeof *job->node_host);
     job->beat_seen = xcalloc((size_t)nnodes, sizeof *job->beat_seen);
     job->beat_changed = xcalloc((size_t)nnodes, sizeof *job->beat_changed);
-    job->claims_seen = xcalloc((size_t)nnodes, sizeof *job->claims_seen);
+    job->replaced_seen = xcalloc((size_t)nnodes, sizeof *job->replaced_seen);
     serve_and_connect(job);
     // Until now Ctrl-C simply ends the launcher (there are no workers yet);
     // from here on the main loop handles signals.
@@ -1275,8 +1279,8 @@ static void rendezvous_nodes(job_t *job) {
         job->world_size += job->node_nproc[r];
         job->beat_changed[r] = now_s();
         char key[64];
-        node_key(key, sizeof key, "claims", r);
-        job->claims_seen[r] = store_add(job->store, key, 0);
+        node_key(key, sizeof key, "replaced", r);
+        job->replaced_seen[r] = store_add(job->store, key, 0);
     }
     job->nodes_met = true;
     announce_layout(job);
@@ -1480,11 +1484,11 @@ static void assign_ranks(job_t *job) {
 static void note_new_launchers(job_t *job) {
     for (int r = 0; r < job->opt.nnodes; r++) {
         char key[64];
-        node_key(key, sizeof key, "claims", r);
-        int64_t claims = store_add(job->store, key, 0);
+        node_key(key, sizeof key, "replaced", r);
+        int64_t replaced = store_add(job->store, key, 0);
         job->beat_changed[r] = now_s();
-        if (r == job->opt.node_rank || claims == job->claims_seen[r]) continue;
-        job->claims_seen[r] = claims;
+        if (r == job->opt.node_rank || replaced == job->replaced_seen[r]) continue;
+        job->replaced_seen[r] = replaced;
         read_node(job, r);
         say("node %d has a new launcher, on %s; it rejoins the job", r, job->node_host[r]);
     }
