@@ -59,7 +59,7 @@ static options parse_options(int argc, char **argv) {
         {"features", NULL, FLAG_INT, &o.run.features, "input features D", 1, 65536, NULL, NULL},
         {"samples", NULL, FLAG_INT, &o.run.samples, "training samples", 1, 100000000, NULL, NULL},
         {"seed", NULL, FLAG_INT, &o.run.seed, "seed for data and shuffling", 0, 2147483647, NULL, NULL},
-        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl", "COURSE_BACKEND"},
+        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl|mpi", "COURSE_BACKEND"},
         {"device", NULL, FLAG_STRING, &o.device, "where to compute", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
         {"timeout", NULL, FLAG_DOUBLE, &o.timeout, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL},
     };
