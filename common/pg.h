@@ -18,7 +18,7 @@
 //         launcher started the job). All ranks must agree, so they vote
 //         through the rendezvous store.
 //
-// The promises both backends keep:
+// The promises the backends keep (but mpi has no timeouts of its own: pg_mpi.h):
 //   - counts are in elements, never bytes; any count >= 0, any world size >= 1;
 //   - collectives are blocking for the host and every rank must call the same
 //     collectives in the same order with the same count and dtype;
