@@ -35,7 +35,7 @@ static options parse_options(int argc, char **argv) {
     options o = {2, "auto", "auto", 0, false, {8, (size_t)256 << 20, 2, 100, 10}};
     flag_t flags[] = {
         {"nprocs", NULL, FLAG_INT, &o.nprocs, "ranks to spawn (ranks 0 and 1 talk; the others wait)", 2, 64, NULL, NULL},
-        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl", "COURSE_BACKEND"},
+        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl|mpi", "COURSE_BACKEND"},
         {"device", NULL, FLAG_STRING, &o.device, "where the buffers live", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
         {"timeout", NULL, FLAG_DOUBLE, &o.timeout, "seconds any wait may take (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL},
         {"bench", NULL, FLAG_BOOL, &o.bench, "measure ping-pong latency and bandwidth instead of the lesson", 1, 0, NULL, NULL},

@@ -42,7 +42,7 @@ static options parse_options(int argc, char **argv, const launch_env_t *env) {
     options o = {0, "auto", "auto", 0, false, false, {1, 8, (size_t)64 << 20, 2, 20, 5, "sum", "float", "all", 0}};
     flag_t flags[] = {
         {"nprocs", NULL, FLAG_INT, &o.nprocs, "ranks to spawn (0: one per GPU if there are 2 or more, else 4)", 0, 64, NULL, NULL},
-        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl", "COURSE_BACKEND"},
+        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl|mpi", "COURSE_BACKEND"},
         {"device", NULL, FLAG_STRING, &o.device, "where the buffers live", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
         {"timeout", NULL, FLAG_DOUBLE, &o.timeout, "seconds any wait may take (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL},
         {"bench", NULL, FLAG_BOOL, &o.bench, "benchmark (nccl-tests style) instead of the lesson", 1, 0, NULL, NULL},

@@ -59,7 +59,7 @@ static options parse_options(int argc, char **argv, int gpus) {
         {"features", NULL, FLAG_INT, &o.features, "input features D", 1, 65536, NULL, NULL},
         {"samples", NULL, FLAG_INT, &o.samples, "training samples", 1, 100000000, NULL, NULL},
         {"seed", NULL, FLAG_INT, &o.seed, "seed for data and shuffling", 0, 2147483647, NULL, NULL},
-        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl", "COURSE_BACKEND"},
+        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl|mpi", "COURSE_BACKEND"},
         {"device", NULL, FLAG_STRING, &o.device, "where to compute", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
         {"nprocs", NULL, FLAG_INT, &o.nprocs, "number of ranks (processes) to spawn", 1, 256, NULL, NULL},
         {"no_baseline", NULL, FLAG_BOOL, &o.no_baseline, "skip the single-process run", 1, 0, NULL, NULL},

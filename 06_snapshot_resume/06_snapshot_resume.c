@@ -64,7 +64,7 @@ static options parse_options(int argc, char **argv) {
         {"features", NULL, FLAG_INT, &o.features, "input features D", 1, 65536, NULL, NULL},
         {"samples", NULL, FLAG_INT, &o.samples, "training samples", 1, 100000000, NULL, NULL},
         {"seed", NULL, FLAG_INT, &o.seed, "seed for data and shuffling", 0, 2147483647, NULL, NULL},
-        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl", "COURSE_BACKEND"},
+        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl|mpi", "COURSE_BACKEND"},
         {"device", NULL, FLAG_STRING, &o.device, "where to compute", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
         {"init_method", NULL, FLAG_STRING, &o.init_method, "how ranks meet: env://, tcp://HOST:PORT, file:///path", 1, 0, NULL, NULL},
         {"check_replicas", NULL, FLAG_INT, &o.check_replicas, "every N steps, stop if the replicas differ (0: never)", 0, 1000000000, NULL, NULL},

@@ -84,7 +84,7 @@ static flag_set option_flags(options *o, flag_t *f, int *count) {
     f[n++] = (flag_t){"save_every", NULL, FLAG_INT, &o->save_every, "save the model every N epochs (0: at the end only)", 0, 1000000, NULL, NULL};
     f[n++] = (flag_t){"snapshot_path", NULL, FLAG_STRING, &o->snapshot_path, "resumable snapshots DIR/STEM.safetensors, every --save_every epochs", 1, 0, NULL, NULL};
     f[n++] = (flag_t){"nprocs", NULL, FLAG_INT, &o->nprocs, "ranks to spawn for data parallelism (under ddprun: ignored)", 1, 256, NULL, NULL};
-    f[n++] = (flag_t){"backend", NULL, FLAG_STRING, &o->backend, "communication backend", 1, 0, "auto|cpu|nccl", "COURSE_BACKEND"};
+    f[n++] = (flag_t){"backend", NULL, FLAG_STRING, &o->backend, "communication backend", 1, 0, "auto|cpu|nccl|mpi", "COURSE_BACKEND"};
     f[n++] = (flag_t){"timeout", NULL, FLAG_DOUBLE, &o->timeout, "seconds a rank waits for another (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL};
     f[n++] = (flag_t){"seed", NULL, FLAG_INT, &o->seed, "seed for the weights, the shuffle and the samples", 0, 2147483647, NULL, NULL};
     f[n++] = (flag_t){"preset", NULL, FLAG_STRING, &o->preset, "model size: default (128/4/4/256) or tiny (32/2/2/64)", 1, 0, "default|tiny", NULL};

@@ -27,6 +27,11 @@ ifeq ($(HAVE_OPENMP),yes)
 CFLAGS += -fopenmp
 LDLIBS += -fopenmp
 endif
+# MPI's own C++ bindings are not wanted where the emulated GPU compiles as C++.
+ifeq ($(HAVE_MPI),yes)
+CFLAGS += -DCOURSE_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX $(MPI_CFLAGS)
+LDLIBS += $(MPI_LIBS)
+endif
 ifeq ($(ASAN),1)
 CFLAGS := $(filter-out -O2,$(CFLAGS)) -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 LDLIBS += -fsanitize=address,undefined
@@ -54,7 +59,7 @@ CU_OBJS :=
 endif
 
 # Rebuild everything when the build mode changes (CPU <-> CUDA <-> ASAN).
-BUILD_STAMP := build/mode-$(CUDA)-$(ASAN)-$(CUDA_ARCH)
+BUILD_STAMP := build/mode-$(CUDA)-$(ASAN)-$(CUDA_ARCH)$(if $(HAVE_MPI),-mpi)
 $(shell [ -f $(BUILD_STAMP) ] || { rm -rf build $(PROGRAMS); mkdir -p build; touch $(BUILD_STAMP); })
 
 # ---------------------------------------------------------------- rules

@@ -24,6 +24,12 @@ HAVE_CUBLAS_H := $(wildcard $(CUDA_HOME)/include/cublas_v2.h /usr/include/cublas
 HAVE_OPENMP := $(shell printf 'int main(void){return 0;}' | $(or $(CC),cc) -fopenmp -x c - -o /dev/null 2>/dev/null && echo yes)
 HAVE_GNUPLOT := $(shell command -v gnuplot 2>/dev/null)
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
+# MPI (the mpi backend): the compile and link flags its mpicc wraps (OpenMPI's
+# --showme, else MPICH's pkg-config), kept only if a program with mpi.h links.
+# MPI=0 leaves it out.
+MPI_CFLAGS := $(if $(filter 0,$(MPI)),,$(shell mpicc --showme:compile 2>/dev/null || pkg-config --cflags mpich 2>/dev/null))
+MPI_LIBS := $(if $(filter 0,$(MPI)),,$(shell mpicc --showme:link 2>/dev/null || pkg-config --libs mpich 2>/dev/null))
+HAVE_MPI := $(if $(filter 0,$(MPI)),,$(shell printf '\043include <mpi.h>\nint main(void){return MPI_Init(0,0);}' | $(or $(CC),cc) $(MPI_CFLAGS) -x c - $(MPI_LIBS) -o /dev/null 2>/dev/null && echo yes))
 CUDA_FOUND := $(if $(and $(NVCC_PATH),$(CUDA_LIBDIR),$(NCCL_INC),$(NCCL_LIB),$(CUBLAS_LIB),$(HAVE_CUBLAS_H)),yes)
 
 # The build mode sticks: a make that names a mode (make CUDA=0) records it in
@@ -49,10 +55,11 @@ $(info [build] NCCL:    $(if $(and $(NCCL_INC),$(NCCL_LIB)),found (header $(NCCL
 $(info [build] cuBLAS:  $(if $(and $(CUBLAS_LIB),$(HAVE_CUBLAS_H)),found in $(CUBLAS_LIB),not found: GPU matrix products are not built))
 endif
 $(info [build] OpenMP:  $(if $(HAVE_OPENMP),found: CPU kernels use all cores,not found: CPU kernels run on one thread))
+$(info [build] MPI:     $(if $(HAVE_MPI),found: --backend mpi works under mpirun (MPI=0 leaves it out),$(if $(filter 0,$(MPI)),left out (MPI=0),not found: no --backend mpi (apt-get install libopenmpi-dev openmpi-bin))))
 $(info [build] gnuplot: $(if $(HAVE_GNUPLOT),found: make plots draws PNG figures,not found: make plots writes CSV only (apt-get install gnuplot-nox)))
 
 export COURSE_DETECTED := 1
-export NVCC_PATH CUDA_HOME CUDA_LIBDIR NCCL_HOME NCCL_INC NCCL_LIB NCCL_LINK CUBLAS_LIB HAVE_CUBLAS_H HAVE_OPENMP HAVE_GNUPLOT HAVE_GPU CUDA_FOUND
+export NVCC_PATH CUDA_HOME CUDA_LIBDIR NCCL_HOME NCCL_INC NCCL_LIB NCCL_LINK CUBLAS_LIB HAVE_CUBLAS_H HAVE_OPENMP HAVE_GNUPLOT HAVE_GPU CUDA_FOUND MPI_CFLAGS MPI_LIBS HAVE_MPI
 endif
 
 # The sanitizers cannot instrument nvcc's code, so ASAN=1 builds the CPU

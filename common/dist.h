@@ -27,7 +27,7 @@ typedef struct {
 
 typedef struct {
     const char *init_method; // "env://" (default), "tcp://HOST:PORT", "file:///path"
-    const char *backend;     // "auto", "cpu", "nccl"
+    const char *backend;     // "auto", "cpu", "nccl", "mpi"
     const char *device;      // "auto", "cpu", "cuda"
     double timeout_s;        // <= 0: course_timeout_default()
 } dist_options;
@@ -36,6 +36,7 @@ typedef struct {
 // outlive it: declare the dist_t in the worker's main function.
 static inline void dist_init(dist_t *d, const dist_options *opt) {
     memset(d, 0, sizeof *d);
+    pg_mpi_start();   // under mpirun or srun: join MPI, learn rank 0's address (pg_mpi.h)
     d->env = launch_env_read();
     if (d->env.launched) course_set_rank(d->env.rank);
     d->device = device_choose(opt->device, d->env.local_rank);
@@ -88,6 +89,7 @@ static inline void dist_finish(dist_t *d) {
     if (d->pg) pg_destroy(d->pg);
     d->pg = NULL;
     rendezvous_close(&d->rdzv);
+    pg_mpi_finish();
 }
 
 #endif

@@ -2,9 +2,9 @@
 // environment its launcher set.
 //
 // torchrun (and the course's ddprun) set RANK, WORLD_SIZE, LOCAL_RANK, ...
-// Clusters started by SLURM's srun or OpenMPI's mpirun set their own names
-// for the same facts; we read those when torchrun's are absent, so the same
-// binary runs under all three. Started by hand, a program is one process.
+// Jobs started by SLURM's srun or by mpirun (OpenMPI's or MPICH's) get
+// their own names for the same facts; we read those when torchrun's are
+// absent, so the same binary runs under all of them. Started by hand, a program is one process.
 #ifndef COURSE_LAUNCH_ENV_H
 #define COURSE_LAUNCH_ENV_H
 
@@ -37,6 +37,12 @@ static inline int launch_env_int(const char *name, int fallback) {
 static inline bool launch_env_has(const char *name) {
     const char *text = getenv(name);
     return text && text[0];
+}
+
+// Was this process started by an MPI launcher? They say so in variables:
+// OpenMPI's mpirun, MPICH's (hydra: PMI_*), PMIx-based launchers and srun.
+static inline bool launch_env_by_mpi(void) {
+    return launch_env_has("OMPI_COMM_WORLD_SIZE") || launch_env_has("PMI_SIZE") || launch_env_has("PMIX_RANK");
 }
 
 static inline void launch_env_read_names(launch_env_t *e, const char *rank, const char *world,
@@ -85,6 +91,10 @@ static inline launch_env_t launch_env_read(void) {
         // else); with the same number of ranks on every node, it is this:
         e.group_rank = e.local_world_size > 0 ? e.rank / e.local_world_size : 0;
         e.source = "OpenMPI variables (OMPI_COMM_WORLD_*)";
+    } else if (launch_env_has("PMI_RANK") && launch_env_has("PMI_SIZE")) {   // MPICH's mpirun (hydra)
+        launch_env_read_names(&e, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS");
+        e.group_rank = e.local_world_size > 0 ? e.rank / e.local_world_size : 0;
+        e.source = "MPICH variables (PMI_RANK, PMI_SIZE, ...)";
     } else {
         return e;
     }

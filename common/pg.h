@@ -1,4 +1,4 @@
-// pg.h - process groups: one API for communication between ranks, two backends.
+// pg.h - process groups: one API for communication between ranks, three backends.
 //
 // A process group is the set of ranks of a job plus the means to move data
 // between them, as in torch.distributed. Chapters call pg_all_reduce() and
@@ -11,11 +11,14 @@
 //         buffers, and on GPU buffers too by copying them through host memory
 //         ("staging"), which is how four ranks can share one GPU (NCCL refuses
 //         two ranks on one GPU).
+//   mpi   (pg_mpi.h)  MPI (OpenMPI, MPICH), the engine of CPU clusters, for
+//         a job started by mpirun or srun. Built where MPI is found.
 //   auto  nccl when this is a CUDA build, the device is a GPU and every rank
-//         on this host has a GPU of its own; otherwise cpu. All ranks must
-//         agree, so they vote through the rendezvous store.
+//         on this host has a GPU of its own; otherwise cpu (mpi when an MPI
+//         launcher started the job). All ranks must agree, so they vote
+//         through the rendezvous store.
 //
-// The promises both backends keep:
+// The promises the backends keep (but mpi has no timeouts of its own: pg_mpi.h):
 //   - counts are in elements, never bytes; any count >= 0, any world size >= 1;
 //   - collectives are blocking for the host and every rank must call the same
 //     collectives in the same order with the same count and dtype;
@@ -52,6 +55,7 @@
 #include "pg_cpu.h"
 #include "pg_debug.h"
 #include "pg_nccl.h"
+#include "pg_mpi.h"   // mpi: under mpirun or srun (a build that found MPI)
 
 // ---------------------------------------------------------------- the process group
 
@@ -61,6 +65,7 @@ struct pg {
     device_t device;               // a copy of the caller's device
     bool stage;                    // cpu backend, GPU buffers: copy through host memory
     cpu_pg_t *cpu;
+    mpi_pg_t *mpi;
 #ifdef COURSE_CUDA
     nccl_pg_t *nccl;
 #endif
@@ -73,6 +78,7 @@ struct pg {
 struct pg_request {
     pg_t *pg;
     cpu_req_t *cpu;
+    mpi_req_t *mpi;
 #ifdef COURSE_CUDA
     nccl_req_t *nccl;
 #endif
@@ -126,7 +132,7 @@ static inline backend_kind_t pg_choose_backend(const pg_config_t *cfg, int gener
                                                double timeout_s) {
     char why[256];
     bool possible = pg_nccl_possible(cfg, why, sizeof why);
-    if (cfg->backend == BACKEND_CPU) return BACKEND_CPU;
+    if (cfg->backend == BACKEND_CPU || cfg->backend == BACKEND_MPI) return cfg->backend;
     if (cfg->backend == BACKEND_NCCL) {
         if (!possible)
             die("--backend nccl cannot run here: %s. NCCL runs one rank per GPU; use "
@@ -135,11 +141,13 @@ static inline backend_kind_t pg_choose_backend(const pg_config_t *cfg, int gener
         return BACKEND_NCCL;
     }
 #ifdef COURSE_CUDA
-    return pg_vote_backend(cfg, possible, generation, timeout_s);
+    backend_kind_t vote = pg_vote_backend(cfg, possible, generation, timeout_s);
 #else
     (void)generation, (void)timeout_s;
-    return BACKEND_CPU;   // no rank of a CPU-only build can run NCCL
+    backend_kind_t vote = BACKEND_CPU;   // no rank of a CPU-only build can run NCCL
 #endif
+    // Under mpirun or srun (and an MPI build), MPI rather than our own cpu backend.
+    return vote == BACKEND_CPU && pg_mpi_running() ? BACKEND_MPI : vote;
 }
 
 static inline void pg_check_config(const pg_config_t *cfg) {
@@ -149,7 +157,7 @@ static inline void pg_check_config(const pg_config_t *cfg) {
     if (cfg->world_size > 1 && !cfg->store)
         die("pg_create: a job of %d ranks needs a connected store (from rendezvous())",
             cfg->world_size);
-    if ((unsigned)cfg->backend > BACKEND_NCCL) die("pg_create: unknown backend %d", (int)cfg->backend);
+    if ((unsigned)cfg->backend > BACKEND_MPI) die("pg_create: unknown backend %d", (int)cfg->backend);
 }
 
 static inline void pg_describe_cpu(pg_t *pg, const pg_config_t *cfg) {
@@ -162,6 +170,13 @@ static inline void pg_describe_cpu(pg_t *pg, const pg_config_t *cfg) {
         snprintf(staging, sizeof staging, "GPU buffers staged through host memory; ");
     snprintf(pg->description, sizeof pg->description, "cpu (%s%s)", staging,
              cpu_transport(pg->cpu));
+}
+
+static inline void pg_describe_mpi(pg_t *pg) {
+    char library[200];
+    mpi_library(library, sizeof library);
+    snprintf(pg->description, sizeof pg->description, "mpi (%s%s)",
+             pg->stage ? "GPU buffers staged through host memory; " : "", library);
 }
 
 static inline pg_t *pg_create(const pg_config_t *cfg) {
@@ -183,6 +198,11 @@ static inline pg_t *pg_create(const pg_config_t *cfg) {
     }
 #endif
     pg->stage = device_is_cuda(&pg->device);
+    if (pg->backend == BACKEND_MPI) {
+        pg->mpi = mpi_create(cfg);
+        pg_describe_mpi(pg);
+        return pg;
+    }
     pg->cpu = cpu_create(cfg, timeout, generation);
     pg_describe_cpu(pg, cfg);
     return pg;
@@ -194,6 +214,7 @@ static inline void pg_destroy(pg_t *pg) {
     if (pg->nccl) nccl_destroy(pg->nccl);
 #endif
     if (pg->cpu) cpu_destroy(pg->cpu);
+    if (pg->mpi) mpi_destroy(pg->mpi);
     free(pg->host[0]);
     free(pg->host[1]);
     free(pg);
@@ -287,7 +308,8 @@ static inline pg_request_t *pg_isend(pg_t *pg, const void *buf, size_t count, dt
         device_to_host(&pg->device, req->staged, buf, bytes);
         buf = req->staged;
     }
-    req->cpu = cpu_isend(pg->cpu, buf, bytes, peer);
+    if (pg->mpi) req->mpi = mpi_isend(pg->mpi, buf, count, t, peer);
+    else req->cpu = cpu_isend(pg->cpu, buf, bytes, peer);
     return req;
 }
 
@@ -309,7 +331,8 @@ static inline pg_request_t *pg_irecv(pg_t *pg, void *buf, size_t count, dtype_t 
         req->device_dst = buf;
         buf = req->staged;
     }
-    req->cpu = cpu_irecv(pg->cpu, buf, bytes, peer);
+    if (pg->mpi) req->mpi = mpi_irecv(pg->mpi, buf, count, t, peer);
+    else req->cpu = cpu_irecv(pg->cpu, buf, bytes, peer);
     return req;
 }
 
@@ -328,7 +351,7 @@ static inline bool pg_test(pg_request_t *req) {
 #ifdef COURSE_CUDA
     if (req->nccl) return nccl_test(req->pg->nccl, req->nccl);
 #endif
-    done = cpu_test(req->pg->cpu, req->cpu);
+    done = req->mpi ? mpi_test(req->mpi) : cpu_test(req->pg->cpu, req->cpu);
     if (done) pg_request_unstage(req);
     return done;
 }
@@ -341,6 +364,10 @@ static inline void pg_wait(pg_request_t *req) {
 #endif
     if (req->cpu) {
         cpu_wait_request(req->pg->cpu, req->cpu);
+        pg_request_unstage(req);
+    }
+    if (req->mpi) {
+        mpi_wait_request(req->mpi);
         pg_request_unstage(req);
     }
     free(req->staged);
@@ -391,7 +418,8 @@ static inline void pg_broadcast(pg_t *pg, void *buf, size_t count, dtype_t t, in
 #endif
     void *host = pg_stage_out(pg, 0, buf, bytes);
     if (pg->rank == root && host != buf) device_to_host(&pg->device, host, buf, bytes);
-    cpu_broadcast(pg->cpu, host, bytes, root);
+    if (pg->mpi) mpi_broadcast(pg->mpi, host, count, t, root);
+    else cpu_broadcast(pg->cpu, host, bytes, root);
     if (pg->rank != root) pg_unstage(pg, buf, host, bytes);
 }
 
@@ -411,7 +439,8 @@ static inline void pg_reduce(pg_t *pg, const void *send, void *recv, size_t coun
     void *out = pg->rank == root ? recv : NULL;
     const void *hs = pg_stage_in(pg, 0, send, bytes);
     void *hr = pg_stage_out(pg, 1, out, bytes);
-    cpu_reduce(pg->cpu, hs, hr, count, t, op, root);
+    if (pg->mpi) mpi_reduce(pg->mpi, hs, hr, count, t, op, root);
+    else cpu_reduce(pg->cpu, hs, hr, count, t, op, root);
     pg_unstage(pg, out, hr, bytes);
 }
 
@@ -428,7 +457,8 @@ static inline void pg_all_reduce(pg_t *pg, const void *send, void *recv, size_t 
 #endif
     const void *hs = pg_stage_in(pg, 0, send, bytes);
     void *hr = pg_stage_out(pg, 1, recv, bytes);
-    cpu_all_reduce(pg->cpu, hs, hr, count, t, op);
+    if (pg->mpi) mpi_all_reduce(pg->mpi, hs, hr, count, t, op);
+    else cpu_all_reduce(pg->cpu, hs, hr, count, t, op);
     pg_unstage(pg, recv, hr, bytes);
 }
 
@@ -448,7 +478,8 @@ static inline void pg_gather(pg_t *pg, const void *send, void *recv, size_t coun
     void *out = pg->rank == root ? recv : NULL;
     const void *hs = pg_stage_in(pg, 0, send, bytes);
     void *hr = pg_stage_out(pg, 1, out, all);
-    cpu_gather(pg->cpu, hs, hr, bytes, root);
+    if (pg->mpi) mpi_gather(pg->mpi, hs, hr, count, t, root);
+    else cpu_gather(pg->cpu, hs, hr, bytes, root);
     pg_unstage(pg, out, hr, all);
 }
 
@@ -466,7 +497,8 @@ static inline void pg_all_gather(pg_t *pg, const void *send, void *recv, size_t 
 #endif
     const void *hs = pg_stage_in(pg, 0, send, bytes);
     void *hr = pg_stage_out(pg, 1, recv, all);
-    cpu_all_gather(pg->cpu, hs, hr, bytes);
+    if (pg->mpi) mpi_all_gather(pg->mpi, hs, hr, count, t);
+    else cpu_all_gather(pg->cpu, hs, hr, bytes);
     pg_unstage(pg, recv, hr, all);
 }
 
@@ -486,7 +518,8 @@ static inline void pg_scatter(pg_t *pg, const void *send, void *recv, size_t cou
     const void *in = pg->rank == root ? send : NULL;
     const void *hs = pg_stage_in(pg, 0, in, all);
     void *hr = pg_stage_out(pg, 1, recv, bytes);
-    cpu_scatter(pg->cpu, hs, hr, bytes, root);
+    if (pg->mpi) mpi_scatter(pg->mpi, hs, hr, count, t, root);
+    else cpu_scatter(pg->cpu, hs, hr, bytes, root);
     pg_unstage(pg, recv, hr, bytes);
 }
 
@@ -505,7 +538,8 @@ static inline void pg_reduce_scatter(pg_t *pg, const void *send, void *recv, siz
 #endif
     const void *hs = pg_stage_in(pg, 0, send, all);
     void *hr = pg_stage_out(pg, 1, recv, bytes);
-    cpu_reduce_scatter(pg->cpu, hs, hr, count, t, op);
+    if (pg->mpi) mpi_reduce_scatter(pg->mpi, hs, hr, count, t, op);
+    else cpu_reduce_scatter(pg->cpu, hs, hr, count, t, op);
     pg_unstage(pg, recv, hr, bytes);
 }
 
@@ -524,7 +558,8 @@ static inline void pg_all_to_all(pg_t *pg, const void *send, void *recv, size_t 
 #endif
     const void *hs = pg_stage_in(pg, 0, send, all);
     void *hr = pg_stage_out(pg, 1, recv, all);
-    cpu_all_to_all(pg->cpu, hs, hr, bytes);
+    if (pg->mpi) mpi_all_to_all(pg->mpi, hs, hr, count, t);
+    else cpu_all_to_all(pg->cpu, hs, hr, bytes);
     pg_unstage(pg, recv, hr, all);
 }
 
@@ -534,7 +569,8 @@ static inline void pg_barrier(pg_t *pg) {
 #ifdef COURSE_CUDA
     if (pg->nccl) { nccl_barrier(pg->nccl); return; }
 #endif
-    cpu_barrier(pg->cpu);
+    if (pg->mpi) mpi_barrier(pg->mpi);
+    else cpu_barrier(pg->cpu);
 }
 
 #ifdef COURSE_CUDA

@@ -21,7 +21,7 @@
 
 typedef enum { DTYPE_F32, DTYPE_F64, DTYPE_I32, DTYPE_I64, DTYPE_U8, DTYPE_BF16 } dtype_t;
 typedef enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_AVG, OP_BAND, OP_BOR, OP_BXOR } redop_t;
-typedef enum { BACKEND_AUTO, BACKEND_CPU, BACKEND_NCCL } backend_kind_t;
+typedef enum { BACKEND_AUTO, BACKEND_CPU, BACKEND_NCCL, BACKEND_MPI } backend_kind_t;
 
 static inline bool dtype_valid(dtype_t t) { return (unsigned)t <= DTYPE_BF16; }
 static inline bool redop_valid(redop_t op) { return (unsigned)op <= OP_BXOR; }
@@ -43,14 +43,15 @@ static inline const char *redop_name(redop_t op) {
 }
 
 static inline const char *backend_name(backend_kind_t b) {
-    return b == BACKEND_NCCL ? "nccl" : b == BACKEND_CPU ? "cpu" : "auto";
+    return b == BACKEND_NCCL ? "nccl" : b == BACKEND_CPU ? "cpu" : b == BACKEND_MPI ? "mpi" : "auto";
 }
 
 static inline backend_kind_t backend_parse(const char *text) {
     if (!strcmp(text, "auto")) return BACKEND_AUTO;
     if (!strcmp(text, "cpu")) return BACKEND_CPU;
     if (!strcmp(text, "nccl")) return BACKEND_NCCL;
-    die("unknown backend '%s' (use auto, cpu or nccl)", text);
+    if (!strcmp(text, "mpi")) return BACKEND_MPI;
+    die("unknown backend '%s' (use auto, cpu, nccl or mpi)", text);
 }
 
 static inline bool dtype_is_integer(dtype_t t) {

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "launch_env.h"
 #include "store_server.h"
 
 typedef int (*spawn_fn)(int rank, int world_size, void *arg);
@@ -223,6 +224,13 @@ static inline int spawn_fork_all(spawn_job *job, store_server_t *server, const c
 // the parent was interrupted.
 static inline int spawn(int nprocs, spawn_fn fn, void *arg) {
     if (nprocs < 1 || nprocs > 4096) die("spawn: nprocs must be from 1 to 4096, got %d", nprocs);
+    // Forked children would inherit the MPI launcher's variables and all
+    // claim the same MPI rank: a launcher that starts the ranks itself and
+    // a program that starts its own do not mix.
+    if (launch_env_by_mpi())
+        die("spawn: this program starts its own %d rank(s), but mpirun (or srun) started it, "
+            "and starts the ranks itself; run it without mpirun (it spawns), or use a chapter "
+            "that reads its rank from the launcher (02, 03, 05-08)", nprocs);
     spawn_kill_grace();   // check the variable before starting anything
     char token[40];
     snprintf(token, sizeof token, "%016" PRIx64 "%016" PRIx64, store_random_u64(),
