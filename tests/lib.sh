@@ -1,4 +1,4 @@
-# tests/lib.sh - sourced by every tests/test_*.sh.
+# tests/lib.sh - sourced by every test file (tests/*/test_*.sh).
 #
 # A test reports each case on its own line, which tests/run.sh counts:
 #   PASS name

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# tests/run.sh - run the tests/test_*.sh files and count the results.
+# tests/run.sh - run the test files and count the results.
 #
+# The tests live in folders named by what they test:
+#   tests/chapters/  a chapter's program (test_NN_*.sh)
+#   tests/library/   a header of common/ (the store, the process group, ...)
+#   tests/tools/     ddprun, the emulated GPU
+#   tests/course/    the course as a whole: the READMEs' commands, the
+#                    exercises, the tables, this runner
 # Usage: tests/run.sh [NAME...]   (make test TESTS="NAME...")
-# With no NAME every test file runs. Each NAME picks the files whose name
-# contains it (flags -> test_flags.sh; gpt -> every test_gpt_*.sh); a NAME
-# that picks no file is an error, so a typo never looks like a green run.
+# With no NAME every test file runs. Each NAME picks the files whose path
+# below tests/ contains it (flags -> library/test_flags.sh; gpt -> every
+# chapters/test_08_gpt_*.sh; library -> the whole folder); a NAME that picks
+# no file is an error, so a typo never looks like a green run.
 # Each test file prints PASS/FAIL/SKIP lines (see tests/lib.sh). A test file
 # that exits non-zero or times out without saying FAIL counts as one failure,
 # so a crash can never look like a pass. The last line is the summary:
@@ -21,20 +28,20 @@ mkdir -p "$log_dir" || exit 1
 
 # The files to run: every one, or those that some NAME picks, in order.
 files=()
-for file in "$test_dir"/test_*.sh; do
+where() { local path=${1#"$test_dir"/}; echo "${path%.sh}"; }   # library/test_store
+for file in "$test_dir"/test_*.sh "$test_dir"/{chapters,library,tools,course}/test_*.sh; do
     [[ -e "$file" ]] || continue
-    name=$(basename "$file" .sh)
     if [[ $# -eq 0 ]]; then files+=("$file"); continue; fi
     for pattern in "$@"; do
-        if [[ "$name" == *"$pattern"* ]]; then files+=("$file"); break; fi
+        if [[ "$(where "$file")" == *"$pattern"* ]]; then files+=("$file"); break; fi
     done
 done
 for pattern in "$@"; do
     found=0
-    for file in "${files[@]}"; do [[ "$(basename "$file" .sh)" == *"$pattern"* ]] && found=1; done
+    for file in "${files[@]}"; do [[ "$(where "$file")" == *"$pattern"* ]] && found=1; done
     if [[ $found -eq 0 ]]; then
         echo "tests/run.sh: no test file in $test_dir/ matches '$pattern'; the files are:" >&2
-        (cd "$test_dir" && ls test_*.sh | sed 's/^test_/  /; s/\.sh$//') >&2
+        (cd "$test_dir" && ls test_*.sh */test_*.sh 2>/dev/null | sed 's/^/  /; s/\.sh$//') >&2
         exit 2
     fi
 done
@@ -42,8 +49,8 @@ done
 passed=0 failed=0 skipped=0
 failures=() skips=()
 for file in "${files[@]}"; do
-    name=$(basename "$file" .sh)
-    log="$log_dir/$name.log"
+    name=$(where "$file")                        # e.g. library/test_store
+    log="$log_dir/$(basename "$file" .sh).log"
     start=$(date +%s)
     timeout -k 10 "$per_file_limit" bash "$file" >"$log" 2>&1
     status=$?
@@ -57,7 +64,7 @@ for file in "${files[@]}"; do
         failures+=("$name: $why; see $log")
     fi
     passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
-    printf '%-28s %3d passed %3d failed %3d skipped  (%ds)\n' "$name" "$p" "$f" "$s" "$secs"
+    printf '%-36s %3d passed %3d failed %3d skipped  (%ds)\n' "$name" "$p" "$f" "$s" "$secs"
 done
 
 if [[ ${#skips[@]} -gt 0 ]]; then

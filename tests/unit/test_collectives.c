@@ -1,5 +1,5 @@
 // test_collectives.c - every collective of pg.h against a reference computed
-// locally, driven by tests/test_collectives.sh.
+// locally, driven by tests/library/test_collectives.sh.
 //
 // For each world size asked for, spawn() starts that many ranks; each rank
 // meets the others (env://), creates a process group and runs every

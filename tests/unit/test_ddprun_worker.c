@@ -1,4 +1,4 @@
-// test_ddprun_worker - a worker for tests/test_ddprun.sh, not a unit test.
+// test_ddprun_worker - a worker for tests/tools/test_ddprun.sh, not a unit test.
 //
 // It does what its arguments say, in order, so that one binary can play a
 // good worker, a failing one, a crashing one or a slow one under ddprun:

@@ -1,5 +1,5 @@
 // Unit test of common/flags.h: good input is parsed in every spelling.
-// (Bad input exits the process, so tests/test_flags.sh checks that part.)
+// (Bad input exits the process, so tests/library/test_flags.sh checks that part.)
 #include "flags.h"
 #include "test.h"
 

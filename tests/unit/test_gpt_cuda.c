@@ -8,7 +8,7 @@
 //                    Inputs are fresh random numbers each run (the seed is
 //                    printed; --seed repeats a run).
 //   --mode sanitize  the same parity checks, small and without the training
-//                    run: what tests/test_gpt_cuda.sh runs under compute-sanitizer.
+//                    run: what tests/chapters/test_08_gpt_cuda.sh runs under compute-sanitizer.
 //   --mode oom       asks for a model far larger than any GPU: must die with
 //                    "needs X GiB, the GPU has Y GiB free".
 //   --mode bench     tokens/s, the step split into forward, backward,

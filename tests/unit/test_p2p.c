@@ -1,5 +1,5 @@
 // test_p2p.c - point-to-point messages, failures and teardown of pg.h,
-// driven by tests/test_p2p.sh.
+// driven by tests/library/test_p2p.sh.
 //
 // --mode basic    (the default) in one job: messages between a pair arrive
 //                 in the order sent; two ranks that both pg_send 64 MiB to

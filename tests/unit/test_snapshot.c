@@ -1,7 +1,7 @@
 // Unit tests of common/snapshot.h and the JSON reader under it: a round trip,
 // the bytes on disk, every kind of damage refused with its own message,
 // series with keep-K and fallback to an older snapshot, and fuzzing.
-// (Killing a writer mid-write needs a second process: tests/test_snapshot.sh.)
+// (Killing a writer mid-write needs a second process: tests/library/test_snapshot.sh.)
 // Usage: test_snapshot [SCRATCH_DIR]   (default: a new directory under /tmp)
 #include <ftw.h>
 

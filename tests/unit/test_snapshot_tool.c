@@ -1,4 +1,4 @@
-// A small command-line driver of common/snapshot.h for tests/test_snapshot.sh,
+// A small command-line driver of common/snapshot.h for tests/library/test_snapshot.sh,
 // which needs separate processes (to kill one in the middle of a write).
 // The tensors' values depend only on the step, so a reader can tell a
 // complete snapshot of step N from anything else.

@@ -1,4 +1,4 @@
-// test_spawn_job.c - a small job started with spawn(), driven by tests/test_spawn.sh.
+// test_spawn_job.c - a small job started with spawn(), driven by tests/library/test_spawn.sh.
 //
 // --mode ok    every rank meets the others (env:// through spawn's store),
 //              passes a barrier, adds to a counter and returns 0

@@ -1,6 +1,6 @@
 // test_store_rdzv.c - one rank of a small job that meets through rendezvous().
 //
-// tests/test_store.sh starts several of these with the same init method and
+// tests/library/test_store.sh starts several of these with the same init method and
 // checks that every rank prints its "ok" line: each rank joins, passes a
 // barrier, adds rank+1 to a shared counter, and checks the total.
 // --rounds 2 repeats the whole rendezvous in the same process (teardown test).

@@ -1,0 +1,137 @@
+# Chapter 08 data parallel and resumable: DDP equals one big batch, and a
+# run whose rank dies resumes from its snapshot to the same bytes.
+source "$(dirname "$0")/../lib.sh"
+prog="$ROOT/08_gpt_wikitext/08_gpt_wikitext"
+ddprun="$ROOT/tools/ddprun"
+[[ -x "$prog" && -x "$ddprun" ]] || { fail "gpt ddp: binaries" "build first (make)"; exit 1; }
+export OMP_NUM_THREADS=1
+
+# A small corpus in WikiText's layout (no real data needed).
+awk -v dir="$TMP/corpus" 'BEGIN { system("mkdir -p " dir); srand(11)
+    split("the a one every some my your this that no", D, " "); split("cat dog bird river city king song train", N, " ")
+    split("sees likes finds eats builds sings", V, " ")
+    for (f = 1; f <= 3; f++) {
+        file = dir "/" (f == 1 ? "train.txt" : f == 2 ? "valid.txt" : "test.txt")
+        for (i = 0; i < (f == 1 ? 2000 : 200); i++) {
+            if (i % 40 == 0) printf " \n = Article %d = \n \n", i > file
+            printf " %s %s %s %s %s . \n", D[int(rand() * 10) + 1], N[int(rand() * 8) + 1], V[int(rand() * 6) + 1],
+                D[int(rand() * 10) + 1], N[int(rand() * 8) + 1] > file } } }'
+# On the CPU, whatever the build: what is tested here is data parallelism
+# and snapshots; the GPU cases follow at the end.
+common=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
+        --device cpu)
+l2() { sed -n 's/.*l2 norm \([0-9.e+-]*\).*/\1/p' "$1" | tail -n 1; }
+sum() { sed -n 's/.*checksum \([0-9a-f]*\),.*/\1/p' "$1" | tail -n 1; }
+valid() { sed -n 's/.*validation after step [0-9]* .*: loss \([0-9.]*\) .*/\1/p' "$1" | tail -n 1; }
+
+# DDP: 2 ranks x batch 4 against 1 rank x batch 8, over the same blocks.
+# The gradients are averaged in 64 KiB buckets (the default 25 MiB would
+# hold the whole tiny model), so that every bucket has to arrive.
+run_capture 120 "$TMP/one" "$prog" "${common[@]}" --max_steps 15 --batch_size 8 --out_dir "$TMP/one.d"
+COURSE_DDP_BUCKET_BYTES=65536 run_capture 120 "$TMP/two" "$prog" "${common[@]}" --max_steps 15 --batch_size 4 --nprocs 2 \
+    --out_dir "$TMP/two.d"; status=$?
+a=$(l2 "$TMP/one"); b=$(l2 "$TMP/two")
+if [[ $status -eq 0 && -n "$a" && -n "$b" ]] && rel_near "$a" "$b" 1e-5 && [[ "$(valid "$TMP/one")" == "$(valid "$TMP/two")" ]]; then
+    pass "gpt ddp: 2 ranks x batch 4 (64 KiB buckets) equal 1 rank x batch 8 after 15 steps (l2 $a vs $b)"
+else fail "gpt ddp: 2 ranks x batch 4 equal 1 rank x batch 8" "status $status, l2 '$a' vs '$b', valid $(valid "$TMP/one") vs $(valid "$TMP/two")"; fi
+lines=$(grep -c '^test: ' "$TMP/two")
+check "gpt ddp: rank 0 alone reports (one test line)" test "$lines" -eq 1
+
+# Bit-exact resume: rank 1 dies in epoch 2; ddprun restarts the job, which
+# resumes from the end-of-epoch-1 snapshot and ends with the same bytes.
+snapshots=(--epochs 3 --save_every 1)
+run_capture 300 "$TMP/clean" "$ddprun" --standalone --nproc_per_node=2 "$prog" "${common[@]}" "${snapshots[@]}" \
+    --out_dir "$TMP/clean.d" --snapshot_path "$TMP/clean.d/s.safetensors"
+steps=$(sed -n 's/.*snapshot saved: Epoch 1 (step \([0-9]*\)).*/\1/p' "$TMP/clean")
+COURSE_FAIL_RANK=1 COURSE_FAIL_STEP=$(( ${steps:-10} + 5 )) run_capture 300 "$TMP/failed" "$ddprun" --standalone \
+    --nproc_per_node=2 --max_restarts=1 "$prog" "${common[@]}" "${snapshots[@]}" --out_dir "$TMP/failed.d" \
+    --snapshot_path "$TMP/failed.d/s.safetensors"; status=$?
+a=$(sum "$TMP/clean"); b=$(sum "$TMP/failed")
+if [[ $status -eq 0 && -n "$a" && "$a" == "$b" ]] && grep -q "Resuming training from snapshot at Epoch 1" "$TMP/failed"; then
+    pass "gpt snapshot: a rank killed in epoch 2, restarted, ends byte-identical ($a)"
+else fail "gpt snapshot: a rank killed in epoch 2, restarted, ends byte-identical" "status $status, clean '$a', resumed '$b'"; fi
+
+# A snapshot of another model size is refused, naming both.
+run_capture 60 "$TMP/other" "$prog" "${common[@]}" --n_embd 32 "${snapshots[@]}" --out_dir "$TMP/other.d" \
+    --snapshot_path "$TMP/clean.d/s.safetensors"; status=$?
+if [[ $status -ne 0 ]] && grep -q "snapshot has config=.*embd 64 but this run has config=.*embd 32" "$TMP/other"; then
+    pass "gpt snapshot: another model size is refused with both values"
+else fail "gpt snapshot: another model size is refused with both values" "status $status: $(grep -m1 error "$TMP/other")"; fi
+# ---------------------------------------------------------------- on GPUs
+# The same program on the GPU model (gpt_cuda.cu): real GPUs, or the
+# emulated ones of a CUDA=emu build (8 of them: every rank has its own, and
+# the ranks talk NCCL). With one real GPU, several ranks share it and the
+# cpu backend stages through host memory.
+if ! has_gpu; then
+    for what in "trains in bf16 and fp32" "fp32 equals the CPU" "DDP 2 and 4 ranks" "bf16 DDP" "resume across devices"; do
+        skip "gpt gpu: $what" "no GPU here (a CPU-only build, or no GPU: make CUDA=emu test runs these on the emulated GPU)"
+    done
+    no_leftovers "gpt ddp: no process left behind" "08_gpt_wikitext/08_gpt_wikitext"
+    exit 0
+fi
+# Blocks of 16 tokens: an emulated GPU is slow, and the comparisons need only a few steps.
+gpu=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
+     --device cuda --block_size 16)
+loss_at() { sed -n "s/^epoch [0-9]* | step $2\/[0-9]* | loss \([0-9.]*\) .*/\1/p" "$1" | tail -n 1; }
+
+# Both precisions train: the loss of step 20 is below that of step 5.
+for precision in bf16 fp32; do
+    run_capture 300 "$TMP/g_$precision" "$prog" "${gpu[@]}" --precision "$precision" --max_steps 20 --log_every 5 \
+        --out_dir "$TMP/g_$precision.d"; status=$?
+    first=$(loss_at "$TMP/g_$precision" 5); last=$(loss_at "$TMP/g_$precision" 20)
+    if [[ $status -eq 0 ]] && head -n 1 "$TMP/g_$precision" | grep -q 'running on GPU' &&
+       grep -q "parameters (.*), ${precision}" "$TMP/g_$precision" &&
+       [[ -n "$first" && -n "$last" ]] && awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'; then
+        pass "gpt gpu: trains in $precision on the GPU (loss $first at step 5, $last at step 20)"
+    else fail "gpt gpu: trains in $precision on the GPU" "status $status, losses '$first' -> '$last': $(grep -m1 -E 'error|running' "$TMP/g_$precision")"; fi
+done
+
+# fp32 on the GPU is the CPU model's arithmetic (up to the order of additions).
+run_capture 120 "$TMP/g_cpu" "$prog" "${common[@]}" --block_size 16 --max_steps 15 --batch_size 8 --out_dir "$TMP/g_cpu.d"
+run_capture 300 "$TMP/g_one" "$prog" "${gpu[@]}" --precision fp32 --max_steps 15 --batch_size 8 --out_dir "$TMP/g_one.d"
+a=$(l2 "$TMP/g_cpu"); b=$(l2 "$TMP/g_one")
+if [[ -n "$a" && -n "$b" ]] && rel_near "$a" "$b" 1e-5; then pass "gpt gpu: fp32 equals the CPU after 15 steps (l2 $a vs $b)"
+else fail "gpt gpu: fp32 equals the CPU after 15 steps" "l2 '$a' (CPU) vs '$b' (GPU)"; fi
+
+# DDP on GPUs: N ranks x batch 8/N equal 1 rank x batch 8 (the gradients
+# are averaged bucket by bucket while backward runs).
+for n in 2 4; do
+    run_capture 300 "$TMP/g_ddp$n" "$prog" "${gpu[@]}" --precision fp32 --max_steps 15 --batch_size $((8 / n)) \
+        --nprocs $n --out_dir "$TMP/g_ddp$n.d"; status=$?
+    c=$(l2 "$TMP/g_ddp$n")
+    if [[ $status -eq 0 && -n "$c" ]] && rel_near "$b" "$c" 1e-5 && [[ "$(valid "$TMP/g_one")" == "$(valid "$TMP/g_ddp$n")" ]]; then
+        pass "gpt gpu: DDP $n ranks x batch $((8 / n)) equal 1 rank x batch 8 in fp32 (l2 $b vs $c; $(grep -m1 -o 'backend [a-z]*' "$TMP/g_ddp$n"))"
+    else fail "gpt gpu: DDP $n ranks equal 1 rank in fp32" "status $status, l2 '$b' vs '$c', valid $(valid "$TMP/g_one") vs $(valid "$TMP/g_ddp$n")"; fi
+done
+
+# bf16 rounds activations and weight copies: the same comparison within 2e-2.
+run_capture 300 "$TMP/h_one" "$prog" "${gpu[@]}" --precision bf16 --max_steps 15 --batch_size 8 --out_dir "$TMP/h_one.d"
+run_capture 300 "$TMP/h_two" "$prog" "${gpu[@]}" --precision bf16 --max_steps 15 --batch_size 4 --nprocs 2 \
+    --out_dir "$TMP/h_two.d"; status=$?
+a=$(l2 "$TMP/h_one"); c=$(l2 "$TMP/h_two")
+if [[ $status -eq 0 && -n "$a" && -n "$c" ]] && rel_near "$a" "$c" 2e-2 && rel_near "$(valid "$TMP/h_one")" "$(valid "$TMP/h_two")" 2e-2; then
+    pass "gpt gpu: bf16 DDP 2 ranks x batch 4 equal 1 rank x batch 8 within 2e-2 (l2 $a vs $c)"
+else fail "gpt gpu: bf16 DDP 2 ranks equal 1 rank within 2e-2" "status $status, l2 '$a' vs '$c', valid $(valid "$TMP/h_one") vs $(valid "$TMP/h_two")"; fi
+
+# Snapshots move between devices: a run on one resumes the end-of-epoch
+# snapshot of the other and, with no step left to take, saves exactly the
+# state it loaded (the final checksums are equal, bit for bit).
+awk -v dir="$TMP/small" 'BEGIN { system("mkdir -p " dir); srand(5)
+    for (f = 1; f <= 3; f++) { file = dir "/" (f == 1 ? "train.txt" : f == 2 ? "valid.txt" : "test.txt")
+        for (i = 0; i < (f == 1 ? 240 : 60); i++) printf " the cat %d sees a dog %d . \n", i % 7, i % 5 > file } }'
+small=(--data_dir "$TMP/small" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
+       --precision fp32 --save_every 1)
+cross_resume() { # FROM TO
+    local snap="$TMP/x_$1.d/s.safetensors"
+    run_capture 300 "$TMP/x_$1" "$prog" "${small[@]}" --device "$1" --epochs 1 --out_dir "$TMP/x_$1.d" --snapshot_path "$snap"
+    run_capture 300 "$TMP/x_$1_$2" "$prog" "${small[@]}" --device "$2" --epochs 1 --out_dir "$TMP/x_$1_$2.d" \
+        --snapshot_path "$snap"; local status=$?
+    local a b; a=$(sum "$TMP/x_$1"); b=$(sum "$TMP/x_$1_$2")
+    if [[ $status -eq 0 && -n "$a" && "$a" == "$b" ]] && grep -q 'Resuming training from snapshot at Epoch 1' "$TMP/x_$1_$2"; then
+        pass "gpt gpu: resume across devices: a $2 run loads a $1 snapshot bit for bit ($a)"
+    else fail "gpt gpu: resume across devices ($1 -> $2)" "status $status, checksums '$a' vs '$b': $(grep -m1 -E 'error|Resuming' "$TMP/x_$1_$2")"; fi
+}
+cross_resume cpu cuda
+cross_resume cuda cpu
+
+no_leftovers "gpt ddp: no process left behind" "08_gpt_wikitext/08_gpt_wikitext"

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# tests/chapters/test_08_gpt_model.sh - chapter 08's GPT: gradients, learning, files, the program.
+#
+# 1. unit/test_gpt_gradcheck: every layer's backward pass and the whole
+#    model's against finite differences (double precision).
+# 2. unit/test_gpt_model: the float model memorises a sentence, optimizer
+#    and sampling pieces, safetensors round trip and damaged files.
+# 3. ./08_gpt_wikitext end to end on a small generated corpus (no
+#    WikiText-2 needed): trains the tiny preset for a few steps, reports
+#    validation and test perplexity, samples, saves; --generate reloads.
+# 4. bad flags and bad files: one-line errors, the right exit status.
+source "$(dirname "$0")/../lib.sh"
+
+if ! make -C "$ROOT/tests" -s >"$TMP/make_tests.log" 2>&1; then
+    fail "gpt tests build" "make -C tests failed: $(grep -m1 -i error "$TMP/make_tests.log")"
+    exit 1
+fi
+# A guard against a hang, not a speed goal: the two units take 5-30 s, but
+# 2 OpenMP threads on a 2-core machine that other work keeps busy (load 10)
+# took over 120 s. Sanitizers make the gradient checks about 5x slower.
+unit_limit=300; [[ "${ASAN:-0}" == 1 ]] && unit_limit=900
+for unit in test_gpt_gradcheck test_gpt_model; do
+    if [[ -x "$ROOT/tests/unit/$unit" ]]; then
+        # OMP_NUM_THREADS=2: the machine's cores, and a real test of the threaded paths.
+        OMP_NUM_THREADS=2 timeout -k 5 "$unit_limit" "$ROOT/tests/unit/$unit" || echo "FAIL $unit: exited with status $?"
+    else
+        fail "$unit" "not built (see make -C tests)"
+    fi
+done
+
+chapter="$ROOT/08_gpt_wikitext"
+prog="$chapter/08_gpt_wikitext"
+if ! make -C "$chapter" -s >"$TMP/make_chapter.log" 2>&1; then
+    fail "gpt chapter build" "make -C 08_gpt_wikitext failed: $(grep -m1 -i error "$TMP/make_chapter.log")"
+    exit 1
+fi
+
+# A corpus of made-up sentences in WikiText's layout (headings between
+# blank lines, tokens separated by spaces): 100 KB of training text.
+make_corpus() {
+    mkdir -p "$1"
+    awk -v dir="$1" 'BEGIN {
+        srand(7)
+        split("the a one every some my your this that no", D, " ")
+        split("cat dog bird model river city king queen song train", N, " ")
+        split("sees likes finds eats builds sings follows trains", V, " ")
+        split("quickly slowly today again there here", A, " ")
+        for (f = 1; f <= 3; f++) {
+            file = dir "/" (f == 1 ? "train.txt" : f == 2 ? "valid.txt" : "test.txt")
+            lines = f == 1 ? 3000 : 300
+            for (i = 0; i < lines; i++) {
+                if (i % 40 == 0) printf " \n = Article %d = \n \n", i > file
+                printf " %s %s %s %s %s %s . \n", D[int(rand() * 10) + 1], N[int(rand() * 10) + 1],
+                    V[int(rand() * 8) + 1], D[int(rand() * 10) + 1], N[int(rand() * 10) + 1], A[int(rand() * 6) + 1] > file
+            }
+        }
+    }'
+}
+corpus="$TMP/corpus"
+out="$TMP/out"
+make_corpus "$corpus"
+# The program on the CPU, whatever the build (tests/chapters/test_08_gpt_ddp.sh trains
+# it on GPUs); --generate below takes the default device.
+common=(--data_dir "$corpus" --verify_data=false --preset tiny --vocab_size 300 --out_dir "$out" --device cpu)
+
+# --- training end to end
+run_capture 120 "$TMP/train.out" env OMP_NUM_THREADS=2 "$prog" "${common[@]}" --max_steps 40 --eval_every 20 \
+    --num_samples 2 --sample_tokens 16 --prompt " the cat"
+status=$?
+if [[ $status -ne 0 ]]; then
+    fail "gpt program trains" "exit status $status: $(tail -n 3 "$TMP/train.out" | tr '\n' '|')"
+else
+    pass "gpt program trains"
+fi
+expect_output "gpt first line names the device" <(head -n 1 "$TMP/train.out") '^08_gpt_wikitext: running on .*; why: '
+expect_output "gpt progress line (step, loss, tokens/s, ETA)" "$TMP/train.out" \
+    '^epoch 1 \| step 20/40 \| loss [0-9.]+ \| lr .* \| [0-9]+ tokens/s \| ETA '
+expect_output "gpt validation every --eval_every steps" "$TMP/train.out" '^validation after step 20 .*perplexity [0-9.]+'
+expect_output "gpt test perplexity" "$TMP/train.out" '^test: loss [0-9.]+ \| perplexity [0-9.]+'
+expect_output "gpt samples continue the prompt" "$TMP/train.out" '^--- sample 2 '
+
+# Learning, not just running: at the start every one of the 300 tokens is
+# about equally likely (perplexity ~300); 40 steps reach well under 100.
+ppl=$(sed -n 's/^validation after step 40 .*perplexity \([0-9.]*\).*/\1/p' "$TMP/train.out")
+if [[ -n "$ppl" ]] && awk -v p="$ppl" 'BEGIN { exit !(p < 100) }'; then pass "gpt validation perplexity falls (now $ppl)"
+else fail "gpt validation perplexity falls" "perplexity after 40 steps is '${ppl:-missing}', want < 100"; fi
+
+if [[ -s "$out/model.safetensors" && -s "$out/tokenizer.json" ]]; then pass "gpt saves model and tokenizer"
+else fail "gpt saves model and tokenizer" "missing $out/model.safetensors or tokenizer.json"; fi
+rows=$(grep -c '^[0-9]' "$out/metrics.csv" 2>/dev/null)
+if [[ "$(head -n 1 "$out/metrics.csv" 2>/dev/null)" == "step,epoch,train_loss,valid_loss,tokens_per_s" && ${rows:-0} -ge 6 ]]; then
+    pass "gpt metrics.csv"
+else fail "gpt metrics.csv" "header '$(head -n 1 "$out/metrics.csv" 2>/dev/null)', $rows rows"; fi
+
+# --- the tokenizer is trained once and then reused from the cache
+run_capture 60 "$TMP/again.out" env OMP_NUM_THREADS=2 "$prog" "${common[@]}" --max_steps 1 --num_samples 0
+expect_output "gpt reuses the cached tokenizer" "$TMP/again.out" '^tokenizer: 300 tokens, loaded from '
+
+# --- --generate: the saved model alone, the same text for the same seed
+# sample_text FILE: the text of sample 1 (the lines after its heading).
+sample_text() { awk '/^--- sample 1 / { on = 1; next } /^--- sample / { on = 0 } on' "$1"; }
+gen_status=()
+for i in 1 2 3; do
+    seed=1337; [[ $i -eq 3 ]] && seed=7
+    run_capture 60 "$TMP/gen$i.out" env OMP_NUM_THREADS=2 "$prog" --generate --out_dir "$out" --prompt " the dog" \
+        --num_samples 1 --sample_tokens 12 --seed $seed
+    gen_status+=($?)
+done
+text1=$(sample_text "$TMP/gen1.out"); text2=$(sample_text "$TMP/gen2.out"); text3=$(sample_text "$TMP/gen3.out")
+if [[ ${gen_status[0]} -eq 0 ]] && [[ "$text1" == " the dog"* && ${#text1} -gt 8 ]]; then
+    pass "gpt --generate loads and samples"
+else fail "gpt --generate loads and samples" "status ${gen_status[0]}, output: $(tail -n 3 "$TMP/gen1.out" | tr '\n' '|')"; fi
+# The same seed twice: exit 0 both times and the same sample, word for word
+# (two identical error messages are not a reproducible sample).
+if [[ ${gen_status[0]} -eq 0 && ${gen_status[1]} -eq 0 && -n "$text1" && "$text1" == "$text2" ]]; then
+    pass "gpt sampling is reproducible with a seed"
+else fail "gpt sampling is reproducible with a seed" "statuses ${gen_status[0]} ${gen_status[1]}; samples '$text1' and '$text2'"; fi
+# ...and the seed is what decides it: another seed, another continuation.
+if [[ ${gen_status[2]} -eq 0 && -n "$text3" && "$text3" != "$text1" ]]; then pass "gpt sampling follows the seed (--seed 7 differs from 1337)"
+else fail "gpt sampling follows the seed (--seed 7 differs from 1337)" "status ${gen_status[2]}; both printed '$text3'"; fi
+
+# --- bad input: flags exit 2 with a one-line error; bad files exit 1
+bad_flag() {
+    local name=$1; shift
+    run_capture 20 "$TMP/bad.out" "$prog" "$@"
+    local status=$? first
+    first=$(head -n 1 "$TMP/bad.out")
+    if [[ $status -eq 2 && "$first" == *"error: "* ]]; then pass "gpt bad flag: $name"
+    else fail "gpt bad flag: $name" "exit status $status (want 2), said: $first"; fi
+}
+bad_flag "unknown flag" --no_such_flag 1
+bad_flag "batch size 0" --batch_size 0
+bad_flag "not a number" --lr fast
+bad_flag "unknown preset" --preset huge
+bad_flag "heads do not divide channels" --n_embd 65 --n_head 2
+bad_flag "negative temperature" --temperature -1
+bad_flag "vocabulary too small" --vocab_size 10
+
+mkdir -p "$TMP/broken"
+printf 'not a model' >"$TMP/broken/model.safetensors"
+cp "$out/tokenizer.json" "$TMP/broken/"
+run_capture 20 "$TMP/broken.out" "$prog" --generate --out_dir "$TMP/broken"
+status=$?
+if [[ $status -eq 1 ]] && grep -q '^error: loading the model: .*model.safetensors' "$TMP/broken.out"; then
+    pass "gpt --generate refuses a damaged model"
+else fail "gpt --generate refuses a damaged model" "exit status $status, said: $(tail -n 1 "$TMP/broken.out")"; fi
+run_capture 20 "$TMP/nodata.out" "$prog" --data_dir "$TMP/nowhere" --verify_data=false --out_dir "$TMP/out2"
+status=$?
+if [[ $status -eq 1 ]] && grep -q '^error: .*nowhere/train.txt' "$TMP/nodata.out"; then pass "gpt missing data is named"
+else fail "gpt missing data is named" "exit status $status, said: $(tail -n 1 "$TMP/nodata.out")"; fi
+no_leftovers "gpt leaves no processes" "08_gpt_wikitext/08_gpt_wikitext"

@@ -1,0 +1,301 @@
+# The READMEs' commands, as a new student types them: in a fresh copy of the
+# course with nothing beside it (no ../shared, so no WikiText-2), each from
+# the folder of the README that shows it, in the README's order.
+#
+# Every command in a README's ```sh blocks must be run here (or skipped here
+# with the reason): a command that is added or changed in a README and not
+# here is a FAIL, so the READMEs and this test cannot drift apart. A few
+# commands from the text are run too (the chapter map, make help, ...).
+source "$(dirname "$0")/../lib.sh"
+
+# ---------------------------------------------------------------- the fresh copy
+# The files git would give a clone of this working tree (tracked and new,
+# not ignored: no builds, no runs/), or, outside git, a copy made clean.
+course=$TMP/fresh/course
+mkdir -p "$course"
+if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    (cd "$ROOT" && git ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do
+        [[ -e "$f" ]] && printf '%s\0' "$f"; done | tar --null -T - -cf -) | tar -C "$course" -xf -
+else
+    cp -a "$ROOT"/. "$course"/ && make -s -C "$course" clean >/dev/null 2>&1
+fi
+# The copy is built in the mode of the tree under test (CUDA=0, 1, ...).
+mode=${CUDA:-$(cat "$ROOT/build/mode" 2>/dev/null)}
+if [[ -n "$mode" && "${ASAN:-0}" != 1 ]]; then mkdir -p "$course/build" && echo "$mode" >"$course/build/mode"; fi
+# WikiText-2 of the tree under test, if it has one: only the one command
+# that trains on it (08's tiny run) is given it.
+wikitext=""
+for d in "${WIKITEXT_DIR:-}" "$ROOT/../shared/data/wikitext-2" "$ROOT/data/wikitext-2"; do
+    [[ -n "$d" && -r "$d/train.txt" ]] && { wikitext=$(cd "$d" && pwd); break; }
+done
+# A student's shell: no make of ours around, no test settings.
+student_shell=(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u COURSE_DETECTED -u COURSE_MODE_SHOWN -u CUDA
+               -u COURSE_RUNS_DIR -u WIKITEXT_DIR -u TEST_DIR -u COURSE_TIMEOUT -u COURSE_DEVICE)
+student=("${student_shell[@]}")
+# In the emulated-GPU build the READMEs' commands compute on the CPU: they
+# are here to prove the commands work, and the emulator runs the big
+# benchmarks thousands of times slower (its own commands run at the end).
+[[ $mode == emu ]] && student+=(COURSE_DEVICE=cpu)
+
+# ---------------------------------------------------------------- running commands
+declare -A covered=()   # "README|command" -> 1, for the coverage check below
+
+# run README DIR SECONDS COMMAND [REGEX]: COMMAND as the README shows it, typed
+# in DIR (relative to the course); PASS when it exits 0 (and its output has a
+# line matching REGEX). The output stays in $TMP/out.
+run() {
+    local readme=$1 dir=$2 secs=$3 command=$4 regex=${5:-}
+    covered["$readme|$command"]=1
+    (cd "$course/$dir" && timeout -k 5 "$secs" "${student[@]}" bash -c "$command") >"$TMP/out" 2>&1
+    local status=$?
+    local name="$readme: $command"
+    if [[ $status -ne 0 ]]; then fail "$name" "exit status $status in $dir/: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
+    elif [[ -n "$regex" ]] && ! grep -Eq -- "$regex" "$TMP/out"; then fail "$name" "no line matches /$regex/: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
+    else pass "$name"; fi
+}
+
+# fails README DIR SECONDS COMMAND REGEX: a command the README shows failing
+# on purpose; PASS when it exits non-zero with a line matching REGEX.
+fails() {
+    local readme=$1 dir=$2 secs=$3 command=$4 regex=$5
+    covered["$readme|$command"]=1
+    (cd "$course/$dir" && timeout -k 5 "$secs" "${student[@]}" bash -c "$command") >"$TMP/out" 2>&1
+    local status=$?
+    if [[ $status -ne 0 && $status -ne 124 ]] && grep -Eq -- "$regex" "$TMP/out"; then pass "$readme: $command (fails, as shown)"
+    else fail "$readme: $command" "wanted a non-zero exit and /$regex/; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+}
+# run_lines README DIR SECONDS REGEX LINE...: lines the README shows together
+# (a rank in the background, then another), run as one script that waits.
+run_lines() {
+    local readme=$1 dir=$2 secs=$3 regex=$4; shift 4
+    local line script=""
+    for line in "$@"; do covered["$readme|$line"]=1; script+="$line"$'\n'; done
+    run "$readme" "$dir" "$secs" "${script}wait" "$regex"
+}
+# not_here README COMMAND REASON: a README command this test cannot run.
+not_here() { [[ -n "${covered["$1|$2"]:-}" ]] || skip "$1: $2" "$3"; covered["$1|$2"]=1; }
+
+# exercise README DIR COMMAND: a make check-exercise command, from DIR. It
+# works when the check ends with a verdict: PASSED (make exits 0), NOT YET
+# (the starter as handed out, or work in progress) or CANNOT CHECK HERE (a
+# GPU exercise without a GPU); make then exits non-zero, after the verdict.
+exercise() {
+    local readme=$1 dir=$2 command=$3
+    covered["$readme|$command"]=1
+    (cd "$course/$dir" && timeout -k 5 300 "${student[@]}" bash -c "$command") >"$TMP/out" 2>&1
+    local status=$? verdict; verdict=$(grep -E '^(PASSED|NOT YET|CANNOT CHECK HERE): ' "$TMP/out" | tail -n 1)
+    if [[ ($status -eq 0 && $verdict == PASSED:*) || ($status -ne 0 && $status -ne 124 && $verdict == "NOT YET:"*) ||
+          ($status -ne 0 && $status -ne 124 && $verdict == "CANNOT CHECK HERE:"*) ]]; then pass "$readme: $command (${verdict%%:*})"
+    else fail "$readme: $command" "exit status $status in $dir/; verdict: '$verdict'; last line: $(tail -n 1 "$TMP/out")"; fi
+}
+
+# ---------------------------------------------------------------- README.md
+# The two commands.
+run README.md . 300 "cd 04_ddp_spawn && make 04_ddp_spawn && ./04_ddp_spawn" '^speedup [0-9.e-]+x \(median of 5; range '
+not_here README.md "make test" "this test is part of what make test runs"
+# (The chapter map's "try" column is run below, from each chapter's folder,
+# with that chapter's README's commands.)
+# A chapter's folder forwards the top folder's targets: make test there runs
+# that chapter's tests (dry run here: the suite is already running).
+run README.md 02_p2p 120 "make -n test" 'tests/run.sh p2p'
+run README.md . 60 "make 04_ddp_spawn" '^built 04_ddp_spawn/04_ddp_spawn; run it from here with \./04_ddp_spawn/04_ddp_spawn'
+exercise README.md . "make check-exercise EX=03/ring_allreduce"
+# Read the diff first: make diffs exits 0 (diff's 1 is not a failure) after
+# the four diffs, 01 -> 04 -> 05 -> 06 -> 07, in that order.
+run README.md . 60 "make diffs" '^\+\+\+ 07_multinode/07_multinode\.c$'
+order=$(grep '^+++ ' "$TMP/out" | cut -c5- | tr '\n' ' ')
+want="04_ddp_spawn/04_ddp_spawn.c 05_env_launch/05_env_launch.c 06_snapshot_resume/06_snapshot_resume.c 07_multinode/07_multinode.c "
+if [[ "$order" == "$want" ]]; then pass "README.md: make diffs prints the four diffs in order"
+else fail "README.md: make diffs prints the four diffs in order" "got: $order"; fi
+run README.md . 60 "make help"
+# make help: every target of the top Makefile, and every chapter with its line.
+missing=""
+for target in test asan bench bench-gpt speedup plots data diffs check-exercise clean; do
+    grep -q "^  make $target " "$TMP/out" || missing+=" make $target"
+done
+for chapter in "$course"/[0-9][0-9]_*/; do
+    chapter=$(basename "$chapter")
+    grep -Eq "^  $chapter +[a-z]" "$TMP/out" || missing+=" $chapter (with its description)"
+done
+if [[ -z "$missing" ]]; then pass "README.md: make help lists every target and every chapter with its description"
+else fail "README.md: make help lists every target and every chapter with its description" "missing:$missing"; fi
+
+# ---------------------------------------------------------------- the chapters
+run 01_single_gpu/README.md 01_single_gpu 120 "make 01_single_gpu && ./01_single_gpu" '^learned weight: '
+exercise 01_single_gpu/README.md 01_single_gpu "make check-exercise EX=01/sgd_step"
+exercise 01_single_gpu/README.md 01_single_gpu "make check-exercise EX=01/sgd_kernel"
+
+run 02_p2p/README.md 02_p2p 120 "make 02_p2p && ./02_p2p" '^Rank 1 has data 1\.0 \(pg_recv returned\)$'
+run 02_p2p/README.md 02_p2p 300 "./02_p2p --bench" '^ +268435456 '
+run 02_p2p/README.md 02_p2p 300 "./02_p2p --bench -b 1K -e 64M -f 4 -n 50" '^ +67108864 '
+exercise 02_p2p/README.md 02_p2p "make check-exercise EX=02/pingpong"
+
+run 03_collectives/README.md 03_collectives 120 "make 03_collectives && ./03_collectives" '^== 9\. barrier'
+run 03_collectives/README.md 03_collectives 300 "./03_collectives --bench -b 8 -e 64M -f 4 -c 1" '^# Out of bounds values : 0 OK$'
+run 03_collectives/README.md 03_collectives 60 "./03_collectives --nprocs 2 --mismatch" 'rank 0 has 3, rank 1 has 2$'
+fails 03_collectives/README.md 03_collectives 60 "COURSE_DEBUG=DETAIL ./03_collectives --nprocs 2 --mismatch" \
+    'error: COURSE_DEBUG=DETAIL: collective #0 differs across ranks: rank 0 called all_reduce\(1000 x f32, sum\), rank 1 called all_reduce\(1000 x f32, max\)'
+exercise 03_collectives/README.md 03_collectives "make check-exercise EX=03/ring_allreduce"
+
+run 04_ddp_spawn/README.md 04_ddp_spawn 300 "make 04_ddp_spawn && ./04_ddp_spawn" '^DDP \([0-9]+\) +weight '
+exercise 04_ddp_spawn/README.md 04_ddp_spawn "make check-exercise EX=04/average_gradients"
+
+run 05_env_launch/README.md 05_env_launch 120 "make 05_env_launch"
+run 05_env_launch/README.md 05_env_launch 120 "./05_env_launch" 'final weight'
+run 05_env_launch/README.md 05_env_launch 120 "../tools/ddprun --standalone --nproc_per_node=2 ./05_env_launch" '^\[rank 0\]: final weight'
+run_lines 05_env_launch/README.md 05_env_launch 60 '^final weight' \
+    "RANK=1 WORLD_SIZE=2 ./05_env_launch --init_method tcp://127.0.0.1:29612 --epochs 2 &" \
+    "RANK=0 WORLD_SIZE=2 ./05_env_launch --init_method tcp://127.0.0.1:29612 --epochs 2"
+run_lines 05_env_launch/README.md 05_env_launch 60 '^final weight' \
+    "RANK=1 WORLD_SIZE=2 ./05_env_launch --init_method file:///tmp/course-rdzv --epochs 2 &" \
+    "RANK=0 WORLD_SIZE=2 ./05_env_launch --init_method file:///tmp/course-rdzv --epochs 2"
+run 05_env_launch/README.md 05_env_launch 60 "../tools/ddprun --standalone --nproc_per_node=2 --pass_local_rank ./05_env_launch --epochs 2" '^\[rank 0\]: final weight'
+exercise 05_env_launch/README.md 05_env_launch "make check-exercise EX=05/epoch_loss"
+
+run 06_snapshot_resume/README.md 06_snapshot_resume 120 "make 06_snapshot_resume"
+run 06_snapshot_resume/README.md 06_snapshot_resume 300 "cd .. && tools/ddprun --standalone --nproc_per_node=2 --max_restarts=2 06_snapshot_resume/06_snapshot_resume --total_epochs 20 --save_every 2 --fail_rank 1 --fail_step 2000" \
+    '^\[rank 0\]: Resuming training from snapshot at Epoch 12, sample 0 \(step 1884\)'
+exercise 06_snapshot_resume/README.md 06_snapshot_resume "make check-exercise EX=06/atomic_save"
+
+run 07_multinode/README.md 07_multinode 120 "make 07_multinode"
+# As root, two network namespaces; otherwise the same on 127.0.0.1.
+run 07_multinode/README.md 07_multinode 300 "./rehearsal.sh" '^rehearsal: PASS'
+checksum() { sed -n 's/.*final weight .*parameters checksum \([0-9a-f]*\).*/\1/p' "$1" | tail -n 1; }
+two_nodes=$(checksum "$TMP/out")
+for node in "0 8" "1 4"; do
+    set -- $node
+    not_here 07_multinode/README.md "export NCCL_SOCKET_IFNAME=eth0 NCCL_DEBUG=INFO" "needs two machines (the rehearsal above plays them)"
+    not_here 07_multinode/README.md "../tools/ddprun --nnodes=2 --node_rank=$1 --nproc_per_node=$2 --master_addr=10.0.0.1 --master_port=29500 ./07_multinode --total_epochs 20" \
+        "needs two machines (the rehearsal above plays them)"
+done
+not_here 07_multinode/README.md "sbatch sbatch_example.sh" "needs a SLURM cluster (the loop below plays srun)"
+run 07_multinode/README.md 07_multinode 120 "for r in 0 1; do SLURM_PROCID=\$r SLURM_NTASKS=2 SLURM_LOCALID=\$r MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 ./07_multinode --total_epochs 2 & done; wait" \
+    'final weight'
+# The README's claim: the same training on one node ends with the same bytes.
+run 07_multinode/README.md 07_multinode 120 "../tools/ddprun --standalone --nproc_per_node=5 ./07_multinode --snapshot_path ../runs/one-node/snapshot.safetensors" 'final weight'
+one_node=$(checksum "$TMP/out")
+if [[ -n "$one_node" && "$one_node" == "$two_nodes" ]]; then pass "07_multinode/README.md: 5 ranks on one node end with the rehearsal's checksum ($one_node)"
+else fail "07_multinode/README.md: 5 ranks on one node end with the rehearsal's checksum" "one node '$one_node', two nodes '$two_nodes'"; fi
+exercise 07_multinode/README.md 07_multinode "make check-exercise EX=07/global_rank"
+
+run 08_gpt_wikitext/README.md 08_gpt_wikitext 300 "make"
+if [[ -n "$wikitext" ]]; then
+    student+=(WIKITEXT_DIR="$wikitext")
+    run 08_gpt_wikitext/README.md 08_gpt_wikitext 600 "./08_gpt_wikitext --preset tiny --max_steps 300" '^test: loss '
+    run 08_gpt_wikitext/README.md 08_gpt_wikitext 120 './08_gpt_wikitext --generate --prompt "The king"' '^--- sample 1 '
+    unset 'student[${#student[@]}-1]'
+else
+    # Without WikiText-2 the command must say so, and how to get it.
+    covered["08_gpt_wikitext/README.md|./08_gpt_wikitext --preset tiny --max_steps 300"]=1
+    (cd "$course/08_gpt_wikitext" && timeout -k 5 60 "${student[@]}" ./08_gpt_wikitext --preset tiny --max_steps 300) >"$TMP/out" 2>&1; status=$?
+    if [[ $status -eq 1 ]] && grep -q "^error: WikiText-2 not found: .*make data" "$TMP/out"; then
+        pass "08_gpt_wikitext/README.md: ./08_gpt_wikitext --preset tiny --max_steps 300 (no WikiText-2 here: one error line that says make data)"
+    else fail "08_gpt_wikitext/README.md: ./08_gpt_wikitext --preset tiny --max_steps 300" "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+    not_here 08_gpt_wikitext/README.md './08_gpt_wikitext --generate --prompt "The king"' "needs the model of a run on WikiText-2, which is not here"
+fi
+not_here 08_gpt_wikitext/README.md "./08_gpt_wikitext" "one epoch of the default model takes about 11 minutes (the tiny run above trains the same code)"
+# The finale: the rehearsal plays the two machines (as root in namespaces, else on 127.0.0.1).
+run 08_gpt_wikitext/README.md 08_gpt_wikitext 300 "./rehearsal.sh" '^rehearsal: PASS \((netns|loopback)\): 2 \+ 1 workers on two hosts trained the same model as one process'
+two_machines="needs two machines (./rehearsal.sh above plays them)"
+for c in "export WIKITEXT_DIR=/data/wikitext-2 NCCL_SOCKET_IFNAME=eth0" "export WIKITEXT_DIR=/data/wikitext-2 COURSE_SOCKET_IFNAME=eth0" \
+         "../tools/ddprun --nnodes=2 --node_rank=0 --nproc_per_node=1 --master_addr=10.0.0.1 --master_port=29500 --max_restarts=3 ./08_gpt_wikitext --device cpu --backend cpu --save_every 1 --snapshot_path ../runs/gpt/snapshot.safetensors"; do
+    not_here 08_gpt_wikitext/README.md "$c" "$two_machines"
+done
+for node in 0 1; do
+    not_here 08_gpt_wikitext/README.md "../tools/ddprun --nnodes=2 --node_rank=$node --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 --max_restarts=3 ./08_gpt_wikitext --epochs 4 --batch_size 8 --save_every 1 --snapshot_path ../runs/gpt/snapshot.safetensors" \
+        "needs two GPU servers (./rehearsal.sh above plays them)"
+done
+not_here 08_gpt_wikitext/README.md "sbatch sbatch_gpt.sh" "needs a SLURM cluster (./rehearsal.sh above runs the same ddprun per node)"
+exercise 08_gpt_wikitext/README.md 08_gpt_wikitext "make check-exercise EX=08/layernorm_backward"
+
+run 08_gpt_wikitext/README.tokenizer.md 08_gpt_wikitext 120 "make -C ../tools bpe_tool"
+tok_commands=("../tools/bpe_tool wikitext --tokenizer ../runs/tokenizer.json --cache_dir ../runs/cache"
+              "../tools/bpe_tool encode -t ../runs/tokenizer.json -i some.txt -o some.u16"
+              "../tools/bpe_tool decode -t ../runs/tokenizer.json -i some.u16 -o back.txt && cmp some.txt back.txt")
+if [[ -n "$wikitext" ]]; then
+    sed -n '1,/^## /p' "$course/08_gpt_wikitext/README.md" >"$course/08_gpt_wikitext/some.txt"   # "any text of yours"
+    student+=(WIKITEXT_DIR="$wikitext")
+    for c in "${tok_commands[@]}"; do run 08_gpt_wikitext/README.tokenizer.md 08_gpt_wikitext 120 "$c"; done
+    unset 'student[${#student[@]}-1]'
+else
+    for c in "${tok_commands[@]}"; do not_here 08_gpt_wikitext/README.tokenizer.md "$c" "needs a tokenizer trained on WikiText-2, which is not here"; done
+fi
+
+run tools/README.md tools 120 "./ddprun --standalone --nproc_per_node=4 ../05_env_launch/05_env_launch --epochs 2" '^\[rank 0\]: final weight'
+for node in "0 8" "1 4"; do
+    set -- $node
+    not_here tools/README.md "./ddprun --nnodes=2 --node_rank=$1 --nproc_per_node=$2 --master_addr=node0 --master_port=29500 ../05_env_launch/05_env_launch" \
+        "needs two machines (test_ddprun runs two nodes on one host)"
+done
+
+# ---------------------------------------------------------------- the figures, the data
+# Measurements and figures of a fresh copy: nothing stale can be drawn.
+if [[ "${ASAN:-0}" == 1 ]]; then
+    # Measurements are meaningless and very slow under the sanitizers.
+    for c in "make speedup" "make plots" "make plots drew every figure"; do skip "README.md: $c" "not measured in a sanitizer build (make asan)"; done
+else
+    run README.md . 600 "make speedup" '^speedup: CSV in runs/speedup/'
+    rows=$(grep -c '^[0-9]' "$course/runs/speedup/speedup_large.csv" 2>/dev/null)
+    if [[ "$(head -n 1 "$course/runs/speedup/speedup_large.csv" 2>/dev/null)" == *",speedup_min,speedup_max" && ${rows:-0} -ge 2 ]] &&
+       grep -q '^# command: speedup.sh 1\.\.[0-9]* ranks, 3 rounds of ' "$course/runs/speedup/speedup_large.csv"; then
+        pass "README.md: make speedup writes the median and range per world size, and how it measured"
+    else fail "README.md: make speedup writes the median and range per world size, and how it measured" "$(head -n 3 "$course/runs/speedup/speedup_large.csv" 2>/dev/null | tr '\n' '|')"; fi
+    run README.md . 600 "make plots"
+    if command -v gnuplot >/dev/null; then
+        missing="" want="01_loss 02_p2p 03_collectives speedup"
+        [[ -n "$wikitext" ]] || expect_output "README.md: make plots says why 08's figures are skipped" "$TMP/out" '^plots: skipped 08_gpt_loss, 08_gpt_tokens: WikiText-2 is not here'
+        for f in $want; do [[ -s "$course/runs/plots/$f.png" ]] || missing+=" $f"; done
+        if [[ -z $missing ]]; then pass "README.md: make plots drew every figure ($want) in the fresh copy"
+        else fail "README.md: make plots drew every figure ($want) in the fresh copy" "missing:$missing"; fi
+    else
+        skip "README.md: make plots drew every figure" "gnuplot is not installed"
+    fi
+fi
+# make data without a network (a mirror that refuses): one error, and no
+# empty data/ folder left behind.
+(cd "$course" && WIKITEXT_URL=http://127.0.0.1:9 timeout -k 5 120 "${student[@]}" make data) >"$TMP/out" 2>&1; status=$?
+if [[ $status -ne 0 ]] && grep -q '^get_wikitext: error: could not download' "$TMP/out" && [[ ! -e "$course/data" ]]; then
+    pass "README.md: make data, offline: one error saying what to do, and no data/ folder left"
+else fail "README.md: make data, offline: one error saying what to do, and no data/ folder left" "status $status, data/ $( [[ -e $course/data ]] && echo exists || echo absent): $(tail -n 1 "$TMP/out")"; fi
+
+# ---------------------------------------------------------------- the emulated GPU
+# Last: a CUDA=emu build sticks, and the commands above must not see it.
+emu_check() { # README DIR SECONDS COMMAND REGEX: as run, on the device the program chooses
+    local saved=("${student[@]}")
+    student=("${student_shell[@]}")
+    run "$@"
+    student=("${saved[@]}")
+}
+emu_check README.md . 300 "cd 01_single_gpu && make CUDA=emu 01_single_gpu && ./01_single_gpu" \
+    '^01_single_gpu: running on GPU 0: emulated GPU \(CPU, for testing\)'
+exercise README.md . "make CUDA=emu check-exercise EX=01/sgd_kernel"
+not_here README.md "make CUDA=emu test" "this test is part of what make test runs (CI runs make CUDA=emu test)"
+emu_check emu/README.md emu 300 "cd .. && make CUDA=emu"
+emu_check emu/README.md emu 120 "cd ../01_single_gpu && make CUDA=emu 01_single_gpu && ./01_single_gpu --device cuda" \
+    'emulated GPU \(CPU, for testing\)'
+covered["emu/README.md|cd ../tests/emu && make CUDA=emu && ./planted_missing_syncthreads"]=1
+(cd "$course/emu" && timeout -k 5 300 "${student_shell[@]}" bash -c "cd ../tests/emu && make CUDA=emu && ./planted_missing_syncthreads") \
+    >"$TMP/out" 2>&1
+status=$?
+if [[ $status -eq 1 ]] && grep -Eq '^block sum -?nan, expected 32896' "$TMP/out"; then
+    pass "emu/README.md: cd ../tests/emu && make CUDA=emu && ./planted_missing_syncthreads (the bug is caught)"
+else fail "emu/README.md: the planted bug is caught" "status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+not_here emu/README.md "cd .. && make CUDA=emu test" "this test is part of what make test runs"
+not_here emu/README.md "cd .. && make CUDA=emu ASAN=1 test" "make asan's job; tests/tools/test_emu.sh runs the planted bugs under ASan's build too"
+
+# ---------------------------------------------------------------- coverage
+# Every line of every ```sh block in the READMEs (continuations joined,
+# comments dropped) must be a command run or skipped above.
+uncovered=0
+for readme in README.md [0-9][0-9]_*/README*.md tools/README.md emu/README.md; do
+    [[ -f "$course/$readme" ]] || continue
+    while IFS= read -r command; do
+        [[ -n "${covered["$readme|$command"]:-}" ]] && continue
+        fail "README coverage: $readme" "the command '$command' is not run by tests/course/test_readme.sh"
+        uncovered=$((uncovered + 1))
+    done < <(awk '/^ *```sh *$/ { on = 1; next } /^ *```/ { on = 0 } on' "$course/$readme" |
+             sed 's/^ *//; s/ *#.*$//' | awk '/\\$/ { sub(/ *\\$/, " "); line = line $0; next } { print line $0; line = "" }' |
+             sed 's/  */ /g; s/ *$//' | grep -v '^$')
+done
+[[ $uncovered -eq 0 ]] && pass "README coverage: every command in the READMEs' sh blocks is run or skipped here"
+no_leftovers "README: no process left behind" "$course/"

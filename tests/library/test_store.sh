@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# tests/library/test_store.sh - the rendezvous store (common/store.h): its unit tests,
+# then real 3-process jobs meeting through env://, tcp:// and file://, and the
+# failures a user must see explained: a stale rendezvous file, a rank that never
+# comes, a stranger on the store's port, a port already taken, another job's token.
+source "$(dirname "$0")/../lib.sh"
+
+if ! make -C "$ROOT/tests" -s unit/test_store unit/test_store_rdzv >"$TMP/build.log" 2>&1; then
+    fail store_build "make -C tests failed: $(grep -m3 -E 'error|Error' "$TMP/build.log" | tr '\n' '|')"
+    exit 1
+fi
+UNIT=$ROOT/tests/unit/test_store
+RDZV=$ROOT/tests/unit/test_store_rdzv
+unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT COURSE_AGENT_STORE COURSE_JOB_TOKEN \
+      TORCHELASTIC_RESTART_COUNT LOCAL_RANK LOCAL_WORLD_SIZE
+
+# ------------------------------------------------------------------ unit tests
+run_capture 60 "$TMP/unit.log" "$UNIT"
+status=$?
+grep -E '^(PASS|FAIL|SKIP) ' "$TMP/unit.log"
+if [[ $status -ne 0 ]] && ! grep -q '^FAIL ' "$TMP/unit.log"; then
+    fail store_unit "test_store exited with status $status: $(grep -v '^PASS' "$TMP/unit.log" | tail -n 3 | tr '\n' '|')"
+fi
+
+# A port for this test: random in 20000-31999 (below Linux's ephemeral range),
+# so that test runs side by side rarely collide.
+pick_port() { echo $((20000 + (RANDOM * 32768 + RANDOM) % 12000)); }
+
+# job_ok NAME LOGPREFIX ROUNDS : every rank's log says "ok" ROUNDS times and each exited 0.
+job_ok() {
+    local name=$1 prefix=$2 rounds=$3 r bad=""
+    for r in 0 1 2; do
+        local status; status=$(cat "$prefix.$r.status")
+        local oks; oks=$(grep -c ' ok$' "$prefix.$r.log")
+        if [[ $status -ne 0 || $oks -ne $rounds ]]; then
+            bad+="rank $r status $status ($(tail -n 2 "$prefix.$r.log" | tr '\n' ' ')); "
+        fi
+    done
+    if [[ -z "$bad" ]]; then pass "$name"; else fail "$name" "$bad"; fi
+}
+
+# start_rank PREFIX RANK [ENV=VAL ...] -- ARGS : one rank in the background, status to PREFIX.RANK.status.
+start_rank() {
+    local prefix=$1 rank=$2; shift 2
+    local envs=()
+    while [[ $# -gt 0 && $1 != -- ]]; do envs+=("$1"); shift; done
+    shift
+    ( env "${envs[@]}" timeout -k 5 40 "$RDZV" "$@" >"$prefix.$rank.log" 2>&1
+      echo $? >"$prefix.$rank.status" ) &
+}
+
+# ------------------------------------------------------------------ env://
+port=$(pick_port)
+for r in 0 1 2; do
+    start_rank "$TMP/env" $r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=3 -- --rounds 2
+done
+wait
+job_ok env_3_ranks_twice "$TMP/env" 2
+
+# ------------------------------------------------------------------ tcp:// (ranks started in reverse)
+port=$(pick_port)
+for r in 2 1 0; do
+    start_rank "$TMP/tcp" $r -- --init_method "tcp://127.0.0.1:$port" --rank $r --world_size 3
+    sleep 0.2
+done
+wait
+job_ok tcp_3_ranks "$TMP/tcp" 1
+
+# ------------------------------------------------------------------ file://
+rdzv_file=$TMP/job.rdzv
+for r in 1 2 0; do
+    start_rank "$TMP/file" $r -- --init_method "file://$rdzv_file" --rank $r --world_size 3 --rounds 2
+done
+wait
+job_ok file_3_ranks_twice "$TMP/file" 2
+check file_record_removed_at_close test ! -e "$rdzv_file"
+
+# A stale record from an earlier run: garbage first, then a well-formed record
+# pointing at a live store of another job (another nonce). Clients start first.
+port=$(pick_port)
+( timeout -k 2 30 "$RDZV" --init_method "tcp://127.0.0.1:$port" --rank 0 --world_size 2 \
+      >"$TMP/decoy.log" 2>&1 ) &
+decoy=$!
+printf 'this is not a record\n' >"$rdzv_file"
+for r in 1 2; do
+    start_rank "$TMP/stale" $r -- --init_method "file://$rdzv_file" --rank $r --world_size 3
+done
+sleep 1
+printf 'course-rendezvous 1\nhost 127.0.0.1\nport %d\nnonce 00000000deadbeef\nworld 3\nstarted 1\npid 1\n' \
+    "$port" >"$rdzv_file"
+sleep 1
+start_rank "$TMP/stale" 0 -- --init_method "file://$rdzv_file" --rank 0 --world_size 3
+for r in 0 1 2; do
+    for i in $(seq 450); do [[ -e $TMP/stale.$r.status ]] && break; sleep 0.1; done
+    [[ -e $TMP/stale.$r.status ]] || echo 124 >"$TMP/stale.$r.status"
+done
+kill "$decoy" 2>/dev/null; wait
+job_ok file_stale_record_ignored "$TMP/stale" 1
+
+# ------------------------------------------------------------------ a rank that never joins
+port=$(pick_port)
+start=$(date +%s)
+for r in 0 1; do
+    start_rank "$TMP/missing" $r COURSE_TIMEOUT=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=3 --
+done
+wait
+secs=$(( $(date +%s) - start ))
+if [[ $(cat "$TMP/missing.0.status") -ne 0 && $(cat "$TMP/missing.1.status") -ne 0 && $secs -lt 30 ]]; then
+    pass missing_rank_fails
+else
+    fail missing_rank_fails "statuses $(cat "$TMP/missing.0.status") $(cat "$TMP/missing.1.status") after ${secs}s"
+fi
+expect_output missing_rank_named_rank0 "$TMP/missing.0.log" "2 of 3 ranks joined .* after 3 s; missing: rank 2"
+expect_output missing_rank_named_rank1 "$TMP/missing.1.log" "missing: rank 2"
+
+# ------------------------------------------------------------------ garbage on the store port
+port=$(pick_port)
+start_rank "$TMP/garbage" 0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=0 WORLD_SIZE=3 --
+sleep 0.5
+# An HTTP request and random bytes through bash's /dev/tcp, and an idle connection.
+for try in 1 2 3 4 5 6 7 8 9 10; do
+    if exec 3<>"/dev/tcp/127.0.0.1/$port" 2>/dev/null; then break; fi
+    sleep 0.2
+done
+printf 'GET / HTTP/1.0\r\n\r\n' >&3 2>/dev/null; exec 3>&-
+if exec 3<>"/dev/tcp/127.0.0.1/$port" 2>/dev/null; then
+    head -c 4096 /dev/urandom >&3 2>/dev/null; exec 3>&-
+fi
+exec 4<>"/dev/tcp/127.0.0.1/$port" 2>/dev/null
+for r in 1 2; do
+    start_rank "$TMP/garbage" $r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=3 --
+done
+wait
+exec 4>&- 2>/dev/null
+job_ok garbage_client_ignored "$TMP/garbage" 1
+expect_output garbage_client_reported "$TMP/garbage.0.log" "dropped a connection from 127.0.0.1"
+
+# ------------------------------------------------------------------ port already in use
+port=$(pick_port)
+( timeout -k 2 30 "$RDZV" --init_method "tcp://127.0.0.1:$port" --rank 0 --world_size 2 \
+      >"$TMP/holder.log" 2>&1 ) &
+holder=$!
+sleep 0.5
+MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=0 WORLD_SIZE=2 run_capture 20 "$TMP/inuse.log" "$RDZV"
+status=$?
+kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
+if [[ $status -ne 0 && $status -ne 124 ]]; then pass port_in_use_fails
+else fail port_in_use_fails "exit status $status"; fi
+# Started by hand (no launcher): the advice is MASTER_PORT, not a ddprun flag.
+expect_output port_in_use_message "$TMP/inuse.log" "port $port is already in use on 127.0.0.1 \(another job\? set MASTER_PORT to a free port"
+
+# ------------------------------------------------------------------ token mismatch
+port=$(pick_port)
+start_rank "$TMP/token" 0 COURSE_TIMEOUT=4 COURSE_JOB_TOKEN=job-a MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=0 WORLD_SIZE=2 --
+sleep 0.3
+start_rank "$TMP/token" 1 COURSE_TIMEOUT=4 COURSE_JOB_TOKEN=job-b MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=1 WORLD_SIZE=2 --
+wait
+if [[ $(cat "$TMP/token.1.status") -ne 0 ]]; then pass token_mismatch_fails
+else fail token_mismatch_fails "the rank with another token was let in"; fi
+expect_output token_mismatch_message "$TMP/token.1.log" "the store at 127.0.0.1:$port belongs to another job \(token mismatch\)"
+
+# ------------------------------------------------------------------ configuration errors
+WORLD_SIZE=2 RANK=1 run_capture 10 "$TMP/noaddr.log" "$RDZV"
+[[ $? -ne 0 ]] && expect_output env_needs_master_addr "$TMP/noaddr.log" "needs MASTER_ADDR" \
+    || fail env_needs_master_addr "a 2-rank env:// job without MASTER_ADDR did not fail"
+port=$(pick_port)
+COURSE_TIMEOUT=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 RANK=1 \
+    run_capture 20 "$TMP/unreach.log" "$RDZV"
+[[ $? -ne 0 ]] && expect_output unreachable_master_message "$TMP/unreach.log" \
+    "could not reach the rendezvous store at 127.0.0.1:$port after 1 s" \
+    || fail unreachable_master_message "rank 1 without a rank 0 did not fail"
+COURSE_TIMEOUT=soon run_capture 10 "$TMP/badtimeout.log" "$RDZV"
+[[ $? -ne 0 ]] && expect_output bad_course_timeout "$TMP/badtimeout.log" "COURSE_TIMEOUT must be a number" \
+    || fail bad_course_timeout "COURSE_TIMEOUT=soon was accepted"
+run_capture 10 "$TMP/badmethod.log" "$RDZV" --init_method "udp://x:1"
+[[ $? -ne 0 ]] && expect_output unknown_init_method "$TMP/badmethod.log" "unknown init method 'udp://x:1'" \
+    || fail unknown_init_method "udp:// was accepted"
+run_capture 10 "$TMP/single.log" "$RDZV"
+[[ $? -eq 0 ]] && expect_output single_process_no_env "$TMP/single.log" "rank 0 of 1 round 0: sum 1 ok" \
+    || fail single_process_no_env "a lone process failed: $(tail -n 2 "$TMP/single.log")"
+
+no_leftovers store_no_leftovers "$RDZV"
