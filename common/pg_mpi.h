@@ -49,7 +49,8 @@
 #include "check.h"
 #include "launch_env.h"
 
-#define PG_MPI_HOW_TO_GET "install OpenMPI (apt-get install libopenmpi-dev openmpi-bin) or MPICH and run make again (without MPI=0)"
+#define PG_MPI_HOW_TO_GET \
+    "install OpenMPI (apt-get install libopenmpi-dev openmpi-bin) or MPICH and run make again (without MPI=0)"
 
 #ifdef COURSE_MPI
 #include <errno.h>
