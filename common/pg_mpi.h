@@ -50,7 +50,8 @@
 #include "launch_env.h"
 #include "pg_types.h"
 
-#define PG_MPI_HOW_TO_GET "install OpenMPI (apt-get install libopenmpi-dev openmpi-bin) or MPICH and run make again (without MPI=0)"
+#define PG_MPI_HOW_TO_GET \
+    "install OpenMPI (apt-get install libopenmpi-dev openmpi-bin) or MPICH and run make again (without MPI=0)"
 
 #ifdef COURSE_MPI
 #include <errno.h>
