@@ -100,3 +100,14 @@ gpu_count() {
     if is_emu; then echo "${EMU_GPUS:-8}"
     else nvidia-smi -L 2>/dev/null | grep -c '^GPU'; fi
 }
+
+# free_port : a port on 127.0.0.1 that nothing listens on now, for a test
+# that must name its port in advance (a rendezvous by hand, two nodes).
+free_port() {
+    local port
+    for _ in $(seq 50); do
+        port=$((20000 + RANDOM % 20000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then echo "$port"; return; fi
+    done
+    echo 29555
+}

@@ -27,14 +27,6 @@ same_result() {
         pass "$1 (weight $w, bias $b)"
     else fail "$1" "status $3, got '${r:-no final line}', 5 ranks on one node got $ref_w $ref_b: $(grep -m2 -E 'error|FAIL' "${2%/*}"/*.log "$2" 2>/dev/null | tr '\n' '|')"; fi
 }
-free_port() {
-    local port
-    for _ in $(seq 50); do
-        port=$((20000 + RANDOM % 20000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then echo "$port"; return; fi
-    done
-    echo 29533
-}
 
 # Can this machine make network namespaces? (root with CAP_NET_ADMIN)
 probe=c07probe-$$

@@ -20,15 +20,6 @@ if ! make -C "$ROOT/tools" -s ddprun >"$TMP/build.log" 2>&1 ||
     exit 1
 fi
 
-# A port nothing listens on now (for the tests that need a fixed port).
-free_port() {
-    local port
-    for _ in $(seq 50); do
-        port=$((20000 + RANDOM % 20000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then echo "$port"; return; fi
-    done
-    echo 29555
-}
 
 # wait_deadline PID SECONDS : wait for a background job, killing it after
 # SECONDS; returns its status. (No guard subshell: it would inherit lib.sh's

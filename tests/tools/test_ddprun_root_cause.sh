@@ -18,14 +18,6 @@ if ! make -C "$ROOT/tools" -s ddprun >"$TMP/build.log" 2>&1 ||
     exit 1
 fi
 
-free_port() {
-    local port
-    for _ in $(seq 50); do
-        port=$((20000 + RANDOM % 20000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then echo "$port"; return; fi
-    done
-    echo 29577
-}
 
 port=$(free_port)
 export COURSE_KILL_GRACE=3

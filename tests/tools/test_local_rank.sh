@@ -27,7 +27,7 @@ else fail "local_rank: without the switch the arguments are untouched" "status $
 
 # Started by a launcher that only passes the argument: it becomes LOCAL_RANK.
 # Two ranks of 05, each told its local rank by argument alone, LOCAL_RANK unset.
-port=$(( 20000 + RANDOM % 20000 ))
+port=$(free_port)
 one_rank() {   # RANK FLAG... : one rank of 2, told its local rank by argument only
     local rank=$1; shift
     ( unset LOCAL_RANK; export RANK=$rank WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port
@@ -42,7 +42,7 @@ else fail "local_rank: two ranks started with --local_rank only train" "status $
 # On GPUs the local rank picks the GPU: NCCL needs rank 1 on GPU 1, which it
 # only knows from the argument (were it ignored, both would take GPU 0).
 if is_emu && [[ $(gpu_count) -ge 2 ]]; then
-    port=$(( 20000 + RANDOM % 20000 ))
+    port=$(free_port)
     one_rank 1 --backend nccl --local_rank=1 &
     one_rank 0 --backend nccl --local_rank=0; status=$?
     wait
