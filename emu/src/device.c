@@ -718,13 +718,16 @@ static void on_fault(int sig, siginfo_t *info, void *context) {
 // Faults in a kernel thread can be stack overflows, so the handler needs a
 // stack of its own on every host thread that runs kernels.
 void emu_install_fault_handler(void) {
-    static __thread bool have_altstack = false;
-    if (!have_altstack) {
+    // Kept for the thread's lifetime (the kernel keeps using it), and kept
+    // reachable here so that leak checkers do not call it lost.
+    static __thread void *altstack = NULL;
+    if (!altstack) {
         stack_t ss;
         ss.ss_size = 64 * 1024;
         ss.ss_sp = malloc(ss.ss_size);
         ss.ss_flags = 0;
-        if (ss.ss_sp && sigaltstack(&ss, NULL) == 0) have_altstack = true;
+        if (ss.ss_sp && sigaltstack(&ss, NULL) == 0) altstack = ss.ss_sp;
+        else free(ss.ss_sp);
     }
     static bool installed = false;
     if (installed) return;
