@@ -72,7 +72,7 @@ struct pg {
     void *host[2];                 // staging buffers, grown on demand and kept
     size_t host_bytes[2];
     char description[400];
-    pg_debug debug;                // COURSE_DEBUG (pg_debug.h)
+    pg_debug_t debug;              // COURSE_DEBUG (pg_debug.h)
 };
 
 struct pg_request {
@@ -389,17 +389,11 @@ static inline void pg_recv(pg_t *pg, void *buf, size_t count, dtype_t t, int pee
 // NCCL or stages the buffers and calls the cpu backend.
 
 // COURSE_DEBUG=INFO|DETAIL (pg_debug.h): name the call and everything the
-// ranks must agree on; root < 0 and op < 0 when the collective has none,
-// t < 0 for a barrier.
+// ranks must agree on; root < 0 and op < 0 when the collective has none.
 static inline void pg_announce(pg_t *pg, const char *name, size_t count, dtype_t t, int op,
                                int root) {
     if (pg->debug.level == PG_DEBUG_OFF) return;
     char what[160];
-    if ((int)t < 0) {   // a barrier: nothing but the call itself
-        snprintf(what, sizeof what, "%s()", name);
-        pg_debug_collective(&pg->debug, what);
-        return;
-    }
     int n = snprintf(what, sizeof what, "%s(%zu x %s", name, count, dtype_name(t));
     if (op >= 0) n += snprintf(what + n, sizeof what - (size_t)n, ", %s", redop_name((redop_t)op));
     if (root >= 0) n += snprintf(what + n, sizeof what - (size_t)n, ", root %d", root);
@@ -565,7 +559,7 @@ static inline void pg_all_to_all(pg_t *pg, const void *send, void *recv, size_t 
 
 // Returns once every rank has called it.
 static inline void pg_barrier(pg_t *pg) {
-    pg_announce(pg, "barrier", 0, (dtype_t)-1, -1, -1);
+    pg_debug_collective(&pg->debug, "barrier()");
 #ifdef COURSE_CUDA
     if (pg->nccl) { nccl_barrier(pg->nccl); return; }
 #endif

@@ -19,6 +19,7 @@
 #ifndef COURSE_PG_DEBUG_H
 #define COURSE_PG_DEBUG_H
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,18 +27,18 @@
 #include "check.h"
 #include "store_client.h"
 
-typedef enum { PG_DEBUG_OFF, PG_DEBUG_INFO, PG_DEBUG_DETAIL } pg_debug_level;
+typedef enum { PG_DEBUG_OFF, PG_DEBUG_INFO, PG_DEBUG_DETAIL } pg_debug_level_t;
 
 typedef struct {
-    pg_debug_level level;
+    pg_debug_level_t level;
     store_t *store;        // the rendezvous store (DETAIL only)
     int rank, world_size;
     int generation;        // which process group: keys never collide across groups
     unsigned long calls;   // collectives called so far by this rank
     double timeout_s;
-} pg_debug;
+} pg_debug_t;
 
-static inline pg_debug_level pg_debug_level_from_env(void) {
+static inline pg_debug_level_t pg_debug_level_from_env(void) {
     const char *text = getenv("COURSE_DEBUG");
     if (!text || !text[0] || !strcmp(text, "OFF")) return PG_DEBUG_OFF;
     if (!strcmp(text, "INFO")) return PG_DEBUG_INFO;
@@ -46,14 +47,14 @@ static inline pg_debug_level pg_debug_level_from_env(void) {
     return PG_DEBUG_OFF;
 }
 
-static inline pg_debug pg_debug_start(store_t *store, int rank, int world_size, int generation,
+static inline pg_debug_t pg_debug_start(store_t *store, int rank, int world_size, int generation,
                                       double timeout_s) {
-    pg_debug d = {pg_debug_level_from_env(), store, rank, world_size, generation, 0, timeout_s};
+    pg_debug_t d = {pg_debug_level_from_env(), store, rank, world_size, generation, 0, timeout_s};
     if (d.level == PG_DEBUG_DETAIL && (!store || world_size < 2)) d.level = PG_DEBUG_INFO;
     return d;
 }
 
-static inline void pg_debug_key(const pg_debug *d, unsigned long call, int rank, char *key,
+static inline void pg_debug_key(const pg_debug_t *d, unsigned long call, int rank, char *key,
                                 size_t size) {
     snprintf(key, size, "debug/%d/%lu/%d", d->generation, call, rank);
 }
@@ -61,7 +62,7 @@ static inline void pg_debug_key(const pg_debug *d, unsigned long call, int rank,
 // Every rank publishes call n's description, then reads everyone's. A rank
 // that reaches call n has finished checking call n-1, and so has every rank
 // whose call-n key it reads: so n-1's keys can go.
-static inline void pg_debug_compare(pg_debug *d, const char *mine) {
+static inline void pg_debug_compare(pg_debug_t *d, const char *mine) {
     char key[96], theirs[160];
     pg_debug_key(d, d->calls, d->rank, key, sizeof key);
     store_set(d->store, key, mine, strlen(mine) + 1);
@@ -74,10 +75,12 @@ static inline void pg_debug_compare(pg_debug *d, const char *mine) {
                 r, d->calls, d->timeout_s, mine, r);
         store_get(d->store, key, theirs, sizeof theirs, d->timeout_s);
         theirs[sizeof theirs - 1] = '\0';
-        if (strcmp(theirs, mine) != 0)
-            die("COURSE_DEBUG=DETAIL: collective #%lu differs across ranks: rank %d called %s, "
-                "rank %d called %s", d->calls, d->rank < r ? d->rank : r,
-                d->rank < r ? mine : theirs, d->rank < r ? r : d->rank, d->rank < r ? theirs : mine);
+        if (strcmp(theirs, mine) == 0) continue;
+        // Name the lower rank first, so that every rank prints the same line.
+        bool first = d->rank < r;
+        die("COURSE_DEBUG=DETAIL: collective #%lu differs across ranks: rank %d called %s, "
+            "rank %d called %s", d->calls, first ? d->rank : r, first ? mine : theirs,
+            first ? r : d->rank, first ? theirs : mine);
     }
     if (d->calls > 0) {
         pg_debug_key(d, d->calls - 1, d->rank, key, sizeof key);
@@ -87,10 +90,9 @@ static inline void pg_debug_compare(pg_debug *d, const char *mine) {
 
 // Called first thing by every collective of pg.h. `what` says everything the
 // ranks must agree on, e.g. "all_reduce(1024 x f32, sum)".
-static inline void pg_debug_collective(pg_debug *d, const char *what) {
+static inline void pg_debug_collective(pg_debug_t *d, const char *what) {
     if (d->level == PG_DEBUG_OFF) return;
-    if (d->level == PG_DEBUG_INFO || d->level == PG_DEBUG_DETAIL)
-        course_say("COURSE_DEBUG: collective #%lu: %s", d->calls, what);
+    course_say("COURSE_DEBUG: collective #%lu: %s", d->calls, what);
     if (d->level == PG_DEBUG_DETAIL) pg_debug_compare(d, what);
     d->calls++;
 }
