@@ -148,13 +148,8 @@ int main(int argc, char **argv) {
     linreg_free_data(&data);
     // Did it learn, or blow up? Every rank knows (the loss is all-reduced);
     // rank 0 says it before anyone leaves, then all of them exit with 1.
-    bool diverged = linreg_diverged(first_loss, last_loss);
-    if (diverged && dist.rank == 0)
-        course_say("error: training diverged: the loss went from %g (epoch %d) to %g (epoch %d). lr %g%s is "
-                   "too large: SGD on this data is stable only for lr below 1. Use --lr %g or less, or "
-                   "fewer ranks", first_loss, first_epoch, last_loss, opt.epochs - 1, lr,
-                   opt.scale_lr && dist.world_size > 1 ? " (lr x world size, the linear scaling rule)" : "",
-                   0.5 / (opt.scale_lr ? dist.world_size : 1));
+    bool diverged = linreg_report_divergence(dist.rank, dist.world_size, first_loss, first_epoch,
+                                             last_loss, opt.epochs - 1, lr, opt.scale_lr);
     dist_finish(&dist);
     return diverged ? 1 : 0;
 }

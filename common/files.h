@@ -57,8 +57,9 @@ static inline const char *files_course_root(void) {
 // use it to write into a folder of their own, apart from your runs.
 static inline void files_runs_dir(char *out, size_t size, const char *chapter) {
     const char *runs = getenv("COURSE_RUNS_DIR");
-    if (runs && runs[0]) snprintf(out, size, "%s/%s", runs, chapter);
-    else snprintf(out, size, "%s/runs/%s", files_course_root(), chapter);
+    int n = runs && runs[0] ? snprintf(out, size, "%s/%s", runs, chapter)
+                            : snprintf(out, size, "%s/runs/%s", files_course_root(), chapter);
+    if (n < 0 || (size_t)n >= size) die("the path of %s's outputs is longer than %zu bytes: %s", chapter, size, out);
 }
 
 // mkdir -p: the folder and its parents. False, with errno set, when one

@@ -232,6 +232,23 @@ static inline bool linreg_diverged(double first_loss, double last_loss) {
     return !(last_loss <= 2 * first_loss);   // NaN counts as diverged
 }
 
+// The data-parallel chapters' verdict: true when the run diverged, and then
+// rank 0 says why and what learning rate would be stable (lr was scaled by
+// the world size when scale_lr is set). Every rank gets the same answer,
+// since the losses were all-reduced, so every rank can exit with it.
+static inline bool linreg_report_divergence(int rank, int world_size, double first_loss,
+                                            int first_epoch, double last_loss, int last_epoch,
+                                            double lr, bool scale_lr) {
+    if (!linreg_diverged(first_loss, last_loss)) return false;
+    if (rank == 0)
+        course_say("error: training diverged: the loss went from %g (epoch %d) to %g (epoch %d). lr %g%s is "
+                   "too large: SGD on this data is stable only for lr below 1. Use --lr %g or less, or "
+                   "fewer ranks", first_loss, first_epoch, last_loss, last_epoch, lr,
+                   scale_lr && world_size > 1 ? " (lr x world size, the linear scaling rule)" : "",
+                   0.5 / (scale_lr ? world_size : 1));
+    return true;
+}
+
 // Parameters copied to the host: w[0..D-1], b.
 static inline void linreg_get_params(const linreg_model *m, float *host_params) {
     device_to_host(m->device, host_params, m->params, sizeof(float) * (size_t)(m->features + 1));
