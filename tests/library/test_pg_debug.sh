@@ -28,8 +28,8 @@ for ranks in 2 4; do
 done
 
 # DETAIL on a correct program changes nothing: the lesson's output is the same.
-run_capture 60 "$TMP/plain" "$bin" --nprocs 3 --device cpu; s1=$?
-COURSE_DEBUG=DETAIL run_capture 60 "$TMP/checked" "$bin" --nprocs 3 --device cpu; s2=$?
+run_capture 180 "$TMP/plain" "$bin" --nprocs 3 --device cpu; s1=$?
+COURSE_DEBUG=DETAIL run_capture 180 "$TMP/checked" "$bin" --nprocs 3 --device cpu; s2=$?
 # (part 9 prints times, which differ from run to run: left out)
 lesson_cut() { grep -v 'COURSE_DEBUG: collective' "$1" | awk '/^== 9\./ { skip = 1 } /^== 10\./ { skip = 0 } !skip'; }
 lesson_cut "$TMP/plain" >"$TMP/plain.cut"
