@@ -60,7 +60,7 @@ static inline void cpu_ring_reduce_scatter(cpu_pg_t *pg, const char *send, char 
         cpu_req_t *reqs[2] = {
             cpu_post_recv_reduce(pg, cpu_mod(r - 1, n), recv + in_first * es,
                                  send + in_first * es, in_len, t, op),
-            cpu_post_send(pg, cpu_mod(r + 1, n), out, out_len * es),
+            cpu_post_send_to_reduce(pg, cpu_mod(r + 1, n), out, out_len * es),
         };
         cpu_wait(pg, reqs, 2);
     }
@@ -197,8 +197,8 @@ static inline void cpu_reduce_scatter_core(cpu_pg_t *pg, const char *send, char 
         cpu_req_t *reqs[2] = {
             cpu_post_recv_reduce(pg, cpu_mod(r - 1, n), acc, send + (size_t)in * bytes, count,
                                  t, op),
-            cpu_post_send(pg, cpu_mod(r + 1, n), s == 0 ? send + (size_t)out * bytes : partial,
-                          bytes),
+            cpu_post_send_to_reduce(pg, cpu_mod(r + 1, n),
+                                    s == 0 ? send + (size_t)out * bytes : partial, bytes),
         };
         cpu_wait(pg, reqs, 2);
         partial = acc;
@@ -261,7 +261,7 @@ static inline void cpu_chain_broadcast(cpu_pg_t *pg, char *buf, size_t bytes, in
     for (size_t k = 0; k < segments; k++) {
         size_t at = k * CPU_SEGMENT_BYTES, len = bytes - at < CPU_SEGMENT_BYTES ? bytes - at : CPU_SEGMENT_BYTES;
         if (me != 0) cpu_wait(pg, &recvs[k], 1);
-        if (me != n - 1) sends[k] = cpu_post_send(pg, next, buf + at, len);
+        if (me != n - 1) sends[k] = cpu_post_send_as(pg, next, buf + at, len, false);
     }
     if (me != n - 1) cpu_wait(pg, sends, (int)segments);
     free(recvs);
@@ -271,7 +271,7 @@ static inline void cpu_chain_broadcast(cpu_pg_t *pg, char *buf, size_t bytes, in
 static inline void cpu_broadcast(cpu_pg_t *pg, void *buf, size_t bytes, int root) {
     pg->tag = CPU_TAG_BROADCAST;
     if (pg->world == 1) return;
-    if (bytes <= CPU_SMALL_BYTES) cpu_tree_broadcast(pg, buf, bytes, root);
+    if (bytes <= CPU_TREE_BROADCAST_BYTES) cpu_tree_broadcast(pg, buf, bytes, root);
     else cpu_chain_broadcast(pg, buf, bytes, root);
 }
 

@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -28,19 +29,35 @@
 #include "timer.h"
 
 enum {
-    CPU_SMALL_BYTES = 64 << 10,      // up to this size: algorithms with fewer steps
+    CPU_SMALL_BYTES = 64 << 10,      // all-reduce up to this size: recursive doubling
+    CPU_TREE_BROADCAST_BYTES = 8 << 20,   // broadcast up to this size: a tree
     CPU_SEGMENT_BYTES = 512 << 10,   // pipeline unit of the large broadcast
     CPU_BOUNCE_BYTES = 256 << 10,    // TCP: most bytes taken from the kernel per recv()
     CPU_PASS_BYTES = 4 << 20,        // most bytes read from one peer per pass (fairness)
     CPU_RING_MAX = 4 << 20,          // shared-memory ring per ordered pair of ranks
     CPU_RING_MIN = 64 << 10,
+    CPU_CHUNK_BYTES = 64 << 10,      // shared memory: bytes published or consumed at a time
+    CPU_SINGLE_COPY_MIN = 512 << 10, // shared memory: the receiver reads payloads of these sizes
+    CPU_SINGLE_COPY_MAX = 8 << 20,   // ... straight from the sender's buffer (measured, see below)
     CPU_SHM_BUDGET = 48 << 20,       // all rings of a host (Docker's /dev/shm is 64 MiB)
 };
-// Busy-wait this long before sleeping. A longer spin cuts small-message
-// latency when other programs compete for the cores, but during big
-// transfers it steals time from a peer that shares our core; 50 us was the
-// best compromise measured on 2 cores.
-#define CPU_SPIN_SECONDS 50e-6
+// How a rank waits for bytes (cpu_idle): first it spins, polling the rings
+// with a pause instruction in between, for CPU_SPIN_SECONDS, if every rank
+// of the host has a core of its own. Then it polls with sched_yield() in
+// between until CPU_YIELD_SECONDS: that hands the core to a rank that
+// shares it (more ranks than cores, or the scheduler briefly put two ranks
+// on one core) and costs little more than a spin when nobody does. Only
+// then does it sleep on its doorbell. Sleeping earlier loses more than it
+// saves: waking a sleeper took 50-100 us here, and the kernel tends to wake
+// it on the waker's core, so two ranks that both fall asleep stay slow
+// (measured: 100 us per 8-byte all-reduce instead of 0.3-0.8 us). Spins of
+// 5 and 50 us gave the same latencies on 2 cores; the short one wastes less
+// when two ranks share a core.
+#define CPU_SPIN_SECONDS 10e-6
+#define CPU_YIELD_SECONDS 0.1
+// A rank idle this long takes what it has not asked for yet into buffers of
+// its own (cpu_take_unasked).
+#define CPU_UNASKED_SECONDS 1e-3
 #define CPU_MAGIC 0x314d4750u        // "PGM1", first bytes of every message header
 #define CPU_SHM_MAGIC 0x314d485347504ull
 
@@ -50,13 +67,14 @@ enum {
 enum {
     CPU_TAG_P2P = 1, CPU_TAG_SETUP, CPU_TAG_BROADCAST, CPU_TAG_REDUCE, CPU_TAG_ALL_REDUCE,
     CPU_TAG_GATHER, CPU_TAG_ALL_GATHER, CPU_TAG_SCATTER, CPU_TAG_REDUCE_SCATTER,
-    CPU_TAG_ALL_TO_ALL, CPU_TAG_BARRIER, CPU_TAG_DESTROY, CPU_TAG_COUNT
+    CPU_TAG_ALL_TO_ALL, CPU_TAG_BARRIER, CPU_TAG_DESTROY, CPU_TAG_DONE_READING, CPU_TAG_COUNT
 };
 
 static inline const char *cpu_tag_name(uint32_t tag) {
     static const char *names[] = {"?", "send/recv", "setup", "broadcast", "reduce",
                                   "all_reduce", "gather", "all_gather", "scatter",
-                                  "reduce_scatter", "all_to_all", "barrier", "pg_destroy"};
+                                  "reduce_scatter", "all_to_all", "barrier", "pg_destroy",
+                                  "single copy"};
     return tag < CPU_TAG_COUNT ? names[tag] : "?";
 }
 
@@ -68,7 +86,8 @@ static inline int cpu_context(uint32_t tag) { return tag == CPU_TAG_P2P ? 0 : 1;
 typedef struct {
     uint32_t magic;
     uint32_t tag;
-    uint64_t bytes;   // payload size; the payload follows, padded to a multiple of 8
+    uint64_t bytes;   // payload size; the payload follows, padded to a multiple of 8, unless
+    uint64_t remote;  // ... this is not 0: the payload's address in the sender (single copy)
 } cpu_header_t;
 
 // Padding every payload to 8 bytes keeps every header and payload at a
@@ -81,6 +100,7 @@ typedef struct cpu_req_t {
     int peer;
     uint32_t tag;
     bool is_send, done;
+    bool detached;             // nobody waits for it (a done-reading note): freed once written
     size_t bytes;
     const char *src;           // send: the payload
     char *dst;                 // receive: where the payload goes
@@ -95,6 +115,7 @@ typedef struct cpu_msg_t {       // a message that arrived before its receive wa
     uint32_t tag;
     size_t bytes, cap;
     char *data;
+    uint64_t remote;             // single copy, not read yet: the payload is still in the sender
 } cpu_msg_t;
 
 typedef struct { cpu_req_t *head, *tail; } cpu_req_queue_t;
@@ -168,30 +189,46 @@ typedef struct {
     size_t cap;                           // a power of two
 } cpu_shm_ring_t;
 
-// Copies as much of iov as fits; returns the bytes written.
+// Copies as much of iov as fits; returns the bytes written. The bytes are
+// published one chunk at a time, so that the reader copies chunk k out
+// while we copy chunk k+1 in: two cores work at once, and a chunk is still
+// in the cache when the reader takes it. Publishing only at the end made
+// a 4 MiB message cost two full copies one after the other (measured:
+// half MPI's speed at 2-8 MiB).
 static inline size_t cpu_ring_write(cpu_shm_ring_t *r, const struct iovec *iov, int count) {
     uint64_t head = atomic_load_explicit(&r->ctl->head, memory_order_relaxed);
     uint64_t tail = atomic_load_explicit(&r->ctl->tail, memory_order_acquire);
     size_t room = r->cap - (size_t)(head - tail), written = 0;
     for (int i = 0; i < count && room > 0; i++) {
-        size_t n = iov[i].iov_len < room ? iov[i].iov_len : room;
-        size_t at = (size_t)(head + written) & (r->cap - 1);
-        size_t first = n < r->cap - at ? n : r->cap - at;   // up to the end of the ring
-        memcpy(r->data + at, iov[i].iov_base, first);
-        if (n > first) memcpy(r->data, (const char *)iov[i].iov_base + first, n - first);
-        written += n;
-        room -= n;
+        const char *src = iov[i].iov_base;
+        size_t left = iov[i].iov_len;
+        while (left > 0 && room > 0) {
+            size_t n = left < room ? left : room;
+            if (n > CPU_CHUNK_BYTES) n = CPU_CHUNK_BYTES;
+            size_t at = (size_t)head & (r->cap - 1);
+            size_t first = n < r->cap - at ? n : r->cap - at;   // up to the end of the ring
+            memcpy(r->data + at, src, first);
+            if (n > first) memcpy(r->data, src + first, n - first);
+            head += n;
+            atomic_store_explicit(&r->ctl->head, head, memory_order_release);
+            src += n;
+            left -= n;
+            room -= n;
+            written += n;
+        }
     }
-    atomic_store_explicit(&r->ctl->head, head + written, memory_order_release);
     return written;
 }
 
-// The readable bytes up to the end of the ring (NULL when there are none).
+// The readable bytes up to the end of the ring, at most a chunk (NULL when
+// there are none). Consuming them chunk by chunk frees room for the writer
+// early: the other half of the pipeline.
 static inline const char *cpu_ring_peek(cpu_shm_ring_t *r, size_t *len) {
     uint64_t tail = atomic_load_explicit(&r->ctl->tail, memory_order_relaxed);
     uint64_t head = atomic_load_explicit(&r->ctl->head, memory_order_acquire);
     size_t at = (size_t)tail & (r->cap - 1), ready = (size_t)(head - tail);
     *len = ready < r->cap - at ? ready : r->cap - at;
+    if (*len > CPU_CHUNK_BYTES) *len = CPU_CHUNK_BYTES;
     return *len ? r->data + at : NULL;
 }
 
@@ -230,6 +267,9 @@ typedef struct {
     bool shm;                     // data travels through the rings below
     cpu_shm_ring_t tx, rx;
     cpu_shm_bell_t *bell;               // the peer's doorbell
+    pid_t pid;                    // the peer's process, for single-copy reads
+    bool single_copy;             // we may ask the peer to read large payloads from our memory
+    cpu_req_queue_t reading;        // our single-copy sends the peer has not finished reading
     char *bounce;                 // TCP: bytes received, not yet used, at [start, end)
     size_t bounce_start, bounce_end;
     uint64_t rx_pos;              // bytes of the incoming stream used so far
@@ -278,7 +318,8 @@ static inline void cpu_peer_error(cpu_peer_t *p, int err) {
 
 // Does this rank expect anything more from, or owe anything to, the peer?
 static inline bool cpu_peer_busy(const cpu_peer_t *p) {
-    return p->sends.head || p->posted[0].head || p->posted[1].head || p->in_message;
+    return p->sends.head || p->posted[0].head || p->posted[1].head || p->reading.head ||
+           (p->in_message && (p->in_req || p->in_msg));   // a parked message is complete
 }
 
 // A peer that is gone matters only if we still need it: a rank that
@@ -348,11 +389,18 @@ static inline void cpu_consume(cpu_peer_t *p, size_t n) {
 
 // ---------------------------------------------------------------- sending
 
+// The bytes of r's frame in the stream: a header, then the payload padded
+// to 8 bytes - or only the header, when the peer reads the payload itself.
+static inline size_t cpu_frame_bytes(const cpu_req_t *r) {
+    return sizeof r->header + (r->header.remote ? 0 : cpu_padded(r->bytes));
+}
+
 // The parts of r's frame (header, payload, padding) not yet written.
 static inline int cpu_frame_parts(const cpu_req_t *r, size_t done, struct iovec iov[3]) {
     static const char zeros[8];
     const char *base[3] = {(const char *)&r->header, r->src, zeros};
-    size_t len[3] = {sizeof r->header, r->bytes, cpu_padded(r->bytes) - r->bytes};
+    size_t payload = r->header.remote ? 0 : r->bytes;
+    size_t len[3] = {sizeof r->header, payload, cpu_padded(payload) - payload};
     int count = 0;
     for (int i = 0; i < 3; i++) {
         if (done >= len[i]) {
@@ -377,12 +425,24 @@ static inline bool cpu_send_progress(cpu_peer_t *p) {
         if (n == 0) break;
         moved = true;
         p->tx_done += n;
-        if (p->tx_done < sizeof r->header + cpu_padded(r->bytes)) continue;
+        if (p->tx_done < cpu_frame_bytes(r)) continue;
         cpu_req_pop(&p->sends);
         p->tx_done = 0;
-        r->done = true;   // the bytes are in the ring or the kernel: the buffer is free
+        if (r->header.remote) cpu_req_push(&p->reading, r);   // done when the peer has read it
+        else if (r->detached) free(r);
+        else r->done = true;   // the bytes are in the ring or the kernel: the buffer is free
     }
     return moved;
+}
+
+// Tell the peer we have read its payload: its buffer is free again.
+static inline void cpu_send_done_reading(cpu_peer_t *p) {
+    cpu_req_t *r = xcalloc(1, sizeof *r);
+    r->peer = p->rank;
+    r->is_send = r->detached = true;
+    r->header = (cpu_header_t){CPU_MAGIC, CPU_TAG_DONE_READING, 0, 0};
+    cpu_req_push(&p->sends, r);
+    if (p->sends.head == r) cpu_send_progress(p);
 }
 
 // ---------------------------------------------------------------- receiving
@@ -430,6 +490,84 @@ static inline void cpu_end_message(cpu_peer_t *p) {
     p->in_msg = NULL;
 }
 
+static inline cpu_msg_t *cpu_new_msg(const cpu_header_t *h) {
+    cpu_msg_t *m = xcalloc(1, sizeof *m);
+    m->tag = h->tag;
+    m->bytes = h->bytes;
+    m->remote = h->remote;
+    return m;
+}
+
+// A message whose header has arrived but that nobody has asked for yet,
+// its payload still in the stream (see cpu_begin_message).
+static inline bool cpu_parked(const cpu_peer_t *p) {
+    return p->in_message && !p->in_req && !p->in_msg;
+}
+
+// ---------------------------------------------------------------- single copy
+//
+// A large payload between two ranks of one host need not pass through a
+// ring at all. Its sender writes only a header with the payload's address;
+// the receiver copies the payload straight out of the sender's memory with
+// process_vm_readv (Linux's "cross-memory attach", which MPI's shared-memory
+// transport uses too), then tells the sender it is done reading, which is
+// when the send completes. One copy instead of two: half the memory
+// traffic, which is what limits large transfers.
+
+// Copies `bytes` at address `remote` of the peer's memory to dst.
+static inline void cpu_read_remote(const cpu_pg_t *pg, const cpu_peer_t *p, char *dst,
+                                   uint64_t remote, size_t bytes) {
+    for (size_t got = 0; got < bytes;) {
+        struct iovec local = {dst + got, bytes - got};
+        struct iovec far = {(void *)(uintptr_t)(remote + got), bytes - got};
+        ssize_t n = process_vm_readv(p->pid, &local, 1, &far, 1, 0);
+        if (n <= 0)
+            die("reading %zu bytes from rank %d's memory during %s failed: %s (did it crash?)",
+                bytes, p->rank, cpu_tag_name(pg->tag), n < 0 ? strerror(errno) : "nothing read");
+        got += (size_t)n;
+    }
+}
+
+// A payload the peer lets us read, into the receive it answers. (Senders
+// stream what the receiver reduces: cpu_post_send_to_reduce.)
+static inline void cpu_single_copy(const cpu_pg_t *pg, cpu_peer_t *p, cpu_req_t *r,
+                                   uint64_t remote) {
+    if (r->mine) die("rank %d offered a single copy for a reduction (a bug in pg_cpu.h)", p->rank);
+    cpu_read_remote(pg, p, r->dst, remote, r->bytes);
+    cpu_send_done_reading(p);
+    r->done = true;
+}
+
+// What nobody has asked for yet is taken into buffers of our own once we
+// have had nothing else to do for a while: parked messages, which block
+// their stream, and single-copy payloads, whose senders wait for us to read
+// them. Their senders may need that before they post the receive we wait
+// for (two ranks that both send before they receive). Never leaving a send
+// unfinished for good is what MPI calls the progress rule.
+static inline bool cpu_take_unasked(const cpu_pg_t *pg) {
+    bool moved = false;
+    for (int r = 0; r < pg->world; r++) {
+        cpu_peer_t *p = &pg->peers[r];
+        if (r == pg->rank) continue;
+        if (cpu_parked(p)) {   // its payload now flows into a buffer
+            p->in_msg = cpu_new_msg(&p->in);
+            if (p->in.bytes == 0) cpu_end_message(p);
+            moved = true;
+        }
+        for (int c = 0; c < 2; c++)
+            for (cpu_msg_t *m = p->unexpected[c].head; m; m = m->next) {
+                if (!m->remote) continue;
+                m->data = xmalloc(m->bytes ? m->bytes : 1);
+                m->cap = m->bytes;
+                cpu_read_remote(pg, p, m->data, m->remote, m->bytes);
+                m->remote = 0;
+                cpu_send_done_reading(p);
+                moved = true;
+            }
+    }
+    return moved;
+}
+
 // A header is complete: find the receive it answers, or keep it for later.
 static inline void cpu_begin_message(const cpu_pg_t *pg, cpu_peer_t *p) {
     memcpy(&p->in, p->hdr, sizeof p->in);
@@ -437,19 +575,38 @@ static inline void cpu_begin_message(const cpu_pg_t *pg, cpu_peer_t *p) {
         die("rank %d sent bytes that are not a message during %s: the two ranks are out of "
             "step (a bug in pg_cpu.h, or a foreign program on this connection)", p->rank,
             cpu_tag_name(pg->tag));
+    if (p->in.tag == CPU_TAG_DONE_READING) {   // the peer has read one of our payloads
+        cpu_req_t *r = cpu_req_pop(&p->reading);
+        if (!r) die("rank %d says it read a payload this rank never offered (a bug in pg_cpu.h)",
+                    p->rank);
+        r->done = true;
+        return;
+    }
     p->in_message = true;
     p->in_got = 0;
     p->in_req = cpu_req_pop(&p->posted[cpu_context(p->in.tag)]);
     p->in_msg = NULL;
     if (p->in_req) {
         cpu_check_match(pg, p, p->in_req, p->in.tag, p->in.bytes);
-    } else {
-        p->in_msg = xcalloc(1, sizeof *p->in_msg);
-        p->in_msg->tag = p->in.tag;
-        p->in_msg->bytes = p->in.bytes;
+        if (p->in.remote) {   // no payload follows: we read it now
+            cpu_single_copy(pg, p, p->in_req, p->in.remote);
+            p->in_req = NULL;
+            p->in_message = false;
+        } else if (p->in.bytes == 0) {
+            cpu_end_message(p);
+        }
+    } else if (p->in.remote) {   // nothing follows in the stream: keep the address for later
+        p->in_msg = cpu_new_msg(&p->in);
+        cpu_end_message(p);
     }
-    if (p->in.bytes == 0) cpu_end_message(p);
+    // Otherwise nobody has asked for it yet: the message is "parked". Its
+    // payload stays in the ring (or the socket) until a receive is posted
+    // for it, and then flows straight into that receive's buffer. Taking
+    // it out early into a buffer of our own (cpu_take_unasked) costs an
+    // allocation, page faults and a second copy - measured as most of the
+    // time of back-to-back broadcasts, where the root runs ahead.
 }
+
 
 // The stream is used in multiples of 8 bytes (see cpu_padded); each take
 // returns how many bytes it used, 0 when it needs more.
@@ -485,6 +642,7 @@ static inline bool cpu_recv_progress(const cpu_pg_t *pg, cpu_peer_t *p) {
     size_t taken = 0;
     while (taken < CPU_PASS_BYTES) {
         size_t len, n;
+        if (cpu_parked(p)) break;   // the stream waits for a receive
         const char *src = cpu_peek(p, &len);
         if (!src) break;
         n = p->in_message ? cpu_take_payload(p, src, len) : cpu_take_header(pg, p, src, len);
@@ -582,8 +740,10 @@ static inline void cpu_idle(cpu_pg_t *pg, cpu_req_t **reqs, int count, double id
     cpu_check_peers(pg);
     double idle = now_seconds() - idle_since;
     if (idle > pg->timeout_s) cpu_timeout(pg, reqs, count);
-    if (pg->shm_count && pg->spin && idle < CPU_SPIN_SECONDS) {
-        cpu_relax();   // the peer is running on another core: its bytes come in microseconds
+    if (idle > CPU_UNASKED_SECONDS && cpu_take_unasked(pg)) return;
+    if (pg->shm_count && idle < CPU_YIELD_SECONDS) {
+        if (pg->spin && idle < CPU_SPIN_SECONDS) cpu_relax();   // the peer runs on another core
+        else sched_yield();                                     // the peer may need our core
         return;
     }
     if (pg->shm_count) cpu_probe_shm_peers(pg);
@@ -623,15 +783,31 @@ static inline cpu_req_t *cpu_new_req(const cpu_pg_t *pg, int peer, size_t bytes)
     return r;
 }
 
-static inline cpu_req_t *cpu_post_send(cpu_pg_t *pg, int peer, const void *src, size_t bytes) {
+static inline cpu_req_t *cpu_post_send_as(cpu_pg_t *pg, int peer, const void *src, size_t bytes,
+                                          bool may_single_copy) {
     cpu_req_t *r = cpu_new_req(pg, peer, bytes);
     r->is_send = true;
     r->src = src;
-    r->header = (cpu_header_t){CPU_MAGIC, pg->tag, bytes};
     cpu_peer_t *p = &pg->peers[peer];
+    bool single = may_single_copy && p->single_copy && bytes >= CPU_SINGLE_COPY_MIN &&
+                  bytes <= CPU_SINGLE_COPY_MAX;
+    r->header = (cpu_header_t){CPU_MAGIC, pg->tag, bytes, single ? (uintptr_t)src : 0};
     cpu_req_push(&p->sends, r);
     if (p->sends.head == r) cpu_send_progress(p);   // an idle link: start at once
     return r;
+}
+
+static inline cpu_req_t *cpu_post_send(cpu_pg_t *pg, int peer, const void *src, size_t bytes) {
+    return cpu_post_send_as(pg, peer, src, bytes, true);
+}
+
+// A send whose receiver adds it to its own values (cpu_post_recv_reduce).
+// Such bytes always stream through the ring, large or not: the receiver
+// combines each chunk as it arrives, straight from the ring, which was
+// faster than reading the sender's memory piece by piece (single copy).
+static inline cpu_req_t *cpu_post_send_to_reduce(cpu_pg_t *pg, int peer, const void *src,
+                                                 size_t bytes) {
+    return cpu_post_send_as(pg, peer, src, bytes, false);
 }
 
 // Match a new receive with what has arrived already, or queue it.
@@ -641,9 +817,15 @@ static inline void cpu_post(cpu_pg_t *pg, cpu_req_t *r) {
     cpu_msg_t *m = cpu_msg_pop(&p->unexpected[context]);
     if (m) {   // it has arrived already
         cpu_check_match(pg, p, r, m->tag, m->bytes);
-        cpu_deliver(r, m->data, 0, m->bytes);
+        if (m->remote) cpu_single_copy(pg, p, r, m->remote);
+        else cpu_deliver(r, m->data, 0, m->bytes);
         cpu_msg_free(m);
         r->done = true;
+    } else if (cpu_parked(p) && cpu_context(p->in.tag) == context) {
+        // Its header is here, its payload waits in the stream: let it flow in.
+        cpu_check_match(pg, p, r, p->in.tag, p->in.bytes);
+        p->in_req = r;
+        if (p->in.bytes == 0) cpu_end_message(p);
     } else if (p->in_msg && cpu_context(p->in.tag) == context) {
         // It is arriving right now into a spare buffer: take what came so
         // far and let the rest flow straight into our destination.
@@ -712,7 +894,7 @@ static inline cpu_req_t *cpu_irecv(cpu_pg_t *pg, void *buf, size_t bytes, int pe
 static inline bool cpu_test(cpu_pg_t *pg, cpu_req_t *r) {
     if (r->done) return true;
     pg->tag = CPU_TAG_P2P;
-    if (!cpu_progress(pg)) {
+    if (!cpu_progress(pg) && !cpu_take_unasked(pg)) {
         cpu_check_peers(pg);
         if (pg->shm_count && now_seconds() - pg->last_probe > 0.01) cpu_probe_shm_peers(pg);
     }

@@ -6,7 +6,8 @@
 #   03_collectives/bench/compare_mpi.sh [-n RANKS] [-c COLLECTIVE] [-b MIN] [-e MAX] [-f STEP] [-r REPEATS]
 #
 # Defaults: 2 ranks, all_reduce of float32 (sum), 8 B to 64 MiB, x4 per row,
-# 3 repeats. The two backends take turns (cpu, mpi, cpu, mpi, ...) so that a
+# 3 repeats. -c p2p runs chapter 02's ping-pong instead (one-way latency,
+# ranks 0 and 1; the others wait). The two backends take turns (cpu, mpi, cpu, mpi, ...) so that a
 # busy moment on the machine hits both alike; each time shown is the median
 # over the repeats of the benchmark's own time (slowest rank, n back-to-back
 # operations after warm-up). cpu: ranks started by spawn (--nprocs); mpi:
@@ -22,16 +23,22 @@ while getopts n:c:b:e:f:r: opt; do
     esac
 done
 command -v mpirun >/dev/null || { echo "compare_mpi.sh: mpirun not found (apt-get install openmpi-bin libopenmpi-dev, then make)" >&2; exit 1; }
-[[ -x $prog ]] || { echo "compare_mpi.sh: build 03_collectives first (make)" >&2; exit 1; }
+bench=(--bench --device cpu --collective "$collective" -b "$min" -e "$max" -f "$step" -c 0)
+time_column=6   # 03's table: size count type redop root time algbw busbw #wrong
+if [[ $collective == p2p ]]; then
+    prog=$here/../02_p2p/02_p2p
+    bench=(--bench --device cpu -b "$min" -e "$max" -f "$step")
+    time_column=3   # 02's table: size iters latency mean bandwidth
+fi
+[[ -x $prog ]] || { echo "compare_mpi.sh: build $(basename "$prog") first (make)" >&2; exit 1; }
 mpi=(mpirun -np "$ranks")
 if mpirun --version 2>&1 | grep -q "Open MPI"; then mpi=(mpirun --oversubscribe --allow-run-as-root -np "$ranks"); fi
 unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT COURSE_BACKEND
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-bench=(--bench --device cpu --collective "$collective" -b "$min" -e "$max" -f "$step" -c 0)
 
 # rows FILE BACKEND: "BACKEND SIZE TIME_US" for each row of a benchmark's output.
-rows() { awk -v b="$2" 'NF == 9 && $1 ~ /^[0-9]+$/ { print b, $1, $6 }' "$1"; }
+rows() { awk -v b="$2" -v t=$time_column '(NF == 9 || NF == 5) && $1 ~ /^[0-9]+$/ { print b, $1, $t }' "$1"; }
 for i in $(seq "$repeats"); do
     COURSE_RUNS_DIR=$tmp/runs "$prog" --backend cpu --nprocs "$ranks" "${bench[@]}" >"$tmp/cpu$i" 2>&1 ||
         { echo "cpu run failed: $(tail -n 2 "$tmp/cpu$i")" >&2; exit 1; }
@@ -40,7 +47,9 @@ for i in $(seq "$repeats"); do
     rows "$tmp/cpu$i" cpu; rows "$tmp/mpi$i" mpi
 done >"$tmp/all"
 
-echo "# $collective, float32 sum, $ranks ranks, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end; $(date -u '+%Y-%m-%d %H:%M') UTC"
+what="$collective, float32 sum"
+[[ $collective == p2p ]] && what="p2p ping-pong, one-way latency"
+echo "# $what, $ranks ranks, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end; $(date -u '+%Y-%m-%d %H:%M') UTC"
 echo "# $(grep -m1 'backend: mpi' "$tmp/mpi1" | sed 's/.*backend: //'); median of $repeats runs each, taking turns"
 printf '%12s %12s %12s %10s\n' "size (B)" "cpu (us)" "mpi (us)" "cpu/mpi"
 awk '
