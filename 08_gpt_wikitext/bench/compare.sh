@@ -18,7 +18,7 @@ rounds=${1:-3} steps=${2:-20}
 [[ $rounds =~ ^[1-9][0-9]*$ && $steps =~ ^[1-9][0-9]*$ ]] || { echo "usage: bench/compare.sh [ROUNDS>=1] [STEPS>=1]" >&2; exit 2; }
 make -s build/bench_gpt >/dev/null || exit 1
 # The same program without OpenBLAS: gpt.h's own blocked kernel.
-cc -std=c11 -D_GNU_SOURCE -O2 -fno-trapping-math -march=native -fopenmp -pthread -I../common \
+cc -std=c11 -D_GNU_SOURCE -O2 -fno-trapping-math -fno-math-errno -march=native -fopenmp -pthread -I../common \
    bench/bench_gpt.c -o build/bench_gpt_noblas -lm || exit 1
 python=/usr/bin/python3
 $python -c 'import torch' 2>/dev/null || python=""
