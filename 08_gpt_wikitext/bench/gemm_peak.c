@@ -5,7 +5,9 @@
 // Build and run from 08_gpt_wikitext/:  make gemm-peak
 //   build/gemm_peak [B] [repeats]
 // 1. sgemm on square 2048 x 2048 matrices, OpenBLAS's own threads 1 and 2
-//    (needs OpenBLAS): the machine's practical fp32 peak.
+//    (needs OpenBLAS): the machine's practical fp32 peak. OpenBLAS starts
+//    no more threads than OMP_NUM_THREADS or OPENBLAS_NUM_THREADS allow:
+//    leave them unset for the 2-thread line.
 // 2. every matrix product of one training step of the default model
 //    (forward and backward, B sequences of 128 tokens), with the shapes and
 //    the threading gpt.h uses (gemm_parallel, gemm_serial per attention
