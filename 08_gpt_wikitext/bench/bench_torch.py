@@ -95,7 +95,8 @@ def train(a, rank=0, world=1):
     step_fn = torch.compile(model) if a.compile else model
     if world > 1:
         step_fn = torch.nn.parallel.DistributedDataParallel(step_fn)
-    torch.manual_seed(1 + rank)  # each rank its own tokens
+    if world > 1:
+        torch.manual_seed(1 + rank)  # each rank its own tokens
     data = torch.randint(0, V, (a.batch_size * T + 1,), device=dev)
     x, y = data[:-1].view(a.batch_size, T), data[1:].view(a.batch_size, T)
     bf16 = a.precision == "bf16"
@@ -132,7 +133,8 @@ def ddp_rank(rank, a, port):
     slowest = torch.tensor([med], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     if rank == 0:
-        report(a, slowest.item(), loss, n, f"DDP gloo {a.ddp} ranks x {torch.get_num_threads()} threads")
+        threads = torch.get_num_threads()
+        report(a, slowest.item(), loss, n, f"DDP gloo {a.ddp} ranks x {threads} thread{'s' if threads > 1 else ''}")
     dist.destroy_process_group()
 
 

@@ -126,9 +126,11 @@ int main(int argc, char **argv) {
     gpt_blas_single_threaded(); // as in training: the OpenMP threads share the work
     double t = median_seconds(step_products, &s, repeats);
     counted_flops /= repeats + 1; // per run
+    int threads = gpt_num_threads();
     printf("a training step's matrix products (default model, B=%d, %d thread%s, %s): %.1f ms, "
-           "%.2f GFLOP (%.1f MFLOP per token) -> %.1f GFLOP/s\n", B, gpt_num_threads(), gpt_num_threads() > 1 ? "s" : "", gpt_matmul_backend(),
-           t * 1e3, counted_flops / 1e9, counted_flops / (double)N / 1e6, counted_flops / t / 1e9);
+           "%.2f GFLOP (%.1f MFLOP per token) -> %.1f GFLOP/s\n", B, threads, threads > 1 ? "s" : "",
+           gpt_matmul_backend(), t * 1e3, counted_flops / 1e9, counted_flops / (double)N / 1e6,
+           counted_flops / t / 1e9);
     free(scratch_a), free(scratch_b), free(scratch_c);
     return 0;
 }
