@@ -9,6 +9,8 @@
 #    WikiText-2 needed): trains the tiny preset for a few steps, reports
 #    validation and test perplexity, samples, saves; --generate reloads.
 # 4. bad flags and bad files: one-line errors, the right exit status.
+# 5. the benchmarks (bench/): bench_gpt's data-parallel mode and profile,
+#    gemm_peak's count of a step's FLOPs.
 source "$(dirname "$0")/../lib.sh"
 
 if ! make -C "$ROOT/tests" -s >"$TMP/make_tests.log" 2>&1; then
@@ -148,4 +150,36 @@ run_capture 20 "$TMP/nodata.out" "$prog" --data_dir "$TMP/nowhere" --verify_data
 status=$?
 if [[ $status -eq 1 ]] && grep -q '^error: .*nowhere/train.txt' "$TMP/nodata.out"; then pass "gpt missing data is named"
 else fail "gpt missing data is named" "exit status $status, said: $(tail -n 1 "$TMP/nodata.out")"; fi
+
+# --- the benchmarks
+if make -C "$chapter" -s build/bench_gpt build/gemm_peak >"$TMP/make_bench.log" 2>&1; then
+    # 2 ranks of 2 sequences of 32 tokens: tokens/s counts both ranks, the
+    # profile names every phase, and the replicas stayed equal (bench_gpt
+    # checks them and exits non-zero when they differ).
+    run_capture 120 "$TMP/bench.out" env OMP_NUM_THREADS=1 "$chapter/build/bench_gpt" 2 3 tiny 2
+    status=$?
+    step_ms=$(sed -n 's/^median step \([0-9.]*\) ms -> .*/\1/p' "$TMP/bench.out")
+    tokens=$(sed -n 's/^median step .* -> \([0-9]*\) tokens\/s$/\1/p' "$TMP/bench.out")
+    if [[ $status -eq 0 && -n $step_ms && -n $tokens ]] && grep -q '2 ranks x 1 thread' "$TMP/bench.out" &&
+       grep -Eq '^profile \(rank 0, median ms\): forward [0-9.]+ \| backward [0-9.]+ \| all-reduce [0-9.]+ \| optimizer [0-9.]+$' "$TMP/bench.out" &&
+       rel_near "$tokens" "$(awk -v ms="$step_ms" 'BEGIN { print 2 * 2 * 32 / (ms / 1000) }')" 0.02; then
+        pass "gpt bench_gpt: 2 ranks, tokens/s of both, the profile"
+    else fail "gpt bench_gpt: 2 ranks, tokens/s of both, the profile" "exit status $status: $(tr '\n' '|' <"$TMP/bench.out")"; fi
+    run_capture 20 "$TMP/bench_bad.out" "$chapter/build/bench_gpt" 8 10 huge
+    status=$?
+    if [[ $status -eq 2 ]] && grep -q '^usage: bench_gpt' "$TMP/bench_bad.out"; then pass "gpt bench_gpt: an unknown preset is refused"
+    else fail "gpt bench_gpt: an unknown preset is refused" "exit status $status (want 2): $(head -n 1 "$TMP/bench_bad.out")"; fi
+    # FLOPs per token of the default model, counted by hand: 2 per
+    # multiply-add, 3 passes (forward; backward: input and weight
+    # gradients); per layer 12 C^2 (the four linear layers) + 2 T C (the
+    # attention's two T x T products), and the tied head C V.
+    want=$(awk 'BEGIN { C = 256; T = 128; L = 4; V = 5000; printf "%.1f", 6 * (L * (12 * C * C + 2 * T * C) + C * V) / 1e6 }')
+    run_capture 120 "$TMP/gemm.out" env OMP_NUM_THREADS=1 "$chapter/build/gemm_peak" 1 1
+    status=$?
+    if [[ $status -eq 0 ]] && grep -q "($want MFLOP per token) -> [0-9.]* GFLOP/s" "$TMP/gemm.out"; then
+        pass "gpt gemm_peak counts $want MFLOP per token"
+    else fail "gpt gemm_peak counts $want MFLOP per token" "exit status $status: $(tail -n 1 "$TMP/gemm.out")"; fi
+else
+    fail "gpt benchmarks build" "make build/bench_gpt build/gemm_peak failed: $(grep -m1 -i error "$TMP/make_bench.log")"
+fi
 no_leftovers "gpt leaves no processes" "08_gpt_wikitext/08_gpt_wikitext"
