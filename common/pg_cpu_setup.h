@@ -342,6 +342,7 @@ static inline void cpu_shm_wire(cpu_pg_t *pg, char *base, const int *members, in
     pg->shm_base = base;
     pg->shm_bytes = l->total;
     pg->bell = &bells[me];
+    atomic_store(&pg->bell->core, sched_getcpu());
     for (int i = 0; i < l->members; i++) {
         if (i == me) continue;
         cpu_peer_t *p = &pg->peers[members[i]];

@@ -177,6 +177,7 @@ typedef struct {
 typedef struct {
     _Alignas(64) _Atomic uint32_t seq;    // the futex word: bumped to wake the owner
     _Atomic uint32_t sleeping;            // the owner is asleep, or about to be
+    _Atomic int32_t core;                 // where the owner last waited (sched_getcpu)
 } cpu_shm_bell_t;
 
 typedef struct {
@@ -734,6 +735,19 @@ static inline void cpu_timeout(const cpu_pg_t *pg, cpu_req_t **reqs, int count) 
     }
 }
 
+// Is another rank of this host waiting on our core? The scheduler sometimes
+// puts two ranks on one core for a while, although another core is free;
+// then spinning only delays the rank we wait for, and yielding lets it run.
+static inline bool cpu_core_shared(const cpu_pg_t *pg) {
+    int core = sched_getcpu();   // cheap: the kernel keeps it in user memory
+    atomic_store_explicit(&pg->bell->core, core, memory_order_relaxed);
+    for (int i = 0; i < pg->shm_count; i++)
+        if (atomic_load_explicit(&pg->peers[pg->shm_ranks[i]].bell->core, memory_order_relaxed) ==
+            core)
+            return true;
+    return false;
+}
+
 // Nothing moved in the last pass. Stop if we wait for a dead peer or have
 // waited too long; otherwise wait a little, as cheaply as the transports allow.
 static inline void cpu_idle(cpu_pg_t *pg, cpu_req_t **reqs, int count, double idle_since) {
@@ -742,8 +756,10 @@ static inline void cpu_idle(cpu_pg_t *pg, cpu_req_t **reqs, int count, double id
     if (idle > pg->timeout_s) cpu_timeout(pg, reqs, count);
     if (idle > CPU_UNASKED_SECONDS && cpu_take_unasked(pg)) return;
     if (pg->shm_count && idle < CPU_YIELD_SECONDS) {
-        if (pg->spin && idle < CPU_SPIN_SECONDS) cpu_relax();   // the peer runs on another core
-        else sched_yield();                                     // the peer may need our core
+        if (pg->spin && idle < CPU_SPIN_SECONDS && !cpu_core_shared(pg))
+            cpu_relax();    // the peer runs on another core: its bytes come in microseconds
+        else
+            sched_yield();  // the peer may need our core
         return;
     }
     if (pg->shm_count) cpu_probe_shm_peers(pg);

@@ -1,69 +1,113 @@
 #!/usr/bin/env bash
-# compare_mpi.sh - 03's benchmark on the cpu backend and on the mpi backend,
-# the same sizes, the same timing method, on this machine at the same time;
-# prints both times and their ratio per size. Not part of `make test`.
+# compare_mpi.sh - the cpu backend against MPI's shared-memory transport, side
+# by side: the same benchmark (03's --bench, or 02's ping-pong for p2p), the
+# same sizes and timing method, on this machine at the same time. Prints, per
+# collective and number of ranks, both times and their ratio per size, with
+# the spread of that ratio over the rounds. Not part of `make test`.
 #
-#   03_collectives/bench/compare_mpi.sh [-n RANKS] [-c COLLECTIVE] [-b MIN] [-e MAX] [-f STEP] [-r REPEATS]
+#   03_collectives/bench/compare_mpi.sh [-n "RANKS..."] [-c "COLLECTIVES..."]
+#       [-b MIN] [-e MAX] [-f STEP] [-r ROUNDS] [-o CSV]
 #
-# Defaults: 2 ranks, all_reduce of float32 (sum), 8 B to 64 MiB, x4 per row,
-# 3 repeats. -c p2p runs chapter 02's ping-pong instead (one-way latency,
-# ranks 0 and 1; the others wait). The two backends take turns (cpu, mpi, cpu, mpi, ...) so that a
-# busy moment on the machine hits both alike; each time shown is the median
-# over the repeats of the benchmark's own time (slowest rank, n back-to-back
-# operations after warm-up). cpu: ranks started by spawn (--nprocs); mpi:
-# ranks started by mpirun. Needs a build with MPI (make finds mpicc).
+# Defaults: 2 ranks, all_reduce (float32 sum), 8 B to 64 MiB, x4 per row, 3
+# rounds. -c p2p is chapter 02's ping-pong (one-way latency, ranks 0 and 1;
+# the others wait). When the steps skip MAX (8 B x4 never lands on 256 MiB),
+# MAX is measured as one more row. In every round the two backends run one
+# after the other (cpu, then mpi), so a busy moment on the machine hits both
+# alike. Each time shown is the median over the rounds of the benchmark's
+# own time (slowest rank, n back-to-back operations after warm-up); the
+# ratio is cpu / mpi of those medians, and "spread" the lowest and highest
+# ratio of a single round's pair. -o also writes every row to a CSV, which
+# plots/03_cpu_vs_mpi.gp draws. cpu: ranks started by spawn (--nprocs);
+# mpi: ranks started by mpirun. Needs a build with MPI (make finds mpicc).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-prog=$here/03_collectives
-ranks=2 collective=all_reduce min=8 max=64M step=4 repeats=3
-while getopts n:c:b:e:f:r: opt; do
+ranks_list=2 collectives=all_reduce min=8 max=64M step=4 rounds=3 csv=""
+while getopts n:c:b:e:f:r:o: opt; do
     case $opt in
-    n) ranks=$OPTARG ;; c) collective=$OPTARG ;; b) min=$OPTARG ;; e) max=$OPTARG ;;
-    f) step=$OPTARG ;; r) repeats=$OPTARG ;; *) sed -n '5p' "$0" >&2; exit 2 ;;
+    n) ranks_list=$OPTARG ;; c) collectives=$OPTARG ;; b) min=$OPTARG ;; e) max=$OPTARG ;;
+    f) step=$OPTARG ;; r) rounds=$OPTARG ;; o) csv=$OPTARG ;;
+    *) sed -n '8,9p' "$0" >&2; exit 2 ;;
     esac
 done
 command -v mpirun >/dev/null || { echo "compare_mpi.sh: mpirun not found (apt-get install openmpi-bin libopenmpi-dev, then make)" >&2; exit 1; }
-bench=(--bench --device cpu --collective "$collective" -b "$min" -e "$max" -f "$step" -c 0)
-time_column=6   # 03's table: size count type redop root time algbw busbw #wrong
-if [[ $collective == p2p ]]; then
-    prog=$here/../02_p2p/02_p2p
-    bench=(--bench --device cpu -b "$min" -e "$max" -f "$step")
-    time_column=3   # 02's table: size iters latency mean bandwidth
-fi
-[[ -x $prog ]] || { echo "compare_mpi.sh: build $(basename "$prog") first (make)" >&2; exit 1; }
-mpi=(mpirun -np "$ranks")
-if mpirun --version 2>&1 | grep -q "Open MPI"; then mpi=(mpirun --oversubscribe --allow-run-as-root -np "$ranks"); fi
+for prog in "$here/03_collectives" "$here/../02_p2p/02_p2p"; do
+    [[ -x $prog ]] || { echo "compare_mpi.sh: build $(basename "$prog") first (make)" >&2; exit 1; }
+done
+bytes() { numfmt --from=iec "$1"; }   # 64M -> 67108864
+min_b=$(bytes "$min") max_b=$(bytes "$max")
+last=$min_b
+while ((last * step <= max_b)); do last=$((last * step)); done
 unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT COURSE_BACKEND
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+export COURSE_RUNS_DIR=$tmp/runs
 
-# rows FILE BACKEND: "BACKEND SIZE TIME_US" for each row of a benchmark's output.
-rows() { awk -v b="$2" -v t=$time_column '(NF == 9 || NF == 5) && $1 ~ /^[0-9]+$/ { print b, $1, $t }' "$1"; }
-for i in $(seq "$repeats"); do
-    COURSE_RUNS_DIR=$tmp/runs "$prog" --backend cpu --nprocs "$ranks" "${bench[@]}" >"$tmp/cpu$i" 2>&1 ||
-        { echo "cpu run failed: $(tail -n 2 "$tmp/cpu$i")" >&2; exit 1; }
-    COURSE_RUNS_DIR=$tmp/runs "${mpi[@]}" "$prog" --backend mpi "${bench[@]}" >"$tmp/mpi$i" 2>&1 ||
-        { echo "mpi run failed: $(tail -n 2 "$tmp/mpi$i")" >&2; exit 1; }
-    rows "$tmp/cpu$i" cpu; rows "$tmp/mpi$i" mpi
-done >"$tmp/all"
+# sweep BACKEND RANKS COLLECTIVE MIN MAX: "SIZE TIME_US" per row of one run.
+sweep() {
+    local backend=$1 n=$2 c=$3 lo=$4 hi=$5 out=$tmp/run column
+    local launch=("--nprocs" "$n")
+    local mpi=(mpirun -np "$n")
+    mpirun --version 2>&1 | grep -q "Open MPI" && mpi=(mpirun --oversubscribe --allow-run-as-root -np "$n")
+    local args=(--bench --device cpu --collective "$c" -b "$lo" -e "$hi" -f "$step" -c 0)
+    local prog=$here/03_collectives
+    column=6   # 03's table: size count type redop root time algbw busbw #wrong
+    if [[ $c == p2p ]]; then
+        prog=$here/../02_p2p/02_p2p args=(--bench --device cpu -b "$lo" -e "$hi" -f "$step")
+        column=3   # 02's table: size iters latency mean bandwidth
+    fi
+    if [[ $backend == cpu ]]; then "$prog" --backend cpu "${launch[@]}" "${args[@]}" >"$out" 2>&1
+    else "${mpi[@]}" "$prog" --backend mpi "${args[@]}" >"$out" 2>&1; fi ||
+        { echo "compare_mpi.sh: $backend $c on $n ranks failed: $(tail -n 2 "$out")" >&2; exit 1; }
+    if [[ $backend == mpi ]]; then grep -m1 -o 'backend: mpi.*' "$out" | sed 's/backend: //' >"$tmp/mpi_name"; fi
+    awk -v t=$column '(NF == 9 || NF == 5) && $1 ~ /^[0-9]+$/ && $1 > 0 { print $1, $t }' "$out"
+}
 
-what="$collective, float32 sum"
-[[ $collective == p2p ]] && what="p2p ping-pong, one-way latency"
-echo "# $what, $ranks ranks, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end; $(date -u '+%Y-%m-%d %H:%M') UTC"
-echo "# $(grep -m1 'backend: mpi' "$tmp/mpi1" | sed 's/.*backend: //'); median of $repeats runs each, taking turns"
-printf '%12s %12s %12s %10s\n' "size (B)" "cpu (us)" "mpi (us)" "cpu/mpi"
-awk '
-    { t[$1, $2, ++n[$1, $2]] = $3; sizes[$2] = 1 }
-    function median(b, s,   k, m, i, j, v, x) {
-        m = n[b, s]; for (i = 1; i <= m; i++) v[i] = t[b, s, i]
-        for (i = 2; i <= m; i++) { x = v[i]; for (j = i - 1; j >= 1 && v[j] > x; j--) v[j + 1] = v[j]; v[j + 1] = x }
-        return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
-    }
-    END {
-        k = 0; for (s in sizes) order[++k] = s + 0
-        for (i = 2; i <= k; i++) { x = order[i]; for (j = i - 1; j >= 1 && order[j] > x; j--) order[j + 1] = order[j]; order[j + 1] = x }
-        for (i = 1; i <= k; i++) {
-            s = order[i]; c = median("cpu", s); m = median("mpi", s)
-            printf "%12d %12.2f %12.2f %10.2f\n", s, c, m, (m > 0 ? c / m : 0)
+# One table per collective and number of ranks; rows also go to $tmp/csv.
+compare() {
+    local c=$1 n=$2
+    for i in $(seq "$rounds"); do
+        for b in cpu mpi; do
+            { sweep $b "$n" "$c" "$min_b" "$max_b"
+              if ((last < max_b)); then sweep $b "$n" "$c" "$max_b" "$max_b"; fi; } | sed "s/^/$b $i /"
+        done
+    done >"$tmp/rows"
+    echo "# $c, $n ranks: median of $rounds rounds; spread = lowest and highest ratio of one round"
+    printf '%12s %12s %12s %8s %13s\n' "size (B)" "cpu (us)" "mpi (us)" "cpu/mpi" "spread"
+    awk -v c="$c" -v n="$n" -v csv="$tmp/csv" '
+        { t[$1, $3, $2] = $4; sizes[$3] = 1; if ($2 > rounds) rounds = $2 }
+        function median(v, m,   i, j, x) {
+            for (i = 2; i <= m; i++) { x = v[i]; for (j = i - 1; j >= 1 && v[j] > x; j--) v[j + 1] = v[j]; v[j + 1] = x }
+            return m % 2 ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
         }
-    }' "$tmp/all"
+        END {
+            k = 0; for (s in sizes) order[++k] = s + 0
+            for (i = 2; i <= k; i++) { x = order[i]; for (j = i - 1; j >= 1 && order[j] > x; j--) order[j + 1] = order[j]; order[j + 1] = x }
+            for (i = 1; i <= k; i++) {
+                s = order[i]; lo = 1e30; hi = 0
+                for (r = 1; r <= rounds; r++) {
+                    a[r] = t["cpu", s, r]; b[r] = t["mpi", s, r]
+                    q = b[r] > 0 ? a[r] / b[r] : 0; if (q < lo) lo = q; if (q > hi) hi = q
+                }
+                mc = median(a, rounds); mm = median(b, rounds); ratio = mm > 0 ? mc / mm : 0
+                printf "%12d %12.2f %12.2f %8.2f %6.2f-%-6.2f\n", s, mc, mm, ratio, lo, hi
+                printf "%s,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f\n", c, n, s, mc, mm, ratio, lo, hi >> csv
+            }
+        }' "$tmp/rows"
+}
+
+echo "# cpu backend vs $(mpirun --version 2>&1 | head -n 1) shared memory; $(nproc) cores," \
+     "$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'); $(date -u '+%Y-%m-%d %H:%M') UTC"
+: >"$tmp/csv"
+for c in $collectives; do
+    for n in $ranks_list; do
+        compare "$c" "$n"
+        echo
+    done
+done
+echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+if [[ -n $csv ]]; then
+    { echo "collective,ranks,size_bytes,cpu_us,mpi_us,ratio,ratio_min,ratio_max"
+      echo "# $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //') | $(cat "$tmp/mpi_name") | $rounds rounds | $(date -u '+%Y-%m-%d')"
+      cat "$tmp/csv"; } >"$csv.tmp" && mv "$csv.tmp" "$csv"
+    echo "# rows written to $csv"
+fi
