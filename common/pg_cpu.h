@@ -10,20 +10,28 @@
 //   1. Transports. To every other rank we hold a byte stream in each
 //      direction: a TCP connection, or, when the peer runs on the same host,
 //      a pair of ring buffers in shared memory (one copy in, one copy out,
-//      no system call). The TCP connection exists in both cases: it is how
+//      no system call; written and read in 64 KiB chunks, so that the two
+//      copies overlap). The TCP connection exists in both cases: it is how
 //      the ranks meet, and the kernel closes it when a process dies, however
 //      it dies - our only reliable sign that a peer is gone.
-//   2. Messages. Every send becomes a frame: a 16-byte header (a magic
-//      number, which operation sent it, the payload size) and the payload,
-//      padded to 8 bytes. The receiver checks that both sides are in the same
-//      operation with the same size, instead of silently mixing up bytes.
+//   2. Messages. Every send becomes a frame: a 24-byte header (a magic
+//      number, which operation sent it, the payload size, and an address)
+//      and the payload, padded to 8 bytes. The receiver checks that both
+//      sides are in the same operation with the same size, instead of
+//      silently mixing up bytes. Between ranks of one host, a payload of
+//      512 KiB to 8 MiB travels as its address only: the receiver copies it
+//      straight out of the sender's memory ("single copy", as MPI does).
 //   3. The progress engine. isend/irecv only queue work. Bytes move when the
 //      caller is inside a pg_ call (test, wait, or a blocking collective): one
 //      loop that writes what it can to every peer and reads whatever has
-//      arrived from every peer. Data that arrives before its receive was
-//      posted is kept aside ("unexpected messages"), so two ranks that both
-//      send first and receive second never deadlock, however large the
-//      messages and however small the kernel's buffers.
+//      arrived from every peer. A message that arrives before its receive
+//      was posted waits in the stream ("parked") and flows into the
+//      receive's buffer once it is posted; a rank that has been idle for a
+//      millisecond takes such messages into buffers of its own, so two ranks
+//      that both send first and receive second never deadlock, however large
+//      the messages and however small the rings and the kernel's buffers.
+//      A waiting rank spins, then yields its core, and sleeps only after a
+//      tenth of a second (cpu_idle says why).
 //      We chose this over a progress thread: no locks, every byte moves in
 //      one visible loop. The price is that an isend does not advance while
 //      the caller computes (as in MPI without an asynchronous progress
