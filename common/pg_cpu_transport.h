@@ -608,7 +608,6 @@ static inline void cpu_begin_message(const cpu_pg_t *pg, cpu_peer_t *p) {
     // time of back-to-back broadcasts, where the root runs ahead.
 }
 
-
 // The stream is used in multiples of 8 bytes (see cpu_padded); each take
 // returns how many bytes it used, 0 when it needs more.
 static inline size_t cpu_take_header(const cpu_pg_t *pg, cpu_peer_t *p, const char *src,

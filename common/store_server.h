@@ -63,6 +63,7 @@ typedef struct store_server {
     uint64_t nonce;
     bool accepting;         // false: close the listening socket, serve who is connected
     bool stopping;          // the thread should end
+    bool running;           // the thread has started (see store_server_wait_running)
     double accept_paused_until;
     pthread_t thread;
     pthread_mutex_t lock;   // held while the thread works; spawn holds it across fork()
@@ -524,6 +525,7 @@ static inline void store_server_round(store_server_t *s, size_t npfds) {
 static inline void *store_server_main(void *arg) {
     store_server_t *s = arg;
     pthread_mutex_lock(&s->lock);
+    s->running = true;
     while (!s->stopping) {
         if (!s->accepting && s->listen_fd >= 0) {   // store_server_stop_accepting asked
             close(s->listen_fd);
@@ -586,6 +588,24 @@ static inline int store_bound_port(int fd) {
     return ntohs(((struct sockaddr_in *)&a)->sin_port);
 }
 
+// Returns once the thread runs our code. A new thread first runs the C
+// library's (and a sanitizer's) start-up code, which may allocate; if
+// spawn.h forked at that moment, the child would inherit a lock held by a
+// thread it does not have, and hang at its first malloc (seen under
+// AddressSanitizer, whose allocator has no fork handlers in gcc 12).
+// From the moment the thread holds s->lock once, fork() is safe: spawn
+// holds that lock across it.
+static inline void store_server_wait_running(store_server_t *s) {
+    for (double waited = 0;; waited += 0.001) {
+        pthread_mutex_lock(&s->lock);
+        bool running = s->running;
+        pthread_mutex_unlock(&s->lock);
+        if (running) return;
+        if (waited > 60) die("the rendezvous store thread did not start within 60 s");
+        store_sleep(0.001);
+    }
+}
+
 // As store_server_start, and clients that name a session (rendezvous does: one
 // per round) must name this one; others are refused so that they retry.
 static inline store_server_t *store_server_start_session(const char *bind_host, int port,
@@ -613,6 +633,7 @@ static inline store_server_t *store_server_start_session(const char *bind_host, 
     int rc = pthread_create(&s->thread, NULL, store_server_main, s);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc) die("cannot start the rendezvous store thread: %s", strerror(rc));
+    store_server_wait_running(s);
     return s;
 }
 
