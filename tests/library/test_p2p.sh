@@ -15,7 +15,7 @@ BIN=$ROOT/tests/unit/test_p2p
 # this run's processes (another run of the suite may be going on).
 TAG=--tag=pg-test-$$-run
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT COURSE_AGENT_STORE \
-      COURSE_JOB_TOKEN COURSE_SHM
+      COURSE_JOB_TOKEN COURSE_SHM COURSE_SINGLE_COPY
 
 # run_cases NAME PREFIX ARGS...: the unit test's own PASS/FAIL lines, with
 # PREFIX in their names; a crash or hang without a FAIL line is reported.
@@ -31,6 +31,7 @@ run_cases() {
 
 run_cases basic "" --mode basic -n 3
 COURSE_SHM=0 run_cases basic_tcp " (tcp)" --mode basic -n 2
+COURSE_SINGLE_COPY=0 run_cases basic_rings " (rings only)" --mode basic -n 2
 run_cases reinit "" --mode reinit -n 3
 COURSE_SHM=0 run_cases reinit_tcp " (tcp)" --mode reinit -n 2
 

@@ -2,8 +2,9 @@
 // driven by tests/library/test_p2p.sh.
 //
 // --mode basic    (the default) in one job: messages between a pair arrive
-//                 in the order sent; two ranks that both pg_send 64 MiB to
-//                 each other before receiving do not deadlock; isend/irecv
+//                 in the order sent; two ranks that both pg_send 64 KiB,
+//                 2 MiB or 64 MiB to each other before receiving do not
+//                 deadlock; isend/irecv
 //                 polled with pg_test complete, and pg_test does not block
 //                 while the peer has not sent yet; a p2p message posted
 //                 before a collective is not mistaken for the collective's
@@ -110,23 +111,33 @@ static void case_order(job *j) {
            "rank 1 received a message out of order or damaged");
 }
 
-// Both ranks send 64 MiB first and receive second, with blocking calls:
-// this only completes if early data is kept aside while sending.
+// Both ranks send first and receive second, with blocking calls: this only
+// completes if a rank that waits takes in what it has not asked for yet.
+// Each size takes a different path between ranks of one host: 64 KiB waits
+// parked in the ring, 2 MiB is read from the sender's memory (single copy),
+// 64 MiB is larger than the ring.
 static void case_both_directions(job *j) {
-    size_t count = (64u << 20) / sizeof(float);
-    bool ok = true;
-    if (j->rank < 2) {
-        int peer = 1 - j->rank;
-        float *out = xmalloc(count * sizeof(float)), *in = xmalloc(count * sizeof(float));
-        fill_pattern(out, count, j->rank, 7);
-        pg_send(j->pg, out, count, DTYPE_F32, peer);
-        pg_recv(j->pg, in, count, DTYPE_F32, peer);
-        ok = check_pattern(in, count, peer, 7);
-        free(out);
-        free(in);
+    static const size_t sizes[] = {64u << 10, 2u << 20, 64u << 20};
+    for (int k = 0; k < 3; k++) {
+        size_t count = sizes[k] / sizeof(float);
+        bool ok = true;
+        if (j->rank < 2) {
+            int peer = 1 - j->rank;
+            float *out = xmalloc(count * sizeof(float)), *in = xmalloc(count * sizeof(float));
+            fill_pattern(out, count, j->rank, 7 + k);
+            pg_send(j->pg, out, count, DTYPE_F32, peer);
+            pg_recv(j->pg, in, count, DTYPE_F32, peer);
+            ok = check_pattern(in, count, peer, 7 + k);
+            free(out);
+            free(in);
+        }
+        char name[96];
+        snprintf(name, sizeof name, "p2p: two ranks pg_send %zu KiB to each other at once, no deadlock",
+                 sizes[k] >> 10);
+        char key[16];
+        snprintf(key, sizeof key, "both%d", k);
+        expect(j, name, all_ok(j, key, ok), "the data received was wrong");
     }
-    expect(j, "p2p: two ranks pg_send 64 MiB to each other at once, no deadlock",
-           all_ok(j, "both", ok), "the data received was wrong");
 }
 
 // Rank 1 sends only after rank 0 has polled pg_test and seen 'not yet'.
