@@ -41,11 +41,6 @@ static void round_trips(dist_t *d, void *out, void *in, size_t bytes, int count,
     }
 }
 
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static void bench_header(const dist_t *d, const bench_options *o) {
     char date[32];
     bench_date(date, sizeof date, true);
@@ -90,10 +85,7 @@ static void measure_size(dist_t *d, const bench_options *o, bench_state *b, size
     check_echo(d, b, bytes);
     double sum = 0;
     for (int i = 0; i < iters; i++) sum += b->round_trip[i];
-    qsort(b->round_trip, (size_t)iters, sizeof(double), compare_doubles);
-    double median = iters % 2 ? b->round_trip[iters / 2]
-                              : (b->round_trip[iters / 2 - 1] + b->round_trip[iters / 2]) / 2;
-    double latency = median / 2, mean = sum / iters / 2;
+    double latency = timer_median(b->round_trip, iters) / 2, mean = sum / iters / 2;
     double gbps = (double)bytes / latency / 1e9;
     log_main("%14zu %8d %13.2f %10.2f %16.4f\n", bytes, iters, latency * 1e6, mean * 1e6, gbps);
     metrics_row(&b->csv, "%zu,%.3f,%.6f", bytes, latency * 1e6, gbps);

@@ -74,17 +74,6 @@ static void run(const options *opt, int world_size, spawn_fn train, bool quiet, 
         die("the run with %d rank(s) failed (see the messages above)", world_size);
 }
 
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-// The median of n numbers (sorts them).
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, compare_doubles);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 static void print_times(const char *label, const double *seconds, int n) {
     printf("%-14s", label);
     for (int i = 0; i < n; i++) printf(" %.6f", seconds[i]);
@@ -141,14 +130,14 @@ static void speedup_compare(const options *opt, spawn_fn train) {
     if (baseline) {
         char how[48];
         snprintf(how, sizeof how, "median of %d", n);
-        print_result("baseline (1)", baseline, median(base_s, n), how, opt);
-        print_result(label, ddp, median(ddp_s, n), how, opt);
+        print_result("baseline (1)", baseline, timer_median(base_s, n), how, opt);
+        print_result(label, ddp, timer_median(ddp_s, n), how, opt);
         double best = speedups[0], worst = speedups[0];
         for (int i = 1; i < n; i++) {
             if (speedups[i] > best) best = speedups[i];
             if (speedups[i] < worst) worst = speedups[i];
         }
-        double speedup = median(speedups, n);
+        double speedup = timer_median(speedups, n);
         printf("speedup %.3gx (median of %d; range %.3g-%.3gx), parallel efficiency %.0f%% (ideal: %dx, 100%%)\n",
                speedup, n, worst, best, 100.0 * speedup / w, w);
     } else {

@@ -33,16 +33,6 @@ typedef struct {
 enum { FORWARD, BACKWARD, ALL_REDUCE, OPTIMIZER, PHASES };
 static const char *const phase_names[PHASES] = {"forward", "backward", "all-reduce", "optimizer"};
 
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *values, int n) {
-    qsort(values, (size_t)n, sizeof(double), compare_doubles);
-    return values[n / 2];
-}
-
 // As in 08_gpt_wikitext.c: OpenMP threads spin only briefly at barriers,
 // so that other work on the machine does not make every barrier slow.
 static void spin_briefly_in_openmp(char **argv) {
@@ -99,7 +89,7 @@ static int bench_rank(int rank, int world, void *arg) {
     }
     // Data parallel, the job goes at the pace of its slowest rank; and the
     // replicas must have stayed equal, or the all-reduce did not average.
-    double slowest = median(steps, o->steps);
+    double slowest = timer_median(steps, o->steps);
     dist_all_reduce_host(&dist, &slowest, 1, OP_MAX);
     if (world > 1) ddp_check_replicas(dist.pg, &dist.device, m.params, m.num_params, o->steps + 2);
     if (rank == 0) {
@@ -109,7 +99,7 @@ static int bench_rank(int rank, int world, void *arg) {
                gpt_num_threads() > 1 ? "s" : "", gpt_matmul_backend());
         printf("median step %.1f ms -> %.0f tokens/s\n", slowest * 1e3, (double)world * B * T / slowest);
         printf("profile (rank 0, median ms):");
-        for (int p = 0; p < PHASES; p++) printf(" %s %.2f%s", phase_names[p], median(phases[p], o->steps) * 1e3,
+        for (int p = 0; p < PHASES; p++) printf(" %s %.2f%s", phase_names[p], timer_median(phases[p], o->steps) * 1e3,
                                                 p < PHASES - 1 ? " |" : "\n");
     }
     for (int p = 0; p < PHASES; p++) free(phases[p]);

@@ -20,11 +20,6 @@
 #include "../gpt.h"
 #include "timer.h"
 
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 // Scratch operands, large enough for every product below; their values do not matter.
 static gpt_real *scratch_a, *scratch_b, *scratch_c;
 static double counted_flops;
@@ -81,8 +76,7 @@ static double median_seconds(void (*run)(void *), void *arg, int repeats) {
         run(arg);
         t[r] = now_seconds() - t0;
     }
-    qsort(t, (size_t)repeats, sizeof(double), compare_doubles);
-    double m = t[repeats / 2];
+    double m = timer_median(t, repeats);
     free(t);
     return m;
 }
