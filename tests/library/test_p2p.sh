@@ -15,7 +15,7 @@ BIN=$ROOT/tests/unit/test_p2p
 # this run's processes (another run of the suite may be going on).
 TAG=--tag=pg-test-$$-run
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT COURSE_AGENT_STORE \
-      COURSE_JOB_TOKEN COURSE_SHM COURSE_SINGLE_COPY
+      COURSE_JOB_TOKEN COURSE_SHM COURSE_SINGLE_COPY COURSE_BIND
 
 # run_cases NAME PREFIX ARGS...: the unit test's own PASS/FAIL lines, with
 # PREFIX in their names; a crash or hang without a FAIL line is reported.
@@ -34,6 +34,12 @@ COURSE_SHM=0 run_cases basic_tcp " (tcp)" --mode basic -n 2
 COURSE_SINGLE_COPY=0 run_cases basic_rings " (rings only)" --mode basic -n 2
 run_cases reinit "" --mode reinit -n 3
 COURSE_SHM=0 run_cases reinit_tcp " (tcp)" --mode reinit -n 2
+# Binding to cores: as many ranks as this machine has cores (shares), one
+# more (free), and shares turned off.
+cores=$(nproc)
+run_cases bind " ($cores ranks on $cores cores)" --mode bind -n "$cores"
+run_cases bind_more " ($((cores + 1)) ranks on $cores cores)" --mode bind -n $((cores + 1))
+COURSE_BIND=0 run_cases bind_off " (COURSE_BIND=0)" --mode bind -n "$cores"
 
 # expect_failure NAME MAX_SECONDS REGEX ARGS...: the job must fail (not
 # hang), within MAX_SECONDS, with a message matching REGEX.

@@ -16,8 +16,13 @@
 //                 out (COURSE_TIMEOUT) with a message naming the op and rank
 // --mode mismatch rank 0 broadcasts while the others all-reduce: a clear
 //                 error instead of garbage
+// --mode bind     the cores each rank may use after pg_create: with no more
+//                 ranks than cores, disjoint shares of the cores the job
+//                 started with, together all of them; else (or with
+//                 COURSE_BIND=0) the cores it started with
 // --mode nccl     --backend nccl on one rank (needs a GPU)
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 
 #include "flags.h"
@@ -282,6 +287,66 @@ static int run_mismatch(int rank, int world, void *arg) {
     return 0;
 }
 
+// ---------------------------------------------------------------- binding to cores
+
+enum { MASK_WORDS = CPU_SETSIZE / 64 };
+
+static void mask_words(const cpu_set_t *set, uint64_t *words) {
+    memset(words, 0, MASK_WORDS * sizeof *words);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, set)) words[c / 64] |= 1ull << (c % 64);
+}
+
+// Are the ranks' masks disjoint, each one not empty, together `start`, and
+// their sizes within one core of each other?
+static bool masks_share(const uint64_t *all, int world, const uint64_t *start) {
+    int least = CPU_SETSIZE, most = 0;
+    for (int w = 0; w < MASK_WORDS; w++) {
+        uint64_t seen = 0;
+        for (int r = 0; r < world; r++) {
+            if (all[r * MASK_WORDS + w] & seen) return false;
+            seen |= all[r * MASK_WORDS + w];
+        }
+        if (seen != start[w]) return false;
+    }
+    for (int r = 0; r < world; r++) {
+        int cores = 0;
+        for (int w = 0; w < MASK_WORDS; w++) cores += __builtin_popcountll(all[r * MASK_WORDS + w]);
+        least = cores < least ? cores : least;
+        most = cores > most ? cores : most;
+    }
+    return least >= 1 && most - least <= 1;
+}
+
+static int run_bind(int rank, int world, void *arg) {
+    cpu_set_t set;
+    uint64_t start[MASK_WORDS], mine[MASK_WORDS];
+    if (sched_getaffinity(0, sizeof set, &set) != 0) die("sched_getaffinity: %s", strerror(errno));
+    mask_words(&set, start);
+    int cores = CPU_COUNT(&set);
+    job j;
+    job_start(&j, rank, world, arg);
+    if (sched_getaffinity(0, sizeof set, &set) != 0) die("sched_getaffinity: %s", strerror(errno));
+    mask_words(&set, mine);
+    uint64_t *all = xcalloc((size_t)world * MASK_WORDS, sizeof *all);
+    pg_all_gather(j.pg, mine, all, MASK_WORDS, DTYPE_I64);
+    const char *env = getenv("COURSE_BIND");
+    bool bound = world <= cores && !(env && !strcmp(env, "0"));
+    bool ok = true;
+    for (int r = 0; r < world && !bound; r++)
+        ok &= !memcmp(&all[r * MASK_WORDS], start, sizeof start);
+    if (bound) ok = masks_share(all, world, start);
+    if (rank == 0) {
+        if (bound) EXPECT("p2p: each rank keeps to its own share of the cores", ok,
+                          "%d ranks, %d cores: the masks overlap, leave a core out or are uneven", world, cores);
+        else EXPECT("p2p: ranks stay free when they outnumber the cores or COURSE_BIND=0", ok,
+                    "%d ranks, %d cores: a rank's cores changed", world, cores);
+    }
+    free(all);
+    job_end(&j);
+    return test_failures != 0;
+}
+
 // ---------------------------------------------------------------- nccl, one rank
 
 static int run_nccl(int rank, int world, void *arg) {
@@ -311,7 +376,7 @@ int main(int argc, char **argv) {
     const char *tag = "";
     flag_t flags[] = {
         {"mode", NULL, FLAG_STRING, &o.mode, "what to test", 1, 0,
-         "basic|reinit|kill|stall|mismatch|nccl", NULL},
+         "basic|reinit|kill|stall|mismatch|bind|nccl", NULL},
         {"nprocs", "n", FLAG_INT, &nprocs, "ranks to spawn", 1, 64, NULL, NULL},
         {"backend", NULL, FLAG_STRING, &o.backend, "process-group backend", 1, 0, "auto|cpu|nccl", NULL},
         {"device", NULL, FLAG_STRING, &o.device, "where the buffers live", 1, 0, "auto|cpu|cuda", NULL},
@@ -322,7 +387,8 @@ int main(int argc, char **argv) {
     flags_parse(&set, argc, argv);
     spawn_fn fn = !strcmp(o.mode, "basic") ? run_basic : !strcmp(o.mode, "reinit") ? run_reinit
                   : !strcmp(o.mode, "kill") ? run_kill : !strcmp(o.mode, "stall") ? run_stall
-                  : !strcmp(o.mode, "mismatch") ? run_mismatch : run_nccl;
+                  : !strcmp(o.mode, "mismatch") ? run_mismatch : !strcmp(o.mode, "bind") ? run_bind
+                  : run_nccl;
     int rc = spawn(nprocs, fn, &o);
     printf("spawn returned %d\n", rc);
     return rc;
