@@ -66,20 +66,24 @@ static inline void cpu_ring_reduce_scatter(cpu_pg_t *pg, const char *send, char 
     }
 }
 
-// Ring all-gather. Rank r starts with block (r + shift) mod n complete; in
-// every step it passes the block it received last to the right. After n-1
-// steps every rank has every block - copied bytes, never recomputed.
+// Ring all-gather. Rank r starts with block (r + shift) mod n complete -
+// in buf, or in `first` if that is not NULL, which is then copied into buf
+// while the first step's bytes travel; in every step it passes the block it
+// received last to the right. After n-1 steps every rank has every block -
+// copied bytes, never recomputed.
 static inline void cpu_ring_all_gather(cpu_pg_t *pg, char *buf, size_t count, size_t es,
-                                       int shift) {
+                                       int shift, const char *first) {
     int n = pg->world, r = pg->rank;
     for (int s = 0; s < n - 1; s++) {
         size_t out_first, out_len, in_first, in_len;
         cpu_block(count, n, cpu_mod(r + shift - s, n), &out_first, &out_len);
         cpu_block(count, n, cpu_mod(r + shift - s - 1, n), &in_first, &in_len);
+        char *out = buf + out_first * es;
         cpu_req_t *reqs[2] = {
             cpu_post_recv(pg, cpu_mod(r - 1, n), buf + in_first * es, in_len * es),
-            cpu_post_send(pg, cpu_mod(r + 1, n), buf + out_first * es, out_len * es),
+            cpu_post_send(pg, cpu_mod(r + 1, n), s == 0 && first ? first : out, out_len * es),
         };
+        if (s == 0 && first && first != out) memcpy(out, first, out_len * es);
         cpu_wait(pg, reqs, 2);
     }
 }
@@ -126,7 +130,7 @@ static inline void cpu_all_reduce_core(cpu_pg_t *pg, const void *send, void *rec
         cpu_recursive_doubling(pg, send, recv, count, t, op);
     } else {
         cpu_ring_reduce_scatter(pg, send, recv, count, t, op);
-        cpu_ring_all_gather(pg, recv, count, dtype_size(t), 1);
+        cpu_ring_all_gather(pg, recv, count, dtype_size(t), 1, NULL);
     }
 }
 
@@ -277,12 +281,21 @@ static inline void cpu_broadcast(cpu_pg_t *pg, void *buf, size_t bytes, int root
 
 // ---------------------------------------------------------------- algorithms: the rest
 
-// All-gather: put our part in place, then the ring all-gather with blocks
-// of equal size.
+// All-gather: the ring all-gather with blocks of equal size, our own block
+// sent straight from the caller's send buffer and copied into its place
+// while it travels. Copying it into place first and sending it from there
+// made the peer read bytes we had just written, whose cache lines then
+// move to the peer's core and must come back for our next write; nobody
+// writes the send buffer. (2 ranks, 2 MiB: 137-159 us -> 108-119 us, four
+// runs of 5 interleaved rounds.) A send buffer that overlaps the receive
+// buffer other than in place is copied first, before others' blocks land.
 static inline void cpu_all_gather(cpu_pg_t *pg, const void *send, void *recv, size_t bytes) {
     pg->tag = CPU_TAG_ALL_GATHER;
-    memmove((char *)recv + (size_t)pg->rank * bytes, send, bytes);
-    cpu_ring_all_gather(pg, recv, bytes * (size_t)pg->world, 1, 0);
+    char *mine = (char *)recv + (size_t)pg->rank * bytes;
+    size_t all = bytes * (size_t)pg->world;
+    if (pg->world == 1 || (send != mine && cpu_overlap(send, recv, all)))
+        send = memmove(mine, send, bytes);
+    cpu_ring_all_gather(pg, recv, all, 1, 0, send);
 }
 
 // Gather and scatter: the root talks to every rank directly, all at once.
