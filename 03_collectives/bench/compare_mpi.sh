@@ -6,26 +6,31 @@
 # the spread of that ratio over the rounds. Not part of `make test`.
 #
 #   03_collectives/bench/compare_mpi.sh [-n "RANKS..."] [-c "COLLECTIVES..."]
-#       [-b MIN] [-e MAX] [-f STEP] [-r ROUNDS] [-o CSV]
+#       [-b MIN] [-e MAX] [-f STEP] [-r ROUNDS] [-i ITERS] [-w WARMUP] [-o CSV]
 #
 # Defaults: 2 ranks, all_reduce (float32 sum), 8 B to 64 MiB, x4 per row, 3
-# rounds. -c p2p is chapter 02's ping-pong (one-way latency, ranks 0 and 1;
+# rounds, 1000 timed operations per size after 20 untimed ones (fewer for
+# large sizes: at most 1 GiB per size; the benchmarks' own default of 20
+# times a few microseconds at small sizes, which on a shared machine is
+# mostly noise). -c p2p is chapter 02's ping-pong (one-way latency, ranks 0 and 1;
 # the others wait). When the steps skip MAX (8 B x4 never lands on 256 MiB),
 # MAX is measured as one more row. In every round the two backends run one
 # after the other (cpu, then mpi), so a busy moment on the machine hits both
 # alike. Each time shown is the median over the rounds of the benchmark's
 # own time (slowest rank, n back-to-back operations after warm-up); the
-# ratio is cpu / mpi of those medians, and "spread" the lowest and highest
-# ratio of a single round's pair. -o also writes every row to a CSV, which
+# ratio is cpu / mpi of those medians, "spread" the lowest and highest
+# ratio of a single round's pair, and "best" the ratio of the two backends'
+# fastest rounds (what each costs when the machine leaves it alone). -o also writes every row to a CSV, which
 # plots/03_cpu_vs_mpi.gp draws. cpu: ranks started by spawn (--nprocs);
 # mpi: ranks started by mpirun. Needs a build with MPI (make finds mpicc).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-ranks_list=2 collectives=all_reduce min=8 max=64M step=4 rounds=3 csv=""
-while getopts n:c:b:e:f:r:o: opt; do
+ranks_list=2 collectives=all_reduce min=8 max=64M step=4 rounds=3 iters=1000 warmup=20 csv=""
+while getopts n:c:b:e:f:r:i:w:o: opt; do
     case $opt in
     n) ranks_list=$OPTARG ;; c) collectives=$OPTARG ;; b) min=$OPTARG ;; e) max=$OPTARG ;;
-    f) step=$OPTARG ;; r) rounds=$OPTARG ;; o) csv=$OPTARG ;;
+    f) step=$OPTARG ;; r) rounds=$OPTARG ;; i) iters=$OPTARG ;; w) warmup=$OPTARG ;;
+    o) csv=$OPTARG ;;
     *) sed -n '8,9p' "$0" >&2; exit 2 ;;
     esac
 done
@@ -48,11 +53,12 @@ sweep() {
     local launch=("--nprocs" "$n")
     local mpi=(mpirun -np "$n")
     mpirun --version 2>&1 | grep -q "Open MPI" && mpi=(mpirun --oversubscribe --allow-run-as-root -np "$n")
-    local args=(--bench --device cpu --collective "$c" -b "$lo" -e "$hi" -f "$step" -c 0)
+    local timing=(-n "$iters" -w "$warmup")
+    local args=(--bench --device cpu --collective "$c" -b "$lo" -e "$hi" -f "$step" -c 0 "${timing[@]}")
     local prog=$here/03_collectives
     column=6   # 03's table: size count type redop root time algbw busbw #wrong
     if [[ $c == p2p ]]; then
-        prog=$here/../02_p2p/02_p2p args=(--bench --device cpu -b "$lo" -e "$hi" -f "$step")
+        prog=$here/../02_p2p/02_p2p args=(--bench --device cpu -b "$lo" -e "$hi" -f "$step" "${timing[@]}")
         column=3   # 02's table: size iters latency mean bandwidth
     fi
     if [[ $backend == cpu ]]; then "$prog" --backend cpu "${launch[@]}" "${args[@]}" >"$out" 2>&1
@@ -72,7 +78,7 @@ compare() {
         done
     done >"$tmp/rows"
     echo "# $c, $n ranks: median of $rounds rounds; spread = lowest and highest ratio of one round"
-    printf '%12s %12s %12s %8s %13s\n' "size (B)" "cpu (us)" "mpi (us)" "cpu/mpi" "spread"
+    printf '%12s %12s %12s %8s %13s %6s\n' "size (B)" "cpu (us)" "mpi (us)" "cpu/mpi" "spread" "best"
     awk -v c="$c" -v n="$n" -v csv="$tmp/csv" '
         { t[$1, $3, $2] = $4; sizes[$3] = 1; if ($2 > rounds) rounds = $2 }
         function median(v, m,   i, j, x) {
@@ -83,14 +89,17 @@ compare() {
             k = 0; for (s in sizes) order[++k] = s + 0
             for (i = 2; i <= k; i++) { x = order[i]; for (j = i - 1; j >= 1 && order[j] > x; j--) order[j + 1] = order[j]; order[j + 1] = x }
             for (i = 1; i <= k; i++) {
-                s = order[i]; lo = 1e30; hi = 0
+                s = order[i]; lo = 1e30; hi = 0; fc = 1e30; fm = 1e30
                 for (r = 1; r <= rounds; r++) {
                     a[r] = t["cpu", s, r]; b[r] = t["mpi", s, r]
                     q = b[r] > 0 ? a[r] / b[r] : 0; if (q < lo) lo = q; if (q > hi) hi = q
+                    if (a[r] < fc) fc = a[r]; if (b[r] < fm) fm = b[r]
                 }
                 mc = median(a, rounds); mm = median(b, rounds); ratio = mm > 0 ? mc / mm : 0
-                printf "%12d %12.2f %12.2f %8.2f %6.2f-%-6.2f\n", s, mc, mm, ratio, lo, hi
-                printf "%s,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f\n", c, n, s, mc, mm, ratio, lo, hi >> csv
+                best = fm > 0 ? fc / fm : 0
+                printf "%12d %12.2f %12.2f %8.2f %6.2f-%-6.2f %6.2f\n", s, mc, mm, ratio, lo, hi, best
+                printf "%s,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", c, n, s, mc, mm, ratio, lo, hi,
+                       fc, fm, best >> csv
             }
         }' "$tmp/rows"
 }
@@ -106,8 +115,8 @@ for c in $collectives; do
 done
 echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 if [[ -n $csv ]]; then
-    { echo "collective,ranks,size_bytes,cpu_us,mpi_us,ratio,ratio_min,ratio_max"
-      echo "# $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //') | $(cat "$tmp/mpi_name") | $rounds rounds | $(date -u '+%Y-%m-%d')"
+    { echo "collective,ranks,size_bytes,cpu_us,mpi_us,ratio,ratio_min,ratio_max,cpu_best_us,mpi_best_us,ratio_best"
+      echo "# $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //') | $(cat "$tmp/mpi_name") | $rounds rounds of $iters operations | $(date -u '+%Y-%m-%d')"
       cat "$tmp/csv"; } >"$csv.tmp" && mv "$csv.tmp" "$csv"
     echo "# rows written to $csv"
 fi
