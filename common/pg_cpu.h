@@ -13,7 +13,9 @@
 //      no system call; written and read in 64 KiB chunks, so that the two
 //      copies overlap). The TCP connection exists in both cases: it is how
 //      the ranks meet, and the kernel closes it when a process dies, however
-//      it dies - our only reliable sign that a peer is gone.
+//      it dies - our only reliable sign that a peer is gone. Ranks of one
+//      host that have a core each are bound to it, as mpirun binds them
+//      (cpu_bind_to_cores in pg_cpu_setup.h says why).
 //   2. Messages. Every send becomes a frame: a 24-byte header (a magic
 //      number, which operation sent it, the payload size, and an address)
 //      and the payload, padded to 8 bytes. The receiver checks that both
