@@ -350,7 +350,7 @@ static inline int cpu_usable_cores(void) {
 // now and then runs two ranks on one core while the other core idles, and
 // a rank that waits for its peer then holds it up. Measured on 2 cores
 // (2026-11-24, 3 interleaved rounds): 2-rank all-reduce 4 KiB-2 MiB 17-27%
-// faster bound, ping-pong 4-22%, and the slow outliers gone.
+// faster bound, ping-pong 4-23%, and the slow outliers gone.
 // COURSE_BIND=0 leaves the ranks free (for instance when several jobs
 // share a machine: each would bind its rank 0 to the same core).
 static inline void cpu_bind_to_cores(int me, int members) {
