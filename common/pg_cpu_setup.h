@@ -325,10 +325,9 @@ static inline char *cpu_shm_join(cpu_pg_t *pg, int leader, const cpu_shm_layout_
     return base;
 }
 
-// The cores this process may run on (taskset, a batch system's cpuset),
-// which may be fewer than the machine's.
-// The cores this process may use, as it was started (before
-// cpu_bind_to_cores narrowed them): false if the kernel does not say.
+// The cores this process may use (taskset, a batch system's cpuset: maybe
+// fewer than the machine's), as they were before cpu_bind_to_cores first
+// narrowed them; false if the kernel does not say.
 static inline bool cpu_start_cores(cpu_set_t *cores) {
     static cpu_set_t at_start;
     static bool known;
@@ -337,6 +336,7 @@ static inline bool cpu_start_cores(cpu_set_t *cores) {
     return known;
 }
 
+// How many of them: each rank may spin only if every local rank has one.
 static inline int cpu_usable_cores(void) {
     cpu_set_t set;
     if (cpu_start_cores(&set)) return CPU_COUNT(&set);
