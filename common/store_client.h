@@ -42,6 +42,30 @@ typedef struct store {
     pthread_mutex_t lock;    // one request at a time when threads share a client
 } store_t;
 
+// A connection that TCP made from a socket to itself. Dialing a port of this
+// host on which nothing listens yet can end so: when the kernel gives the
+// socket that very port as its own (ports in the ephemeral range, 32768-60999
+// on Linux), the SYN comes back to its sender and TCP's simultaneous open
+// connects the two. The client would read its own hello as the store's
+// answer, and the store, starting a moment later, would find its port taken.
+static inline bool store_is_self_connected(int fd) {
+    struct sockaddr_storage mine, peer;
+    socklen_t mine_len = sizeof mine, peer_len = sizeof peer;
+    if (getsockname(fd, (struct sockaddr *)&mine, &mine_len) < 0 ||
+        getpeername(fd, (struct sockaddr *)&peer, &peer_len) < 0 || mine.ss_family != peer.ss_family)
+        return false;
+    if (mine.ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const void *)&mine, *b = (const void *)&peer;
+        return a->sin_port == b->sin_port && a->sin_addr.s_addr == b->sin_addr.s_addr;
+    }
+    if (mine.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const void *)&mine, *b = (const void *)&peer;
+        return a->sin6_port == b->sin6_port &&
+               !memcmp(&a->sin6_addr, &b->sin6_addr, sizeof a->sin6_addr);
+    }
+    return false;
+}
+
 // Connect to one address before the deadline; -1 with why filled on failure.
 static inline int store_dial_one(const struct addrinfo *ai, double deadline, char *why,
                                  size_t size) {
@@ -58,6 +82,13 @@ static inline int store_dial_one(const struct addrinfo *ai, double deadline, cha
             if (rc <= 0) err = ETIMEDOUT;
             else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = errno;
         }
+    }
+    if (!err && store_is_self_connected(fd)) {
+        // Nothing listens there yet. Reset rather than close, so that the
+        // port is free again at once for the store that is about to bind it.
+        struct linger reset = {.l_onoff = 1, .l_linger = 0};
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+        err = ECONNREFUSED;
     }
     if (err) {
         snprintf(why, size, "%s", strerror(err));

@@ -102,11 +102,16 @@ gpu_count() {
 }
 
 # free_port : a port on 127.0.0.1 that nothing listens on now, for a test
-# that must name its port in advance (a rendezvous by hand, two nodes).
+# that must name its port in advance (a rendezvous by hand, two nodes). It
+# lies below the kernel's ephemeral range, where connect() takes the ports of
+# its own sockets: a port from there can be in use by a connection of another
+# test (or of this one, dialing early) when the store comes to bind it.
 free_port() {
-    local port
+    local low port
+    low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null)
+    [[ $low =~ ^[0-9]+$ && $low -gt 21000 ]] || low=32768
     for _ in $(seq 50); do
-        port=$((20000 + RANDOM % 20000))
+        port=$((20000 + (RANDOM * 32768 + RANDOM) % (low - 20000)))
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then echo "$port"; return; fi
     done
     echo 29555

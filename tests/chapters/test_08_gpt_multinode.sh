@@ -65,7 +65,7 @@ else fail "gpt multinode: another course version on node 1 stops the job" "statu
 # its own copy of the corpus, as on two machines: node 1's valid.txt has one more line.
 mkdir -p "$TMP/dm0" "$TMP/dm1" && cp -r "$corpus" "$TMP/dm0/data" && cp -r "$other" "$TMP/dm1/data"
 short[1]=data
-port=$((20000 + RANDOM % 20000))
+port=$(free_port)
 launch() { (cd "$TMP/dm$1" && timeout -k 5 100 "$ROOT/tools/ddprun" --nnodes=2 --node_rank="$1" --nproc_per_node=1 \
                 --master_port="$port" "$prog" "${short[@]}") >"$TMP/dm$1.log" 2>&1; }
 launch 1 & p1=$!
@@ -85,7 +85,7 @@ if has_gpu && [[ $gpus -ge 3 ]]; then
          --max_steps 4 --log_every 2 --precision fp32 --device cuda --out_dir run)
     mkdir -p "$TMP/g1" "$TMP/g0" "$TMP/gone"
     (cd "$TMP/gone" && run_capture 300 "$TMP/gone.log" "$prog" "${gpu[@]}" --batch_size 6)
-    port=$((20000 + RANDOM % 20000))
+    port=$(free_port)
     glaunch() { (cd "$TMP/g$1" && timeout -k 5 300 "$ROOT/tools/ddprun" --nnodes=2 --node_rank="$1" --nproc_per_node="$2" \
                    --master_port="$port" "$prog" "${gpu[@]}" --batch_size 2) >"$TMP/g$1.log" 2>&1; }
     CUDA_VISIBLE_DEVICES=2 glaunch 1 1 & p1=$!

@@ -22,10 +22,6 @@ if [[ $status -ne 0 ]] && ! grep -q '^FAIL ' "$TMP/unit.log"; then
     fail store_unit "test_store exited with status $status: $(grep -v '^PASS' "$TMP/unit.log" | tail -n 3 | tr '\n' '|')"
 fi
 
-# A port for this test: random in 20000-31999 (below Linux's ephemeral range),
-# so that test runs side by side rarely collide.
-pick_port() { echo $((20000 + (RANDOM * 32768 + RANDOM) % 12000)); }
-
 # job_ok NAME LOGPREFIX ROUNDS : every rank's log says "ok" ROUNDS times and each exited 0.
 job_ok() {
     local name=$1 prefix=$2 rounds=$3 r bad=""
@@ -50,7 +46,7 @@ start_rank() {
 }
 
 # ------------------------------------------------------------------ env://
-port=$(pick_port)
+port=$(free_port)
 for r in 0 1 2; do
     start_rank "$TMP/env" $r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=3 -- --rounds 2
 done
@@ -58,13 +54,41 @@ wait
 job_ok env_3_ranks_twice "$TMP/env" 2
 
 # ------------------------------------------------------------------ tcp:// (ranks started in reverse)
-port=$(pick_port)
+port=$(free_port)
 for r in 2 1 0; do
     start_rank "$TMP/tcp" $r -- --init_method "tcp://127.0.0.1:$port" --rank $r --world_size 3
     sleep 0.2
 done
 wait
 job_ok tcp_3_ranks "$TMP/tcp" 1
+
+# ------------------------------------------------------------------ a port the kernel also hands out
+# Rank 1 dials before rank 0 listens, on a port from the kernel's ephemeral
+# range (where connect() picks its sockets' own ports). Narrowed to 4 ports,
+# the range makes rank 1's socket get the very port it dials, so that TCP
+# connects it to itself: it must take that for "not listening yet" and let
+# rank 0 bind the port. In a network namespace of its own (root only), so
+# that the rest of the machine keeps its range.
+ephemeral_job() {
+    ip link set lo up && echo "40000 40003" >/proc/sys/net/ipv4/ip_local_port_range || exit 3
+    start_rank "$TMP/eph" 1 COURSE_TIMEOUT=10 MASTER_ADDR=127.0.0.1 MASTER_PORT=40000 RANK=1 WORLD_SIZE=2 --
+    sleep 1
+    start_rank "$TMP/eph" 0 COURSE_TIMEOUT=10 MASTER_ADDR=127.0.0.1 MASTER_PORT=40000 RANK=0 WORLD_SIZE=2 --
+    wait
+}
+if ! unshare -n true 2>/dev/null; then
+    skip store_dial_meets_itself "needs root to make a network namespace (unshare -n)"
+else
+    (unshare -n bash -c "$(declare -f ephemeral_job start_rank); RDZV=$RDZV TMP=$TMP ephemeral_job")
+    status=$?
+    if [[ $status -eq 3 ]]; then
+        skip store_dial_meets_itself "could not set the namespace's loopback up or its port range"
+    elif [[ $(cat "$TMP/eph.0.status" "$TMP/eph.1.status" 2>/dev/null | tr -d '\n') == 00 ]]; then
+        pass store_dial_meets_itself
+    else
+        fail store_dial_meets_itself "rank 0: $(tail -n 1 "$TMP/eph.0.log" 2>/dev/null); rank 1: $(tail -n 1 "$TMP/eph.1.log" 2>/dev/null)"
+    fi
+fi
 
 # ------------------------------------------------------------------ file://
 rdzv_file=$TMP/job.rdzv
@@ -77,7 +101,7 @@ check file_record_removed_at_close test ! -e "$rdzv_file"
 
 # A stale record from an earlier run: garbage first, then a well-formed record
 # pointing at a live store of another job (another nonce). Clients start first.
-port=$(pick_port)
+port=$(free_port)
 ( timeout -k 2 30 "$RDZV" --init_method "tcp://127.0.0.1:$port" --rank 0 --world_size 2 \
       >"$TMP/decoy.log" 2>&1 ) &
 decoy=$!
@@ -98,7 +122,7 @@ kill "$decoy" 2>/dev/null; wait
 job_ok file_stale_record_ignored "$TMP/stale" 1
 
 # ------------------------------------------------------------------ a rank that never joins
-port=$(pick_port)
+port=$(free_port)
 start=$(date +%s)
 for r in 0 1; do
     start_rank "$TMP/missing" $r COURSE_TIMEOUT=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=3 --
@@ -114,7 +138,7 @@ expect_output missing_rank_named_rank0 "$TMP/missing.0.log" "2 of 3 ranks joined
 expect_output missing_rank_named_rank1 "$TMP/missing.1.log" "missing: rank 2"
 
 # ------------------------------------------------------------------ garbage on the store port
-port=$(pick_port)
+port=$(free_port)
 start_rank "$TMP/garbage" 0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=0 WORLD_SIZE=3 --
 sleep 0.5
 # An HTTP request and random bytes through bash's /dev/tcp, and an idle connection.
@@ -136,7 +160,7 @@ job_ok garbage_client_ignored "$TMP/garbage" 1
 expect_output garbage_client_reported "$TMP/garbage.0.log" "dropped a connection from 127.0.0.1"
 
 # ------------------------------------------------------------------ port already in use
-port=$(pick_port)
+port=$(free_port)
 ( timeout -k 2 30 "$RDZV" --init_method "tcp://127.0.0.1:$port" --rank 0 --world_size 2 \
       >"$TMP/holder.log" 2>&1 ) &
 holder=$!
@@ -150,7 +174,7 @@ else fail port_in_use_fails "exit status $status"; fi
 expect_output port_in_use_message "$TMP/inuse.log" "port $port is already in use on 127.0.0.1 \(another job\? set MASTER_PORT to a free port"
 
 # ------------------------------------------------------------------ token mismatch
-port=$(pick_port)
+port=$(free_port)
 start_rank "$TMP/token" 0 COURSE_TIMEOUT=4 COURSE_JOB_TOKEN=job-a MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=0 WORLD_SIZE=2 --
 sleep 0.3
 start_rank "$TMP/token" 1 COURSE_TIMEOUT=4 COURSE_JOB_TOKEN=job-b MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=1 WORLD_SIZE=2 --
@@ -163,7 +187,7 @@ expect_output token_mismatch_message "$TMP/token.1.log" "the store at 127.0.0.1:
 WORLD_SIZE=2 RANK=1 run_capture 10 "$TMP/noaddr.log" "$RDZV"
 [[ $? -ne 0 ]] && expect_output env_needs_master_addr "$TMP/noaddr.log" "needs MASTER_ADDR" \
     || fail env_needs_master_addr "a 2-rank env:// job without MASTER_ADDR did not fail"
-port=$(pick_port)
+port=$(free_port)
 COURSE_TIMEOUT=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 RANK=1 \
     run_capture 20 "$TMP/unreach.log" "$RDZV"
 [[ $? -ne 0 ]] && expect_output unreachable_master_message "$TMP/unreach.log" \

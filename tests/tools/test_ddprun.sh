@@ -274,6 +274,6 @@ run_capture $LIMIT "$TMP/d2.log" "${launcher[@]}"; s2=$?
 kill -TERM "$n0" "$n1" 2>/dev/null; wait_deadline $n0 10; wait_deadline $n1 10
 if [[ $s2 -eq 1 ]] && grep -q "error: another launcher already joined as node 1 and is still running: give every node its own --node_rank" "$TMP/d2.log"
 then pass "ddprun: a second launcher for a live node is refused"
-else fail "ddprun: a second launcher for a live node is refused" "status $s2: $(tail -n 2 "$TMP/d2.log" | tr '\n' '|')"; fi
+else fail "ddprun: a second launcher for a live node is refused" "status $s2: $(tail -n 2 "$TMP/d2.log" | tr '\n' '|') node 0: $(tail -n 2 "$TMP/d0.log" | tr '\n' '|') first node 1: $(tail -n 2 "$TMP/d1.log" | tr '\n' '|')"; fi
 no_leftovers "ddprun: no worker left after the replaced node" "$TAG"
 exit 0

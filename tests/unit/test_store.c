@@ -80,6 +80,25 @@ static int free_port(void) {
     return p;
 }
 
+// A socket bound to a port of its own and then connected to that same port
+// is connected to itself (TCP's simultaneous open): what a client meets when
+// the kernel happens to give it the port it dials, before the store listens.
+static void test_self_connection_recognized(void) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof addr;
+    bool self = fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof addr) == 0 &&
+                getsockname(fd, (struct sockaddr *)&addr, &len) == 0 &&
+                connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0 && store_is_self_connected(fd);
+    EXPECT("self_connection_recognized", self, "a socket connected to itself was not recognized (%s)",
+           strerror(errno));
+    if (fd >= 0) close(fd);
+    store_t *st = store_connect("127.0.0.1", port, "tok", 5);
+    EXPECT("store_connection_not_self", !store_is_self_connected(st->fd),
+           "a connection to the store was taken for a self-connection");
+    store_close(st);
+}
+
 // Connect a raw socket, send bytes, and report whether the server then closed it.
 static bool server_closes_after(const void *bytes, size_t len) {
     char why[256];
@@ -663,6 +682,7 @@ int main(void) {
     test_absurd_lengths(st);
     test_tokenless_store();
     test_thousand_strangers();
+    test_self_connection_recognized();
     int nobody = free_port();
     char want[128];
     snprintf(want, sizeof want, "could not reach the rendezvous store at 127.0.0.1:%d after 0.5 s",
