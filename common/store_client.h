@@ -264,11 +264,18 @@ static inline store_t *store_try_connect(const char *host, int port, const char 
     return st;
 }
 
+// A client whose store is not up yet says so once after this long. Starting a
+// rank before rank 0 (or a node before node 0) is normal, but a wrong address
+// or a closed firewall looks just the same from here, and nobody should stare
+// at a silent terminal for the whole timeout to learn which.
+#define STORE_WAIT_NOTICE_S 10.0
+
 static inline store_t *store_connect_session(const char *host, int port, const char *token,
                                              const char *session, double timeout_s) {
     if (timeout_s <= 0) timeout_s = course_timeout_default();
     if (port < 1 || port > 65535) die("store port %d is out of range 1..65535", port);
     double deadline = store_clock() + timeout_s, pause = 0.02;
+    double notice_at = store_clock() + STORE_WAIT_NOTICE_S;
     char why[512] = "";
     for (;;) {
         bool fatal = false;
@@ -283,6 +290,12 @@ static inline store_t *store_connect_session(const char *host, int port, const c
             die("could not reach the rendezvous store at %s:%d after %g s: %s (is rank 0 or "
                 "the launcher running? are MASTER_ADDR and MASTER_PORT the same on every rank?"
                 " is the port open in the firewall?)", host, port, timeout_s, why);
+        if (store_clock() >= notice_at && deadline - store_clock() > 1) {
+            course_say("waiting for the rendezvous store at %s:%d (%s); trying for %.0f s more. "
+                       "Is rank 0 (or node 0's launcher) started, with this address and port?",
+                       host, port, why, deadline - store_clock());
+            notice_at = INFINITY;
+        }
         store_sleep(fmin(pause, deadline - store_clock()));
         pause = fmin(pause * 2, 0.5);
     }

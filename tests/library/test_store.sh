@@ -187,12 +187,15 @@ expect_output token_mismatch_message "$TMP/token.1.log" "the store at 127.0.0.1:
 WORLD_SIZE=2 RANK=1 run_capture 10 "$TMP/noaddr.log" "$RDZV"
 [[ $? -ne 0 ]] && expect_output env_needs_master_addr "$TMP/noaddr.log" "needs MASTER_ADDR" \
     || fail env_needs_master_addr "a 2-rank env:// job without MASTER_ADDR did not fail"
+# A rank without a rank 0 says after 10 s what it waits for, and gives up at COURSE_TIMEOUT.
 port=$(free_port)
-COURSE_TIMEOUT=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 RANK=1 \
-    run_capture 20 "$TMP/unreach.log" "$RDZV"
+COURSE_TIMEOUT=12 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 RANK=1 \
+    run_capture 30 "$TMP/unreach.log" "$RDZV"
 [[ $? -ne 0 ]] && expect_output unreachable_master_message "$TMP/unreach.log" \
-    "could not reach the rendezvous store at 127.0.0.1:$port after 1 s" \
+    "could not reach the rendezvous store at 127.0.0.1:$port after 12 s" \
     || fail unreachable_master_message "rank 1 without a rank 0 did not fail"
+expect_output unreachable_master_notice "$TMP/unreach.log" \
+    "^\[rank 1\] waiting for the rendezvous store at 127\.0\.0\.1:$port \(Connection refused\); trying for [12] s more\. Is rank 0"
 COURSE_TIMEOUT=soon run_capture 10 "$TMP/badtimeout.log" "$RDZV"
 [[ $? -ne 0 ]] && expect_output bad_course_timeout "$TMP/badtimeout.log" "COURSE_TIMEOUT must be a number" \
     || fail bad_course_timeout "COURSE_TIMEOUT=soon was accepted"
