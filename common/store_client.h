@@ -52,7 +52,8 @@ static inline bool store_is_self_connected(int fd) {
     struct sockaddr_storage mine, peer;
     socklen_t mine_len = sizeof mine, peer_len = sizeof peer;
     if (getsockname(fd, (struct sockaddr *)&mine, &mine_len) < 0 ||
-        getpeername(fd, (struct sockaddr *)&peer, &peer_len) < 0 || mine.ss_family != peer.ss_family)
+        getpeername(fd, (struct sockaddr *)&peer, &peer_len) < 0 ||
+        mine.ss_family != peer.ss_family)
         return false;
     if (mine.ss_family == AF_INET) {
         const struct sockaddr_in *a = (const void *)&mine, *b = (const void *)&peer;

@@ -12,17 +12,18 @@
 # rounds, 1000 timed operations per size after 20 untimed ones (fewer for
 # large sizes: at most 1 GiB per size; the benchmarks' own default of 20
 # times a few microseconds at small sizes, which on a shared machine is
-# mostly noise). -c p2p is chapter 02's ping-pong (one-way latency, ranks 0 and 1;
-# the others wait). When the steps skip MAX (8 B x4 never lands on 256 MiB),
-# MAX is measured as one more row. In every round the two backends run one
-# after the other (cpu, then mpi), so a busy moment on the machine hits both
-# alike. Each time shown is the median over the rounds of the benchmark's
-# own time (slowest rank, n back-to-back operations after warm-up); the
-# ratio is cpu / mpi of those medians, "spread" the lowest and highest
-# ratio of a single round's pair, and "best" the ratio of the two backends'
-# fastest rounds (what each costs when the machine leaves it alone). -o also writes every row to a CSV, which
-# plots/03_cpu_vs_mpi.gp draws. cpu: ranks started by spawn (--nprocs);
-# mpi: ranks started by mpirun. Needs a build with MPI (make finds mpicc).
+# mostly noise). -c p2p is chapter 02's ping-pong (one-way latency, ranks 0
+# and 1; the others wait). When the steps skip MAX (8 B x4 never lands on
+# 256 MiB), MAX is measured as one more row. In every round the two backends
+# run one after the other (cpu, then mpi), so a busy moment on the machine
+# hits both alike. Each time shown is the median over the rounds of the
+# benchmark's own time (slowest rank, n back-to-back operations after
+# warm-up); the ratio is cpu / mpi of those medians, "spread" the lowest and
+# highest ratio of a single round's pair, and "best" the ratio of the two
+# backends' fastest rounds (what each costs when the machine leaves it
+# alone). -o also writes every row to a CSV, which plots/03_cpu_vs_mpi.gp
+# draws. cpu: ranks started by spawn (--nprocs); mpi: ranks started by
+# mpirun. Needs a build with MPI (make finds mpicc).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 ranks_list=2 collectives=all_reduce min=8 max=64M step=4 rounds=3 iters=1000 warmup=20 csv=""
