@@ -31,7 +31,14 @@
 //     one-line error that names the operation and, where known, the peer.
 //     The timeout counts from the last moment any data moved, so a long
 //     transfer that progresses never times out, and a stuck one does;
-//   - a process group is used from one thread at a time.
+//   - a process group is used from one thread at a time;
+//   - GPU buffers: a blocking call reads its inputs after the work queued
+//     before it on the legacy default stream (and on streams that wait for
+//     it, as streams created with default flags do). Work on a non-blocking
+//     stream (cudaStreamNonBlocking, as chapter 08's model uses) must be
+//     finished first - cudaStreamSynchronize, or an event: that is what
+//     pg_all_reduce_after takes. When the call returns, its result is in
+//     the caller's buffer and visible to work on any stream.
 //
 // The types and the element-wise reduction kernels, which both backends
 // share, are in pg_types.h. This file holds the functions the chapters call,

@@ -152,8 +152,10 @@ static inline nccl_pg_t *nccl_create(const pg_config_t *cfg, double timeout_s, i
     CHECK_CUDA(cudaSetDevice(pg->gpu));
     ncclUniqueId id = nccl_share_id(pg, cfg->store, generation);
     // A stream with the default flags waits for the work the caller queued on
-    // the default stream: a collective never reads a gradient before the
-    // kernel that computes it has finished.
+    // the legacy default stream: a collective never reads a buffer before a
+    // kernel queued there to compute it has finished. A producer on a
+    // non-blocking stream is not waited for (pg.h's promises say what the
+    // caller does then); nccl_wait makes the result visible to every stream.
     CHECK_CUDA(cudaStreamCreate(&pg->stream));
     CHECK_CUDA(cudaMalloc((void **)&pg->scratch, sizeof(int)));
     CHECK_CUDA(cudaMemset(pg->scratch, 0, sizeof(int)));
