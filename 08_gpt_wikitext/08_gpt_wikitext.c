@@ -14,7 +14,9 @@
 //      safetensors with the tokenizer beside it, which --generate reloads.
 //
 // Read it top to bottom: options, device, data, model, training loop,
-// evaluation, sampling, saving. The model itself, layer by layer, is in gpt.h.
+// evaluation, sampling, saving. The model itself, layer by layer, is in
+// ../gpt/gpt.h: the GPT, its tokenizer and its data live in ../gpt/, which
+// chapters 09-11 share.
 //
 // Where it computes: on a GPU when there is one (gpt_cuda.cu: our kernels
 // and cuBLAS, in bf16 mixed precision by default), else on the CPU

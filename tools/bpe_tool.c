@@ -15,8 +15,8 @@
 #include "check.h"
 #include "flags.h"
 
-#include "../08_gpt_wikitext/bpe.h"
-#include "../08_gpt_wikitext/wikitext.h"
+#include "../gpt/bpe.h"
+#include "../gpt/wikitext.h"
 
 typedef struct {
     const char *input, *output, *tokenizer, *data_dir, *cache_dir;

@@ -17,7 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../gpt.h"
+#include "gpt.h"
 #include "timer.h"
 
 // Scratch operands, large enough for every product below; their values do not matter.

@@ -1,4 +1,4 @@
-# The GPT chapter's tokenizer and data pipeline (08_gpt_wikitext/bpe.h,
+# The GPT chapter's tokenizer and data pipeline (gpt/bpe.h,
 # wikitext.h, sha256.h): unit tests on a small corpus, the bpe_tool command
 # line, the messages for missing or damaged data, the download script when
 # offline, and the real WikiText-2 checksums where the data is present.
@@ -24,7 +24,7 @@ if [[ $status -ne 0 ]] && ! grep -q '^FAIL ' "$TMP/unit.out"; then
 fi
 
 # bpe_tool: train, encode, decode on a small corpus plus random bytes.
-cat "$ROOT/tests/lib.sh" "$ROOT/08_gpt_wikitext/sha256.h" >"$TMP/corpus.txt"
+cat "$ROOT/tests/lib.sh" "$ROOT/gpt/sha256.h" >"$TMP/corpus.txt"
 head -c 3000 /dev/urandom >"$TMP/junk.bin"
 cat "$TMP/corpus.txt" "$TMP/junk.bin" >"$TMP/mixed.bin"
 if run_capture 60 "$TMP/train.out" "$tool" train --input "$TMP/corpus.txt" --vocab_size 400 --output "$TMP/tok.json" &&

@@ -1,4 +1,4 @@
-// test_gpt_cuda.c - the GPU GPT (08_gpt_wikitext/gpt_cuda.cu) against the
+// test_gpt_cuda.c - the GPU GPT (gpt/gpt_cuda.cu) against the
 // CPU reference (gpt.h), and the driver of `make bench-gpt`.
 //
 //   --mode test      (default) parity of every layer's forward and backward,
@@ -19,13 +19,13 @@
 // MFU arithmetic) are checked anyway.
 #include <time.h>
 
-#include "../../08_gpt_wikitext/gpt.h"
+#include "../../gpt/gpt.h"
 #include "device.h"
 #include "flags.h"
 #include "test.h"
 #include "timer.h"
 #ifdef COURSE_CUDA
-#include "../../08_gpt_wikitext/gpt_cuda.h"
+#include "../../gpt/gpt_cuda.h"
 #endif
 
 #define TOL_FP32 1e-4

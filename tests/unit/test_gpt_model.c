@@ -1,8 +1,8 @@
-// test_gpt_model.c - 08_gpt_wikitext/gpt.h in float, as the chapter trains:
+// test_gpt_model.c - gpt/gpt.h in float, as the chapter trains:
 // it learns (a tiny model memorises a sentence and says it back), its
 // optimizer pieces do what their formulas say, its fast exp is accurate,
 // and its safetensors files round-trip and reject damage cleanly.
-#include "../../08_gpt_wikitext/gpt.h"
+#include "../../gpt/gpt.h"
 #include "test.h"
 
 // ------------------------------------------------------------------ exp and GELU in float
