@@ -437,6 +437,18 @@ static void fill_batch(trainer_t *tr, const uint16_t *train, int index, int B, i
     }
 }
 
+// The learning rate of step `step` (counted from 0): a linear warm-up from
+// lr/warmup to lr over the first tr->warmup steps (Adam's moment estimates
+// are poor at first), then a cosine from lr down to min_lr at the last
+// step, and min_lr after it.
+static float learning_rate(const trainer_t *tr, const options *o, int step) {
+    float max_lr = (float)o->lr, min_lr = (float)o->min_lr;
+    if (step < tr->warmup) return max_lr * (float)(step + 1) / (float)tr->warmup;
+    if (step >= tr->total_steps) return min_lr;
+    double progress = (double)(step - tr->warmup) / (double)(tr->total_steps - tr->warmup);
+    return min_lr + (float)(0.5 * (1 + cos(3.141592653589793 * progress))) * (max_lr - min_lr);
+}
+
 // One optimizer step: grad_accum micro-batches, the gradients averaged over
 // the ranks, then clip and AdamW. The losses are not read here: on a GPU
 // that would make the host wait for every step, and the progress line
@@ -455,8 +467,7 @@ static void train_step(model_t *m, trainer_t *tr, const options *o, const uint16
     // clips and steps the same way, and the replicas stay identical.
     model_average_gradients(m, tr->dist->pg);
     model_clip_grad_norm(m, (float)o->grad_clip);
-    float lr = gpt_lr_schedule(step, tr->warmup, tr->total_steps, (float)o->lr, (float)o->min_lr);
-    model_adamw(m, lr, 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
+    model_adamw(m, learning_rate(tr, o, step), 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
 }
 
 static void format_duration(double seconds, char *buf, size_t size) {
@@ -476,8 +487,7 @@ static void report_progress(model_t *m, trainer_t *tr, const options *o, int ste
     char eta[32];
     format_duration(tr->train_time / step * (tr->total_steps - step), eta, sizeof eta);
     log_main("epoch %d | step %d/%d | loss %.4f | lr %.2e | %.0f tokens/s | ETA %s\n", epoch + 1, step,
-             tr->total_steps, loss, gpt_lr_schedule(step - 1, tr->warmup, tr->total_steps, (float)o->lr,
-             (float)o->min_lr), tok_per_s, eta);
+             tr->total_steps, loss, learning_rate(tr, o, step - 1), tok_per_s, eta);
     metrics_row(&tr->csv, "%d,%d,%.5f,,%.1f", step, epoch + 1, loss, tok_per_s);
     tr->loss_count = 0;
     tr->interval_start = now_seconds();

@@ -111,7 +111,7 @@ static inline void model_zero_grad(model_t *m) {
 
 #ifdef COURSE_CUDA
 // gpt_cuda_backward calls this as each bucket's gradients are final on the GPU.
-static inline void model_bucket_ready(void *user, const gpt_cuda_bucket *bucket, cudaEvent_t ready) {
+static inline void model_bucket_ready(void *user, const gpt_bucket *bucket, cudaEvent_t ready) {
     model_t *m = user;
     ddp_average_bucket_after(m->averaging, gpt_cuda_grads_device(m->gpu) + bucket->offset, bucket->count, ready);
 }

@@ -81,6 +81,20 @@ expect_output "gpt validation every --eval_every steps" "$TMP/train.out" '^valid
 expect_output "gpt test perplexity" "$TMP/train.out" '^test: loss [0-9.]+ \| perplexity [0-9.]+'
 expect_output "gpt samples continue the prompt" "$TMP/train.out" '^--- sample 2 '
 
+# The learning rate of every step, as the progress lines print it (%.2e),
+# against the schedule written out here: --warmup_steps is capped at a fifth
+# of the run (6 of 30), a linear warm-up from lr/6 to lr, then a cosine to
+# min_lr at the last step.
+run_capture 120 "$TMP/lr.out" env OMP_NUM_THREADS=2 "$prog" "${common[@]}" --max_steps 30 --log_every 1 \
+    --eval_every 0 --num_samples 0 --lr 1e-3 --min_lr 1e-4 --warmup_steps 100
+if awk 'function expect(s,   p) { if (s < 6) return 1e-3 * (s + 1) / 6
+                                  p = (s - 6) / (30 - 6); return 1e-4 + 0.5 * (1 + cos(3.141592653589793 * p)) * 9e-4 }
+        /^epoch 1 \| step [0-9]+\/30 \| / { split($5, a, "/"); got = $11; want = expect(a[1] - 1); n++
+            if (got < want * 0.995 || got > want * 1.005) { printf "step %d: lr %s, expected %.4e\n", a[1], got, want; bad = 1 } }
+        END { if (n != 30) { printf "%d progress lines, expected 30\n", n; bad = 1 }; exit bad }' "$TMP/lr.out" >"$TMP/lr.why"; then
+    pass "gpt learning rate: linear warm-up (capped at a fifth of the run), cosine to --min_lr, every step"
+else fail "gpt learning rate: linear warm-up, cosine to --min_lr" "$(head -n 3 "$TMP/lr.why" | tr '\n' '|')"; fi
+
 # Learning, not just running: at the start every one of the 300 tokens is
 # about equally likely (perplexity ~300); 40 steps reach well under 100.
 ppl=$(sed -n 's/^validation after step 40 .*perplexity \([0-9.]*\).*/\1/p' "$TMP/train.out")
