@@ -26,17 +26,15 @@ typedef struct {
 
 static options parse_options(int argc, char **argv) {
     options o = {1, 10000, 32, 10, 42, 0.01, "auto"};
-    flag_t flags[] = {
-        {"features", NULL, FLAG_INT, &o.features, "input features D (y = X.w + 3 + noise)", 1, 65536, NULL, NULL},
-        {"samples", NULL, FLAG_INT, &o.samples, "number of training samples", 1, 100000000, NULL, NULL},
-        {"batch_size", NULL, FLAG_INT, &o.batch_size, "samples per SGD step", 1, 1000000, NULL, NULL},
-        {"lr", NULL, FLAG_DOUBLE, &o.lr, "learning rate", 0, 100, NULL, NULL},
-        {"epochs", NULL, FLAG_INT, &o.epochs, "passes over the data", 1, 100000, NULL, NULL},
-        {"seed", NULL, FLAG_INT, &o.seed, "seed for the data and the shuffle", 0, 2147483647, NULL, NULL},
-        {"device", NULL, FLAG_STRING, &o.device, "where to compute", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
-    };
-    flag_set set = {"01_single_gpu", "linear regression with SGD on one GPU (or the CPU)", NULL,
-                    flags, (int)(sizeof flags / sizeof flags[0])};
+    flag_set set = {.program = "01_single_gpu",
+                    .summary = "linear regression with SGD on one GPU (or the CPU)"};
+    flag_int(&set, "features", &o.features, 1, 65536, "input features D (y = X.w + 3 + noise)");
+    flag_int(&set, "samples", &o.samples, 1, 100000000, "number of training samples");
+    flag_int(&set, "batch_size", &o.batch_size, 1, 1000000, "samples per SGD step");
+    flag_double(&set, "lr", &o.lr, 0, 100, "learning rate");
+    flag_int(&set, "epochs", &o.epochs, 1, 100000, "passes over the data");
+    flag_int(&set, "seed", &o.seed, 0, 2147483647, "seed for the data and the shuffle");
+    flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where to compute")->env = "COURSE_DEVICE";
     flags_parse(&set, argc, argv);
     return o;
 }

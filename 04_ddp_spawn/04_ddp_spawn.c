@@ -51,24 +51,22 @@ static options parse_options(int argc, char **argv, int gpus) {
                  // One rank per GPU; without GPUs, one rank per core (at least
                  // 2, so that there is something to be parallel about).
                  .nprocs = gpus > 0 ? gpus : (cores > 2 ? (int)cores : 2), .repeats = 5};
-    flag_t flags[] = {
-        {"epochs", NULL, FLAG_INT, &o.epochs, "passes over the data", 1, 100000, NULL, NULL},
-        {"batch_size", NULL, FLAG_INT, &o.batch_size, "samples per step PER RANK", 1, 1000000, NULL, NULL},
-        {"lr", NULL, FLAG_DOUBLE, &o.lr, "learning rate of one process", 0, 100, NULL, NULL},
-        {"scale_lr", NULL, FLAG_BOOL, &o.scale_lr, "multiply lr by the world size (linear scaling rule)", 1, 0, NULL, NULL},
-        {"features", NULL, FLAG_INT, &o.features, "input features D", 1, 65536, NULL, NULL},
-        {"samples", NULL, FLAG_INT, &o.samples, "training samples", 1, 100000000, NULL, NULL},
-        {"seed", NULL, FLAG_INT, &o.seed, "seed for data and shuffling", 0, 2147483647, NULL, NULL},
-        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl|mpi", "COURSE_BACKEND"},
-        {"device", NULL, FLAG_STRING, &o.device, "where to compute", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
-        {"nprocs", NULL, FLAG_INT, &o.nprocs, "number of ranks (processes) to spawn", 1, 256, NULL, NULL},
-        {"no_baseline", NULL, FLAG_BOOL, &o.no_baseline, "skip the single-process run", 1, 0, NULL, NULL},
-        {"repeats", NULL, FLAG_INT, &o.repeats, "timed runs of each, after the two you see (the warm-up)", 1, 1000, NULL, NULL},
-        {"check_replicas", NULL, FLAG_INT, &o.check_replicas, "every N steps, stop if the replicas differ (0: never)", 0, 1000000000, NULL, NULL},
-        {"timeout", NULL, FLAG_DOUBLE, &o.timeout, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL},
-    };
-    flag_set set = {CHAPTER, "data-parallel training of the chapter 01 model, started with spawn",
-                    NULL, flags, (int)(sizeof flags / sizeof flags[0])};
+    flag_set set = {.program = CHAPTER,
+                    .summary = "data-parallel training of the chapter 01 model, started with spawn"};
+    flag_int(&set, "epochs", &o.epochs, 1, 100000, "passes over the data");
+    flag_int(&set, "batch_size", &o.batch_size, 1, 1000000, "samples per step PER RANK");
+    flag_double(&set, "lr", &o.lr, 0, 100, "learning rate of one process");
+    flag_bool(&set, "scale_lr", &o.scale_lr, "multiply lr by the world size (linear scaling rule)");
+    flag_int(&set, "features", &o.features, 1, 65536, "input features D");
+    flag_int(&set, "samples", &o.samples, 1, 100000000, "training samples");
+    flag_int(&set, "seed", &o.seed, 0, 2147483647, "seed for data and shuffling");
+    flag_choice(&set, "backend", &o.backend, "auto|cpu|nccl|mpi", "communication backend")->env = "COURSE_BACKEND";
+    flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where to compute")->env = "COURSE_DEVICE";
+    flag_int(&set, "nprocs", &o.nprocs, 1, 256, "number of ranks (processes) to spawn");
+    flag_bool(&set, "no_baseline", &o.no_baseline, "skip the single-process run");
+    flag_int(&set, "repeats", &o.repeats, 1, 1000, "timed runs of each, after the two you see (the warm-up)");
+    flag_int(&set, "check_replicas", &o.check_replicas, 0, 1000000000, "every N steps, stop if the replicas differ (0: never)");
+    flag_double(&set, "timeout", &o.timeout, 0, 86400, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)");
     flags_parse(&set, argc, argv);
     return o;
 }

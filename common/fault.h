@@ -38,14 +38,13 @@ typedef struct {
 
 static inline fault_plan fault_none(void) { return (fault_plan){-1, -1, 1, "exit"}; }
 
-// Appends the four flags of a fault plan at flags[n] (they can also be set
-// by the COURSE_FAIL_* variables); returns the new count.
-static inline int fault_add_flags(fault_plan *f, flag_t *flags, int n) {
-    flags[n++] = (flag_t){"fail_rank", NULL, FLAG_INT, &f->rank, "fault injection: this rank dies... (-1: none)", -1, 1000000, NULL, "COURSE_FAIL_RANK"};
-    flags[n++] = (flag_t){"fail_step", NULL, FLAG_INT, &f->step, "...at this global step", -1, 1000000000, NULL, "COURSE_FAIL_STEP"};
-    flags[n++] = (flag_t){"fail_mode", NULL, FLAG_STRING, &f->mode, "...by exit(3) or SIGKILL", 1, 0, "exit|kill", "COURSE_FAIL_MODE"};
-    flags[n++] = (flag_t){"fail_attempts", NULL, FLAG_INT, &f->attempts, "...in the first N attempts (restarts) only", 0, 1000000, NULL, "COURSE_FAIL_ATTEMPTS"};
-    return n;
+// Adds the four flags of a fault plan to a program's flags (each can also
+// be set by its COURSE_FAIL_* variable).
+static inline void fault_add_flags(flag_set *set, fault_plan *f) {
+    flag_int(set, "fail_rank", &f->rank, -1, 1000000, "fault injection: this rank dies... (-1: none)")->env = "COURSE_FAIL_RANK";
+    flag_int(set, "fail_step", &f->step, -1, 1000000000, "...at this global step")->env = "COURSE_FAIL_STEP";
+    flag_choice(set, "fail_mode", &f->mode, "exit|kill", "...by exit(3) or SIGKILL")->env = "COURSE_FAIL_MODE";
+    flag_int(set, "fail_attempts", &f->attempts, 0, 1000000, "...in the first N attempts (restarts) only")->env = "COURSE_FAIL_ATTEMPTS";
 }
 
 // The plan the COURSE_FAIL_* variables describe, for a program without the
