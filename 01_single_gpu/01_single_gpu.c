@@ -18,22 +18,25 @@
 #include "metrics.h"
 #include "timer.h"
 
+#define CHAPTER "01_single_gpu"
+
 typedef struct {
-    int features, samples, batch_size, epochs, seed;
+    int epochs, batch_size, features, samples, seed;
     double lr;
     const char *device;
 } options;
 
 static options parse_options(int argc, char **argv) {
-    options o = {1, 10000, 32, 10, 42, 0.01, "auto"};
-    flag_set set = {.program = "01_single_gpu",
+    options o = {.epochs = 10, .batch_size = 32, .features = 1, .samples = 10000, .seed = 42, .lr = 0.01,
+                 .device = "auto"};
+    flag_set set = {.program = CHAPTER,
                     .summary = "linear regression with SGD on one GPU (or the CPU)"};
-    flag_int(&set, "features", &o.features, 1, 65536, "input features D (y = X.w + 3 + noise)");
-    flag_int(&set, "samples", &o.samples, 1, 100000000, "number of training samples");
-    flag_int(&set, "batch_size", &o.batch_size, 1, 1000000, "samples per SGD step");
-    flag_double(&set, "lr", &o.lr, 0, 100, "learning rate");
     flag_int(&set, "epochs", &o.epochs, 1, 100000, "passes over the data");
-    flag_int(&set, "seed", &o.seed, 0, 2147483647, "seed for the data and the shuffle");
+    flag_int(&set, "batch_size", &o.batch_size, 1, 1000000, "samples per step");
+    flag_double(&set, "lr", &o.lr, 0, 100, "learning rate");
+    flag_int(&set, "features", &o.features, 1, 65536, "input features D");
+    flag_int(&set, "samples", &o.samples, 1, 100000000, "training samples");
+    flag_int(&set, "seed", &o.seed, 0, 2147483647, "seed for data and shuffling");
     flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where to compute")->env = "COURSE_DEVICE";
     flags_parse(&set, argc, argv);
     return o;
@@ -44,7 +47,7 @@ int main(int argc, char **argv) {
     // output starts with where it ran.
     options opt = parse_options(argc, argv);
     device_t device = device_choose(opt.device, 0);
-    printf("01_single_gpu: running on %s; why: %s\n", device.name, device.why);
+    printf(CHAPTER ": running on %s; why: %s\n", device.name, device.why);
 
     // --- Data: the same seed gives the same samples on every machine.
     linreg_data data = linreg_make_data(opt.features, opt.samples, (uint64_t)opt.seed);
@@ -62,7 +65,7 @@ int main(int argc, char **argv) {
     linreg_init(&model, &device, &data, opt.batch_size);
 
     char out_dir[1024];
-    files_runs_dir(out_dir, sizeof out_dir, "01_single_gpu");
+    files_runs_dir(out_dir, sizeof out_dir, CHAPTER);
     metrics_csv csv = metrics_open(out_dir, "loss", "step,epoch,loss");
     char date[32];
     time_t now = time(NULL);

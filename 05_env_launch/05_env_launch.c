@@ -18,7 +18,6 @@
 
 #include "ddp.h"
 #include "dist.h"
-#include "fault.h"
 #include "flags.h"
 #include "linreg.h"
 #include "log.h"
@@ -33,13 +32,11 @@ typedef struct {
     double lr, timeout;
     const char *backend, *device, *init_method;
     bool scale_lr;
-    fault_plan fault;    // none planned; COURSE_DDP_PERTURB_RANK makes a replica drift (fault.h)
 } options;
 
 static options parse_options(int argc, char **argv) {
     options o = {.epochs = 10, .batch_size = 32, .features = 1, .samples = 10000, .seed = 42, .lr = 0.01,
-                 .backend = "auto", .device = "auto", .init_method = "env://", .scale_lr = true,
-                 .fault = fault_none()};
+                 .backend = "auto", .device = "auto", .init_method = "env://", .scale_lr = true};
     flag_set set = {.program = CHAPTER,
                     .summary = "data-parallel training; rank and world size come from the launcher"};
     flag_int(&set, "epochs", &o.epochs, 1, 100000, "passes over the data");
@@ -87,7 +84,6 @@ int main(int argc, char **argv) {
     linreg_init(&model, &dist.device, &data, opt.batch_size);
     size_t nparams = (size_t)opt.features + 1;
     ddp_broadcast_parameters(dist.pg, model.params, nparams);
-    int first_epoch = 0;
     int64_t step = 0;
 
     char out_dir[1024];
@@ -99,7 +95,7 @@ int main(int argc, char **argv) {
     pg_barrier(dist.pg);
     double start = now_seconds();
     double first_loss = 0, last_loss = 0;   // of the first and the last epoch
-    for (int epoch = first_epoch; epoch < opt.epochs; epoch++) {
+    for (int epoch = 0; epoch < opt.epochs; epoch++) {
         sampler_set_epoch(&sampler, epoch); // a new order each epoch, the same on every rank
         linreg_set_order(&model, sampler.indices, sampler.num_samples);
         double batches = 0;
@@ -107,7 +103,6 @@ int main(int argc, char **argv) {
             int size = (int)(sampler.num_samples - first < opt.batch_size
                                  ? sampler.num_samples - first : opt.batch_size);
             linreg_forward_backward(&model, first, size);             // local gradient
-            fault_point(&opt.fault, &dist, step + 1, model.params);   // planned failures (fault.h)
             ddp_average_gradients(dist.pg, model.grads, nparams);     // the one DDP line
             linreg_sgd_step(&model, lr);                              // same update everywhere
             batches++;
@@ -121,7 +116,7 @@ int main(int argc, char **argv) {
         double loss_and_batches[2] = {linreg_take_loss_sum(&model), batches};
         dist_all_reduce_host(&dist, loss_and_batches, 2, OP_SUM);
         double epoch_loss = loss_and_batches[0] / loss_and_batches[1];
-        if (epoch == first_epoch) first_loss = epoch_loss;
+        if (epoch == 0) first_loss = epoch_loss;
         last_loss = epoch_loss;
         log_main("epoch %2d | loss %.6f (mean over all ranks) | %lld steps | %.3f s\n", epoch,
                  epoch_loss, (long long)step, now_seconds() - start);
@@ -138,7 +133,7 @@ int main(int argc, char **argv) {
         log_main("final weight %.6f  bias %.6f  (true 2.0, 3.0)  parameters checksum %016llx\n", params[0],
                  params[opt.features], (unsigned long long)checksum_bytes(params, sizeof(float) * nparams));
         log_main("training time %.6f s on %d rank(s) (%.0f samples/s)\n", seconds, dist.world_size,
-                 (double)opt.samples * (opt.epochs - first_epoch) / seconds);
+                 (double)opt.samples * opt.epochs / seconds);
     }
     free(params);
     linreg_free(&model);
@@ -146,7 +141,7 @@ int main(int argc, char **argv) {
     linreg_free_data(&data);
     // Did it learn, or blow up? Every rank knows (the loss is all-reduced);
     // rank 0 says it before anyone leaves, then all of them exit with 1.
-    bool diverged = linreg_report_divergence(dist.rank, dist.world_size, first_loss, first_epoch,
+    bool diverged = linreg_report_divergence(dist.rank, dist.world_size, first_loss, 0,
                                              last_loss, opt.epochs - 1, lr, opt.scale_lr);
     dist_finish(&dist);
     return diverged ? 1 : 0;

@@ -182,7 +182,7 @@ int main(int argc, char **argv) {
             int size = (int)(sampler.num_samples - first < opt.batch_size
                                  ? sampler.num_samples - first : opt.batch_size);
             linreg_forward_backward(&model, first, size);             // local gradient
-            fault_point(&opt.fault, &dist, step + 1, model.params);   // planned failures (fault.h)
+            fault_maybe_die(&opt.fault, &dist, step + 1);             // planned failures (fault.h)
             ddp_average_gradients(dist.pg, model.grads, nparams);     // the one DDP line
             linreg_momentum_step(&model, lr, (float)opt.momentum);    // same update everywhere
             batches++;
