@@ -34,6 +34,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "netif.h"
+#include "nodes.h"
 #include "sampler.h"
 #include "timer.h"
 
@@ -94,38 +95,6 @@ static void print_start_line(const dist_t *d) {
     fflush(stdout);
 }
 
-// Rank 0 learns every rank's node (an all-gather, written as a sum of
-// vectors that are zero except at one's own rank) and prints the layout:
-// "2 nodes: node 0 has ranks 0-1, node 1 has ranks 2-4".
-static void report_layout(dist_t *d) {
-    int world = d->world_size, nodes = 0;
-    double *node_of = xcalloc((size_t)world, sizeof *node_of);
-    node_of[d->rank] = d->env.group_rank;
-    dist_all_reduce_host(d, node_of, world, OP_SUM);
-    for (int r = 0; r < world; r++)
-        if ((int)node_of[r] >= nodes) nodes = (int)node_of[r] + 1;
-    char text[1024];
-    size_t at = (size_t)snprintf(text, sizeof text, "%d node%s:", nodes, nodes == 1 ? "" : "s");
-    for (int n = 0; n < nodes && at < sizeof text; n++) {
-        int count = 0;
-        for (int r = 0; r < world; r++) count += (int)node_of[r] == n;
-        at += (size_t)snprintf(text + at, sizeof text - at, "%s node %d has rank%s", n ? "," : "",
-                               n, count == 1 ? "" : "s");
-        for (int r = 0; r < world && at < sizeof text; r++) {
-            if ((int)node_of[r] != n) continue;
-            int last = r;   // ranks r..last are all on node n
-            while (last + 1 < world && (int)node_of[last + 1] == n) last++;
-            at += (size_t)(last > r ? snprintf(text + at, sizeof text - at, " %d-%d", r, last)
-                                    : snprintf(text + at, sizeof text - at, " %d", r));
-            r = last;
-        }
-    }
-    log_main(CHAPTER ": %d rank%s on %s; started by %s; backend %s; restart %d of at most %d\n",
-             world, world == 1 ? "" : "s", text, d->env.launched ? d->env.source : "hand (no launcher)",
-             pg_describe(d->pg), d->env.restart_count, d->env.max_restarts);
-    free(node_of);
-}
-
 // ---------------------------------------------------------------- main
 int main(int argc, char **argv) {
     options opt = parse_options(argc, argv);
@@ -136,7 +105,10 @@ int main(int argc, char **argv) {
     dist_options how = {opt.init_method, opt.backend, opt.device, opt.timeout};
     dist_init(&dist, &how);
     print_start_line(&dist);
-    report_layout(&dist);
+    log_main(CHAPTER ": started by %s; restart %d of at most %d\n",
+             dist.env.launched ? dist.env.source : "hand (no launcher)", dist.env.restart_count,
+             dist.env.max_restarts);
+    nodes_report(&dist);   // which ranks run where: one line per node (common/nodes.h)
     // The effective batch is world_size x batch_size; the linear scaling
     // rule raises the learning rate by the same factor.
     float lr = (float)(opt.scale_lr ? opt.lr * dist.world_size : opt.lr);

@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "bpe.h"
+#include "data_check.h"
 #include "ddp.h"
 #include "device.h"
 #include "dist.h"
@@ -624,7 +625,7 @@ static int run_rank(int rank, int world, void *arg) {
     if (dist.rank == 0) corpus = load_corpus(o, cache_dir);
     pg_barrier(dist.pg);
     if (dist.rank != 0) corpus = load_corpus(o, cache_dir);
-    nodes_check_data(&dist, bpe_fingerprint(corpus.tokenizer), corpus.split, corpus.count); // same tokens everywhere
+    data_check_across_nodes(&dist, bpe_fingerprint(corpus.tokenizer), corpus.split, corpus.count); // same tokens everywhere
 
     // --- Model: sized by the flags, vocabulary by the tokenizer; the same
     // seed gives every rank the same initial weights (and rank 0's are
