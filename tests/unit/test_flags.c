@@ -15,6 +15,11 @@ int main(int argc, char **argv) {
     flag_choice(&set, "device", &device, "auto|cpu|cuda", "where to compute")->env = "TEST_FLAGS_DEVICE";
     flag_bool(&set, "verbose_output", &verbose, "say more");
     flag_bytes(&set, "minbytes", &bytes, 1, 1 << 30, "smallest size")->short_name = "b";
+    // TEST_FLAGS_EXTRA=N adds N more flags: a set holds FLAGS_MAX, and one
+    // more is a clear error, not a write past the end.
+    const char *extra = getenv("TEST_FLAGS_EXTRA");
+    bool extra_flag = false;
+    for (int i = 0; extra && i < atoi(extra); i++) flag_bool(&set, "extra", &extra_flag, "one of many");
     if (argc > 1) { // the shell test drives bad input through here
         flags_parse(&set, argc, argv);
         printf("epochs=%d lr=%g device=%s verbose=%d bytes=%zu\n", epochs, lr, device, verbose, bytes);
