@@ -52,15 +52,11 @@ for n in 2 3; do
     else fail "05: $n ranks x batch 16 under ddprun equal 1 process x batch $((16 * n)) within 1e-5" "DDP w=$d_w b=$d_b; single w=$s_w b=$s_b"; fi
 done
 
-# The replicas stay bit-identical (checked every 10 steps)...
+# The replicas stay bit-identical (checked every 10 steps; that the check
+# catches a replica that drifts is tested where it lives, library/test_ddp).
 run_capture 300 "$TMP/replicas" "$ddprun" --standalone --nproc_per_node=3 "$bin" --epochs 2 --check_replicas 10 --device cpu; status=$?
 if [[ $status -eq 0 ]] && grep -q "final weight" "$TMP/replicas"; then pass "05: replicas stay bit-identical under ddprun (checked every 10 steps)"
 else fail "05: replicas stay bit-identical under ddprun (checked every 10 steps)" "status $status: $(grep -m1 -i 'diverged\|error' "$TMP/replicas")"; fi
-# ...and the check does catch a rank that drifts.
-COURSE_DDP_PERTURB_RANK=1 run_capture 120 "$TMP/drift" "$ddprun" --standalone --nproc_per_node=3 "$bin" --epochs 1 --check_replicas 10 --device cpu; status=$?
-if [[ $status -ne 0 ]] && grep -q "replicas diverged at step 10: the parameters of rank(s) 1 differ" "$TMP/drift"; then
-    pass "05: a diverging replica is caught and named"
-else fail "05: a diverging replica is caught and named" "status $status: $(grep -m1 -i 'diverged\|error' "$TMP/drift")"; fi
 # 4 ranks x lr 0.3 (the linear scaling rule makes it 1.2): the loss blows
 # up, and the job says so and what to use instead, rather than ending well.
 run_capture 120 "$TMP/diverged" "$ddprun" --standalone --nproc_per_node=4 "$bin" --lr 0.3 --device cpu; status=$?

@@ -51,7 +51,7 @@ if [[ $netns -eq 1 ]]; then
         node=$((r < 2 ? 0 : 1)) local=$((r < 2 ? r : r - 2))
         grep -q "^\[rank $r\]: \[node $node | rank $r | local $local\] host " "$TMP/ns/node$node.log" || { ok=0; echo "missing start line of rank $r"; }
     done
-    if [[ $ok -eq 1 ]] && grep -q "node 0 has ranks 0-1, node 1 has ranks 2-4" "$TMP/ns/node0.log"
+    if [[ $ok -eq 1 ]] && grep -q "^\[rank 0\]:   node 0 ([^)]*): ranks 0-1 on " "$TMP/ns/node0.log" && grep -q "^\[rank 0\]:   node 1 ([^)]*): ranks 2-4 on " "$TMP/ns/node0.log"
     then pass "07: start lines [node N | rank R | local L] right for all 5 ranks, and rank 0's layout"
     else fail "07: start lines [node N | rank R | local L] right for all 5 ranks" "$(grep -h '\[node' "$TMP"/ns/node*.log | cut -c1-60 | tr '\n' '|')"; fi
     if grep -q "^\[rank 3\]: \[node 1 | rank 3 | local 1\].* advertises 10\.77\.0\.2 (interface c07b-[0-9]*, the route to MASTER_ADDR 10\.77\.0\.1)" "$TMP/ns/node1.log" &&

@@ -91,7 +91,7 @@ exercise() {
 
 # ---------------------------------------------------------------- README.md
 # The two commands.
-run README.md . 300 "cd 04_ddp_spawn && make 04_ddp_spawn && ./04_ddp_spawn" '^speedup [0-9.e-]+x \(median of 5; range '
+run README.md . 300 "cd 04_ddp_spawn && make 04_ddp_spawn && ./04_ddp_spawn" '^final weight [0-9.]+  bias [0-9.]+  \(true 2\.0, 3\.0\)'
 not_here README.md "make test" "this test is part of what make test runs"
 # (The chapter map's "try" column is run below, from each chapter's folder,
 # with that chapter's README's commands.)
@@ -137,7 +137,7 @@ fails 03_collectives/README.md 03_collectives 60 "COURSE_DEBUG=DETAIL ./03_colle
     'error: COURSE_DEBUG=DETAIL: collective #0 differs across ranks: rank 0 called all_reduce\(1000 x f32, sum\), rank 1 called all_reduce\(1000 x f32, max\)'
 exercise 03_collectives/README.md 03_collectives "make check-exercise EX=03/ring_allreduce"
 
-run 04_ddp_spawn/README.md 04_ddp_spawn 300 "make 04_ddp_spawn && ./04_ddp_spawn" '^DDP \([0-9]+\) +weight '
+run 04_ddp_spawn/README.md 04_ddp_spawn 300 "make 04_ddp_spawn && ./04_ddp_spawn" '^final weight [0-9.]+  bias [0-9.]+ '
 exercise 04_ddp_spawn/README.md 04_ddp_spawn "make check-exercise EX=04/average_gradients"
 
 run 05_env_launch/README.md 05_env_launch 120 "make 05_env_launch"

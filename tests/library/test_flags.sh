@@ -42,3 +42,27 @@ else fail "flags: a bad environment default names the variable" "message does no
 if [[ $? -eq 0 ]] && grep -q -- "--epochs" "$TMP/help" && grep -q "default 10" "$TMP/help"; then
     pass "flags: --help lists flags with defaults"
 else fail "flags: --help lists flags with defaults" "$(head -3 "$TMP/help")"; fi
+# --help lists the flags in the order the program added them, each with
+# what its adder and setters gave it: help, default, choices, short name, variable.
+"$bin" --help >"$TMP/help" 2>&1
+cat >"$TMP/want" <<'EOF'
+test_flags - flags parser test
+usage: test_flags [--flag value ...] (see --help)
+
+flags (both --a_b and --a-b spellings work):
+      --epochs             passes over the data (default 10)
+      --lr                 learning rate (default 0.01)
+      --device             where to compute (default auto; one of auto|cpu|cuda; env TEST_FLAGS_DEVICE)
+      --verbose_output     say more (default false)
+  -b,--minbytes            smallest size (default 8)
+     --help                print this help
+EOF
+if diff "$TMP/want" "$TMP/help" >"$TMP/diff"; then pass "flags: --help lists the flags in the order they were added, with short names and variables"
+else fail "flags: --help lists the flags in the order they were added, with short names and variables" "$(tr '\n' '|' <"$TMP/diff")"; fi
+# A set holds FLAGS_MAX (48) flags; one more stops the program with a message
+# that says what to change, instead of writing past the end.
+TEST_FLAGS_EXTRA=43 "$bin" --epochs 2 >"$TMP/out" 2>&1; s48=$?
+TEST_FLAGS_EXTRA=44 "$bin" --epochs 2 >"$TMP/out49" 2>&1; s49=$?
+if [[ $s48 -eq 0 && $s49 -ne 0 && $s49 -ne 2 ]] && grep -q "flags: test_flags has more than 48 flags; raise FLAGS_MAX in flags.h" "$TMP/out49"; then
+    pass "flags: 48 flags fit, a 49th is a clear error"
+else fail "flags: 48 flags fit, a 49th is a clear error" "status $s48 with 48, $s49 with 49: $(head -n 2 "$TMP/out49" | tr '\n' '|')"; fi

@@ -50,10 +50,10 @@ else fail "pg_debug: INFO lists each rank's collectives" "status $status: '$firs
 
 # A DDP run with hundreds of checked all-reduces: no false alarm, same weights.
 ddp="$ROOT/04_ddp_spawn/04_ddp_spawn"
-run_capture 120 "$TMP/ddp_plain" "$ddp" --nprocs 2 --device cpu --epochs 2 --repeats 1; s1=$?
-COURSE_DEBUG=DETAIL run_capture 120 "$TMP/ddp" "$ddp" --nprocs 2 --device cpu --epochs 2 --repeats 1; s2=$?
-w1=$(sed -n 's/^DDP (2) *\(weight [-0-9.]* *bias [-0-9.]*\).*/\1/p' "$TMP/ddp_plain")
-w2=$(sed -n 's/^DDP (2) *\(weight [-0-9.]* *bias [-0-9.]*\).*/\1/p' "$TMP/ddp")
+run_capture 120 "$TMP/ddp_plain" "$ddp" --nprocs 2 --device cpu --epochs 2; s1=$?
+COURSE_DEBUG=DETAIL run_capture 120 "$TMP/ddp" "$ddp" --nprocs 2 --device cpu --epochs 2; s2=$?
+w1=$(sed -n 's/.*final \(weight [-0-9.]* *bias [-0-9.]*\).*/\1/p' "$TMP/ddp_plain")
+w2=$(sed -n 's/.*final \(weight [-0-9.]* *bias [-0-9.]*\).*/\1/p' "$TMP/ddp")
 calls=$(grep -c '^\[rank 1\] COURSE_DEBUG: collective #' "$TMP/ddp")
 if [[ $s1 -eq 0 && $s2 -eq 0 && -n "$w1" && "$w1" == "$w2" && $calls -ge 100 ]]; then
     pass "pg_debug: DETAIL on 04's DDP training (2 ranks, $calls checked collectives) passes with the same $w2"

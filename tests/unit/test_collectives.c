@@ -504,16 +504,13 @@ static int worker(int rank, int world, void *arg) {
 int main(int argc, char **argv) {
     options o = {"cpu", "cpu", "", true};
     const char *worlds = "1,2,3,4,5", *tag = "";
-    flag_t flags[] = {
-        {"worlds", NULL, FLAG_STRING, &worlds, "world sizes to run, comma-separated", 1, 0, NULL, NULL},
-        {"backend", NULL, FLAG_STRING, &o.backend, "process-group backend", 1, 0, "auto|cpu|nccl", NULL},
-        {"device", NULL, FLAG_STRING, &o.device, "where the buffers live", 1, 0, "auto|cpu|cuda", NULL},
-        {"big", NULL, FLAG_BOOL, &o.big, "include the 1048577-element cases", 1, 0, NULL, NULL},
-        {"label", NULL, FLAG_STRING, &o.label, "prefix for the test names", 1, 0, NULL, NULL},
-        {"tag", NULL, FLAG_STRING, &tag, "ignored; marks this run's processes for the leftover check", 1, 0, NULL, NULL},
-    };
-    flag_set set = {"test_collectives", "checks every collective of pg.h", NULL, flags,
-                    (int)(sizeof flags / sizeof flags[0])};
+    flag_set set = {.program = "test_collectives", .summary = "checks every collective of pg.h"};
+    flag_string(&set, "worlds", &worlds, "world sizes to run, comma-separated");
+    flag_choice(&set, "backend", &o.backend, "auto|cpu|nccl", "process-group backend");
+    flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where the buffers live");
+    flag_bool(&set, "big", &o.big, "include the 1048577-element cases");
+    flag_string(&set, "label", &o.label, "prefix for the test names");
+    flag_string(&set, "tag", &tag, "ignored; marks this run's processes for the leftover check");
     flags_parse(&set, argc, argv);
     int status = 0;
     for (const char *w = worlds; *w;) {

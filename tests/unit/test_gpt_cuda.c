@@ -750,18 +750,16 @@ static void run_tests(const options *o) {
 int main(int argc, char **argv) {
     options o = {.mode = "test", .config = "default", .dtype = "bf16", .batch_size = 8, .steps = 10, .warmup = 3,
                  .vocab_size = 5000, .seed = 0};
-    flag_t f[] = {
-        {"mode", NULL, FLAG_STRING, &o.mode, "what to run", 1, 0, "test|sanitize|oom|bench", NULL},
-        {"config", NULL, FLAG_STRING, &o.config, "bench model: default (128/4/4/256), large (1024/12/12/768) or tiny (32/2/2/64)", 1, 0,
-         "default|large|tiny", NULL},
-        {"dtype", NULL, FLAG_STRING, &o.dtype, "bench precision", 1, 0, "fp32|bf16", NULL},
-        {"batch_size", "b", FLAG_INT, &o.batch_size, "bench sequences per step", 1, 4096, NULL, NULL},
-        {"steps", NULL, FLAG_INT, &o.steps, "bench steps timed", 1, 100000, NULL, NULL},
-        {"warmup", NULL, FLAG_INT, &o.warmup, "bench steps before timing", 0, 1000, NULL, NULL},
-        {"vocab_size", NULL, FLAG_INT, &o.vocab_size, "bench vocabulary", 2, 65536, NULL, NULL},
-        {"seed", NULL, FLAG_INT, &o.seed, "test inputs' seed (0: a fresh one)", 0, 2147483647, NULL, NULL},
-    };
-    flag_set set = {"test_gpt_cuda", "the GPU GPT against gpt.h, and its benchmark", NULL, f, sizeof f / sizeof f[0]};
+    flag_set set = {.program = "test_gpt_cuda", .summary = "the GPU GPT against gpt.h, and its benchmark"};
+    flag_choice(&set, "mode", &o.mode, "test|sanitize|oom|bench", "what to run");
+    flag_choice(&set, "config", &o.config, "default|large|tiny",
+                "bench model: default (128/4/4/256), large (1024/12/12/768) or tiny (32/2/2/64)");
+    flag_choice(&set, "dtype", &o.dtype, "fp32|bf16", "bench precision");
+    flag_int(&set, "batch_size", &o.batch_size, 1, 4096, "bench sequences per step")->short_name = "b";
+    flag_int(&set, "steps", &o.steps, 1, 100000, "bench steps timed");
+    flag_int(&set, "warmup", &o.warmup, 0, 1000, "bench steps before timing");
+    flag_int(&set, "vocab_size", &o.vocab_size, 2, 65536, "bench vocabulary");
+    flag_int(&set, "seed", &o.seed, 0, 2147483647, "test inputs' seed (0: a fresh one)");
     flags_parse(&set, argc, argv);
 #ifdef COURSE_CUDA
     if (!strcmp(o.mode, "bench")) return run_bench(&o);
