@@ -11,10 +11,11 @@
 # staged layout then ended about 1e-4 away from one process.
 source "$(dirname "$0")/../lib.sh"
 prog="$ROOT/08_gpt_wikitext/08_gpt_wikitext"
-linreg="$ROOT/05_env_launch/05_env_launch"
+spawned="$ROOT/04_ddp_spawn/04_ddp_spawn"
+launched="$ROOT/05_env_launch/05_env_launch"
 one="$ROOT/01_single_gpu/01_single_gpu"
 ddprun="$ROOT/tools/ddprun"
-[[ -x "$prog" && -x "$linreg" && -x "$one" && -x "$ddprun" ]] || { fail "staged: binaries" "build first (make)"; exit 1; }
+[[ -x "$prog" && -x "$spawned" && -x "$launched" && -x "$one" && -x "$ddprun" ]] || { fail "staged: binaries" "build first (make)"; exit 1; }
 if ! has_gpu; then
     skip "staged: GPUs shared by ranks" "no GPU here (a CPU-only build, or no GPU: make CUDA=emu test runs these on the emulated GPU)"
     exit 0
@@ -28,22 +29,27 @@ layouts=("1 2" "1 3" "2 3")
 with_gpus() { local g=$1; shift; EMU_GPUS=$g CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((g - 1))) "$@"; }
 
 # ---------------------------------------------------------------- chapters 04-07: linear regression
-# Chapter 05 under ddprun, N ranks x batch 16, against chapter 01 on one GPU
-# with batch N*16 (one epoch, the same global order; 9600 samples divide
-# evenly). Its kernels run on the legacy default stream.
+# Chapter 04 (spawn) and chapter 05 (ddprun), N ranks x batch 16, against
+# chapter 01 on one GPU with batch N*16 (one epoch, the same global order;
+# 9600 samples divide evenly). Their kernels run on the legacy default
+# stream. (06 and 07 train with 05's text plus snapshots and nodes.)
 final() { sed -n "s/.*final weight \([-0-9.]*\)  bias \([-0-9.]*\).*/\\$1/p" "$2" | tail -n 1; }
-for layout in "${layouts[@]}"; do
-    read -r g n <<<"$layout"
-    if (( g > gpus )); then skip "staged: 05, $g GPU(s) x $n ranks" "only $gpus GPU(s) here"; continue; fi
-    with_gpus "$g" run_capture 300 "$TMP/l$g$n" "$ddprun" --standalone --nproc_per_node="$n" "$linreg" --batch_size 16 \
-        --lr 0.03 --scale_lr false --samples 9600 --epochs 1 --features 4 --device cuda; status=$?
-    run_capture 120 "$TMP/l1_$n" "$one" --batch_size $((16 * n)) --lr 0.03 --samples 9600 --epochs 1 --features 4 --device cuda
-    d_w=$(final 1 "$TMP/l$g$n"); d_b=$(final 2 "$TMP/l$g$n")
-    s_w=$(sed -n 's/^learned weights: w\[0\] = \([-0-9.]*\).*/\1/p' "$TMP/l1_$n"); s_b=$(sed -n 's/^learned bias: \([-0-9.]*\).*/\1/p' "$TMP/l1_$n")
-    if [[ $status -eq 0 && -n "$d_w" && -n "$s_w" ]] && grep -q "staged through host memory" "$TMP/l$g$n" &&
-       rel_near "$d_w" "$s_w" 1e-5 && rel_near "$d_b" "$s_b" 1e-5; then
-        pass "staged: 05, $g GPU(s) x $n ranks equal one GPU with the whole batch ($d_w/$s_w, $d_b/$s_b)"
-    else fail "staged: 05, $g GPU(s) x $n ranks equal one GPU with the whole batch" "status $status, DDP w=$d_w b=$d_b; one w=$s_w b=$s_b: $(grep -m1 -E 'error|backend' "$TMP/l$g$n")"; fi
+linreg=(--batch_size 16 --lr 0.03 --scale_lr false --samples 9600 --epochs 1 --features 4 --device cuda)
+for chapter in 04 05; do
+    for layout in "${layouts[@]}"; do
+        read -r g n <<<"$layout"
+        if (( g > gpus )); then skip "staged: $chapter, $g GPU(s) x $n ranks" "only $gpus GPU(s) here"; continue; fi
+        if [[ $chapter == 04 ]]; then with_gpus "$g" run_capture 300 "$TMP/l$g$n" "$spawned" --nprocs "$n" "${linreg[@]}"
+        else with_gpus "$g" run_capture 300 "$TMP/l$g$n" "$ddprun" --standalone --nproc_per_node="$n" "$launched" "${linreg[@]}"; fi
+        status=$?
+        run_capture 120 "$TMP/l1_$n" "$one" --batch_size $((16 * n)) --lr 0.03 --samples 9600 --epochs 1 --features 4 --device cuda
+        d_w=$(final 1 "$TMP/l$g$n"); d_b=$(final 2 "$TMP/l$g$n")
+        s_w=$(sed -n 's/^learned weights: w\[0\] = \([-0-9.]*\).*/\1/p' "$TMP/l1_$n"); s_b=$(sed -n 's/^learned bias: \([-0-9.]*\).*/\1/p' "$TMP/l1_$n")
+        if [[ $status -eq 0 && -n "$d_w" && -n "$s_w" ]] && grep -q "staged through host memory" "$TMP/l$g$n" &&
+           rel_near "$d_w" "$s_w" 1e-5 && rel_near "$d_b" "$s_b" 1e-5; then
+            pass "staged: $chapter, $g GPU(s) x $n ranks equal one GPU with the whole batch ($d_w/$s_w, $d_b/$s_b)"
+        else fail "staged: $chapter, $g GPU(s) x $n ranks equal one GPU with the whole batch" "status $status, DDP w=$d_w b=$d_b; one w=$s_w b=$s_b: $(grep -m1 -E 'error|backend' "$TMP/l$g$n")"; fi
+    done
 done
 
 # ---------------------------------------------------------------- chapter 08: the GPT
@@ -81,4 +87,4 @@ for layout in "${layouts[@]}"; do
     else fail "staged: 08, $g GPU(s) x $n ranks equal one process" "status $status, l2 '$got' vs '$ref' (one process): $(grep -m1 -E 'error|backend' "$TMP/s$g$n")"; fi
 done
 
-no_leftovers "staged: no process left behind" "(05_env_launch|08_gpt_wikitext)/"
+no_leftovers "staged: no process left behind" "(04_ddp_spawn|05_env_launch|08_gpt_wikitext)/"
