@@ -2,10 +2,12 @@
 // host memory, over TCP sockets and (between ranks of one host) shared memory.
 //
 // Included by pg.h, which dispatches to it; it needs only pg_types.h. It
-// is built in four layers, each using only the one below it, in three files:
-//   pg_cpu_transport.h   layers 1-3: byte streams, messages, the progress engine
-//   pg_cpu_setup.h       how the ranks connect (TCP, shared memory), create, destroy
+// is built in four layers, each using only the one below it:
+//   pg_cpu_stream.h      layer 1: byte streams (TCP, shared-memory rings)
+//   pg_cpu_message.h     layer 2: messages with a checked header, single copy
+//   pg_cpu_progress.h    layer 3: the progress engine, and posting work
 //   pg_cpu_algorithms.h  layer 4: ring, recursive doubling, tree - the lesson
+//   pg_cpu_setup.h       how the ranks connect (TCP, shared memory), create, destroy
 //
 //   1. Transports. To every other rank we hold a byte stream in each
 //      direction: a TCP connection, or, when the peer runs on the same host,
@@ -49,7 +51,7 @@
 #ifndef COURSE_PG_CPU_H
 #define COURSE_PG_CPU_H
 
-#include "pg_cpu_transport.h"
+#include "pg_cpu_progress.h"
 #include "pg_cpu_algorithms.h"
 #include "pg_cpu_setup.h"
 

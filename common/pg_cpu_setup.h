@@ -7,7 +7,7 @@
 #define COURSE_PG_CPU_SETUP_H
 
 #include "pg_cpu_algorithms.h"
-#include "pg_cpu_transport.h"
+#include "pg_cpu_progress.h"
 
 // ---------------------------------------------------------------- setting up: TCP
 
@@ -415,7 +415,7 @@ static inline void cpu_setup_shm(cpu_pg_t *pg, const cpu_address_t *all, uint64_
     free(members);
 }
 
-// Single copy (see pg_cpu_transport.h) needs the right to read a peer's
+// Single copy (see pg_cpu_message.h) needs the right to read a peer's
 // memory, which Linux gives to a process that could ptrace the peer: the
 // same user, and where Yama's ptrace_scope is 1 (Ubuntu's default) only if
 // the peer allows it with prctl(PR_SET_PTRACER), which MPI also calls. Each
