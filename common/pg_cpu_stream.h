@@ -305,7 +305,7 @@ typedef struct {
     int *shm_ranks, shm_count;    // peers reached over shared memory
     struct pollfd *tcp_poll, *shm_poll;
     void *shm_base;
-    size_t shm_bytes;
+    size_t shm_bytes, ring_bytes;  // the segment, and each ring in it (0: no shared memory)
     cpu_shm_bell_t *bell;               // this rank's doorbell
     bool spin;                    // busy-wait a little before sleeping (enough cores)
     double last_probe;            // last check that the shared-memory peers live

@@ -157,6 +157,11 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
 ncclResult_t ncclCommCount(const ncclComm_t comm, int *count);
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device);
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank);
+// Every rank of comm calls it: the ranks with the same color form a new
+// communicator, ranked by key (ties: by their rank in comm); a rank with
+// NCCL_SPLIT_NOCOLOR gets NULL. config NULL: the parent's blocking mode.
+#define NCCL_SPLIT_NOCOLOR -1
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config);
 
 // ---------------------------------------------------------------- collectives
 // Counts are in elements. Each call is queued on `stream` and happens when
