@@ -249,19 +249,19 @@ else
     not_here 08_gpt_wikitext/README.md './08_gpt_wikitext --generate --prompt "The king"' "needs the model of a run on WikiText-2, which is not here"
 fi
 not_here 08_gpt_wikitext/README.md "./08_gpt_wikitext" "one epoch of the default model takes about 11 minutes (the tiny run above trains the same code)"
-# The finale: the rehearsal plays the two machines (as root in namespaces, else on 127.0.0.1).
-run 08_gpt_wikitext/README.md 08_gpt_wikitext 300 "./rehearsal.sh" '^rehearsal: PASS \((netns|loopback)\): 2 \+ 1 workers on two hosts trained the same model as one process'
+exercise 08_gpt_wikitext/README.md 08_gpt_wikitext "make check-exercise EX=08/layernorm_backward"
+# README.finale.md: the rehearsal plays the two machines (as root in namespaces, else on 127.0.0.1).
+run 08_gpt_wikitext/README.finale.md 08_gpt_wikitext 300 "./rehearsal.sh" '^rehearsal: PASS \((netns|loopback)\): 2 \+ 1 workers on two hosts trained the same model as one process'
 two_machines="needs two machines (./rehearsal.sh above plays them)"
 for c in "export WIKITEXT_DIR=/data/wikitext-2 NCCL_SOCKET_IFNAME=eth0" "export WIKITEXT_DIR=/data/wikitext-2 COURSE_SOCKET_IFNAME=eth0" \
          "../tools/ddprun --nnodes=2 --node_rank=0 --nproc_per_node=1 --master_addr=10.0.0.1 --master_port=29500 --max_restarts=3 ./08_gpt_wikitext --device cpu --backend cpu --save_every 1 --snapshot_path ../runs/gpt/snapshot.safetensors"; do
-    not_here 08_gpt_wikitext/README.md "$c" "$two_machines"
+    not_here 08_gpt_wikitext/README.finale.md "$c" "$two_machines"
 done
 for node in 0 1; do
-    not_here 08_gpt_wikitext/README.md "../tools/ddprun --nnodes=2 --node_rank=$node --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 --max_restarts=3 ./08_gpt_wikitext --epochs 4 --batch_size 8 --save_every 1 --snapshot_path ../runs/gpt/snapshot.safetensors" \
+    not_here 08_gpt_wikitext/README.finale.md "../tools/ddprun --nnodes=2 --node_rank=$node --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 --max_restarts=3 ./08_gpt_wikitext --epochs 4 --batch_size 8 --save_every 1 --snapshot_path ../runs/gpt/snapshot.safetensors" \
         "needs two GPU servers (./rehearsal.sh above plays them)"
 done
-not_here 08_gpt_wikitext/README.md "sbatch sbatch_gpt.sh" "needs a SLURM cluster (./rehearsal.sh above runs the same ddprun per node)"
-exercise 08_gpt_wikitext/README.md 08_gpt_wikitext "make check-exercise EX=08/layernorm_backward"
+not_here 08_gpt_wikitext/README.finale.md "sbatch sbatch_gpt.sh" "needs a SLURM cluster (./rehearsal.sh above runs the same ddprun per node)"
 
 run 08_gpt_wikitext/README.tokenizer.md 08_gpt_wikitext 120 "make -C ../tools bpe_tool"
 tok_commands=("../tools/bpe_tool wikitext --tokenizer ../runs/tokenizer.json --cache_dir ../runs/cache"
