@@ -208,6 +208,10 @@ fresh_copy 06_snapshot_resume/README.md
 run 06_snapshot_resume/README.md 06_snapshot_resume 120 "make 06_snapshot_resume"
 run 06_snapshot_resume/README.md 06_snapshot_resume 300 "cd .. && tools/ddprun --standalone --nproc_per_node=2 --max_restarts=2 06_snapshot_resume/06_snapshot_resume --total_epochs 20 --save_every 2 --fail_rank 1 --fail_step 2000" \
     '^\[rank 0\]: Resuming training from snapshot at Epoch 12, sample 0 \(step 1884\)'
+# Its From PyTorch table: the restart count is rank 0's second line.
+second=$(grep '^\[rank 0\]: ' "$TMP/out" | sed -n 2p)
+if [[ $second == "[rank 0]: restart 0 of at most 2" ]]; then pass "06_snapshot_resume/README.md: rank 0's second line is the restart count"
+else fail "06_snapshot_resume/README.md: rank 0's second line is the restart count" "it is '$second'"; fi
 exercise 06_snapshot_resume/README.md 06_snapshot_resume "make check-exercise EX=06/atomic_save"
 
 fresh_copy 07_multinode/README.md
