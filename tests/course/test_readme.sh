@@ -1,7 +1,9 @@
 # The READMEs' commands, as a new student types them: each README's in a
-# fresh copy of the course in which nothing was built or run, with nothing
-# beside it (no ../shared, so no WikiText-2), each from the folder of the
-# README that shows it, in the README's order.
+# fresh copy of the course in which nothing was built or run (two
+# exceptions, said where they are: the top README's figures, and its
+# emulated-GPU commands, which go first in emu/README.md's copy), with
+# nothing beside it (no ../shared, so no WikiText-2), each from the folder
+# of the README that shows it, in the README's order.
 #
 # Every command in a README's ```sh blocks must be run here (or skipped here
 # with the reason): a command that is added or changed in a README and not
@@ -320,14 +322,17 @@ if [[ $status -ne 0 ]] && grep -q '^get_wikitext: error: could not download' "$T
     pass "README.md: make data, offline: one error saying what to do, and no data/ folder left"
 else fail "README.md: make data, offline: one error saying what to do, and no data/ folder left" "status $status, data/ $( [[ -e $course/data ]] && echo exists || echo absent): $(tail -n 1 "$TMP/out")"; fi
 
-# The emulated GPU, last in this copy: a CUDA=emu build sticks.
+
+# ---------------------------------------------------------------- the emulated GPU
+# The top README's commands for it, then emu/README.md's, in one fresh copy:
+# both build the emulator (emu/), and building it once saves a minute; the
+# top README's run first, so they meet a copy in which nothing was built,
+# and emu/README.md's first command builds the whole course for it anyway.
+fresh_copy "README.md (the emulated GPU) and emu/README.md"
 emu_check README.md . 300 "cd 01_single_gpu && make CUDA=emu 01_single_gpu && ./01_single_gpu" \
     '^01_single_gpu: running on GPU 0: emulated GPU \(CPU, for testing\)'
 exercise README.md . "make CUDA=emu check-exercise EX=01/sgd_kernel"
 not_here README.md "make CUDA=emu test" "this test is part of what make test runs (CI runs make CUDA=emu test)"
-
-# ---------------------------------------------------------------- emu/README.md
-fresh_copy emu/README.md
 emu_check emu/README.md emu 300 "cd .. && make CUDA=emu"
 emu_check emu/README.md emu 120 "cd ../01_single_gpu && make CUDA=emu 01_single_gpu && ./01_single_gpu --device cuda" \
     'emulated GPU \(CPU, for testing\)'
