@@ -245,7 +245,11 @@ static inline pg_t *pg_split(pg_t *pg, int color, int key) {
         colors[0] = color < 0 ? -1 : color, keys[0] = key;
     }
     pg_group_id_t id = {.rank = 0, .world_size = 0};
-    snprintf(id.key, sizeof id.key, "%s.%d.%d", pg->id.key, pg->splits - 1, color < 0 ? 0 : color);
+    char group_key[2 * sizeof id.key];
+    int len = snprintf(group_key, sizeof group_key, "%s.%d.%d", pg->id.key, pg->splits - 1, color < 0 ? 0 : color);
+    if (len < 0 || len >= (int)sizeof id.key)
+        die("pg_split: groups nested too deep (the store key '%s' is too long)", group_key);
+    memcpy(id.key, group_key, (size_t)len + 1);
     for (int r = 0; r < world; r++) {
         if (color < 0 || colors[r] != color) continue;
         id.world_size++;

@@ -35,11 +35,14 @@ static ncclResult_t split_all_gather(ncclComm_t comm, const void *mine, void *ou
     if (cudaMalloc(&dev, bytes * (size_t)(world + 1)) != cudaSuccess) return ncclUnhandledCudaError;
     char *all = (char *)dev + bytes;
     ncclResult_t res = ncclSuccess;
-    if (cudaMemcpy(dev, mine, bytes, cudaMemcpyHostToDevice) != cudaSuccess) res = ncclUnhandledCudaError;
+    // Everything on one stream, in order: the stream is non-blocking, so a
+    // copy on the legacy stream would not be ordered before the all-gather.
+    if (cudaMemcpyAsync(dev, mine, bytes, cudaMemcpyHostToDevice, stream) != cudaSuccess) res = ncclUnhandledCudaError;
     if (res == ncclSuccess) res = split_settle(comm, ncclAllGather(dev, all, bytes, ncclUint8, comm, stream));
-    if (res == ncclSuccess && cudaStreamSynchronize(stream) != cudaSuccess) res = ncclUnhandledCudaError;
-    if (res == ncclSuccess && cudaMemcpy(out, all, bytes * (size_t)world, cudaMemcpyDeviceToHost) != cudaSuccess)
+    if (res == ncclSuccess &&
+        cudaMemcpyAsync(out, all, bytes * (size_t)world, cudaMemcpyDeviceToHost, stream) != cudaSuccess)
         res = ncclUnhandledCudaError;
+    if (res == ncclSuccess && cudaStreamSynchronize(stream) != cudaSuccess) res = ncclUnhandledCudaError;
     cudaFree(dev);
     return res;
 }
