@@ -25,8 +25,18 @@ run_suite() {
     fi
 }
 
-# cpu: every world size from 1 (groups of one rank) to 5 (groups of 3 and 2).
-for n in 1 2 3 4 5; do run_suite "cpu$n" 300 "$BIN" "$TAG" --world $n; done
+# cpu: every world size from 1 (groups of one rank) to 5 (groups of 3 and
+# 2), and 8 (a 2 x 2 x 2 mesh).
+for n in 1 2 3 4 5 8; do run_suite "cpu$n" 300 "$BIN" "$TAG" --world $n; done
+# The mesh as rank 0 prints it: rank -> coordinates -> host and device.
+if grep -q '^mesh: dp 2 x tp 2 x pp 2 (8 ranks, the last dimension fastest)$' "$TMP/cpu8.log" &&
+   grep -Eq '^ +6 +1 +1 +0  [^ ]+  CPU' "$TMP/cpu8.log"; then pass "subgroups: the mesh table names each rank's coordinates and device"
+else fail "subgroups: the mesh table names each rank's coordinates and device" "$(grep -A3 '^mesh' "$TMP/cpu8.log" | tr '\n' '|')"; fi
+# A mesh that does not fit the job: one line that says why.
+run_capture 60 "$TMP/badmesh" "$BIN" "$TAG" --world 4 --mesh 3x2; status=$?
+if [[ $status -ne 0 ]] && grep -q 'error: mesh dp 3 x tp 2 needs 6 ranks, and the job has 4' "$TMP/badmesh"; then
+    pass "subgroups: a mesh of 6 ranks on a job of 4 is one clear error"
+else fail "subgroups: a mesh of 6 ranks on a job of 4 is one clear error" "status $status: $(grep -m2 error "$TMP/badmesh" | tr '\n' '|')"; fi
 COURSE_SHM=0 run_suite tcp 300 "$BIN" "$TAG" --world 4 --label "tcp: "
 expect_output "subgroups: with COURSE_SHM=0 the groups use TCP" "$TMP/tcp.log" 'color group: cpu \(TCP sockets'
 

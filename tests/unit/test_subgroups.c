@@ -15,22 +15,28 @@
 //   independent  group 0 all-reduces only after group 1 has finished its
 //                own all-reduce (a key in the store says so): a collective
 //                that needed every rank of the job would never finish
+//   mesh         with 4 or 8 ranks, a dp x tp (x pp) mesh (common/mesh.h):
+//                each rank's coordinates, and an all-reduce along every
+//                dimension over exactly the ranks of that line
 // The ranks add their failures per check to the store; rank 0 prints one
 // PASS or FAIL line per check.
 #include "dist.h"
 #include "flags.h"
+#include "mesh.h"
 #include "pg.h"
 #include "spawn.h"
 #include "test.h"
 
-enum { K_RANKS, K_COLLECTIVES, K_P2P, K_NESTED, K_INDEPENDENT, K_COUNT };
+enum { K_RANKS, K_COLLECTIVES, K_P2P, K_NESTED, K_INDEPENDENT, K_MESH, K_COUNT };
 static const char *check_names[K_COUNT] = {"ranks of split and new_group", "nine collectives on the color groups",
                                            "isend/irecv/test/wait around each group", "a group split from a group",
-                                           "disjoint groups run collectives independently"};
+                                           "disjoint groups run collectives independently",
+                                           "a device mesh: coordinates and the group along each dimension"};
 
 typedef struct {
     const char *backend, *device, *label;
     int world;
+    const char *mesh; // "AxB" or "AxBxC": a mesh of that shape instead of the default one
     bool mismatch; // for COURSE_DEBUG=DETAIL: group 1's last rank all-reduces one element fewer
 } options;
 
@@ -222,6 +228,33 @@ static void check_independent(ctx_t *c, pg_t *g, int color, const int *members, 
     (void)members;
 }
 
+// ---------------------------------------------------------------- a mesh
+
+// dp x tp (x pp), row-major: job rank = ((dp * tp_size) + tp) ... the last
+// dimension fastest. Along each dimension, the all-reduce of the job ranks
+// must be the sum over the ranks that differ from ours in that coordinate only.
+static void check_mesh(ctx_t *c, int ndims, const int *shape) {
+    static const char *const names[3] = {"dp", "tp", "pp"};
+    mesh_t m;
+    mesh_init(&m, c->d->pg, ndims, shape, names);
+    mesh_report(&m, c->d);
+    int stride[3], me = c->d->rank;
+    for (int k = ndims - 1, s = 1; k >= 0; s *= shape[k--]) stride[k] = s;
+    for (int k = 0; k < ndims; k++) {
+        int coord = me / stride[k] % shape[k], base = me - coord * stride[k];
+        float want = 0, got = (float)me;
+        for (int i = 0; i < shape[k]; i++) want += (float)(base + i * stride[k]);
+        float *d = dev_floats(c, &got, 1);
+        pg_all_reduce(mesh_group(&m, names[k]), d, d, 1, DTYPE_F32, OP_SUM);
+        device_to_host(&c->d->device, &got, d, sizeof got);
+        device_free(&c->d->device, d);
+        record(c, K_MESH, mesh_coord(&m, names[k]) == coord && mesh_size(&m, names[k]) == shape[k] && got == want,
+               "rank %d, %s: coordinate %d (expected %d), all-reduce %g (expected %g)", me, names[k],
+               mesh_coord(&m, names[k]), coord, got, want);
+    }
+    mesh_free(&m);
+}
+
 // ---------------------------------------------------------------- the job
 
 static void report(ctx_t *c) {
@@ -271,6 +304,9 @@ static int worker(int rank, int world, void *arg) {
     check_p2p(&c, g, members, n);
     check_nested(&c, g, members, n);
     check_independent(&c, g, color, members, n);
+    int shape[3] = {2, 2, 2}, dims = d.world_size == 8 ? 3 : 2;
+    if (o->mesh) dims = sscanf(o->mesh, "%dx%dx%d", &shape[0], &shape[1], &shape[2]);
+    if (o->mesh || d.world_size == 4 || d.world_size == 8) check_mesh(&c, dims, shape);
     pg_destroy(g);
     free(members);
     report(&c);
@@ -281,13 +317,14 @@ static int worker(int rank, int world, void *arg) {
 }
 
 int main(int argc, char **argv) {
-    options o = {"cpu", "cpu", "", 4, false};
+    options o = {"cpu", "cpu", "", 4, NULL, false};
     const char *tag = "";
     flag_set set = {.program = "test_subgroups", .summary = "checks pg_split and pg_new_group on a backend"};
     flag_int(&set, "world", &o.world, 1, 64, "ranks to spawn (under mpirun: ignored)");
     flag_choice(&set, "backend", &o.backend, "auto|cpu|nccl|mpi", "process-group backend");
     flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where the buffers live");
     flag_string(&set, "label", &o.label, "prefix for the test names");
+    flag_string(&set, "mesh", &o.mesh, "a mesh of this shape, AxB or AxBxC (default: 2x2 on 4 ranks, 2x2x2 on 8)");
     flag_bool(&set, "mismatch", &o.mismatch, "one rank of group 1 calls all_reduce with another count (COURSE_DEBUG=DETAIL catches it)");
     flag_string(&set, "tag", &tag, "ignored; marks this run's processes for the leftover check");
     flags_parse(&set, argc, argv);
