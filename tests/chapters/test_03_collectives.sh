@@ -57,6 +57,9 @@ expect_after "all_to_all: rank 1 gets chunk 1 of every rank" all_to_all 1 \
 # 10: bitwise reductions on integers agree on flags.
 expect_after "all_reduce bor: every rank learns which ranks are ready (13: rank 1 is not)" all_reduce 2 "[13 15]" "$TMP/lesson" bor
 expect_after "all_reduce band: the features every rank supports (3)" all_reduce 1 "[0 3]" "$TMP/lesson" band
+# 11: sub-groups: the even ranks sum over the even ones, the odd over the odd.
+expect_after "sub-groups: rank 2 holds the sum over ranks 0 and 2, as group rank 1" sub-groups 2 "[2 1]" "$TMP/lesson"
+expect_after "sub-groups: rank 1 holds the sum over ranks 1 and 3" sub-groups 1 "[4 1]" "$TMP/lesson"
 # barrier: rank 3 arrives 300 ms late; nobody leaves before (50 ms slack for
 # the ranks' clocks starting a little apart).
 times=$(for r in 0 1 2 3; do after_of barrier $r "$TMP/lesson" times; done | tr -d '[]' | tr '\n' ';')
