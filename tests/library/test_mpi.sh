@@ -81,6 +81,20 @@ if [[ $status -eq 0 && $wrong -eq 0 && $bf16 -ge 20 && $bits -ge 12 ]]; then
     pass "mpi: all_reduce of every dtype x op with 4 ranks: $rows rows, #wrong 0"
 else fail "mpi: all_reduce of every dtype x op" "status $status, $rows rows ($bf16 bf16, $bits bxor), $wrong wrong"; fi
 
+# Every collective x every dtype x every op it allows (counts 0 to 70001, in
+# place and out of place, roots other than 0): unit/test_collectives, the
+# cpu backend's own test, under mpirun. Its references are computed on each
+# rank from the same inputs the cpu backend is checked with, exactly.
+make -C "$ROOT/tests" -s unit/test_collectives >/dev/null 2>&1
+for n in 2 4; do
+    run_capture 300 "$TMP/coll$n" "${mpi[@]}" $n "$ROOT/tests/unit/test_collectives" --backend mpi --device cpu --big=false \
+        --label "mpi: "; status=$?
+    passed=$(grep -c '^PASS mpi: ' "$TMP/coll$n"); failed=$(grep '^FAIL ' "$TMP/coll$n" | head -n 2 | tr '\n' '|')
+    if [[ $status -eq 0 && $passed -eq 11 && -z "$failed" ]]; then
+        pass "mpi: every collective x dtype x op with $n ranks, against the references the cpu backend meets ($passed collectives)"
+    else fail "mpi: every collective x dtype x op with $n ranks" "status $status, $passed of 11 passed: ${failed:-$(tail -n 2 "$TMP/coll$n" | tr '\n' '|')}"; fi
+done
+
 # auto under mpirun picks mpi.
 run_capture 60 "$TMP/auto" "${mpi[@]}" 2 "$p05" --device cpu --epochs 1 --samples 1000
 expect_output "mpi: --backend auto under mpirun picks mpi" "$TMP/auto" "backend mpi \(Open MPI|backend mpi \(MPICH|backend mpi \("
