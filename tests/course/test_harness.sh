@@ -45,6 +45,46 @@ if [[ $status -eq 2 ]] && grep -q "no test file in .* matches 'no_such_test'" "$
     pass "harness: a name that matches no test file is an error, not a green run"
 else fail "harness: a name that matches no test file is an error, not a green run" "status $status: $(head -n 2 "$TMP/typo" | tr '\n' '|')"; fi
 
+# ---------------------------------------------------------------- lib.sh's verdicts
+# The helpers every test file states its cases with, on inputs whose answers
+# are known: a helper that passed what it should fail would turn whole
+# test files green.
+# verdict's own case is reported with pass and fail: a verdict that passed
+# everything would pass its own case.
+got=$(verdict 0 "case a" "why a"; verdict 1 "case b" "why b"; verdict "case c" "why c"; echo "returned $?")
+want="PASS case a|FAIL case b: why b|FAIL case c: verdict's first argument must be the condition's exit status (\$?), before the name|returned 0|"
+if [[ "$(tr '\n' '|' <<<"$got")" == "$want" ]]; then pass "harness: verdict says PASS or FAIL with the detail, and refuses a first argument that is not \$?"
+else fail "harness: verdict says PASS or FAIL with the detail, and refuses a first argument that is not \$?" "got: $(tr '\n' '|' <<<"$got")"; fi
+
+# near_case WANT A B ATOL [RTOL]: adds to $wrong when near A B ... does not answer WANT.
+wrong=""
+near_case() { local want=$1 got=no; shift; near "$@" && got=yes; [[ $got == "$want" ]] || wrong+=" near $*: $got;"; }
+near_case yes 1.96 2 0.05            # absolute
+near_case no  1.94 2 0.05
+near_case yes 2.04 2 0.05
+near_case no  2.06 2 0.05
+near_case yes 100.1 100 0 1e-3       # relative, to the larger
+near_case no  100.2 100 0 1e-3
+near_case yes -100.1 -100 0 1e-3
+near_case yes 100.2 100 0.1 1e-3     # both: 0.1 + 0.1002
+near_case no  100.3 100 0.1 1e-3
+near_case yes -1e-05 1.5e-05 3e-5    # signs and exponents
+near_case no  -1 1 1.5
+near_case no  "" 0 1                 # a missing value is never near
+near_case no  nan nan 1
+near_case no  1.0x 1 1
+[[ -z "$wrong" ]]; verdict $? "harness: near with an absolute, a relative and both tolerances; never near for no number" "wrong:$wrong"
+got=$(expect_near "w" 1.93 2.0 0.05; expect_near "v" 1.99 2.0 0.05; expect_near "r" 101 100 0 1e-3)
+want="FAIL w: got '1.93', wanted 2.0 within 0.05|PASS v|FAIL r: got '101', wanted 100 within 0 + 1e-3 x the larger|"
+[[ "$(tr '\n' '|' <<<"$got")" == "$want" ]]; verdict $? "harness: expect_near says what it got and wanted" "got: $(tr '\n' '|' <<<"$got")"
+
+printf 'learned weight: 1.5 (true 2)\nother\nlearned weight: 2.5\n[rank 0]: final weight 1.99  bias 3.01 | step 2/4\n' >"$TMP/field.txt"
+got="$(field "$TMP/field.txt" '^learned weight: ([-0-9.]*)')|$(field --all "$TMP/field.txt" '^learned weight: ([-0-9.]*)' | tr '\n' ' ')"
+got+="|$(field "$TMP/field.txt" 'final weight ([0-9.]*)  bias ([0-9.]*) \| step 2/4' '\2 \1')|$(field "$TMP/field.txt" 'no (such) line')"
+got+="|$(echo 'a (b) c' | field - '\((.)\)')"
+want="2.5|1.5 2.5 |3.01 1.99||b"
+[[ "$got" == "$want" ]]; verdict $? "harness: field reads the last match (--all: each), its groups as the template puts them, nothing when none" "got '$got', wanted '$want'"
+
 # ---------------------------------------------------------------- the build mode sticks
 # A small project built by common/course.mk: `make CUDA=0`, then `make` and
 # `make -C sub` that name no mode must keep the CPU-only build: nothing may
