@@ -32,7 +32,7 @@ COURSE_DDP_BUCKET_BYTES=65536 run_capture 120 "$TMP/two" "$prog" "${common[@]}" 
     --out_dir "$TMP/two.d"; status=$?
 a=$(field "$TMP/one" "$l2"); b=$(field "$TMP/two" "$l2"); va=$(field "$TMP/one" "$valid"); vb=$(field "$TMP/two" "$valid")
 # On the CPU a run adds in the same order every time: the printed
-# validation losses are compared exactly.
+# validation losses are compared exactly (unlike two GPU runs' below).
 [[ $status -eq 0 && -n "$a" && -n "$b" ]] && rel_near "$a" "$b" 1e-5 && [[ "$va" == "$vb" ]]
 verdict $? "gpt ddp: 2 ranks x batch 4 (64 KiB buckets) equal 1 rank x batch 8 after 15 steps (l2 $a vs $b)" \
     "status $status, l2 '$a' vs '$b', valid $va vs $vb"
@@ -72,6 +72,14 @@ fi
 # Blocks of 16 tokens: an emulated GPU is slow, and the comparisons need only a few steps.
 gpu=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
      --device cuda --block_size 16)
+# Two GPU runs agree to rounding, not to the bit: a real GPU's atomicAdd
+# adds in whatever order the threads arrive, and N ranks sum a gradient in
+# another order than one rank. The validation loss is printed with 4
+# decimals: 1.5e-4 lets its last digit differ by one (a rounding flip), no
+# more. An all-reduce queued on the wrong stream, which lets the optimizer
+# race the average, moved it by 2e-4 at 4 ranks on the emulated GPU (and
+# the l2 norm by 4e-7, within its 1e-5): still caught.
+valid_tol=1.5e-4
 
 # Both precisions train: the loss of step 20 is below that of step 5.
 for precision in bf16 fp32; do
@@ -98,9 +106,9 @@ for n in 2 4; do
     run_capture 300 "$TMP/g_ddp$n" "$prog" "${gpu[@]}" --precision fp32 --max_steps 15 --batch_size $((8 / n)) \
         --nprocs $n --out_dir "$TMP/g_ddp$n.d"; status=$?
     c=$(field "$TMP/g_ddp$n" "$l2"); va=$(field "$TMP/g_one" "$valid"); vb=$(field "$TMP/g_ddp$n" "$valid")
-    [[ $status -eq 0 && -n "$c" ]] && rel_near "$b" "$c" 1e-5 && [[ "$va" == "$vb" ]]
+    [[ $status -eq 0 && -n "$c" ]] && rel_near "$b" "$c" 1e-5 && near "$va" "$vb" "$valid_tol"
     verdict $? "gpt gpu: DDP $n ranks x batch $((8 / n)) equal 1 rank x batch 8 in fp32 (l2 $b vs $c; $(grep -m1 -o 'backend [a-z]*' "$TMP/g_ddp$n"))" \
-        "status $status, l2 '$b' vs '$c', valid $va vs $vb"
+        "status $status, l2 '$b' vs '$c', valid $va vs $vb (tolerance $valid_tol)"
 done
 
 # bf16 rounds activations and weight copies: the same comparison within 2e-2.

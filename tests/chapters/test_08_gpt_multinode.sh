@@ -92,7 +92,10 @@ if has_gpu && [[ $gpus -ge 3 ]]; then
     wait $p1
     l2='l2 norm ([0-9.e+-]*)' valid='validation after step 4 .*: loss ([0-9.]*) '
     a=$(field "$TMP/gone.log" "$l2") b=$(field "$TMP/g0.log" "$l2") va=$(field "$TMP/gone.log" "$valid") vb=$(field "$TMP/g0.log" "$valid")
-    [[ $status -eq 0 && -n $a && -n $va ]] && rel_near "$a" "${b:-0}" 1e-6 && [[ $va == "$vb" ]] &&
+    # Two GPU runs agree to rounding, not to the bit (a real GPU's atomicAdd
+    # adds in any order): the validation losses' last printed digit may
+    # differ by one (why 1.5e-4: tests/chapters/test_08_gpt_ddp.sh).
+    [[ $status -eq 0 && -n $a && -n $va ]] && rel_near "$a" "${b:-0}" 1e-6 && near "$va" "$vb" 1.5e-4 &&
        grep -q "^\[rank 0\]: ranks: 3 on 2 nodes, backend nccl$" "$TMP/g0.log" &&
        grep -q "^\[rank 0\]:   node 0 ([^)]*): ranks 0-1 on GPUs 0,1 (.*); nccl" "$TMP/g0.log" &&
        grep -q "^\[rank 0\]:   node 1 ([^)]*): rank 2 on GPU 0 (.*); nccl" "$TMP/g0.log"
