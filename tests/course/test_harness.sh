@@ -22,28 +22,25 @@ harness() { # OUT [ENV=VALUE ...] -- NAMES...
 }
 
 harness "$TMP/two" -- alpha beta; status=$?
-if [[ $status -eq 0 && "$(tail -n 1 "$TMP/two")" == "3 passed, 0 failed, 1 skipped" ]] &&
-   grep -q '^test_alpha ' "$TMP/two" && grep -q '^test_beta ' "$TMP/two" && ! grep -q '^test_crash ' "$TMP/two"; then
-    pass "harness: run.sh alpha beta runs both files, and only them"
-else fail "harness: run.sh alpha beta runs both files, and only them" "status $status: $(tr '\n' '|' <"$TMP/two")"; fi
+[[ $status -eq 0 && "$(tail -n 1 "$TMP/two")" == "3 passed, 0 failed, 1 skipped" ]] &&
+   grep -q '^test_alpha ' "$TMP/two" && grep -q '^test_beta ' "$TMP/two" && ! grep -q '^test_crash ' "$TMP/two"
+verdict $? "harness: run.sh alpha beta runs both files, and only them" "status $status: $(tr '\n' '|' <"$TMP/two")"
 
 harness "$TMP/crash" -- crash; status=$?
-if [[ $status -ne 0 && "$(tail -n 1 "$TMP/crash")" == "1 passed, 1 failed, 0 skipped" ]] &&
-   grep -q 'test_crash: exited with status 3' "$TMP/crash"; then
-    pass "harness: a file that exits non-zero without FAIL counts as a failure"
-else fail "harness: a file that exits non-zero without FAIL counts as a failure" "status $status: $(tail -n 3 "$TMP/crash" | tr '\n' '|')"; fi
+[[ $status -ne 0 && "$(tail -n 1 "$TMP/crash")" == "1 passed, 1 failed, 0 skipped" ]] &&
+   grep -q 'test_crash: exited with status 3' "$TMP/crash"
+verdict $? "harness: a file that exits non-zero without FAIL counts as a failure" "status $status: $(tail -n 3 "$TMP/crash" | tr '\n' '|')"
 
 start=$SECONDS
 harness "$TMP/hang" TEST_FILE_TIMEOUT=2 -- hang; status=$?
-if [[ $status -ne 0 && $((SECONDS - start)) -lt 30 ]] && grep -q 'test_hang: timed out after 2s' "$TMP/hang" &&
-   [[ "$(tail -n 1 "$TMP/hang")" == "1 passed, 1 failed, 0 skipped" ]]; then
-    pass "harness: a file that hangs is stopped at TEST_FILE_TIMEOUT and fails"
-else fail "harness: a file that hangs is stopped at TEST_FILE_TIMEOUT and fails" "status $status after $((SECONDS - start)) s: $(tail -n 3 "$TMP/hang" | tr '\n' '|')"; fi
+took=$((SECONDS - start))
+[[ $status -ne 0 && $took -lt 30 ]] && grep -q 'test_hang: timed out after 2s' "$TMP/hang" &&
+   [[ "$(tail -n 1 "$TMP/hang")" == "1 passed, 1 failed, 0 skipped" ]]
+verdict $? "harness: a file that hangs is stopped at TEST_FILE_TIMEOUT and fails" "status $status after $took s: $(tail -n 3 "$TMP/hang" | tr '\n' '|')"
 
 harness "$TMP/typo" -- alpha no_such_test; status=$?
-if [[ $status -eq 2 ]] && grep -q "no test file in .* matches 'no_such_test'" "$TMP/typo" && ! grep -q '^test_alpha ' "$TMP/typo"; then
-    pass "harness: a name that matches no test file is an error, not a green run"
-else fail "harness: a name that matches no test file is an error, not a green run" "status $status: $(head -n 2 "$TMP/typo" | tr '\n' '|')"; fi
+[[ $status -eq 2 ]] && grep -q "no test file in .* matches 'no_such_test'" "$TMP/typo" && ! grep -q '^test_alpha ' "$TMP/typo"
+verdict $? "harness: a name that matches no test file is an error, not a green run" "status $status: $(head -n 2 "$TMP/typo" | tr '\n' '|')"
 
 # ---------------------------------------------------------------- lib.sh's verdicts
 # The helpers every test file states its cases with, on inputs whose answers
@@ -97,7 +94,7 @@ printf 'int main(void) { return 0; }\n' >"$proj/sub/hello.c"
 printf 'PROGRAMS := hello\ninclude ../common/course.mk\n' >"$proj/sub/Makefile"
 # The environment of a student's shell: no make of ours around this one.
 plain_make() { env -u CUDA -u ASAN -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u COURSE_DETECTED -u COURSE_MODE_SHOWN make "$@"; }
-detected=$(plain_make -C "$proj/sub" -n 2>&1 | sed -n 's/^\[build\] mode: *//p')
+detected=$(plain_make -C "$proj/sub" -n 2>&1 | field - '^\[build\] mode: *(.*)')
 if [[ "$detected" != "CUDA build"* ]]; then
     skip "harness: the build mode sticks" "no CUDA toolkit here: make detects the CPU-only mode anyway"
 elif ! plain_make -s -C "$proj/sub" CUDA=0 >"$TMP/mode0.log" 2>&1; then
@@ -107,9 +104,8 @@ else
     touch -d '2019-01-01' "$proj/sub/hello.c" "$proj/common"/*
     touch -d '2020-01-01' "$proj/sub/hello" "$proj/sub/build"/*
     plain_make -C "$proj/sub" >"$TMP/mode-again.log" 2>&1; status=$?
-    if [[ $status -eq 0 && -x "$proj/sub/hello" && $(stat -c %Y "$proj/sub/hello") -eq $(date -d '2020-01-01' +%s) ]] &&
-       grep -q '^\[build\] mode: *CPU-only build (CUDA=0 kept from an earlier make' "$TMP/mode-again.log"; then
-        pass "harness: after make CUDA=0, a make that names no mode keeps the CPU-only build"
-    else fail "harness: after make CUDA=0, a make that names no mode keeps the CPU-only build" \
-        "status $status; $(grep -E '^\[build\] mode|^cc|rm ' "$TMP/mode-again.log" | head -n 3 | tr '\n' '|')"; fi
+    [[ $status -eq 0 && -x "$proj/sub/hello" && $(stat -c %Y "$proj/sub/hello") -eq $(date -d '2020-01-01' +%s) ]] &&
+       grep -q '^\[build\] mode: *CPU-only build (CUDA=0 kept from an earlier make' "$TMP/mode-again.log"
+    verdict $? "harness: after make CUDA=0, a make that names no mode keeps the CPU-only build" \
+        "status $status; $(grep -E '^\[build\] mode|^cc|rm ' "$TMP/mode-again.log" | head -n 3 | tr '\n' '|')"
 fi

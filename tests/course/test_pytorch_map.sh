@@ -18,8 +18,8 @@ for readme in README.md [0-9][0-9]_*/README.md; do
     done < <(table_rows "$readme" | awk -F'|' '{ print $3 }' | grep -o '`[^`]*`' | tr -d '`' | sed 's/[a-z_/]*\.[ch]\b//g' |
              grep -oE '\b(pg|ddp|dist|sampler|snapshot|launch_env|device|rendezvous|spawn|log|rng|model|linreg)_[a-z_]+|\bspawn\b|\bOP_[A-Z]+' | sort -u)
 done
-if [[ $named -ge 30 && -z "$missing" ]]; then pass "pytorch_map: the $named course names in the PyTorch tables are all defined in the sources"
-else fail "pytorch_map: the course names in the PyTorch tables are defined in the sources" "$named names; not found:$missing"; fi
+[[ $named -ge 30 && -z "$missing" ]]
+verdict $? "pytorch_map: the $named course names in the PyTorch tables are all defined in the sources" "$named names; not found:$missing"
 
 # Links to README sections: the heading must exist (GitHub's anchor rules:
 # lower case, spaces to '-', punctuation other than '-' and '_' dropped).
@@ -34,5 +34,4 @@ for readme in README.md [0-9][0-9]_*/README.md; do
         [[ -f "$target" ]] && anchors "$target" | grep -qx -- "$anchor" || bad+=" $readme->$link"
     done < <(grep -o '](\([^)#]*\)\?#[^)]*)' "$readme" | sed 's/^](//; s/)$//')
 done
-if [[ $links -ge 6 && -z "$bad" ]]; then pass "pytorch_map: the $links links to README sections find their headings"
-else fail "pytorch_map: links to README sections find their headings" "$links links; broken:$bad"; fi
+[[ $links -ge 6 && -z "$bad" ]]; verdict $? "pytorch_map: the $links links to README sections find their headings" "$links links; broken:$bad"
