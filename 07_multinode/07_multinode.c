@@ -41,7 +41,7 @@
 #define CHAPTER "07_multinode"
 
 typedef struct {
-    int epochs, batch_size, features, samples, seed, check_replicas;
+    int epochs, batch_size, global_batch_size, features, samples, seed, check_replicas;
     double lr, timeout;
     const char *backend, *device, *init_method;
     bool scale_lr;
@@ -67,6 +67,7 @@ static options parse_options(int argc, char **argv) {
     flag_string(&set, "snapshot_path", &o.snapshot_path, "snapshot series: DIR/STEM.safetensors");
     flag_int(&set, "keep", &o.keep, 1, 1000, "keep the newest K snapshots");
     flag_int(&set, "batch_size", &o.batch_size, 1, 1000000, "samples per step PER RANK");
+    flag_int(&set, "global_batch_size", &o.global_batch_size, 0, 100000000, "samples per step of ALL ranks, whatever their number (0: batch_size per rank)");
     flag_double(&set, "lr", &o.lr, 0, 100, "learning rate of one process");
     flag_double(&set, "momentum", &o.momentum, 0, 0.999, "SGD momentum (optimizer state!)");
     flag_bool(&set, "scale_lr", &o.scale_lr, "multiply lr by the world size (linear scaling rule)");
@@ -80,6 +81,9 @@ static options parse_options(int argc, char **argv) {
     flag_double(&set, "timeout", &o.timeout, 0, 86400, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)");
     fault_add_flags(&set, &o.fault);
     flags_parse(&set, argc, argv);
+    if (o.global_batch_size && o.scale_lr)
+        flags_fail(&set, "--scale_lr scales lr with the world size, but with --global_batch_size "
+                   "the batch of a step does not change with it, so neither does lr");
     return o;
 }
 
@@ -110,10 +114,22 @@ int main(int argc, char **argv) {
              dist.env.max_restarts);
     nodes_report(&dist);   // which ranks run where: one line per node (common/nodes.h)
     // The effective batch is world_size x batch_size; the linear scaling
-    // rule raises the learning rate by the same factor.
+    // rule raises the learning rate by the same factor. An elastic job
+    // (ddprun --nnodes=MIN:MAX) changes world_size whenever a node comes or
+    // goes: --global_batch_size fixes the batch of a step instead, each rank
+    // taking its share, so that every step computes the same thing on any
+    // number of ranks and lr need not change (README: elastic jobs).
+    int batch = opt.batch_size;
+    if (opt.global_batch_size) {
+        if (opt.global_batch_size % dist.world_size != 0)
+            die("--global_batch_size %d is not a multiple of the %d ranks of this attempt: choose "
+                "one that every world size the job may have divides", opt.global_batch_size,
+                dist.world_size);
+        batch = opt.global_batch_size / dist.world_size;
+    }
     float lr = (float)(opt.scale_lr ? opt.lr * dist.world_size : opt.lr);
-    log_main("batch %d per rank x %d rank(s) = %d per step; lr %g\n", opt.batch_size,
-             dist.world_size, opt.batch_size * dist.world_size, lr);
+    log_main("batch %d per rank x %d rank(s) = %d per step; lr %g\n", batch, dist.world_size,
+             batch * dist.world_size, lr);
 
     // --- Data and sampler: every rank makes the same dataset (as every
     // rank would open the same files); the sampler gives each the share its
@@ -124,12 +140,13 @@ int main(int argc, char **argv) {
 
     // --- Model: a replica per rank, made equal by broadcasting rank 0's.
     linreg_model model;
-    linreg_init(&model, &dist.device, &data, opt.batch_size);
+    linreg_init(&model, &dist.device, &data, batch);
     size_t nparams = (size_t)opt.features + 1;
     // --- Resume: rank 0 reads node 0's snapshot (a damaged one is
     // reported and an older one used), then a broadcast carries the state
     // to every rank of every node: no shared filesystem needed.
-    linreg_run run = {opt.features, opt.samples, opt.batch_size, opt.seed,
+    linreg_run run = {opt.features, opt.samples, opt.global_batch_size ? 0 : batch,
+                      opt.global_batch_size, opt.seed,
                       opt.scale_lr ? opt.lr * dist.world_size : opt.lr, opt.momentum};
     linreg_progress progress;
     linreg_resume(&dist, opt.snapshot_path, &run, opt.epochs, &model, &progress);
@@ -150,9 +167,8 @@ int main(int argc, char **argv) {
         sampler_set_epoch_from(&sampler, epoch, from);
         linreg_set_order(&model, sampler.indices, sampler.num_samples);
         double batches = 0;
-        for (int64_t first = 0; first < sampler.num_samples; first += opt.batch_size) {
-            int size = (int)(sampler.num_samples - first < opt.batch_size
-                                 ? sampler.num_samples - first : opt.batch_size);
+        for (int64_t first = 0; first < sampler.num_samples; first += batch) {
+            int size = (int)(sampler.num_samples - first < batch ? sampler.num_samples - first : batch);
             linreg_forward_backward(&model, first, size);             // local gradient
             fault_maybe_die(&opt.fault, &dist, step + 1);             // planned failures (fault.h)
             ddp_average_gradients(dist.pg, model.grads, nparams);     // the one DDP line
