@@ -66,7 +66,7 @@ typedef struct {
     double timeout;
     const char *backend;
     bool generate, verify_data;
-    const char *preset, *data_dir, *out_dir, *snapshot_path, *prompt, *device, *precision;
+    const char *preset, *data_dir, *out_dir, *snapshot_path, *prompt, *device, *precision, *grad_compress;
 } options;
 
 // ===================================================================== options
@@ -90,6 +90,7 @@ static flag_set option_flags(options *o) {
     flag_int(&set, "nprocs", &o->nprocs, 1, 256, "ranks to spawn for data parallelism (under ddprun: ignored)");
     flag_choice(&set, "backend", &o->backend, "auto|cpu|nccl|mpi", "communication backend")->env = "COURSE_BACKEND";
     flag_double(&set, "timeout", &o->timeout, 0, 86400, "seconds a rank waits for another (0: COURSE_TIMEOUT or 300)");
+    flag_choice(&set, "grad_compress", &o->grad_compress, "none|bf16", "gradients all-reduced as fp32, or rounded to bf16: half the bytes (DDP's bf16_compress_hook)");
     flag_int(&set, "seed", &o->seed, 0, 2147483647, "seed for the weights, the shuffle and the samples");
     flag_choice(&set, "preset", &o->preset, "default|tiny", "model size: default (128/4/4/256) or tiny (32/2/2/64)");
     flag_int(&set, "vocab_size", &o->vocab_size, 258, 65536, "BPE vocabulary: 256 bytes + merges + <|endoftext|>");
@@ -130,7 +131,7 @@ static options parse_options(int argc, char **argv) {
                  .lr = 1e-3, .min_lr = -1, .weight_decay = 0.1, .grad_clip = 1.0, .temperature = 0.8,
                  .top_k = 40, .num_samples = 3, .sample_tokens = 64, .verify_data = true,
                  .preset = "default", .prompt = "The", .device = "auto", .nprocs = 1, .backend = "auto",
-                 .precision = "auto"};
+                 .precision = "auto", .grad_compress = "none"};
     static char default_out_dir[1024]; // outlives this function: o.out_dir points at it
     files_runs_dir(default_out_dir, sizeof default_out_dir, CHAPTER);
     o.out_dir = default_out_dir;
@@ -585,7 +586,7 @@ static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr
              tr->dist->world_size * o->grad_accum * o->batch_size * o->block_size, tr->dist->world_size,
              o->grad_accum, o->batch_size, o->block_size, o->lr, o->min_lr, tr->warmup);
     int step = 0;
-    int first_epoch = resume(m, o, tr->dist, &step);
+    int first_epoch = resume(m, o, tr->dist, &step), first_step = step;
     // For the tests, as in chapter 06: COURSE_FAIL_RANK and COURSE_FAIL_STEP
     // make a rank die before that step, in the first attempt only.
     fault_plan fault = fault_from_env();
@@ -610,6 +611,13 @@ static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr
         if (save && o->snapshot_path) save_snapshot(m, o, epoch + 1, step, tr->dist->world_size);
         else if (save) save_model(m, c->tokenizer, o);
     }
+    // What data parallelism cost in bytes: each rank's gradients, per step,
+    // as they entered the all-reduce (a ring then sends 2(W-1)/W of that).
+    int steps_run = step - first_step;
+    if (tr->dist->world_size > 1 && steps_run > 0)
+        log_main("gradients all-reduced: %.0f bytes per step per rank (%s), %zu parameters\n",
+                 (double)ddp_bytes_reduced() / steps_run, m->grad_compress == DDP_COMPRESS_BF16 ? "bf16" : "fp32",
+                 m->host.num_params);
 }
 
 // ===================================================================== main
@@ -650,6 +658,9 @@ static int run_rank(int rank, int world, void *arg) {
     log_main("model: %zu parameters (vocabulary %d, block %d, %d layers, %d heads, %d channels), %s\n",
              model.host.num_params, cfg.vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd,
              model_precision(&model));
+    // How the gradients travel (DDP's communication hook, common/ddp.h):
+    // fp32, or rounded to bf16 for half the bytes.
+    model.grad_compress = ddp_compress_from_name(o->grad_compress);
 
     // --- Training, with validation after every epoch.
     trainer_t tr = make_trainer(o, &corpus, &dist);
