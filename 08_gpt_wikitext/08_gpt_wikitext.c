@@ -44,6 +44,7 @@
 #include "flags.h"
 #include "gpt.h"
 #include "launch_env.h"
+#include "loader.h"
 #include "log.h"
 #include "metrics.h"
 #include "model.h"
@@ -62,7 +63,7 @@ typedef struct {
     int epochs, batch_size, grad_accum, max_steps, warmup_steps, eval_every, log_every, save_every, seed;
     int vocab_size, block_size, n_layer, n_head, n_embd;
     double lr, min_lr, weight_decay, grad_clip, temperature;
-    int top_k, num_samples, sample_tokens, nprocs;
+    int top_k, num_samples, sample_tokens, nprocs, num_workers;
     double timeout;
     const char *backend;
     bool generate, verify_data;
@@ -85,6 +86,7 @@ static flag_set option_flags(options *o) {
     flag_int(&set, "max_steps", &o->max_steps, 0, 100000000, "stop after this many optimizer steps (0: all epochs)");
     flag_int(&set, "eval_every", &o->eval_every, 0, 100000000, "validate every N steps as well as after each epoch (0: epochs only)");
     flag_int(&set, "log_every", &o->log_every, 1, 100000000, "progress line every N steps");
+    flag_int(&set, "num_workers", &o->num_workers, 0, 1, "threads that make the next batch while a step trains (DataLoader's num_workers)");
     flag_int(&set, "save_every", &o->save_every, 0, 1000000, "save the model every N epochs (0: at the end only)");
     flag_string(&set, "snapshot_path", &o->snapshot_path, "resumable snapshots DIR/STEM.safetensors, every --save_every epochs");
     flag_int(&set, "nprocs", &o->nprocs, 1, 256, "ranks to spawn for data parallelism (under ddprun: ignored)");
@@ -131,7 +133,7 @@ static options parse_options(int argc, char **argv) {
                  .lr = 1e-3, .min_lr = -1, .weight_decay = 0.1, .grad_clip = 1.0, .temperature = 0.8,
                  .top_k = 40, .num_samples = 3, .sample_tokens = 64, .verify_data = true,
                  .preset = "default", .prompt = "The", .device = "auto", .nprocs = 1, .backend = "auto",
-                 .precision = "auto", .grad_compress = "none"};
+                 .precision = "auto", .grad_compress = "none", .num_workers = 1};
     static char default_out_dir[1024]; // outlives this function: o.out_dir points at it
     files_runs_dir(default_out_dir, sizeof default_out_dir, CHAPTER);
     o.out_dir = default_out_dir;
@@ -386,7 +388,7 @@ typedef struct {
     int steps_per_epoch, total_steps, warmup;
     size_t num_blocks;         // training sequences of T+1 tokens (overlapping by one)
     sampler_t sampler;         // this rank's blocks of each epoch
-    uint16_t *inputs, *targets;
+    loader_t loader;           // makes the batches from them, a step ahead (gpt/loader.h)
     double start, train_time;  // wall clock; seconds spent in training steps
     int loss_count;            // steps since the last progress line
     double interval_start;
@@ -413,8 +415,7 @@ static trainer_t make_trainer(const options *o, const corpus_t *c, dist_t *d) {
     tr.total_steps = tr.steps_per_epoch * o->epochs;
     if (o->max_steps > 0 && o->max_steps < tr.total_steps) tr.total_steps = o->max_steps;
     tr.warmup = o->warmup_steps < tr.total_steps / 5 ? o->warmup_steps : tr.total_steps / 5;
-    tr.inputs = xmalloc(sizeof(uint16_t) * (size_t)B * T);
-    tr.targets = xmalloc(sizeof(uint16_t) * (size_t)B * T);
+    tr.loader = loader_create(c->split[0], B, T, o->num_workers);
     if (d->rank == 0) {
         tr.csv = metrics_open(o->out_dir, "metrics", "step,epoch,train_loss,valid_loss,tokens_per_s");
         char date[32];
@@ -425,15 +426,6 @@ static trainer_t make_trainer(const options *o, const corpus_t *c, dist_t *d) {
                     backend_name(pg_backend(d->pg)), d->world_size, date);
     }
     return tr;
-}
-
-// Micro-batch `index` of the epoch: B of this rank's blocks, in order.
-static void fill_batch(trainer_t *tr, const uint16_t *train, int index, int B, int T) {
-    for (int b = 0; b < B; b++) {
-        const uint16_t *block = train + (size_t)tr->sampler.indices[(size_t)index * B + b] * T;
-        memcpy(tr->inputs + (size_t)b * T, block, sizeof(uint16_t) * T);
-        memcpy(tr->targets + (size_t)b * T, block + 1, sizeof(uint16_t) * T);
-    }
 }
 
 // The learning rate of step `step` (counted from 0): a linear warm-up from
@@ -452,11 +444,13 @@ static float learning_rate(const trainer_t *tr, const options *o, int step) {
 // the ranks, then clip and AdamW. The losses are not read here: on a GPU
 // that would make the host wait for every step, and the progress line
 // reads them (model_take_train_loss) every --log_every steps instead.
-static void train_step(model_t *m, trainer_t *tr, const options *o, const uint16_t *train, int step_in_epoch, int step) {
+static void train_step(model_t *m, trainer_t *tr, const options *o, int step) {
     model_zero_grad(m);
     for (int micro = 0; micro < o->grad_accum; micro++) {
-        fill_batch(tr, train, step_in_epoch * o->grad_accum + micro, o->batch_size, o->block_size);
-        model_train_forward(m, tr->inputs, tr->targets, o->batch_size, o->block_size);
+        // The next micro-batch of this rank's blocks, in order; with
+        // --num_workers 1 a thread made it while the last step trained.
+        const loader_batch_t *batch = loader_next(&tr->loader);
+        model_train_forward(m, batch->inputs, batch->targets, o->batch_size, o->block_size);
         // The mean over micro-batches; on the last one, a GPU starts
         // averaging each bucket of gradients as soon as it is computed.
         bool last = micro == o->grad_accum - 1;
@@ -594,11 +588,12 @@ static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr
     for (int epoch = first_epoch; epoch < o->epochs && step < tr->total_steps; epoch++) {
         // Each rank takes its share of this epoch's order (seed + epoch).
         sampler_set_epoch(&tr->sampler, epoch);
+        loader_set_epoch(&tr->loader, tr->sampler.indices, tr->steps_per_epoch * o->grad_accum);
         bool validated = false;
         for (int s = 0; s < tr->steps_per_epoch && step < tr->total_steps; s++) {
             double t0 = now_seconds();
             fault_maybe_die(&fault, tr->dist, step + 1);
-            train_step(m, tr, o, c->split[0], s, step);
+            train_step(m, tr, o, step);
             tr->loss_count++;
             step++;
             tr->train_time += now_seconds() - t0;
@@ -681,7 +676,7 @@ static int run_rank(int rank, int world, void *arg) {
         log_main("metrics: %s (plot: gnuplot plots/08_gpt_loss.gp)\n", tr.csv.path);
     }
 
-    free(tr.inputs), free(tr.targets);
+    loader_free(&tr.loader);
     sampler_free(&tr.sampler);
     for (int s = 0; s < 3; s++) free(corpus.split[s]);
     bpe_free(corpus.tokenizer);
