@@ -133,7 +133,7 @@ static options parse_options(int argc, char **argv) {
                  .lr = 1e-3, .min_lr = -1, .weight_decay = 0.1, .grad_clip = 1.0, .temperature = 0.8,
                  .top_k = 40, .num_samples = 3, .sample_tokens = 64, .verify_data = true,
                  .preset = "default", .prompt = "The", .device = "auto", .nprocs = 1, .backend = "auto",
-                 .precision = "auto", .grad_compress = "none", .num_workers = 1};
+                 .precision = "auto", .grad_compress = "none", .num_workers = 0};
     static char default_out_dir[1024]; // outlives this function: o.out_dir points at it
     files_runs_dir(default_out_dir, sizeof default_out_dir, CHAPTER);
     o.out_dir = default_out_dir;
