@@ -1193,21 +1193,31 @@ static const char *bind_host(const char *master_addr) {
     return strchr(master_addr, ':') ? "::" : "0.0.0.0";
 }
 
+// The store's thread must not take our signals: they belong to the main
+// loop. It is started between these two, and inherits the mask.
+static void block_our_signals(sigset_t *old) {
+    sigset_t block;
+    sigemptyset(&block);
+    for (size_t i = 0; i < sizeof handled_signals / sizeof handled_signals[0]; i++)
+        sigaddset(&block, handled_signals[i]);
+    sigaddset(&block, SIGCHLD);
+    int rc = pthread_sigmask(SIG_BLOCK, &block, old);
+    if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+}
+
+static void restore_signals(const sigset_t *old) {
+    int rc = pthread_sigmask(SIG_SETMASK, old, NULL);
+    if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+}
+
 static void serve_and_connect(job_t *job) {
     if (job->opt.node_rank == 0) {
-        // The server's thread must not take our signals: they belong to the main loop.
-        sigset_t block, old;
-        sigemptyset(&block);
-        for (size_t i = 0; i < sizeof handled_signals / sizeof handled_signals[0]; i++)
-            sigaddset(&block, handled_signals[i]);
-        sigaddset(&block, SIGCHLD);
-        int rc = pthread_sigmask(SIG_BLOCK, &block, &old);
-        if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+        sigset_t old;
+        block_our_signals(&old);
         store_port_advice = "use --master_port or --standalone";
         job->server = store_server_start(bind_host(job->master_addr), job->master_port,
                                          job->token);
-        rc = pthread_sigmask(SIG_SETMASK, &old, NULL);
-        if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+        restore_signals(&old);
         job->master_port = store_server_port(job->server);
     }
     job->store = store_connect(job->master_addr, job->master_port, job->token,
@@ -1477,18 +1487,12 @@ static bool address_is_local(const char *host) {
 static void serve_or_join_store(job_t *job) {
     bool here = job->opt.is_host >= 0 ? job->opt.is_host == 1 : address_is_local(job->master_addr);
     if (here) {
-        sigset_t block, old;   // the server's thread must not take our signals
-        sigemptyset(&block);
-        for (size_t i = 0; i < sizeof handled_signals / sizeof handled_signals[0]; i++)
-            sigaddset(&block, handled_signals[i]);
-        sigaddset(&block, SIGCHLD);
-        int rc = pthread_sigmask(SIG_BLOCK, &block, &old);
-        if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+        sigset_t old;
+        block_our_signals(&old);
         const char *bind_to = bind_host(job->master_addr);
         int fd = store_listen_or(bind_to, job->master_port, true);
         if (fd >= 0) job->server = store_server_start_on(fd, bind_to, job->token, NULL);
-        rc = pthread_sigmask(SIG_SETMASK, &old, NULL);
-        if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+        restore_signals(&old);
     }
     job->store = store_connect(job->master_addr, job->master_port, job->token,
                                job->opt.rdzv_timeout);

@@ -7,13 +7,7 @@ prog="$ROOT/08_gpt_wikitext/08_gpt_wikitext"
 [[ -x "$prog" ]] || { fail "gpt loader: binaries" "build first (make)"; exit 1; }
 export OMP_NUM_THREADS=1
 
-awk -v dir="$TMP/corpus" 'BEGIN { system("mkdir -p " dir); srand(3)
-    split("the a one every some my your this that no", D, " "); split("cat dog bird river city king song train", N, " ")
-    for (f = 1; f <= 3; f++) {
-        file = dir "/" (f == 1 ? "train.txt" : f == 2 ? "valid.txt" : "test.txt")
-        for (i = 0; i < (f == 1 ? 600 : 100); i++)
-            printf " %s %s sees %s %s . \n", D[int(rand() * 10) + 1], N[int(rand() * 8) + 1], D[int(rand() * 10) + 1],
-                N[int(rand() * 8) + 1] > file } }'
+gpt_corpus "$TMP/corpus"
 sum='checksum ([0-9a-f]*),'
 common=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
         --device cpu --block_size 16 --epochs 2 --grad_accum 2 --batch_size 4)

@@ -19,13 +19,6 @@ if ! make -C "$ROOT/tools" -s ddprun >"$TMP/build.log" 2>&1 ||
     exit 1
 fi
 
-# wait_deadline PID SECONDS : wait for a background job, killing it after SECONDS.
-wait_deadline() {
-    local pid=$1 ticks=$(($2 * 10))
-    while ((ticks-- > 0)) && kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null
-    wait "$pid"
-}
 # wait_for FILE... REGEX : until one of the files has a line matching REGEX (at most 20 s).
 wait_for() {
     local regex=${*: -1}
@@ -41,10 +34,11 @@ value() { field "$1" "^\[rank $2\]: $3=(.*)"; }
 # Two launchers given the same command, no --node_rank (as torchrun's
 # multi-node examples): the rendezvous numbers the nodes. One is spelled with
 # dashes, the other with prefixes (--nnode, --nproc, --rdzv_end).
+# (Each launcher under `timeout`: a broken rendezvous fails in seconds.)
 port=$(free_port)
-"$DDPRUN" --nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:$port --rdzv_id=job7 "$WORKER" env >"$TMP/c0.log" 2>&1 & n0=$!
-"$DDPRUN" --nnode 2 --nproc 1 --rdzv-backend c10d --rdzv_end 127.0.0.1:$port --rdzv-id job7 "$WORKER" env >"$TMP/c1.log" 2>&1 & n1=$!
-wait_deadline $n0 $LIMIT; s0=$?; wait_deadline $n1 5; s1=$?
+timeout -k 5 $LIMIT "$DDPRUN" --nnodes=2 --nproc_per_node=2 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:$port --rdzv_id=job7 "$WORKER" env >"$TMP/c0.log" 2>&1 & n0=$!
+timeout -k 5 $LIMIT "$DDPRUN" --nnode 2 --nproc 1 --rdzv-backend c10d --rdzv_end 127.0.0.1:$port --rdzv-id job7 "$WORKER" env >"$TMP/c1.log" 2>&1 & n1=$!
+wait $n0; s0=$?; wait $n1; s1=$?
 cat "$TMP/c0.log" "$TMP/c1.log" >"$TMP/c.log"
 ranks=$(field --all "$TMP/c.log" '^\[rank [0-9]\]: RANK=(.*)' | sort | tr '\n' ' ')
 [[ $s0 -eq 0 && $s1 -eq 0 && $ranks == "0 1 2 " ]]
@@ -90,7 +84,7 @@ args=(--total_epochs 300 --samples 9600 --global_batch_size 96 --features 16 --l
 run_capture 120 "$TMP/ref.log" "$PROGRAM" "${args[@]}" --snapshot_path "$TMP/ref/snapshot.safetensors"
 ref_status=$?
 port=$(free_port)
-launcher=("$DDPRUN" --nnodes=2:3 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:$port
+launcher=(timeout -k 5 150 "$DDPRUN" --nnodes=2:3 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:$port
           --rdzv_id="$TAG" --max_restarts=1 --rdzv_conf=last_call_timeout=1 "$PROGRAM" "${args[@]}")
 "${launcher[@]}" >"$TMP/a.log" 2>&1 & na=$!
 "${launcher[@]}" >"$TMP/b.log" 2>&1 & nb=$!
@@ -105,7 +99,7 @@ for _ in $(seq 200); do   # until rank 0 has trained an epoch on 3 ranks
 done
 for p in $(ps -o pid= -s "$nc"); do kill -9 "$p" 2>/dev/null; done   # its session: launcher and worker
 wait "$nc" 2>/dev/null
-wait_deadline $na 120; sa=$?; wait_deadline $nb 10; sb=$?
+wait $na; sa=$?; wait $nb; sb=$?
 sizes=$(field --all "$host" '^\[rank 0\]: batch [0-9]+ per rank x ([0-9]+) rank' | uniq | tr '\n' ' ')
 [[ $sa -eq 0 && $sb -eq 0 && $sizes == "2 3 2 " ]]
 verdict $? "ddprun: an elastic job runs on 2, then 3 nodes (one joins), then 2 (one is lost), and finishes" \
