@@ -54,6 +54,25 @@ grep -Eq '^ddprun: starting .*; network: .*address 127\.0\.0\.1, MTU [0-9]+$' "$
    grep -Eq '^ddprun: round 0: 2 nodes joined .*node 0 \([^,]*, lo 127\.0\.0\.1 MTU [0-9]+\)' "$TMP/c0.log"
 verdict $? "ddprun: the start-up lines name each node's interface, address and MTU" "$(grep ddprun "$TMP/c0.log" | tr '\n' '|')"
 
+# Nodes whose MTUs differ are warned about before their workers start.
+# Node 1 is made to reach the others through another interface than
+# node 0's loopback (COURSE_SOCKET_IFNAME, as on a host with two networks);
+# the workers never talk, so the job runs either way.
+other=$(ip -o -4 addr show 2>/dev/null | awk '$2 != "lo" { print $2; exit }')
+lo_mtu=$(cat /sys/class/net/lo/mtu 2>/dev/null); other_mtu=$(cat "/sys/class/net/$other/mtu" 2>/dev/null)
+if [[ -n "$other" && -n "$lo_mtu" && -n "$other_mtu" && "$lo_mtu" != "$other_mtu" ]]; then
+    port=$(free_port)
+    timeout -k 5 $LIMIT "$DDPRUN" --nnodes=2 --node_rank=0 --master_port=$port "$WORKER" env >"$TMP/m0.log" 2>&1 & n0=$!
+    COURSE_SOCKET_IFNAME="=$other" timeout -k 5 $LIMIT "$DDPRUN" --nnodes=2 --node_rank=1 --master_port=$port "$WORKER" env >"$TMP/m1.log" 2>&1 & n1=$!
+    wait $n0; s0=$?; wait $n1; s1=$?
+    [[ $s0 -eq 0 && $s1 -eq 0 ]] && grep -q "^ddprun: warning: node 0 reaches the store with MTU $lo_mtu, node 1 with MTU $other_mtu: packets" "$TMP/m0.log" &&
+       grep -q "^ddprun: starting .*; network: interface $other, chosen by COURSE_SOCKET_IFNAME=.*MTU $other_mtu$" "$TMP/m1.log"
+    verdict $? "ddprun: nodes reaching each other with MTUs $lo_mtu (lo) and $other_mtu ($other) are warned about" \
+        "statuses $s0 $s1: $(grep ddprun "$TMP/m0.log" "$TMP/m1.log" | tr '\n' '|')"
+else
+    skip "ddprun: a warning when the nodes' MTUs differ" "needs an interface with an IPv4 address and an MTU other than loopback's (${other:-none} here)"
+fi
+
 bad_flag() {   # NAME REGEX ARGS... : exit 2 and one error line matching REGEX
     local name=$1 want=$2; shift 2
     run_capture $LIMIT "$TMP/bad.log" "$DDPRUN" "$@"
