@@ -161,6 +161,7 @@ typedef struct {
     bool silence_said;          // this barrier has said which node it waits for
     int64_t *replaced_seen;     // how often each node's launcher has been replaced so far
     bool gave_up;               // a local failure with no restarts left ends the job
+    bool leaving;               // c10d: a signal takes this node out; the job goes on
     char reason[2 * TEXT_MAX];  // why the job ends or restarts, for messages
     char net[160];              // "eth0 10.0.0.2 MTU 1500": this node's way to the others
     char net_how[TEXT_MAX];     // the same, and why that interface
@@ -1108,7 +1109,7 @@ static failure_t first_failure_of_job(job_t *job) {
 // Tell the other nodes that the job failed, and why (the first word wins
 // nothing: any node may post, and every node stops).
 static void post_failure(job_t *job) {
-    if (!job->store || !several_nodes(job) || job->failure_known) return;
+    if (!job->store || !several_nodes(job) || job->failure_known || job->leaving) return;
     char text[TEXT_MAX + 300];
     int n = snprintf(text, sizeof text, "node %d (%s): %s", job->node_rank, job->host,
                      job->reason);
@@ -1579,8 +1580,9 @@ static int wait_round(job_t *job, int round) {
         bool full = joined >= job->opt.max_nodes;
         bool enough = joined >= job->opt.min_nodes && now_s() - changed >= job->opt.last_call;
         if (host_in && (full || enough)) close_round(job, round);
-        if (job->pending_signal) {
+        if (job->pending_signal) {   // a launcher that was waiting to join leaves quietly
             say("stopped by %s while waiting for round %d", signal_name(job->pending_signal), round);
+            job->leaving = !job->server;
             finish(job, 128 + job->pending_signal);
         }
         if (now_s() - start > job->opt.rdzv_timeout) {
@@ -1721,8 +1723,16 @@ static outcome_t after_local_failure(job_t *job) {
     return OUTCOME_FAILED;
 }
 
+// A signal ends the job; in an elastic job it takes only this node out
+// (unless it serves the store): the others start a new round without it,
+// a new membership rather than a failure, told before our workers stop.
 static outcome_t after_signal(job_t *job) {
     int sig = job->pending_signal;
+    job->leaving = job->opt.dynamic && !job->server;
+    if (job->leaving) {
+        snprintf(job->reason, sizeof job->reason, "it leaves the job (stopped by %s)", signal_name(sig));
+        post_restart(job);
+    }
     if (running_count(job) > 0)
         say("got %s; passing it to the workers and stopping them", signal_name(sig));
     else

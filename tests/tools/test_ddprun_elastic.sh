@@ -91,6 +91,28 @@ status=$?
 [[ $status -eq 1 ]] && grep -q "error: round 0 did not form within 2 s: 1 launcher(s) joined, at least 2 needed" "$TMP/alone.log"
 verdict $? "ddprun: an elastic round that never gets MIN nodes ends after join_timeout, saying so" "status $status: $(tail -n 2 "$TMP/alone.log" | tr '\n' '|')"
 
+# ---------------------------------------------------------------- a node that leaves on a signal
+# An elastic job of 1 to 2 nodes whose workers never fail (they sleep), and
+# no restarts at all: a node that joins and then leaves on SIGTERM makes
+# two new memberships, and the store's node goes on alone.
+port=$(free_port)
+e=(--nnodes=1:2 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:$port --rdzv_id="$TAG" --rdzv_conf=last_call_timeout=1
+   --max_restarts=0 "$WORKER" echo "$TAG" sleep 60)
+timeout -k 5 60 "$DDPRUN" "${e[@]}" >"$TMP/h.log" 2>&1 & nh=$!
+wait_for "$TMP/h.log" '^ddprun: round 0: 1 node joined'
+timeout -k 5 60 "$DDPRUN" "${e[@]}" >"$TMP/l.log" 2>&1 & nl=$!
+wait_for "$TMP/l.log" '^ddprun: starting 1 worker'
+kill -TERM $nl; wait $nl; sl=$?
+wait_for "$TMP/h.log" '^ddprun: round 2: 1 node joined'
+kill -INT $nh; wait $nh; sh=$?
+grep -q "^ddprun: restart requested by node 1 (.*): it leaves the job (stopped by SIGTERM); stopping this node's workers" "$TMP/h.log" &&
+   grep -q '^ddprun: restarting workers in round 2 (0 restarts after failures so far, at most 0)' "$TMP/h.log"
+verdict $? "ddprun: a node stopped by SIGTERM leaves an elastic job, which goes on without it (no restart counted)" \
+    "statuses: leaver $sl, host $sh: $(grep ddprun "$TMP/h.log" | tail -n 4 | tr '\n' '|')"
+[[ $sl -eq 143 && $sh -eq 130 ]]
+verdict $? "ddprun: the leaving launcher exits 128+SIGTERM, the store's 128+SIGINT" "leaver $sl, store's launcher $sh"
+no_leftovers "ddprun: no worker left after the nodes left" "$TAG"
+
 # ---------------------------------------------------------------- an elastic job: join, then leave
 # Chapter 06 with --global_batch_size 96: whatever the number of ranks, a
 # step trains on the same 96 samples, so the run's losses and weights are
