@@ -217,12 +217,12 @@ planted_store() {
         [[ $status -ne 0 ]] && grep -q "^FAIL $5:" "$TMP/planted_$1.log"
     verdict $? "planted: $6 fails $5" "$(planted_why "$1")$(grep -m1 "^[A-Z]* $5" "$TMP/planted_$1.log" 2>/dev/null)"
 }
-planted_store prefix common/store_server.h "$hello_check" 'if (memcmp(token, s->token, token_len) != 0) {' \
+planted_store prefix common/store_requests.h "$hello_check" 'if (memcmp(token, s->token, token_len) != 0) {' \
     token_refused_prefix_of_token "a token compared over the client's length only (memcmp)"
-planted_store longer common/store_server.h "$hello_check" \
+planted_store longer common/store_requests.h "$hello_check" \
     'if (strncmp((const char *)token, s->token, strlen(s->token)) != 0) {' \
     token_refused_token_plus_one_byte "a token compared over the store's length only (strncmp)"
-planted_store other_case common/store_server.h "$hello_check" \
+planted_store other_case common/store_requests.h "$hello_check" \
     'if (token_len != strlen(s->token) || strncasecmp((const char *)token, s->token, token_len)) {' \
     token_refused_token_in_other_case "a token compared without regard to case"
 planted_store early_exit common/store_wire.h $'        pairs++;\n' $'        pairs++;\n        if (diff) break;   // planted: stops at the first difference\n' \
