@@ -1,5 +1,5 @@
 // emu_kernel_abi.h - what kernel code (C++, cuda_runtime.h) and the
-// emulator's library (C, emu/src/launch.c) agree on: the running thread's
+// emulator's library (C, emu/src/launch.c and core.c) agree on: the running thread's
 // coordinates, the barriers, the warp exchange, shared memory, launches.
 // Course code never includes this directly.
 #ifndef EMU_KERNEL_ABI_H
@@ -65,15 +65,11 @@ typedef struct emu_launch_config {
 } emu_launch_config;
 
 // kernel_id: the kernel function's address (for cudaFuncSetAttribute).
-// body(closure) runs the kernel for the current thread; destroy(closure)
+// body(closure) runs the kernel for the current thread; free_closure(closure)
 // frees the copied arguments once the kernel has run (or failed to launch).
 cudaError_t emu_launch_kernel(const emu_launch_config *cfg, const void *kernel_id, const char *name,
                               const char *file, int line, void (*body)(void *closure),
-                              void (*destroy)(void *closure), void *closure);
-
-// "kernel K, block (x,y,z), thread (x,y,z)" for messages.
-void emu_kernel_thread_name(char *buf, size_t size);
-bool emu_fiber_stack_guard(const void *addr);
+                              void (*free_closure)(void *closure), void *closure);
 
 #ifdef __cplusplus
 }

@@ -9,7 +9,7 @@
 // Each rank is its own process with its own emulated GPU; the ranks meet in
 // a POSIX shared-memory segment named by the ncclUniqueId. How that works,
 // and what real NCCL does differently, is explained at the top of
-// emu/src/nccl.c.
+// emu/src/nccl_comm.c.
 #ifndef EMU_NCCL_H
 #define EMU_NCCL_H
 

@@ -20,7 +20,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "emu_fiber.h"
 #include "emu_internal.h"
 
 #ifdef __SANITIZE_ADDRESS__

@@ -28,17 +28,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "emu_fiber.h"
 #include "emu_internal.h"
 #include "emu_kernel_abi.h"
 
-void emu_install_fault_handler(void);         // device.c
-void emu_check_redzones(const char *kernel);   // device.c
-
 #define SHARED_BYTES (EMU_STATIC_SHARED_LIMIT + EMU_DYNAMIC_SHARED_OPTIN)
 #define POISON 0xFF
-
-__thread emu_thread_view *emu_self;
 
 typedef enum { READY, AT_BARRIER, AT_WARP, EXITED } thread_state;
 
@@ -63,10 +57,9 @@ typedef struct {
 
 typedef struct {
     emu_launch_config cfg;
-    const char *name, *file;
-    int line;
+    emu_kernel_site site; // its name, and where it was launched
     void (*body)(void *);
-    void (*destroy)(void *);
+    void (*free_closure)(void *);
     void *closure;
 } kernel_launch;
 
@@ -88,31 +81,6 @@ typedef struct {
 
 static __thread block_run *running;
 static unsigned long long block_serial_counter;
-
-// ---------------------------------------------------------------- messages
-
-const char *emu_current_kernel(void) { return running ? running->k->name : NULL; }
-
-void emu_kernel_thread_name(char *buf, size_t size) {
-    if (!running || !emu_self) {
-        snprintf(buf, size, "host code");
-        return;
-    }
-    const emu_thread_view *v = emu_self;
-    snprintf(buf, size, "kernel %s (launched at %s:%d), block (%u,%u,%u), thread (%u,%u,%u)", running->k->name,
-             running->k->file, running->k->line, v->block_idx.x, v->block_idx.y, v->block_idx.z, v->thread_idx.x,
-             v->thread_idx.y, v->thread_idx.z);
-}
-
-void emu_not_in_kernel(const char *what) {
-    emu_fatal("%s was used outside a kernel (only code launched with <<<...>>> has one)", what);
-}
-
-void emu_kernel_error(const char *what, const char *problem) {
-    char who[300];
-    emu_kernel_thread_name(who, sizeof who);
-    emu_fatal("%s in %s: %s", what, who, problem);
-}
 
 static kthread *self_thread(const char *what) {
     if (!running || !emu_self) emu_not_in_kernel(what);
@@ -176,7 +144,7 @@ static void release_barrier(block_run *b) {
             emu_fatal("in kernel %s, block (%u,%u,%u), threads wait at two different __syncthreads: thread %d at "
                       "%s:%d, thread %d at %s:%d (a barrier inside a branch that not every thread takes; CUDA "
                       "leaves this undefined)",
-                      b->k->name, t->view.block_idx.x, t->view.block_idx.y, t->view.block_idx.z,
+                      b->k->site.name, t->view.block_idx.x, t->view.block_idx.y, t->view.block_idx.z,
                       first->view.linear, first->wait_file, first->wait_line, t->view.linear, t->wait_file,
                       t->wait_line);
         t->state = READY;
@@ -193,7 +161,7 @@ __attribute__((noreturn)) static void barrier_without(const block_run *b, const 
     emu_fatal("in kernel %s, block (%u,%u,%u), thread %d waits at __syncthreads (%s:%d) but thread %d has left the "
               "kernel without reaching it (every thread of a block must reach each __syncthreads; an early "
               "`return` before one is a bug)",
-              b->k->name, waiting->view.block_idx.x, waiting->view.block_idx.y, waiting->view.block_idx.z,
+              b->k->site.name, waiting->view.block_idx.x, waiting->view.block_idx.y, waiting->view.block_idx.z,
               waiting->view.linear, waiting->wait_file, waiting->wait_line, gone->view.linear);
 }
 
@@ -227,7 +195,7 @@ static void check_mask_lanes(const block_run *b, const warp *w, const kthread *t
     int lane = __builtin_ctz(gone);
     emu_fatal("%s at %s:%d in kernel %s, block (%u,%u,%u), thread %d: its mask 0x%08x names lane %d, which has "
               "exited (every lane in the mask must reach the call; CUDA leaves this undefined)",
-              what, file, line, b->k->name, t->view.block_idx.x, t->view.block_idx.y, t->view.block_idx.z,
+              what, file, line, b->k->site.name, t->view.block_idx.x, t->view.block_idx.y, t->view.block_idx.z,
               t->view.linear, mask, lane);
 }
 
@@ -255,7 +223,7 @@ const void *emu_warp_share(unsigned mask, const void *value, size_t size, const 
     if (!(mask & lane_bit(lane)))
         emu_fatal("%s at %s:%d in kernel %s: thread %d calls it with mask 0x%08x, which does not include its own "
                   "lane %d",
-                  what, file, line, b->k->name, t->view.linear, mask, lane);
+                  what, file, line, b->k->site.name, t->view.linear, mask, lane);
     if (size > EMU_WARP_SLOT_BYTES) emu_fatal("%s: a %zu-byte value is larger than a shuffle moves", what, size);
     memcpy(w->slots[w->bank][lane], value, size);
     check_mask_lanes(b, w, t, mask, what, file, line);
@@ -285,7 +253,7 @@ void *emu_shared_static(emu_shared_site *site, size_t size, size_t align, const 
         if (offset + size > EMU_STATIC_SHARED_LIMIT)
             emu_fatal("kernel %s declares more than %d KiB of __shared__ memory (at '%s'); a GPU refuses to "
                       "compile that: use dynamic shared memory with cudaFuncSetAttribute",
-                      b->k->name, EMU_STATIC_SHARED_LIMIT / 1024, name);
+                      b->k->site.name, EMU_STATIC_SHARED_LIMIT / 1024, name);
         site->offset = offset;
         site->block_serial = b->serial;
         b->static_used = offset + size;
@@ -328,7 +296,7 @@ __attribute__((noreturn)) static void deadlock(const block_run *b) {
     const emu_thread_view *v = &b->threads[0].view;
     emu_fatal("kernel %s (launched at %s:%d) cannot go on in block (%u,%u,%u): %s. On a GPU this hangs; threads "
               "must all reach the same barrier, and every lane a warp operation's mask names must reach one",
-              b->k->name, b->k->file, b->k->line, v->block_idx.x, v->block_idx.y, v->block_idx.z, waits);
+              b->k->site.name, b->k->site.file, b->k->site.line, v->block_idx.x, v->block_idx.y, v->block_idx.z, waits);
 }
 
 static void thread_exit(block_run *b, kthread *t) {
@@ -339,7 +307,7 @@ static void thread_exit(block_run *b, kthread *t) {
     if (w->arrived && (w->wanted & lane_bit(t->view.lane))) {
         const kthread *waiter = &b->threads[(t->view.linear / EMU_WARP_SIZE) * EMU_WARP_SIZE + __builtin_ctz(w->arrived)];
         emu_fatal("in kernel %s, thread %d exited while lane %d of its warp waits for it in %s at %s:%d",
-                  b->k->name, t->view.linear, waiter->view.lane, waiter->wait_what, waiter->wait_file,
+                  b->k->site.name, t->view.linear, waiter->view.lane, waiter->wait_what, waiter->wait_file,
                   waiter->wait_line);
     }
     if (b->at_barrier > 0) barrier_without(b, t, first_in_state(b, AT_BARRIER));
@@ -418,7 +386,7 @@ static void run_block(block_run *b, uint3 block_idx) {
         emu_self = NULL;
         last = b->current;
     }
-    emu_fiber_check_stacks(b->count - b->fewest_free, b->k->name);
+    emu_fiber_check_stacks(b->count - b->fewest_free, b->k->site.name);
 }
 
 // ---------------------------------------------------------------- the grid, as a queued op
@@ -441,18 +409,21 @@ static emu_op_status run_kernel(void *state) {
                    .warps = warps,
                    .shared = shared_memory};
     block_run *outer = running;
+    const emu_kernel_site *outer_site = emu_running_kernel();
     running = &b;
+    emu_set_running_kernel(&k->site);
     for (unsigned z = 0; z < k->cfg.grid.z; z++)
         for (unsigned y = 0; y < k->cfg.grid.y; y++)
             for (unsigned x = 0; x < k->cfg.grid.x; x++) run_block(&b, (uint3){x, y, z});
     running = outer;
-    emu_check_redzones(k->name);
+    emu_set_running_kernel(outer_site);
+    emu_check_redzones(k->site.name);
     return EMU_OP_DONE;
 }
 
 static void free_launch(void *state) {
     kernel_launch *k = (kernel_launch *)state;
-    k->destroy(k->closure);
+    k->free_closure(k->closure);
     free(k);
 }
 
@@ -524,21 +495,21 @@ static cudaError_t check_config(const emu_launch_config *c, const void *kernel, 
 }
 
 cudaError_t emu_launch_kernel(const emu_launch_config *cfg, const void *kernel_id, const char *name,
-                              const char *file, int line, void (*body)(void *), void (*destroy)(void *),
+                              const char *file, int line, void (*body)(void *), void (*free_closure)(void *),
                               void *closure) {
     if (running) {
-        destroy(closure);
+        free_closure(closure);
         emu_fatal("kernel %s was launched from inside kernel %s (dynamic parallelism is not emulated)", name,
-                  running->k->name);
+                  running->k->site.name);
     }
     cudaError_t err = check_config(cfg, kernel_id, name);
     if (err) {
-        destroy(closure);
+        free_closure(closure);
         return emu_set_error(err);
     }
     kernel_launch *k = calloc(1, sizeof *k);
     if (!k) emu_fatal("out of host memory queueing a kernel");
-    *k = (kernel_launch){*cfg, name, file, line, body, destroy, closure};
-    err = emu_stream_enqueue(cfg->stream, name, run_kernel, k, free_launch);
+    *k = (kernel_launch){*cfg, {name, file, line}, body, free_closure, closure};
+    err = emu_stream_enqueue(cfg->stream, name, run_kernel, k, free_launch, NULL);
     return err ? emu_set_error(err) : cudaSuccess;
 }

@@ -22,7 +22,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 #include "emu_internal.h"
@@ -161,7 +160,7 @@ static op *append(stream *s, const char *what, emu_op_fn fn, void *state, void (
 }
 
 cudaError_t emu_stream_enqueue(cudaStream_t handle, const char *what, emu_op_fn fn, void *state,
-                               void (*free_state)(void *)) {
+                               void (*free_state)(void *), uint64_t *position) {
     emu_lock();
     stream *s = resolve(handle);
     if (!s) {
@@ -169,7 +168,8 @@ cudaError_t emu_stream_enqueue(cudaStream_t handle, const char *what, emu_op_fn 
         if (free_state) free_state(state);
         return cudaErrorInvalidResourceHandle;
     }
-    append(s, what, fn, state, free_state);
+    op *o = append(s, what, fn, state, free_state);
+    if (position) *position = o->seq;
     emu_unlock();
     return cudaSuccess;
 }
@@ -291,10 +291,20 @@ static cudaError_t sync_device(int device, const char *call) {
     }
 }
 
-void emu_stream_sync_device_for_free(int device) {
+cudaError_t emu_device_wait(int device, const char *call) {
     emu_lock();
-    sync_device(device, "cudaFree");
+    cudaError_t err = sync_device(device, call);
     emu_unlock();
+    return err;
+}
+
+cudaError_t emu_stream_wait(cudaStream_t handle, uint64_t position, const char *call) {
+    emu_lock();
+    stream *s = resolve(handle);
+    cudaError_t err = cudaErrorInvalidResourceHandle;
+    if (s) err = wait_for(s, position < s->enqueued ? position : s->enqueued, call);
+    emu_unlock();
+    return err ? emu_set_error(err) : cudaSuccess;
 }
 
 // ================================================================ the stream API
@@ -506,151 +516,4 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
         *ms = (float)((b->time - a->time) * 1000.0);
     emu_unlock();
     return err ? emu_set_error(err) : cudaSuccess;
-}
-
-// ================================================================ copies and fills
-//
-// When a copy happens, following CUDA's "API synchronization behavior":
-//   cudaMemcpy  host->device: the host's bytes are taken at the call (a
-//               pageable buffer is staged) and written when the legacy
-//               stream gets there; from pinned memory the call waits.
-//               device->host: returns when the copy is done.
-//               device->device: queued only.
-//   cudaMemcpyAsync  from pageable host memory: taken at the call; to
-//               pageable host memory: returns when done (CUDA must stage
-//               it); pinned host memory and device->device: queued - the
-//               host must synchronize before it reads the result.
-//   cudaMemset(Async): queued.
-
-typedef struct {
-    void *dst;
-    const void *src;
-    size_t bytes;
-    void *staged; // a copy of pageable host bytes taken at the call
-    int fill;
-} copy_state;
-
-static emu_op_status run_copy(void *state) {
-    copy_state *c = (copy_state *)state;
-    memmove(c->dst, c->staged ? c->staged : c->src, c->bytes);
-    return EMU_OP_DONE;
-}
-
-static emu_op_status run_fill(void *state) {
-    copy_state *c = (copy_state *)state;
-    memset(c->dst, c->fill, c->bytes);
-    return EMU_OP_DONE;
-}
-
-static void free_copy(void *state) {
-    copy_state *c = (copy_state *)state;
-    free(c->staged);
-    free(c);
-}
-
-static const char *kind_name(cudaMemcpyKind k) {
-    switch (k) {
-    case cudaMemcpyHostToHost: return "cudaMemcpyHostToHost";
-    case cudaMemcpyHostToDevice: return "cudaMemcpyHostToDevice";
-    case cudaMemcpyDeviceToHost: return "cudaMemcpyDeviceToHost";
-    case cudaMemcpyDeviceToDevice: return "cudaMemcpyDeviceToDevice";
-    case cudaMemcpyDefault: return "cudaMemcpyDefault";
-    }
-    return "an unknown cudaMemcpyKind";
-}
-
-// The direction the call says must be the direction the pointers have.
-static cudaError_t check_direction(const char *call, cudaMemcpyKind kind, bool dst_dev, bool src_dev) {
-    bool want_src_dev, want_dst_dev;
-    switch (kind) {
-    case cudaMemcpyHostToHost: want_src_dev = false, want_dst_dev = false; break;
-    case cudaMemcpyHostToDevice: want_src_dev = false, want_dst_dev = true; break;
-    case cudaMemcpyDeviceToHost: want_src_dev = true, want_dst_dev = false; break;
-    case cudaMemcpyDeviceToDevice: want_src_dev = true, want_dst_dev = true; break;
-    case cudaMemcpyDefault: return cudaSuccess;
-    default:
-        emu_warn("%s: %d is not a cudaMemcpyKind", call, (int)kind);
-        return cudaErrorInvalidMemcpyDirection;
-    }
-    if (want_src_dev != src_dev || want_dst_dev != dst_dev) {
-        emu_warn("%s(..., %s): the source is %s memory and the destination is %s memory", call, kind_name(kind),
-                 src_dev ? "device" : "host", dst_dev ? "device" : "host");
-        return cudaErrorInvalidValue;
-    }
-    return cudaSuccess;
-}
-
-static cudaError_t memcpy_common(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
-                                 cudaStream_t handle, bool async) {
-    const char *call = async ? "cudaMemcpyAsync" : "cudaMemcpy";
-    if (bytes == 0) return cudaSuccess;
-    if (!dst || !src) return emu_set_error(cudaErrorInvalidValue);
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err) return err;
-    emu_memory_kind dk = emu_memory_kind_of(dst, bytes, async ? "cudaMemcpyAsync destination" : "cudaMemcpy destination");
-    emu_memory_kind sk = emu_memory_kind_of(src, bytes, async ? "cudaMemcpyAsync source" : "cudaMemcpy source");
-    err = check_direction(call, kind, dk == EMU_DEVICE, sk == EMU_DEVICE);
-    if (err) return emu_set_error(err);
-    if (dk != EMU_DEVICE && sk != EMU_DEVICE) { // host to host: fully synchronous
-        memmove(dst, src, bytes);
-        return cudaSuccess;
-    }
-    emu_lock();
-    stream *s = resolve(async ? handle : 0);
-    if (!s) {
-        emu_unlock();
-        return emu_set_error(cudaErrorInvalidResourceHandle);
-    }
-    if (!async && sk != EMU_DEVICE) { // cudaMemcpy from the host first waits for the legacy stream
-        err = wait_for(s, s->enqueued, call);
-        if (err) {
-            emu_unlock();
-            return err;
-        }
-    }
-    copy_state *c = calloc(1, sizeof *c);
-    if (!c) emu_fatal("out of host memory queueing a copy");
-    c->dst = dst, c->src = src, c->bytes = bytes;
-    if (sk == EMU_HOST) { // pageable: staged now, the caller may reuse its buffer at once
-        c->staged = malloc(bytes);
-        if (!c->staged) emu_fatal("out of host memory staging a %zu-byte copy", bytes);
-        memcpy(c->staged, src, bytes);
-    }
-    op *o = append(s, call, run_copy, c, free_copy);
-    bool host_waits = (dk != EMU_DEVICE && (!async || dk == EMU_HOST)) || (!async && sk == EMU_HOST_PINNED);
-    if (host_waits) err = wait_for(s, o->seq, call);
-    emu_unlock();
-    return err;
-}
-
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
-    return memcpy_common(dst, src, bytes, kind, 0, false);
-}
-
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
-    return memcpy_common(dst, src, bytes, kind, stream, true);
-}
-
-static cudaError_t memset_common(void *dst, int value, size_t bytes, cudaStream_t handle, const char *call) {
-    if (bytes == 0) return cudaSuccess;
-    if (!dst) return emu_set_error(cudaErrorInvalidValue);
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err) return err;
-    if (emu_memory_kind_of(dst, bytes, call) != EMU_DEVICE) {
-        emu_warn("%s(%p, ...): the destination is host memory; it fills device memory only", call, dst);
-        return emu_set_error(cudaErrorInvalidValue);
-    }
-    copy_state *c = calloc(1, sizeof *c);
-    if (!c) emu_fatal("out of host memory queueing a memset");
-    c->dst = dst, c->bytes = bytes, c->fill = value;
-    err = emu_stream_enqueue(handle, call, run_fill, c, free);
-    return err ? emu_set_error(err) : cudaSuccess;
-}
-
-cudaError_t cudaMemset(void *dst, int value, size_t bytes) { return memset_common(dst, value, bytes, 0, "cudaMemset"); }
-
-cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t stream) {
-    return memset_common(dst, value, bytes, stream, "cudaMemsetAsync");
 }

@@ -49,10 +49,10 @@ planted mismatched_collectives "ranks calling mismatched collectives" \
 
 # The emulated NCCL's own test: two to eight processes, every collective,
 # type and operation, groups, non-blocking communicators, and faults, with
-# a stand-in for the rest of the emulator (emu/tests/stub_stream.c).
+# a stand-in for the rest of the emulator (tests/emu/stub_stream.c).
 nccl_test="$TMP/nccl_emu_test"
 if gcc -std=c11 -D_GNU_SOURCE -O1 -Wall -Wextra -I "$ROOT/emu/include" -I "$ROOT/emu/src" \
-       "$ROOT/emu/src/nccl.c" "$ROOT/emu/tests/stub_stream.c" "$ROOT/emu/tests/nccl_emu_test.c" \
+       "$ROOT"/emu/src/nccl_*.c "$ROOT/tests/emu/stub_stream.c" "$ROOT/tests/emu/nccl_emu_test.c" \
        -o "$nccl_test" -pthread -lrt -lm >"$TMP/nccl_build.log" 2>&1; then
     run_capture 120 "$TMP/nccl.log" "$nccl_test" quick; status=$?
     if [[ $status -eq 0 ]] && grep -Eq '[0-9]+ passed, 0 failed' "$TMP/nccl.log"; then
