@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "emu_kernel_abi.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -44,12 +46,13 @@ struct __nv_bfloat16 {
     __nv_bfloat16(int i) : __x(emu_float_to_bf16_bits((float)i)) {}
     operator float() const { return emu_bf16_bits_to_float(__x); }
 };
-struct __nv_bfloat162 {
+// Aligned to 4 bytes, as on a GPU, where it is loaded as one 32-bit word.
+struct __attribute__((aligned(4))) __nv_bfloat162 {
     __nv_bfloat16 x, y;
 };
 #else
 typedef struct { unsigned short __x; } __nv_bfloat16;
-typedef struct { __nv_bfloat16 x, y; } __nv_bfloat162;
+typedef struct __attribute__((aligned(4))) { __nv_bfloat16 x, y; } __nv_bfloat162;
 #endif
 typedef __nv_bfloat16 nv_bfloat16;
 typedef __nv_bfloat162 nv_bfloat162;
@@ -99,7 +102,9 @@ static inline bool operator<(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a
 static inline bool operator>(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a > (float)b; }
 static inline bool operator<=(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a <= (float)b; }
 static inline bool operator>=(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a >= (float)b; }
-static inline __nv_bfloat16 atomicAdd(__nv_bfloat16 *address, __nv_bfloat16 val) {
+__attribute__((no_sanitize_thread)) static inline __nv_bfloat16 atomicAdd(__nv_bfloat16 *address,
+                                                                          __nv_bfloat16 val) {
+    emu_race_atomic(address, sizeof *address);
     __nv_bfloat16 old = *address;
     *address = old + val;
     return old;

@@ -32,12 +32,15 @@ typedef struct {
 
 static emu_op_status run_copy(void *state) {
     copy_state *c = (copy_state *)state;
+    if (!c->staged) emu_race_range(c->src, c->bytes, false); // (the race checker looks at device memory only)
+    emu_race_range(c->dst, c->bytes, true);
     memmove(c->dst, c->staged ? c->staged : c->src, c->bytes);
     return EMU_OP_DONE;
 }
 
 static emu_op_status run_fill(void *state) {
     copy_state *c = (copy_state *)state;
+    emu_race_range(c->dst, c->bytes, true);
     memset(c->dst, c->fill, c->bytes);
     return EMU_OP_DONE;
 }

@@ -321,6 +321,12 @@ const emu_kernel_site *emu_running_kernel(void) { return running_kernel; }
 
 const char *emu_current_kernel(void) { return running_kernel ? running_kernel->name : NULL; }
 
+static __thread const emu_running_op *running_op;
+
+void emu_set_current_op(const emu_running_op *op) { running_op = op; }
+
+const emu_running_op *emu_current_op(void) { return running_op; }
+
 void emu_kernel_thread_name(char *buf, size_t size) {
     if (!running_kernel || !emu_self) {
         snprintf(buf, size, "host code");

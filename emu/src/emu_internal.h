@@ -12,10 +12,12 @@
 //   nccl_error.c     the emulated NCCL's messages, errors and names
 //   cublas.c         GEMMs
 //   launch.c         kernels: a grid run block by block, threads as fibers
+//   race.c           data races in kernels and between queued operations
 //   copy.c           copies, fills and frees: memory operations that order with the queue
 //   stream.c         streams and events: the queue that runs work as late as it may
 //   memory.c         device memory, protected from host code; the fault handler
 //   fiber.c          the user-level threads (context switch)
+//   order.c          schedules, and the vector clocks of happens-before
 //   core.c           messages, the lock, errors, devices, who runs now
 #ifndef EMU_INTERNAL_H
 #define EMU_INTERNAL_H
@@ -84,10 +86,65 @@ typedef struct emu_kernel_site {
 
 void emu_set_running_kernel(const emu_kernel_site *site);
 const emu_kernel_site *emu_running_kernel(void);
+// The queued operation this host thread runs now (NULL: none), with its
+// place in the order of operations (order.c), set by stream.c.
+typedef struct emu_clock emu_clock;
+typedef struct emu_running_op {
+    uint32_t serial;        // its number among all operations of this process
+    int stream;             // its stream's number in this process
+    uint64_t seq;           // its position on that stream
+    const emu_clock *clock; // what happens before it
+    const char *what;       // "cudaMemcpyAsync", a kernel's name, ...
+    const char *stream_name;
+} emu_running_op;
+
+void emu_set_current_op(const emu_running_op *op);
+const emu_running_op *emu_current_op(void);
 // The running kernel's name (NULL outside kernels).
 const char *emu_current_kernel(void);
 // "kernel K (launched at F:L), block (x,y,z), thread (x,y,z)", or "host code".
 void emu_kernel_thread_name(char *buf, size_t size);
+
+// ================================================================ order.c
+// Which orders a run may choose, and the vector clocks that say which
+// operations are ordered whatever the choice.
+
+struct emu_clock {
+    uint64_t *t; // t[k]: the last operation of stream k that happens before
+    int n;
+};
+void emu_clock_join(emu_clock *dst, const emu_clock *src);
+void emu_clock_copy(emu_clock *dst, const emu_clock *src);
+void emu_clock_set(emu_clock *c, int stream, uint64_t seq);
+// Whether operation `seq` of `stream` happens before whatever has clock c.
+bool emu_clock_covers(const emu_clock *c, int stream, uint64_t seq);
+void emu_clock_free(emu_clock *c);
+emu_clock *emu_host_clock(void); // what the host has waited for
+
+typedef enum { EMU_SCHEDULE_LAZY, EMU_SCHEDULE_EAGER, EMU_SCHEDULE_RANDOM } emu_schedule_kind;
+typedef enum { EMU_ORDER_FORWARD, EMU_ORDER_REVERSE, EMU_ORDER_SHUFFLED } emu_order_kind;
+emu_schedule_kind emu_schedule(void); // EMU_SCHEDULE
+emu_order_kind emu_order(void);       // EMU_ORDER
+uint64_t emu_schedule_random(void);   // the random numbers of each, seeded as the variable says
+uint64_t emu_order_random(void);
+
+// What the race checker reads about the block that runs now (each thread's
+// emu_thread_view points here); launch.c keeps it current.
+typedef struct emu_block_info {
+    uint64_t serial;        // this block's number among all blocks this process ran
+    uint64_t first_thread;  // the grid-wide number of its thread 0
+    unsigned threads;       // threads per block
+    unsigned barriers;      // __syncthreads the block has completed
+    unsigned char *shared;  // its shared memory: [static part | dynamic part]
+    size_t shared_bytes;
+    const emu_running_op *op; // the kernel's queued operation
+} emu_block_info;
+
+// ================================================================ race.c
+// Data races (and misaligned accesses) in kernels, found as they run, and
+// between queued operations. Copies, GEMMs and NCCL calls tell it which
+// device memory they read or write (the running operation's):
+void emu_race_range(const void *p, size_t bytes, bool write);
 
 // ================================================================ fiber.c
 // User-level threads for a kernel's CUDA threads.
@@ -107,6 +164,8 @@ void emu_fiber_switch(emu_fiber *from, emu_fiber *to, bool from_finished);
 void emu_fiber_check_stacks(int used, const char *kernel);
 // Whether addr lies in the guard page below a fiber's stack (an overflow).
 bool emu_fiber_stack_guard(const void *addr);
+// Where this host thread's kernel-thread stacks lie (all of them, in one region).
+void emu_fiber_stacks(const char **lo, const char **hi);
 
 // ================================================================ memory.c
 
@@ -133,6 +192,18 @@ cudaError_t emu_allocation_to_free(const void *p, int *device);
 void emu_allocation_release(const void *p);
 // Forget pinned host memory: owned (cudaMallocHost, freed here) or registered.
 cudaError_t emu_pinned_remove(void *p, bool owned);
+
+// For the race checker (race.c): the live allocation that holds p, with
+// its shadow (EMU_RACE_SHADOW_BYTES per 4 bytes, zero when new).
+#define EMU_RACE_SHADOW_BYTES 32
+typedef struct emu_device_span {
+    char *base;
+    size_t size;
+    void *shadow;
+} emu_device_span;
+bool emu_device_span_of(const void *p, emu_device_span *out);
+// Neither device memory (nor its guard pages) nor pinned host memory.
+bool emu_is_host_memory(const void *p);
 
 // After a kernel: did it write into the slack around an allocation?
 void emu_check_redzones(const char *kernel);

@@ -182,6 +182,15 @@ emu_fiber *emu_fiber_for_thread(int index) {
     return f;
 }
 
+void emu_fiber_stacks(const char **lo, const char **hi) {
+#ifdef __SANITIZE_ADDRESS__
+    *lo = *hi = NULL; // one mapping per stack (and no race checking under ASan)
+#else
+    if (!stack_region) emu_fiber_for_thread(0);
+    *lo = stack_region, *hi = stack_region + (size_t)EMU_FIBER_MAX * stack_bytes();
+#endif
+}
+
 bool emu_fiber_stack_guard(const void *addr) {
     const char *a = (const char *)addr;
     size_t page = (size_t)sysconf(_SC_PAGESIZE);

@@ -56,10 +56,15 @@ typedef struct allocation {
     size_t data_len; // bytes of the mapping the data pages cover (no guard)
     int device;
     bool freed;      // kept PROT_NONE for a while, so a use after cudaFree is named
+    void *shadow;    // the race checker's record of its words (race.c), made on first use
+    size_t shadow_len;
     struct allocation *next;
 } allocation;
 
 static allocation *allocations;       // live first, then recently freed
+static allocation **sorted;           // the live ones by address, for emu_device_span_of
+static int sorted_count, sorted_cap;
+static bool sorted_stale = true;
 static size_t allocated_bytes[EMU_MAX_DEVICES];
 static int access_depth = 0;          // > 0 while the emulator runs GPU work
 static int freed_kept = 0;
@@ -129,8 +134,10 @@ cudaError_t cudaMalloc(void **out, size_t size) {
     if (!a) emu_fatal("out of host memory for allocation bookkeeping");
     // End the data as close to the guard page as the 256-byte alignment allows.
     size_t start = (data_len - size) / EMU_ALIGN * EMU_ALIGN;
-    *a = (allocation){map, data_len + pg, map + start, size, data_len, dev, false, allocations};
+    *a = (allocation){.map = map, .map_len = data_len + pg, .ptr = map + start, .size = size, .data_len = data_len,
+                      .device = dev, .next = allocations};
     allocations = a;
+    sorted_stale = true;
     allocated_bytes[dev] += size;
     protect(a, PROT_READ | PROT_WRITE);
     memset(a->ptr, EMU_POISON_BYTE, size);
@@ -154,6 +161,7 @@ static void trim_freed(void) {
         *oldest_link = oldest->next;
         EMU_UNPOISON(oldest->map, oldest->data_len);
         munmap(oldest->map, oldest->map_len);
+        if (oldest->shadow) munmap(oldest->shadow, oldest->shadow_len);
         free(oldest);
         freed_kept--;
     }
@@ -183,6 +191,7 @@ void emu_allocation_release(const void *p) {
     allocation *a = find_allocation(p, false);
     if (a && !a->freed) {
         a->freed = true;
+        sorted_stale = true;
         protect(a, PROT_NONE);
         allocated_bytes[a->device] -= a->size;
         freed_kept++;
@@ -334,6 +343,62 @@ int emu_device_of(const void *p) {
     int d = a && !a->freed ? a->device : -1;
     emu_unlock();
     return d;
+}
+
+// ---------------------------------------------------------------- for the race checker
+
+static int by_address(const void *x, const void *y) {
+    const char *a = (*(allocation *const *)x)->ptr, *b = (*(allocation *const *)y)->ptr;
+    return a < b ? -1 : a > b;
+}
+
+static void sort_allocations(void) {
+    sorted_count = 0;
+    for (allocation *a = allocations; a; a = a->next) {
+        if (a->freed) continue;
+        if (sorted_count == sorted_cap) {
+            sorted_cap = sorted_cap ? 2 * sorted_cap : 64;
+            sorted = realloc(sorted, sizeof *sorted * (size_t)sorted_cap);
+            if (!sorted) emu_fatal("out of host memory for the allocation index");
+        }
+        sorted[sorted_count++] = a;
+    }
+    qsort(sorted, (size_t)sorted_count, sizeof *sorted, by_address);
+    sorted_stale = false;
+}
+
+// Called for many memory accesses of kernels: a binary search in the live
+// allocations, sorted again only after a cudaMalloc or cudaFree. The
+// shadow (EMU_RACE_SHADOW_BYTES per 4 bytes of data, zero at first) is
+// mapped on first use; its untouched pages cost nothing.
+bool emu_device_span_of(const void *p, emu_device_span *out) {
+    if (sorted_stale) sort_allocations();
+    const char *c = (const char *)p;
+    int lo = 0, hi = sorted_count - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        allocation *a = sorted[mid];
+        if (c < a->ptr) hi = mid - 1;
+        else if (c >= a->ptr + a->size) lo = mid + 1;
+        else {
+            if (!a->shadow) {
+                a->shadow_len = (a->size / 4 + 1) * EMU_RACE_SHADOW_BYTES;
+                a->shadow = mmap(NULL, a->shadow_len, PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                if (a->shadow == MAP_FAILED) emu_fatal("cannot map %zu bytes of race-checking shadow", a->shadow_len);
+            }
+            *out = (emu_device_span){a->ptr, a->size, a->shadow};
+            return true;
+        }
+    }
+    return false;
+}
+
+bool emu_is_host_memory(const void *p) {
+    emu_lock();
+    bool host = !find_allocation(p, true) && !find_pinned(p);
+    emu_unlock();
+    return host;
 }
 
 // ================================================================ the fault handler

@@ -38,6 +38,27 @@ static void op_finished(emu_nccl_op *o) {
 // What the stream runs. Every part gets a turn, again and again while any
 // of them moves, so that the parts of a group (a send and a receive that
 // need each other, even to and from this same rank) progress together.
+// Tells the race checker which device memory a finished call read and wrote.
+static void touch_buffers(const struct ncclComm *comm, const emu_nccl_part *p) {
+    size_t n = p->count * emu_nccl_dtype_size(p->dtype), all = n * (size_t)comm->nranks;
+    bool root = comm->rank == p->root;
+    switch (p->kind) {
+    case KIND_SEND: emu_race_range(p->send, n, false); break;
+    case KIND_RECV: emu_race_range(p->recv, n, true); break;
+    case KIND_ALL_GATHER: emu_race_range(p->send, n, false), emu_race_range(p->recv, all, true); break;
+    case KIND_REDUCE_SCATTER: emu_race_range(p->send, all, false), emu_race_range(p->recv, n, true); break;
+    case KIND_BROADCAST:
+        if (root) emu_race_range(p->send, n, false);
+        emu_race_range(p->recv, n, true);
+        break;
+    case KIND_REDUCE:
+        emu_race_range(p->send, n, false);
+        if (root) emu_race_range(p->recv, n, true);
+        break;
+    default: emu_race_range(p->send, n, false), emu_race_range(p->recv, n, true); break;
+    }
+}
+
 static emu_op_status run_op(void *state) {
     emu_nccl_op *o = state;
     struct ncclComm *comm = o->comm;
@@ -70,7 +91,7 @@ spin:
                 op_finished(o);
                 return EMU_OP_FAILED;
             }
-            if (s == PART_DONE) p->done = true;
+            if (s == PART_DONE) p->done = true, touch_buffers(comm, p);
             else all_done = false;
             moved = moved || p->progressed;
         }

@@ -15,10 +15,17 @@
 //     per call and say "not ready" while any was left at the call.
 // So a missing dependency gives stale data every time, in a test.
 //
+// That is the default schedule (EMU_SCHEDULE=lazy). eager runs work as
+// it is queued, random at random moments, one stream at a time, within
+// what the dependencies allow (order.c): a program must be right in all
+// three.
+//
 // Each stream is a queue of operations numbered 1, 2, ...; an operation
 // carries the (stream, number) pairs it must wait for, fixed when it was
 // queued, so "run stream S up to operation N" first runs what those pairs
-// name. The legacy stream of each device is made on first use.
+// name. It also carries its vector clock (order.c), which race.c reads to
+// tell whether two operations that touch the same memory are ordered. The
+// legacy stream of each device is made on first use.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +46,8 @@ typedef struct {
 
 typedef struct op {
     uint64_t seq;
+    uint32_t serial;      // its number among all operations of this process
+    emu_clock clock;      // what happens before it
     const char *what;
     emu_op_fn fn;
     void *state;
@@ -51,6 +60,9 @@ typedef struct op {
 struct CUstream_st {
     unsigned magic;
     int device;
+    int id;               // its number in this process: its entry in vector clocks
+    char name[64];        // for messages: "the legacy stream of device 0", "stream 3"
+    emu_clock clock;      // the clock of its last queued operation
     bool legacy, nonblocking, destroyed;
     op *head, *tail;
     uint64_t enqueued, completed;
@@ -66,6 +78,7 @@ struct CUevent_st {
     stream *on;           // the stream of the latest record, and its position there
     uint64_t seq;
     unsigned long long generation;
+    emu_clock clock;      // the clock of that record
     double time;          // when the latest record ran (emulated time: host clock)
     bool recorded, destroyed;
     int refs;             // queued records that will write here, plus the owner
@@ -73,6 +86,8 @@ struct CUevent_st {
 
 static stream *devices_streams[MAX_DEVICES];
 static stream *legacy_streams[MAX_DEVICES];
+static int streams_made, streams_created; // all (the legacy ones too); by cudaStreamCreate
+static uint32_t ops_queued;
 static __thread char fail_reason[600];
 
 // ================================================================ handles
@@ -82,6 +97,10 @@ static stream *new_stream(int device, bool legacy, bool nonblocking) {
     if (!s) emu_fatal("out of host memory for a stream");
     s->magic = STREAM_MAGIC;
     s->device = device, s->legacy = legacy, s->nonblocking = nonblocking;
+    s->id = streams_made++;
+    if (legacy) snprintf(s->name, sizeof s->name, "the legacy stream of device %d", device);
+    else snprintf(s->name, sizeof s->name, "stream %d (%s) of device %d", ++streams_created,
+                  nonblocking ? "non-blocking" : "blocking", device);
     s->next = devices_streams[device];
     devices_streams[device] = s;
     return s;
@@ -121,17 +140,20 @@ static void maybe_free(stream *s) {
             break;
         }
     s->magic = 0;
+    emu_clock_free(&s->clock);
     free(s);
 }
 
 // ================================================================ queueing
 
-static void add_dependency(op *o, stream *on, uint64_t seq) {
+// o waits for operation `seq` of stream `on`, whose clock is `clock`.
+static void add_dependency(op *o, stream *on, uint64_t seq, const emu_clock *clock) {
     dependency *d = realloc(o->deps, sizeof *d * (size_t)(o->dep_count + 1));
     if (!d) emu_fatal("out of host memory queueing GPU work");
     o->deps = d;
     d[o->dep_count++] = (dependency){on, seq};
     on->refs++;
+    emu_clock_join(&o->clock, clock);
 }
 
 // The legacy stream waits for all work queued so far on the device's
@@ -140,24 +162,39 @@ static void add_implicit_dependencies(op *o, stream *s) {
     if (s->nonblocking) return;
     if (s->legacy) {
         for (stream *b = devices_streams[s->device]; b; b = b->next)
-            if (b != s && !b->nonblocking && unfinished(b)) add_dependency(o, b, b->enqueued);
+            if (b != s && !b->nonblocking && b->enqueued) {
+                if (unfinished(b)) add_dependency(o, b, b->enqueued, &b->clock);
+                else emu_clock_join(&o->clock, &b->clock);
+            }
     } else {
         stream *l = legacy_streams[s->device];
-        if (l && unfinished(l)) add_dependency(o, l, l->enqueued);
+        if (l && unfinished(l)) add_dependency(o, l, l->enqueued, &l->clock);
+        else if (l) emu_clock_join(&o->clock, &l->clock);
     }
 }
 
-static op *append(stream *s, const char *what, emu_op_fn fn, void *state, void (*free_state)(void *)) {
+// Queue an operation on s, after what the host has seen complete, and
+// after event e's latest record when e is given (cudaStreamWaitEvent).
+static op *append(stream *s, const char *what, emu_op_fn fn, void *state, void (*free_state)(void *),
+                  const struct CUevent_st *e) {
     op *o = calloc(1, sizeof *o);
     if (!o) emu_fatal("out of host memory queueing GPU work");
     o->what = what, o->fn = fn, o->state = state, o->free_state = free_state;
+    o->serial = ++ops_queued;
+    emu_clock_copy(&o->clock, &s->clock);
+    emu_clock_join(&o->clock, emu_host_clock());
     add_implicit_dependencies(o, s);
+    if (e) add_dependency(o, e->on, e->seq, &e->clock);
     o->seq = ++s->enqueued;
+    emu_clock_set(&o->clock, s->id, o->seq);
+    emu_clock_copy(&s->clock, &o->clock);
     if (s->tail) s->tail->next = o;
     else s->head = o;
     s->tail = o;
     return o;
 }
+
+static void settle(stream *s);
 
 cudaError_t emu_stream_enqueue(cudaStream_t handle, const char *what, emu_op_fn fn, void *state,
                                void (*free_state)(void *), uint64_t *position) {
@@ -168,8 +205,9 @@ cudaError_t emu_stream_enqueue(cudaStream_t handle, const char *what, emu_op_fn 
         if (free_state) free_state(state);
         return cudaErrorInvalidResourceHandle;
     }
-    op *o = append(s, what, fn, state, free_state);
+    op *o = append(s, what, fn, state, free_state, NULL);
     if (position) *position = o->seq;
+    settle(s);
     emu_unlock();
     return cudaSuccess;
 }
@@ -213,6 +251,7 @@ static void retire(stream *s) {
         maybe_free(o->deps[i].on);
     }
     if (o->free_state) o->free_state(o->state);
+    emu_clock_free(&o->clock);
     free(o->deps);
     free(o);
 }
@@ -229,7 +268,11 @@ static emu_op_status run(stream *s, uint64_t target, int max_ops) {
             if (r != EMU_OP_DONE) return r;
         }
         fail_reason[0] = 0;
+        const emu_running_op *outer = emu_current_op();
+        emu_running_op self = {o->serial, s->id, o->seq, &o->clock, o->what, s->name};
+        emu_set_current_op(&self);
         emu_op_status r = o->fn(o->state);
+        emu_set_current_op(outer);
         if (r == EMU_OP_PENDING) return r;
         if (r == EMU_OP_FAILED) {
             s->failed = true;
@@ -246,13 +289,54 @@ static cudaError_t failed(stream *s, const char *call) {
     return emu_set_error(cudaErrorLaunchFailure);
 }
 
+// ================================================================ the schedule
+
+static __thread int settling;
+
+// EMU_SCHEDULE=random: a few steps (one on average) of streams picked at
+// random among those with queued work; each step first runs what it waits for.
+static void random_steps(void) {
+    while (emu_schedule_random() % 2) {
+        int candidates = 0;
+        for (int d = 0; d < MAX_DEVICES; d++)
+            for (stream *c = devices_streams[d]; c; c = c->next) candidates += unfinished(c) && !stuck(c);
+        if (!candidates) return;
+        int pick = (int)(emu_schedule_random() % (uint64_t)candidates);
+        for (int d = 0; d < MAX_DEVICES; d++)
+            for (stream *c = devices_streams[d]; c; c = c->next)
+                if (unfinished(c) && !stuck(c) && pick-- == 0) run(c, c->completed + 1, 1);
+    }
+}
+
+// After an operation was queued on s: under EMU_SCHEDULE=eager, run it
+// now (an operation that waits for another process stays queued); under
+// random, maybe run something. Never from inside a running operation.
+static void settle(stream *s) {
+    emu_schedule_kind k = emu_schedule();
+    if (k == EMU_SCHEDULE_LAZY || settling || emu_current_op()) return;
+    settling++;
+    emu_device_access_begin();
+    if (k == EMU_SCHEDULE_EAGER) run(s, s->enqueued, 1 << 30);
+    else random_steps();
+    emu_device_access_end();
+    settling--;
+}
+
+// ================================================================ the host waits
+
 // The host waits: run until `target`, sleeping while queued work waits
-// for another process. Called with the lock held once.
-static cudaError_t wait_for(stream *s, uint64_t target, const char *call) {
+// for another process. Called with the lock held once. On success the
+// host knows what `known` (target's clock, or NULL) says happened before.
+static cudaError_t wait_for(stream *s, uint64_t target, const char *call, const emu_clock *known) {
     // A little later than the NCCL ops' own timeout, which names the missing rank.
     double start = emu_now(), limit = emu_timeout_s() + 2;
     long pause_ns = 20000;
     emu_device_access_begin();
+    if (emu_schedule() == EMU_SCHEDULE_RANDOM && !settling) {
+        settling++;
+        random_steps();
+        settling--;
+    }
     for (;;) {
         emu_op_status r = run(s, target, 1 << 30);
         if (r == EMU_OP_DONE) break;
@@ -275,6 +359,7 @@ static cudaError_t wait_for(stream *s, uint64_t target, const char *call) {
         emu_lock();
     }
     emu_device_access_end();
+    if (known) emu_clock_join(emu_host_clock(), known);
     return cudaSuccess;
 }
 
@@ -285,7 +370,7 @@ static cudaError_t sync_device(int device, const char *call) {
             if (unfinished(s) || stuck(s)) pending = s;
         if (!pending) return cudaSuccess;
         if (stuck(pending)) return failed(pending, call);
-        cudaError_t err = wait_for(pending, pending->enqueued, call);
+        cudaError_t err = wait_for(pending, pending->enqueued, call, &pending->clock);
         if (err) return err;
         maybe_free(pending);
     }
@@ -302,7 +387,8 @@ cudaError_t emu_stream_wait(cudaStream_t handle, uint64_t position, const char *
     emu_lock();
     stream *s = resolve(handle);
     cudaError_t err = cudaErrorInvalidResourceHandle;
-    if (s) err = wait_for(s, position < s->enqueued ? position : s->enqueued, call);
+    if (s && position >= s->enqueued) err = wait_for(s, s->enqueued, call, &s->clock);
+    else if (s) err = wait_for(s, position, call, NULL);
     emu_unlock();
     return err ? emu_set_error(err) : cudaSuccess;
 }
@@ -341,7 +427,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t handle) {
 cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
     emu_lock();
     stream *s = resolve(handle);
-    cudaError_t err = s ? wait_for(s, s->enqueued, "cudaStreamSynchronize") : cudaErrorInvalidResourceHandle;
+    cudaError_t err =
+        s ? wait_for(s, s->enqueued, "cudaStreamSynchronize", &s->clock) : cudaErrorInvalidResourceHandle;
     emu_unlock();
     return err ? emu_set_error(err) : cudaSuccess;
 }
@@ -350,8 +437,11 @@ cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
 // queued when it asked, and the work moves on as it polls.
 // A query's answer: done, or run one more queued operation toward `target`
 // and say "not ready".
-static cudaError_t step_toward(stream *s, uint64_t target, const char *call) {
-    if (s->completed >= target) return cudaSuccess;
+static cudaError_t step_toward(stream *s, uint64_t target, const char *call, const emu_clock *known) {
+    if (s->completed >= target) {
+        emu_clock_join(emu_host_clock(), known);
+        return cudaSuccess;
+    }
     if (stuck(s)) return failed(s, call);
     emu_device_access_begin();
     emu_op_status r = run(s, target, 1);
@@ -362,7 +452,8 @@ static cudaError_t step_toward(stream *s, uint64_t target, const char *call) {
 cudaError_t cudaStreamQuery(cudaStream_t handle) {
     emu_lock();
     stream *s = resolve(handle);
-    cudaError_t err = s ? step_toward(s, s->enqueued, "cudaStreamQuery") : emu_set_error(cudaErrorInvalidResourceHandle);
+    cudaError_t err = s ? step_toward(s, s->enqueued, "cudaStreamQuery", &s->clock)
+                        : emu_set_error(cudaErrorInvalidResourceHandle);
     emu_unlock();
     return err;
 }
@@ -392,6 +483,7 @@ static void event_release(struct CUevent_st *e) {
         maybe_free(e->on);
     }
     e->magic = 0;
+    emu_clock_free(&e->clock);
     free(e);
 }
 
@@ -451,13 +543,15 @@ cudaError_t cudaEventRecord(cudaEvent_t handle, cudaStream_t stream_handle) {
     if (!r) emu_fatal("out of host memory recording an event");
     r->event = e, r->generation = ++e->generation;
     e->refs++;
-    op *o = append(s, "cudaEventRecord", run_record, r, free_record);
+    op *o = append(s, "cudaEventRecord", run_record, r, free_record, NULL);
     if (e->on) {
         e->on->refs--;
         maybe_free(e->on);
     }
     e->on = s, e->seq = o->seq, e->recorded = true;
+    emu_clock_copy(&e->clock, &o->clock);
     s->refs++;
+    settle(s);
     emu_unlock();
     return cudaSuccess;
 }
@@ -474,8 +568,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream_handle, cudaEvent_t handle, 
         return emu_set_error(cudaErrorInvalidResourceHandle);
     }
     if (e->recorded) {
-        op *o = append(s, "cudaStreamWaitEvent", done_at_once, NULL, NULL);
-        add_dependency(o, e->on, e->seq);
+        append(s, "cudaStreamWaitEvent", done_at_once, NULL, NULL, e);
+        settle(s);
     }
     emu_unlock();
     return cudaSuccess;
@@ -486,7 +580,7 @@ cudaError_t cudaEventQuery(cudaEvent_t handle) {
     struct CUevent_st *e = event_of(handle);
     cudaError_t err = cudaSuccess;
     if (!e) err = emu_set_error(cudaErrorInvalidResourceHandle);
-    else if (e->recorded) err = step_toward(e->on, e->seq, "cudaEventQuery");
+    else if (e->recorded) err = step_toward(e->on, e->seq, "cudaEventQuery", &e->clock);
     emu_unlock();
     return err;
 }
@@ -496,7 +590,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t handle) {
     struct CUevent_st *e = event_of(handle);
     cudaError_t err = cudaSuccess;
     if (!e) err = emu_set_error(cudaErrorInvalidResourceHandle);
-    else if (e->recorded) err = wait_for(e->on, e->seq, "cudaEventSynchronize");
+    else if (e->recorded) err = wait_for(e->on, e->seq, "cudaEventSynchronize", &e->clock);
     emu_unlock();
     return err;
 }

@@ -17,6 +17,10 @@
 //   extern __shared__ float buffer[];    (dynamic shared memory)
 //     -> an object named buffer that indexes the block's dynamic part
 //
+// and it reads one more: a kernel declared with __launch_bounds__(N) has
+// its launches in this file checked against N (emu_bounded), as a GPU
+// refuses a launch of more threads per block than the bound.
+//
 // Comments, strings, character literals and preprocessor lines are copied
 // untouched. A __shared__ declaration it cannot understand (several names
 // in one declaration, __shared__ at file scope) stops the build with the
@@ -34,6 +38,14 @@ typedef struct {
 } text;
 
 static const char *input_name;
+
+// Kernels declared with __launch_bounds__: name, and the bound's text.
+typedef struct {
+    char name[128];
+    char bound[256];
+} launch_bound;
+static launch_bound bounds[256];
+static int bound_count;
 
 static void put(text *t, const char *s, size_t n) {
     if (t->len + n + 1 > t->cap) {
@@ -71,6 +83,14 @@ __attribute__((noreturn)) static void fail(int line, const char *fmt, ...) {
 }
 
 static bool ident_char(char c) { return isalnum((unsigned char)c) || c == '_'; }
+
+static void trim(char *s) {
+    size_t n = strlen(s);
+    while (n > 0 && isspace((unsigned char)s[n - 1])) s[--n] = 0;
+    size_t k = 0;
+    while (s[k] && isspace((unsigned char)s[k])) k++;
+    memmove(s, s + k, strlen(s + k) + 1);
+}
 
 static int line_at(const char *src, size_t pos) {
     int line = 1;
@@ -149,6 +169,64 @@ static size_t find_config_end(const char *s, size_t i, size_t n, int line) {
     fail(line, "a kernel launch's <<< has no matching >>>");
 }
 
+// Skips ( ... ) starting at s[i] == '('; returns the index after ')'.
+static size_t skip_parens(const char *s, size_t i, size_t n) {
+    int depth = 0;
+    while (i < n) {
+        size_t opaque = skip_opaque(s, i, n);
+        if (opaque) {
+            i += opaque;
+            continue;
+        }
+        if (s[i] == '(') depth++;
+        else if (s[i] == ')' && --depth == 0) return i + 1;
+        i++;
+    }
+    return n;
+}
+
+// __launch_bounds__(MAX[, MIN...]) at s[i]: remember MAX for the function
+// declared after it (the last name before its parameter list).
+static void note_launch_bound(const char *s, size_t i, size_t n) {
+    size_t open = i + strlen("__launch_bounds__");
+    while (open < n && isspace((unsigned char)s[open])) open++;
+    if (open >= n || s[open] != '(') return;
+    size_t close = skip_parens(s, open, n), arg_end = open + 1;
+    for (int depth = 0; arg_end < close - 1; arg_end++) { // the first argument: up to a comma at depth 0
+        if (s[arg_end] == '(') depth++;
+        else if (s[arg_end] == ')') depth--;
+        else if (s[arg_end] == ',' && depth == 0) break;
+    }
+    size_t j = close, name_end = 0, name_start = 0;
+    while (j < n && s[j] != '(' && s[j] != ';' && s[j] != '{') {
+        if (ident_char(s[j]) && (j == 0 || !ident_char(s[j - 1]))) {
+            name_start = j;
+            while (j < n && ident_char(s[j])) j++;
+            name_end = j;
+            continue;
+        }
+        j++;
+    }
+    if (j >= n || s[j] != '(' || !name_end || bound_count == (int)(sizeof bounds / sizeof bounds[0])) return;
+    launch_bound *b = &bounds[bound_count++];
+    snprintf(b->name, sizeof b->name, "%.*s", (int)(name_end - name_start), s + name_start);
+    snprintf(b->bound, sizeof b->bound, "%.*s", (int)(arg_end - open - 1), s + open + 1);
+}
+
+// The bound of the kernel a launch names ("ns::kernel<T, 4>" is kernel), or NULL.
+static const char *bound_of(const char *callee) {
+    char base[512];
+    snprintf(base, sizeof base, "%s", callee);
+    char *angle = strchr(base, '<');
+    if (angle) *angle = 0;
+    trim(base);
+    char *colon = strrchr(base, ':');
+    const char *name = colon ? colon + 1 : base;
+    for (int k = 0; k < bound_count; k++)
+        if (!strcmp(bounds[k].name, name)) return bounds[k].bound;
+    return NULL;
+}
+
 static size_t rewrite_launch(const char *s, size_t i, size_t n, text *out) {
     int line = line_at(s, i);
     size_t start = callee_start(out), end = out->len;
@@ -163,10 +241,12 @@ static size_t rewrite_launch(const char *s, size_t i, size_t n, text *out) {
     out->len = start;
     puts_text(out, tail);
     free(tail);
-    putf(out, "emu_launch(%s, \"%s\", __FILE__, __LINE__, emu_config(", callee, callee);
+    const char *bound = bound_of(callee);
+    putf(out, "emu_launch(%s, \"%s\", __FILE__, __LINE__, %semu_config(", callee, callee, bound ? "emu_bounded(" : "");
     size_t cfg_end = find_config_end(s, i + 3, n, line);
     put(out, s + i + 3, cfg_end - (i + 3));
     puts_text(out, ")");
+    if (bound) putf(out, ", (%s))", bound);
     size_t j = cfg_end + 3;
     while (j < n && isspace((unsigned char)s[j])) put(out, s + j++, 1);
     if (j >= n || s[j] != '(') fail(line, "a kernel launch's >>> must be followed by its arguments in parentheses");
@@ -192,14 +272,6 @@ static bool drop_keyword(text *out, const char *word) {
     puts_text(out, tail);
     free(tail);
     return true;
-}
-
-static void trim(char *s) {
-    size_t n = strlen(s);
-    while (n > 0 && isspace((unsigned char)s[n - 1])) s[--n] = 0;
-    size_t k = 0;
-    while (s[k] && isspace((unsigned char)s[k])) k++;
-    memmove(s, s + k, strlen(s + k) + 1);
 }
 
 // Pulls "__align__(N)" or "alignas(N)" out of decl; returns N text or "".
@@ -299,6 +371,19 @@ int main(int argc, char **argv) {
     input_name = argv[1];
     size_t n;
     char *s = read_file(argv[1], &n);
+    bool at_start = true;
+    for (size_t i = 0; i < n;) { // first pass: the kernels' launch bounds
+        size_t skip = skip_opaque(s, i, n);
+        if (!skip) skip = skip_directive(s, i, n, at_start);
+        if (skip) {
+            i += skip, at_start = false;
+            continue;
+        }
+        if (!strncmp(s + i, "__launch_bounds__", 17) && (i == 0 || !ident_char(s[i - 1])) && !ident_char(s[i + 17]))
+            note_launch_bound(s, i, n);
+        at_start = s[i] == '\n' || (at_start && isspace((unsigned char)s[i]));
+        i++;
+    }
     text out = {0};
     putf(&out, "#line 1 \"%s\"\n", argv[1]);
     int depth = 0;
