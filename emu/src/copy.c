@@ -113,7 +113,7 @@ static cudaError_t memcpy_common(void *dst, const void *src, size_t bytes, cudaM
         memcpy(c->staged, src, bytes);
     }
     uint64_t position;
-    err = emu_stream_enqueue(s, call, run_copy, c, free_copy, &position);
+    err = emu_stream_enqueue(s, call, run_copy, c, free_copy, &position, c->staged ? 0 : EMU_OP_REPLAYABLE);
     if (err) return emu_set_error(err);
     bool host_waits = (dk != EMU_DEVICE && (!async || dk == EMU_HOST)) || (!async && sk == EMU_HOST_PINNED);
     return host_waits ? emu_stream_wait(s, position, call) : cudaSuccess;
@@ -140,7 +140,7 @@ static cudaError_t memset_common(void *dst, int value, size_t bytes, cudaStream_
     copy_state *c = calloc(1, sizeof *c);
     if (!c) emu_fatal("out of host memory queueing a memset");
     c->dst = dst, c->bytes = bytes, c->fill = value;
-    err = emu_stream_enqueue(handle, call, run_fill, c, free, NULL);
+    err = emu_stream_enqueue(handle, call, run_fill, c, free, NULL, EMU_OP_REPLAYABLE);
     return err ? emu_set_error(err) : cudaSuccess;
 }
 

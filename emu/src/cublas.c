@@ -254,7 +254,7 @@ static cublasStatus_t gemm_call(const char *call, cublasHandle_t h, cublasOperat
                 lda, ldb, ldc, sa, sb, sc};
     if (h->pointer_mode == CUBLAS_POINTER_MODE_HOST) g->alpha = *(const float *)alpha, g->beta = *(const float *)beta;
     else g->alpha_device = (const float *)alpha, g->beta_device = (const float *)beta;
-    if (emu_stream_enqueue(h->stream, call, run_gemm, g, free, NULL) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (emu_stream_enqueue(h->stream, call, run_gemm, g, free, NULL, EMU_OP_REPLAYABLE) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
     return CUBLAS_STATUS_SUCCESS;
 }
 

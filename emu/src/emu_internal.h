@@ -13,7 +13,9 @@
 //   cublas.c         GEMMs
 //   launch.c         kernels: a grid run block by block, threads as fibers
 //   race.c           data races in kernels and between queued operations
+//   graph.c          CUDA graphs: stream capture, instantiate, launch, update
 //   copy.c           copies, fills and frees: memory operations that order with the queue
+//   event.c          events: marks that the host and other streams wait for
 //   stream.c         streams and events: the queue that runs work as late as it may
 //   memory.c         device memory, protected from host code; the fault handler
 //   fiber.c          the user-level threads (context switch)
@@ -140,6 +142,9 @@ typedef struct emu_block_info {
     const emu_running_op *op; // the kernel's queued operation
 } emu_block_info;
 
+// ================================================================ launch.c
+unsigned long long emu_kernel_launches(void); // kernels launched (not captured) so far
+
 // ================================================================ race.c
 // Data races (and misaligned accesses) in kernels, found as they run, and
 // between queued operations. Copies, GEMMs and NCCL calls tell it which
@@ -231,9 +236,12 @@ typedef emu_op_status (*emu_op_fn)(void *state);
 // fn runs. *position (position may be NULL) gets its number on the stream,
 // for emu_stream_wait. The stream owns `state` from this call on: when the
 // call fails (cudaErrorInvalidResourceHandle for a destroyed or unknown
-// stream) it has already called free_state.
+// stream) it has already called free_state. While s is captured (graph.c)
+// the op becomes a node of the graph instead (*position 0), if its flags
+// say it may run again and again; otherwise the capture fails.
+enum { EMU_OP_REPLAYABLE = 1 }; // fn(state) may run any number of times
 cudaError_t emu_stream_enqueue(cudaStream_t s, const char *what, emu_op_fn fn, void *state,
-                               void (*free_state)(void *state), uint64_t *position);
+                               void (*free_state)(void *state), uint64_t *position, unsigned flags);
 
 // The host waits until operation `position` of s has run, and what it
 // depends on (EMU_STREAM_ALL: everything queued on s so far). Errors are
@@ -249,6 +257,50 @@ int emu_stream_device(cudaStream_t s);
 // A queued op that returns EMU_OP_FAILED should first set the reason here
 // (it is printed by the synchronize that meets it).
 void emu_op_fail_reason(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// An operation that does nothing (it only waits for what it depends on).
+emu_op_status emu_done_at_once(void *state);
+
+// For event.c, with the lock held: the stream a handle names (NULL if
+// none); queue on it, also after operation after_seq of stream `after`
+// (whose clock is after_clock) when after is given, returning the op's
+// position and copying its clock to *clock (may be NULL); the host's waits
+// for an op (wait_for blocks, poll runs one step and says cudaErrorNotReady);
+// whether an op has run; references that keep a destroyed stream alive.
+typedef struct CUstream_st emu_stream;
+emu_stream *emu_stream_of(cudaStream_t handle);
+uint64_t emu_stream_append(emu_stream *s, const char *what, emu_op_fn fn, void *state, void (*free_state)(void *),
+                           emu_stream *after, uint64_t after_seq, const emu_clock *after_clock, emu_clock *clock);
+cudaError_t emu_stream_wait_for(emu_stream *s, uint64_t seq, const char *call, const emu_clock *known);
+cudaError_t emu_stream_poll(emu_stream *s, uint64_t seq, const char *call, const emu_clock *known);
+bool emu_stream_reached(const emu_stream *s, uint64_t seq);
+void emu_stream_hold(emu_stream *s);
+void emu_stream_release(emu_stream *s);
+
+// Stream capture, for graph.c: a graph is the list of operations a stream
+// was given between cudaStreamBeginCapture and cudaStreamEndCapture. Nodes
+// are shared (counted) between a graph, the executable graphs made of it
+// and the launches still queued.
+typedef struct emu_graph_node {
+    int refs;
+    const char *what;
+    emu_op_fn fn;
+    void *state;
+    void (*free_state)(void *);
+} emu_graph_node;
+
+struct CUgraph_st {
+    unsigned magic;
+    emu_graph_node **nodes;
+    int count, cap;
+};
+
+void emu_graph_node_release(emu_graph_node *n);
+cudaError_t emu_stream_begin_capture(cudaStream_t s, struct CUgraph_st *g);
+// The graph s was captured into (NULL: none); *failed: whether something
+// could not be captured. end_capture also ends it.
+struct CUgraph_st *emu_stream_end_capture(cudaStream_t s, bool *failed);
+struct CUgraph_st *emu_stream_capture(cudaStream_t s, bool *failed);
 
 // Turn every queued op for which match(state, owner) is true into a no-op
 // (its free_state is called now): ncclCommAbort drops a communicator's

@@ -629,8 +629,8 @@ cudaError_t emu_launch_kernel(const emu_launch_config *cfg, const void *kernel_i
     }
     kernel_launch *k = calloc(1, sizeof *k);
     if (!k) emu_fatal("out of host memory queueing a kernel");
-    launches++;
+    if (!emu_stream_capture(cfg->stream, NULL)) launches++; // a captured kernel is launched with its graph
     *k = (kernel_launch){*cfg, {name, file, line}, body, free_closure, closure};
-    err = emu_stream_enqueue(cfg->stream, name, run_kernel, k, free_launch, NULL);
+    err = emu_stream_enqueue(cfg->stream, name, run_kernel, k, free_launch, NULL, EMU_OP_REPLAYABLE);
     return err ? emu_set_error(err) : cudaSuccess;
 }

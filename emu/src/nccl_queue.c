@@ -149,7 +149,10 @@ static ncclResult_t enqueue_op(struct ncclComm *comm, cudaStream_t stream, const
     comm->ops = o;
     comm->ops_unfinished++;
     // A stream that refuses the op (destroyed) has already freed it through free_op.
-    cudaError_t err = emu_stream_enqueue(stream, what, run_op, o, free_op, NULL);
+    cudaError_t err = emu_stream_enqueue(stream, what, run_op, o, free_op, NULL, 0);
+    if (err == cudaErrorStreamCaptureUnsupported)
+        return emu_nccl_call_error(comm, ncclInvalidUsage, "%s: the stream is being captured into a CUDA "
+                                   "graph, and the emulated NCCL cannot be captured", what);
     if (err != cudaSuccess)
         return emu_nccl_call_error(comm, ncclUnhandledCudaError, "%s: the stream refused the work (%s); was "
                                    "it destroyed?", what, cudaGetErrorString(err));

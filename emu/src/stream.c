@@ -34,10 +34,9 @@
 #include "emu_internal.h"
 
 #define STREAM_MAGIC 0x5354524dU
-#define EVENT_MAGIC 0x4556454eU
 #define MAX_DEVICES 64
 
-typedef struct CUstream_st stream;
+typedef emu_stream stream;
 
 typedef struct {
     stream *on;
@@ -69,20 +68,11 @@ struct CUstream_st {
     int refs;             // dependencies and events that point here
     bool failed;
     char why[800];        // why it failed
+    struct CUgraph_st *capture; // the graph its work goes to while it is captured (graph.c)
+    bool capture_failed;        // something that cannot be captured was attempted
     stream *next;         // the device's streams
 };
 
-struct CUevent_st {
-    unsigned magic;
-    unsigned flags;
-    stream *on;           // the stream of the latest record, and its position there
-    uint64_t seq;
-    unsigned long long generation;
-    emu_clock clock;      // the clock of that record
-    double time;          // when the latest record ran (emulated time: host clock)
-    bool recorded, destroyed;
-    int refs;             // queued records that will write here, plus the owner
-};
 
 static stream *devices_streams[MAX_DEVICES];
 static stream *legacy_streams[MAX_DEVICES];
@@ -174,9 +164,9 @@ static void add_implicit_dependencies(op *o, stream *s) {
 }
 
 // Queue an operation on s, after what the host has seen complete, and
-// after event e's latest record when e is given (cudaStreamWaitEvent).
-static op *append(stream *s, const char *what, emu_op_fn fn, void *state, void (*free_state)(void *),
-                  const struct CUevent_st *e) {
+// after operation after_seq of stream `after` when it is given (an event).
+static op *append(stream *s, const char *what, emu_op_fn fn, void *state, void (*free_state)(void *), stream *after,
+                  uint64_t after_seq, const emu_clock *after_clock) {
     op *o = calloc(1, sizeof *o);
     if (!o) emu_fatal("out of host memory queueing GPU work");
     o->what = what, o->fn = fn, o->state = state, o->free_state = free_state;
@@ -184,7 +174,7 @@ static op *append(stream *s, const char *what, emu_op_fn fn, void *state, void (
     emu_clock_copy(&o->clock, &s->clock);
     emu_clock_join(&o->clock, emu_host_clock());
     add_implicit_dependencies(o, s);
-    if (e) add_dependency(o, e->on, e->seq, &e->clock);
+    if (after) add_dependency(o, after, after_seq, after_clock);
     o->seq = ++s->enqueued;
     emu_clock_set(&o->clock, s->id, o->seq);
     emu_clock_copy(&s->clock, &o->clock);
@@ -196,20 +186,124 @@ static op *append(stream *s, const char *what, emu_op_fn fn, void *state, void (
 
 static void settle(stream *s);
 
-cudaError_t emu_stream_enqueue(cudaStream_t handle, const char *what, emu_op_fn fn, void *state,
-                               void (*free_state)(void *), uint64_t *position) {
+// ================================================================ capture (the graphs of graph.c)
+
+static void invalidate_capture(stream *s, const char *why) {
+    if (!s->capture_failed) emu_warn("stream capture invalidated: %s", why);
+    s->capture_failed = true;
+}
+
+// The legacy stream orders itself with every blocking stream: while one
+// of them is captured, it may not be used (CUDA's cudaErrorStreamCaptureImplicit).
+static bool blocking_stream_captured(int device, const char *call) {
+    for (stream *b = devices_streams[device]; b; b = b->next)
+        if (b->capture && !b->nonblocking && !b->legacy) {
+            char why[160];
+            snprintf(why, sizeof why, "%s on the legacy stream while a blocking stream is captured", call);
+            invalidate_capture(b, why);
+            return true;
+        }
+    return false;
+}
+
+static void capture_op(stream *s, const char *what, emu_op_fn fn, void *state, void (*free_state)(void *)) {
+    struct CUgraph_st *g = s->capture;
+    emu_graph_node *n = calloc(1, sizeof *n);
+    if (!n) emu_fatal("out of host memory capturing GPU work");
+    *n = (emu_graph_node){1, what, fn, state, free_state};
+    if (g->count == g->cap) {
+        g->cap = g->cap ? 2 * g->cap : 64;
+        g->nodes = realloc(g->nodes, sizeof *g->nodes * (size_t)g->cap);
+        if (!g->nodes) emu_fatal("out of host memory capturing GPU work");
+    }
+    g->nodes[g->count++] = n;
+}
+
+void emu_graph_node_release(emu_graph_node *n) {
+    if (--n->refs > 0) return;
+    if (n->free_state) n->free_state(n->state);
+    free(n);
+}
+
+cudaError_t emu_stream_begin_capture(cudaStream_t handle, struct CUgraph_st *g) {
     emu_lock();
     stream *s = resolve(handle);
-    if (!s) {
+    cudaError_t err = cudaSuccess;
+    if (!s) err = cudaErrorInvalidResourceHandle;
+    else if (s->legacy) err = cudaErrorStreamCaptureUnsupported; // as in CUDA: the legacy stream cannot be captured
+    else if (s->capture) err = cudaErrorIllegalState;
+    else s->capture = g, s->capture_failed = false;
+    emu_unlock();
+    return err;
+}
+
+struct CUgraph_st *emu_stream_end_capture(cudaStream_t handle, bool *failed) {
+    emu_lock();
+    stream *s = resolve(handle);
+    struct CUgraph_st *g = s ? s->capture : NULL;
+    if (g) *failed = s->capture_failed, s->capture = NULL;
+    emu_unlock();
+    return g;
+}
+
+struct CUgraph_st *emu_stream_capture(cudaStream_t handle, bool *failed) {
+    emu_lock();
+    stream *s = resolve(handle);
+    struct CUgraph_st *g = s ? s->capture : NULL;
+    if (g && failed) *failed = s->capture_failed;
+    emu_unlock();
+    return g;
+}
+
+// ================================================================ queueing, for the other files
+
+cudaError_t emu_stream_enqueue(cudaStream_t handle, const char *what, emu_op_fn fn, void *state,
+                               void (*free_state)(void *), uint64_t *position, unsigned flags) {
+    emu_lock();
+    stream *s = resolve(handle);
+    cudaError_t err = !s ? cudaErrorInvalidResourceHandle
+                      : s->legacy && blocking_stream_captured(s->device, what) ? cudaErrorStreamCaptureImplicit
+                                                                                : cudaSuccess;
+    if (!err && s->capture && !(flags & EMU_OP_REPLAYABLE)) {
+        char why[160];
+        snprintf(why, sizeof why, "%s cannot be captured in a graph by the emulated GPU", what);
+        invalidate_capture(s, why);
+        err = cudaErrorStreamCaptureUnsupported;
+    }
+    if (err) {
         emu_unlock();
         if (free_state) free_state(state);
-        return cudaErrorInvalidResourceHandle;
+        return err;
     }
-    op *o = append(s, what, fn, state, free_state, NULL);
-    if (position) *position = o->seq;
-    settle(s);
+    if (s->capture) {
+        capture_op(s, what, fn, state, free_state);
+        if (position) *position = 0;
+    } else {
+        op *o = append(s, what, fn, state, free_state, NULL, 0, NULL);
+        if (position) *position = o->seq;
+        settle(s);
+    }
     emu_unlock();
     return cudaSuccess;
+}
+
+emu_stream *emu_stream_of(cudaStream_t handle) { return resolve(handle); }
+
+uint64_t emu_stream_append(emu_stream *s, const char *what, emu_op_fn fn, void *state, void (*free_state)(void *),
+                           emu_stream *after, uint64_t after_seq, const emu_clock *after_clock, emu_clock *clock) {
+    op *o = append(s, what, fn, state, free_state, after, after_seq, after_clock);
+    if (clock) emu_clock_copy(clock, &o->clock);
+    settle(s);
+    return o->seq;
+}
+
+bool emu_stream_reached(const emu_stream *s, uint64_t seq) { return s->completed >= seq; }
+
+void emu_stream_hold(emu_stream *s) { s->refs++; }
+
+void emu_stream_release(emu_stream *s) {
+    s->refs--;
+    maybe_free(s);
 }
 
 void emu_op_fail_reason(const char *fmt, ...) {
@@ -219,7 +313,7 @@ void emu_op_fail_reason(const char *fmt, ...) {
     va_end(args);
 }
 
-static emu_op_status done_at_once(void *state) {
+emu_op_status emu_done_at_once(void *state) {
     (void)state;
     return EMU_OP_DONE;
 }
@@ -229,9 +323,9 @@ void emu_stream_discard_if(bool (*match)(void *state, void *owner), void *owner)
     for (int d = 0; d < MAX_DEVICES; d++)
         for (stream *s = devices_streams[d]; s; s = s->next)
             for (op *o = s->head; o; o = o->next)
-                if (o->fn != done_at_once && match(o->state, owner)) {
+                if (o->fn != emu_done_at_once && match(o->state, owner)) {
                     if (o->free_state) o->free_state(o->state);
-                    o->fn = done_at_once, o->state = NULL, o->free_state = NULL;
+                    o->fn = emu_done_at_once, o->state = NULL, o->free_state = NULL;
                 }
     emu_unlock();
 }
@@ -239,7 +333,7 @@ void emu_stream_discard_if(bool (*match)(void *state, void *owner), void *owner)
 // ================================================================ running
 
 // Stopped at a failed op (not one that was discarded since).
-static bool stuck(const stream *s) { return s->failed && s->head && s->head->fn != done_at_once; }
+static bool stuck(const stream *s) { return s->failed && s->head && s->head->fn != emu_done_at_once; }
 
 static void retire(stream *s) {
     op *o = s->head;
@@ -261,7 +355,7 @@ static void retire(stream *s) {
 static emu_op_status run(stream *s, uint64_t target, int max_ops) {
     while (s->completed < target && max_ops-- > 0) {
         op *o = s->head;
-        if (s->failed && o->fn != done_at_once) return EMU_OP_FAILED;
+        if (s->failed && o->fn != emu_done_at_once) return EMU_OP_FAILED;
         s->failed = false; // the failed op was discarded (ncclCommAbort): the stream runs on
         for (int i = 0; i < o->dep_count; i++) {
             emu_op_status r = run(o->deps[i].on, o->deps[i].seq, 1 << 30);
@@ -328,6 +422,12 @@ static void settle(stream *s) {
 // for another process. Called with the lock held once. On success the
 // host knows what `known` (target's clock, or NULL) says happened before.
 static cudaError_t wait_for(stream *s, uint64_t target, const char *call, const emu_clock *known) {
+    if (s->capture) { // nothing has been queued to wait for: the host would wait forever
+        char why[160];
+        snprintf(why, sizeof why, "%s of a stream that is being captured", call);
+        invalidate_capture(s, why);
+        return emu_set_error(cudaErrorStreamCaptureUnsupported);
+    }
     // A little later than the NCCL ops' own timeout, which names the missing rank.
     double start = emu_now(), limit = emu_timeout_s() + 2;
     long pause_ns = 20000;
@@ -364,6 +464,8 @@ static cudaError_t wait_for(stream *s, uint64_t target, const char *call, const 
 }
 
 static cudaError_t sync_device(int device, const char *call) {
+    for (stream *c = devices_streams[device]; c; c = c->next)
+        if (c->capture) return wait_for(c, c->enqueued, call, NULL); // (refused, and the capture invalidated)
     for (;;) {
         stream *pending = NULL;
         for (stream *s = devices_streams[device]; s && !pending; s = s->next)
@@ -438,6 +540,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
 // A query's answer: done, or run one more queued operation toward `target`
 // and say "not ready".
 static cudaError_t step_toward(stream *s, uint64_t target, const char *call, const emu_clock *known) {
+    if (s->capture) return wait_for(s, target, call, known); // (refused, and the capture invalidated)
     if (s->completed >= target) {
         emu_clock_join(emu_host_clock(), known);
         return cudaSuccess;
@@ -470,144 +573,10 @@ cudaError_t cudaDeviceSynchronize(void) {
 
 cudaError_t cudaDeviceReset(void) { return cudaDeviceSynchronize(); }
 
-// ================================================================ events
-
-static struct CUevent_st *event_of(cudaEvent_t e) {
-    return e && e->magic == EVENT_MAGIC && !e->destroyed ? e : NULL;
+cudaError_t emu_stream_wait_for(emu_stream *s, uint64_t seq, const char *call, const emu_clock *known) {
+    return wait_for(s, seq, call, known);
 }
 
-static void event_release(struct CUevent_st *e) {
-    if (--e->refs > 0) return;
-    if (e->on) {
-        e->on->refs--;
-        maybe_free(e->on);
-    }
-    e->magic = 0;
-    emu_clock_free(&e->clock);
-    free(e);
-}
-
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags) {
-    if (!out || (flags & ~7u)) return emu_set_error(cudaErrorInvalidValue);
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err) return err;
-    struct CUevent_st *e = calloc(1, sizeof *e);
-    if (!e) return emu_set_error(cudaErrorMemoryAllocation);
-    e->magic = EVENT_MAGIC, e->flags = flags, e->refs = 1;
-    *out = e;
-    return cudaSuccess;
-}
-
-cudaError_t cudaEventCreate(cudaEvent_t *out) { return cudaEventCreateWithFlags(out, cudaEventDefault); }
-
-cudaError_t cudaEventDestroy(cudaEvent_t handle) {
-    emu_lock();
-    struct CUevent_st *e = event_of(handle);
-    if (!e) {
-        emu_unlock();
-        return emu_set_error(cudaErrorInvalidResourceHandle);
-    }
-    e->destroyed = true;
-    event_release(e);
-    emu_unlock();
-    return cudaSuccess;
-}
-
-typedef struct {
-    struct CUevent_st *event;
-    unsigned long long generation;
-} record_state;
-
-static emu_op_status run_record(void *state) {
-    record_state *r = (record_state *)state;
-    if (r->generation == r->event->generation) r->event->time = emu_now();
-    return EMU_OP_DONE;
-}
-
-static void free_record(void *state) {
-    record_state *r = (record_state *)state;
-    event_release(r->event);
-    free(r);
-}
-
-cudaError_t cudaEventRecord(cudaEvent_t handle, cudaStream_t stream_handle) {
-    emu_lock();
-    struct CUevent_st *e = event_of(handle);
-    stream *s = resolve(stream_handle);
-    if (!e || !s) {
-        emu_unlock();
-        return emu_set_error(cudaErrorInvalidResourceHandle);
-    }
-    record_state *r = malloc(sizeof *r);
-    if (!r) emu_fatal("out of host memory recording an event");
-    r->event = e, r->generation = ++e->generation;
-    e->refs++;
-    op *o = append(s, "cudaEventRecord", run_record, r, free_record, NULL);
-    if (e->on) {
-        e->on->refs--;
-        maybe_free(e->on);
-    }
-    e->on = s, e->seq = o->seq, e->recorded = true;
-    emu_clock_copy(&e->clock, &o->clock);
-    s->refs++;
-    settle(s);
-    emu_unlock();
-    return cudaSuccess;
-}
-
-// A later operation on `stream` waits for the event's latest record as it
-// is now (CUDA semantics: a record made after this call does not count).
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream_handle, cudaEvent_t handle, unsigned int flags) {
-    if (flags != 0) return emu_set_error(cudaErrorInvalidValue);
-    emu_lock();
-    struct CUevent_st *e = event_of(handle);
-    stream *s = resolve(stream_handle);
-    if (!e || !s) {
-        emu_unlock();
-        return emu_set_error(cudaErrorInvalidResourceHandle);
-    }
-    if (e->recorded) {
-        append(s, "cudaStreamWaitEvent", done_at_once, NULL, NULL, e);
-        settle(s);
-    }
-    emu_unlock();
-    return cudaSuccess;
-}
-
-cudaError_t cudaEventQuery(cudaEvent_t handle) {
-    emu_lock();
-    struct CUevent_st *e = event_of(handle);
-    cudaError_t err = cudaSuccess;
-    if (!e) err = emu_set_error(cudaErrorInvalidResourceHandle);
-    else if (e->recorded) err = step_toward(e->on, e->seq, "cudaEventQuery", &e->clock);
-    emu_unlock();
-    return err;
-}
-
-cudaError_t cudaEventSynchronize(cudaEvent_t handle) {
-    emu_lock();
-    struct CUevent_st *e = event_of(handle);
-    cudaError_t err = cudaSuccess;
-    if (!e) err = emu_set_error(cudaErrorInvalidResourceHandle);
-    else if (e->recorded) err = wait_for(e->on, e->seq, "cudaEventSynchronize", &e->clock);
-    emu_unlock();
-    return err;
-}
-
-// Emulated time: the host clock when each record ran. It measures the
-// emulator, not a GPU, and says nothing about a GPU's speed.
-cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
-    if (!ms) return emu_set_error(cudaErrorInvalidValue);
-    emu_lock();
-    struct CUevent_st *a = event_of(start), *b = event_of(end);
-    cudaError_t err = cudaSuccess;
-    if (!a || !b || (a->flags & cudaEventDisableTiming) || (b->flags & cudaEventDisableTiming))
-        err = cudaErrorInvalidResourceHandle;
-    else if (!a->recorded || !b->recorded || a->on->completed < a->seq || b->on->completed < b->seq)
-        err = cudaErrorNotReady;
-    else
-        *ms = (float)((b->time - a->time) * 1000.0);
-    emu_unlock();
-    return err ? emu_set_error(err) : cudaSuccess;
+cudaError_t emu_stream_poll(emu_stream *s, uint64_t seq, const char *call, const emu_clock *known) {
+    return step_toward(s, seq, call, known);
 }

@@ -135,8 +135,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 
 // Like the real core: a stream that refuses an op frees its state at once.
 cudaError_t emu_stream_enqueue(cudaStream_t s, const char *what, emu_op_fn fn, void *state,
-                               void (*free_state)(void *state), uint64_t *position) {
-    (void)position; // the stub does not number its ops
+                               void (*free_state)(void *state), uint64_t *position, unsigned flags) {
+    (void)position, (void)flags; // the stub neither numbers its ops nor captures them
     struct CUstream_st *st = stream_of(s);
     if (st->destroyed) {
         if (free_state) free_state(state);

@@ -32,6 +32,7 @@ must_pass() {
 # What holds on every GPU, the emulated one and a real one.
 must_pass planted_bf16_truncation "bf16 conversion rounds to nearest even, bit for bit (ties, NaN, overflow, subnormals)" --fixed
 must_pass check_syncthreads_count "__syncthreads_count, __syncthreads_and and __syncthreads_or"
+must_pass check_graphs "CUDA graphs: capture, instantiate, launch, update (and a refused update)"
 if ! is_emu; then
     skip "emu: planted GPU bugs are caught" "they test the emulated GPU (make CUDA=emu test); this is a real GPU"
     exit 0
@@ -95,6 +96,8 @@ planted misaligned_vector "a float4 load from an address not a multiple of 16" \
     'misaligned access: kernel copy4 .* reads 16 bytes at 0x[0-9a-f]+, which is not a multiple of 16'
 planted kernel_reads_host "a kernel given a pointer to host memory" \
     'kernel scale, launched at planted_kernel_reads_host.cu:[0-9]+: argument 1 is a pointer to host memory'
+planted sync_in_capture "a cudaStreamSynchronize inside a stream capture" \
+    'stream capture invalidated: cudaStreamSynchronize of a stream that is being captured'
 planted bf16_truncation "bf16 by truncation instead of rounding" \
     'truncation\(0x3F818000\) gave 0x3F81, round-to-nearest-even is 0x3F82'
 planted out_of_bounds "an out-of-bounds write in a kernel" \
