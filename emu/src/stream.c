@@ -292,9 +292,10 @@ emu_stream *emu_stream_of(cudaStream_t handle) { return resolve(handle); }
 uint64_t emu_stream_append(emu_stream *s, const char *what, emu_op_fn fn, void *state, void (*free_state)(void *),
                            emu_stream *after, uint64_t after_seq, const emu_clock *after_clock, emu_clock *clock) {
     op *o = append(s, what, fn, state, free_state, after, after_seq, after_clock);
+    uint64_t seq = o->seq; // (settle may run it, and free it)
     if (clock) emu_clock_copy(clock, &o->clock);
     settle(s);
-    return o->seq;
+    return seq;
 }
 
 bool emu_stream_reached(const emu_stream *s, uint64_t seq) { return s->completed >= seq; }
