@@ -8,6 +8,7 @@
 // Arithmetic on bf16 values is done in float and rounded once.
 #ifndef EMU_CUDA_BF16_H
 #define EMU_CUDA_BF16_H
+#define __CUDA_BF16_TYPES_EXIST__ 1 // as NVIDIA's header says
 
 #include <stdint.h>
 #include <string.h>
@@ -64,6 +65,7 @@ static inline __nv_bfloat16 emu_bf16_from_bits(unsigned short bits) {
 }
 
 static inline __nv_bfloat16 __float2bfloat16(float f) { return emu_bf16_from_bits(emu_float_to_bf16_bits(f)); }
+static inline __nv_bfloat16 __double2bfloat16(double d) { return __float2bfloat16((float)d); } // (double rounding: rare ties differ)
 static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __float2bfloat16(f); }
 static inline __nv_bfloat16 __float2bfloat16_rz(float f) { // toward zero: drop the low bits
     uint32_t u;
@@ -96,6 +98,10 @@ static inline __nv_bfloat16 __hfma(__nv_bfloat16 a, __nv_bfloat16 b, __nv_bfloat
 }
 static inline __nv_bfloat16 __hneg(__nv_bfloat16 a) { return emu_bf16_from_bits((unsigned short)(a.__x ^ 0x8000u)); }
 static inline __nv_bfloat16 operator-(__nv_bfloat16 a) { return __hneg(a); }
+static inline bool __hlt(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a < (float)b; }
+static inline bool __hgt(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a > (float)b; }
+static inline __nv_bfloat16 __hmin(__nv_bfloat16 a, __nv_bfloat16 b) { return __hlt(b, a) ? b : a; }
+static inline __nv_bfloat16 __hmax(__nv_bfloat16 a, __nv_bfloat16 b) { return __hgt(b, a) ? b : a; }
 static inline bool operator==(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a == (float)b; }
 static inline bool operator!=(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a != (float)b; }
 static inline bool operator<(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a < (float)b; }

@@ -29,7 +29,10 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __noinline__ __attribute__((noinline))
+// Empty: the standard C++ headers write __attribute__((__noinline__)), which
+// a definition as __attribute__((noinline)) would break; inlining is only a
+// hint here anyway.
+#define __noinline__
 #define __launch_bounds__(...) // cu2emu reads the bound; launches check it (emu_bounded)
 #define __align__(n) __attribute__((aligned(n)))
 // The build rewrites every __shared__ declaration (see emu/tools/cu2emu.c);
@@ -262,6 +265,12 @@ static inline unsigned __brev(unsigned x) {
     for (int i = 0; i < 32; i++) r |= ((x >> i) & 1u) << (31 - i);
     return r;
 }
+static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
+static inline int __mulhi(int a, int b) { return (int)(((long long)a * b) >> 32); }
+static inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
+    return (unsigned long long)(((unsigned __int128)a * b) >> 64);
+}
+static inline long long __mul64hi(long long a, long long b) { return (long long)(((__int128)a * b) >> 64); }
 template <typename T> static inline T __ldg(const T *p) { return *p; }
 static inline void __nanosleep(unsigned ns) { (void)ns; }
 
@@ -313,6 +322,56 @@ static inline cudaError_t emu_launch(void (*kernel)(P...), const char *name, con
     emu_check_arguments(name, file, line, call->args, std::index_sequence_for<P...>{});
     return emu_launch_kernel(&cfg, (const void *)kernel, name, file, line, &emu_kernel_call<P...>::run,
                              &emu_kernel_call<P...>::destroy, call);
+}
+
+// CUDA 11's cudaGraphInstantiate, which CUDA 12's C++ header keeps.
+static inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, cudaGraphNode_t *error_node,
+                                               char *log, size_t log_size) {
+    if (error_node) *error_node = NULL;
+    if (log && log_size) log[0] = 0;
+    return cudaGraphInstantiate(exec, graph, 0ull);
+}
+
+// ---------------------------------------------------------------- cudaLaunchKernel
+// cudaLaunchKernel(kernel, grid, block, args, shared, stream) is given the
+// kernel's address and an array of pointers to its arguments, nothing of
+// their types. nvcc registers every kernel with the CUDA runtime; in the
+// emulated build cu2emu starts every kernel's body with
+// emu_kernel_registrar<&kernel>::done, whose initialization - once per
+// kernel (and per template instantiation) in the program, before main -
+// registers a launcher that knows the parameter types.
+template <typename... P> struct emu_kernel_entry {
+    template <size_t... I>
+    static cudaError_t call(void (*k)(P...), const char *name, const emu_launch_config *c, void **args,
+                            std::index_sequence<I...>) {
+        return emu_launch(k, name, "cudaLaunchKernel", 0, *c, *static_cast<typename std::decay<P>::type *>(args[I])...);
+    }
+    static cudaError_t launch(const void *kernel, const char *name, const emu_launch_config *c, void **args) {
+        return call(reinterpret_cast<void (*)(P...)>(const_cast<void *>(kernel)), name, c, args,
+                    std::index_sequence_for<P...>{});
+    }
+};
+
+template <typename... P> static inline bool emu_register(void (*k)(P...), const char *pretty) {
+    emu_register_kernel(reinterpret_cast<const void *>(k), pretty, &emu_kernel_entry<P...>::launch);
+    return true;
+}
+
+template <auto K> static inline const char *emu_kernel_pretty_name() { return __PRETTY_FUNCTION__; } // "... [with auto K = f<int>]"
+
+template <auto K> struct emu_kernel_registrar {
+    static const bool done;
+};
+template <auto K> const bool emu_kernel_registrar<K>::done = emu_register(K, emu_kernel_pretty_name<K>());
+
+static inline cudaError_t cudaLaunchKernel(const void *kernel, dim3 grid, dim3 block, void **args, size_t shared = 0,
+                                           cudaStream_t stream = 0) {
+    return emu_launch_untyped(kernel, emu_config(grid, block, shared, stream), args);
+}
+template <typename T>
+static inline cudaError_t cudaLaunchKernel(T *kernel, dim3 grid, dim3 block, void **args, size_t shared = 0,
+                                           cudaStream_t stream = 0) {
+    return cudaLaunchKernel(reinterpret_cast<const void *>(kernel), grid, block, args, shared, stream);
 }
 
 // __shared__ inside a function: cu2emu turns `__shared__ T name[N];` into a

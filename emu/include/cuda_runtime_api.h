@@ -33,6 +33,7 @@ typedef enum cudaError {
     cudaErrorInvalidPitchValue = 12,
     cudaErrorInvalidDevicePointer = 17,
     cudaErrorInvalidMemcpyDirection = 21,
+    cudaErrorInvalidDeviceFunction = 98,
     cudaErrorInsufficientDriver = 35,
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,

@@ -76,6 +76,14 @@ typedef struct emu_launch_config {
 cudaError_t emu_launch_kernel(const emu_launch_config *cfg, const void *kernel_id, const char *name,
                               const char *file, int line, void (*body)(void *closure),
                               void (*free_closure)(void *closure), void *closure);
+// cudaLaunchKernel's side: a kernel registered (by its address) with a
+// launcher that knows its parameters, and a launch through it. `pretty`
+// holds its name after "K = " (__PRETTY_FUNCTION__ of a template).
+typedef cudaError_t (*emu_untyped_launcher)(const void *kernel, const char *name, const emu_launch_config *cfg,
+                                            void **args);
+void emu_register_kernel(const void *kernel, const char *pretty, emu_untyped_launcher launcher);
+cudaError_t emu_launch_untyped(const void *kernel, emu_launch_config cfg, void **args);
+
 // Each pointer argument of a launch (index: its position, from 0).
 void emu_check_kernel_pointer(const char *kernel, const char *file, int line, int index, const void *p);
 

@@ -11,12 +11,12 @@
 //   nccl_reduce.c    element types and the reductions
 //   nccl_error.c     the emulated NCCL's messages, errors and names
 //   cublas.c         GEMMs
-//   launch.c         kernels: a grid run block by block, threads as fibers
-//   race.c           data races in kernels and between queued operations
 //   graph.c          CUDA graphs: stream capture, instantiate, launch, update
+//   launch.c         kernels: a grid run block by block, threads as fibers
 //   copy.c           copies, fills and frees: memory operations that order with the queue
 //   event.c          events: marks that the host and other streams wait for
-//   stream.c         streams and events: the queue that runs work as late as it may
+//   race.c           data races in kernels and between queued operations
+//   stream.c         streams: the queue that runs work as late as it may, capture
 //   memory.c         device memory, protected from host code; the fault handler
 //   fiber.c          the user-level threads (context switch)
 //   order.c          schedules, and the vector clocks of happens-before
@@ -323,6 +323,7 @@ enum {
     EMU_NCCL_SCRATCH_RESULT_AT = 2 * EMU_NCCL_SLOT_BYTES,
 };
 #define EMU_NCCL_COMM_MAGIC 0x4e43434cu      // marks a live struct ncclComm
+#define EMU_NCCL_PREMUL_OPS 16                // ncclRedOpCreatePreMulSum ops a communicator may hold
 #define EMU_NCCL_PID_CHECK_INTERVAL_S 0.05   // how often a waiting rank asks "is my peer alive?"
 
 // ---------------------------------------------------------------- the shared segment
@@ -479,6 +480,15 @@ struct ncclComm {
     emu_nccl_op *ops;       // queued, not yet freed by the stream
     int ops_unfinished;
     void *scratch;          // where reductions accumulate
+
+    // ncclRedOpCreatePreMulSum's ops: op ncclNumOps + k multiplies each
+    // rank's input by that rank's scalar, then sums.
+    struct {
+        bool live;
+        ncclDataType_t dtype;
+        double scalar;             // ncclScalarHostImmediate
+        const void *device_scalar; // ncclScalarDevice: read when the collective runs
+    } premul[EMU_NCCL_PREMUL_OPS];
 };
 
 // The segment's parts, for rank r / the ordered pair (from, to).
@@ -524,6 +534,10 @@ void emu_nccl_describe_part(char *buf, size_t size, const struct ncclComm *comm,
 
 // ---------------------------------------------------------------- nccl_reduce.c
 size_t emu_nccl_dtype_size(ncclDataType_t t); // 0 for a type the emulator does not know
+// A value of type t at p, as a double (for the scalar of a PreMulSum op).
+double emu_nccl_value_at(const void *p, ncclDataType_t t);
+// x[i] *= scalar for n elements of type t (16-bit floats: in float, rounded once).
+void emu_nccl_premultiply(void *x, size_t n, ncclDataType_t t, double scalar);
 // dst = slot 0 OP slot 1 OP ... (n elements at `offset` of each rank's
 // slot), in rank order, accumulated in comm's scratch.
 void emu_nccl_reduce_slots(struct ncclComm *comm, const emu_nccl_part *p, size_t offset, size_t n, void *dst);
@@ -547,6 +561,12 @@ emu_nccl_status emu_nccl_progress_recv(struct ncclComm *comm, emu_nccl_part *p);
 // ---------------------------------------------------------------- nccl_queue.c
 // For emu_stream_discard_if: is this queued state one of comm's ops?
 bool emu_nccl_op_belongs_to(void *state, void *comm);
+// This host thread's group (ncclGroupStart/End are in nccl_comm.c): how
+// deep in groups it is; enter; leave, queueing the group's calls at the
+// outermost end.
+int emu_nccl_group_depth(void);
+void emu_nccl_group_enter(void);
+ncclResult_t emu_nccl_group_leave(void);
 
 #ifdef __cplusplus
 }

@@ -525,6 +525,51 @@ static void free_launch(void *state) {
     free(k);
 }
 
+// ---------------------------------------------------------------- kernels by address (cudaLaunchKernel)
+
+typedef struct {
+    const void *kernel;
+    char *name;
+    emu_untyped_launcher launcher;
+} registered_kernel;
+
+static registered_kernel *registered;
+static int registered_count, registered_cap;
+
+// Runs before main, once per kernel (cuda_runtime.h's emu_kernel_registrar).
+void emu_register_kernel(const void *kernel, const char *pretty, emu_untyped_launcher launcher) {
+    const char *k = strstr(pretty, "K = ");
+    const char *name = k ? k + 4 : pretty;
+    size_t len = strlen(name);
+    if (k && len && name[len - 1] == ']') len--;
+    emu_lock();
+    if (registered_count == registered_cap) {
+        registered_cap = registered_cap ? 2 * registered_cap : 64;
+        registered = realloc(registered, sizeof *registered * (size_t)registered_cap);
+        if (!registered) emu_fatal("out of host memory registering kernels");
+    }
+    char *copy = strndup(name, len);
+    if (!copy) emu_fatal("out of host memory registering kernels");
+    registered[registered_count++] = (registered_kernel){kernel, copy, launcher};
+    emu_unlock();
+}
+
+cudaError_t emu_launch_untyped(const void *kernel, emu_launch_config cfg, void **args) {
+    emu_lock();
+    registered_kernel found = {0};
+    for (int i = 0; i < registered_count && !found.kernel; i++)
+        if (registered[i].kernel == kernel) found = registered[i];
+    emu_unlock();
+    if (!found.kernel) {
+        emu_warn("cudaLaunchKernel: %p is not a kernel of this program that the emulated GPU knows (a kernel in a "
+                 "file compiled without cu2emu?)",
+                 kernel);
+        return emu_set_error(cudaErrorInvalidDeviceFunction);
+    }
+    if (!args) return emu_set_error(cudaErrorInvalidValue);
+    return found.launcher(kernel, found.name, &cfg, args);
+}
+
 // ---------------------------------------------------------------- attributes and limits
 
 static unsigned long long launches;

@@ -171,6 +171,15 @@ static void fill_slot(struct ncclComm *comm, const emu_nccl_part *p) {
         memcpy(mine, send + first * size, n * size);
         break;
     }
+    if (!emu_nccl_kind_reduces(p->kind) || p->op < ncclNumOps) return;
+    // A PreMulSum op: this rank's values times its scalar, then the sum.
+    int k = p->op - ncclNumOps;
+    double scalar = comm->premul[k].device_scalar ? emu_nccl_value_at(comm->premul[k].device_scalar, p->dtype)
+                                                  : comm->premul[k].scalar;
+    if (p->kind != KIND_REDUCE_SCATTER) emu_nccl_premultiply(mine, n, p->dtype, scalar);
+    else
+        for (int r = 0; r < comm->nranks; r++)
+            emu_nccl_premultiply(mine + (size_t)r * p->chunk_elems * size, n, p->dtype, scalar);
 }
 static void take_result(struct ncclComm *comm, const emu_nccl_part *p) {
     size_t size = emu_nccl_dtype_size(p->dtype), first = chunk_first(p), n = chunk_length(p);

@@ -358,6 +358,57 @@ static ncclResult_t read_config(const ncclConfig_t *config, bool *blocking) {
     return ncclSuccess;
 }
 
+// ================================================================ groups: joins deferred to their end
+
+static _Thread_local struct ncclComm **deferred;
+static _Thread_local int deferred_count, deferred_cap;
+
+static void defer_join(struct ncclComm *comm) {
+    if (deferred_count == deferred_cap) {
+        deferred_cap = deferred_cap ? 2 * deferred_cap : 8;
+        deferred = emu_nccl_realloc(deferred, sizeof *deferred * (size_t)deferred_cap);
+    }
+    deferred[deferred_count++] = comm;
+}
+
+// Every communicator initialised in the group joins, together. (Lock held.)
+static ncclResult_t finish_deferred_joins(void) {
+    ncclResult_t res = ncclSuccess;
+    long delay_ns = 50000;
+    for (;;) {
+        bool waiting = false;
+        for (int i = 0; i < deferred_count; i++) {
+            if (deferred[i]->join_stage == JOIN_DONE || deferred[i]->error != ncclSuccess) continue;
+            ncclResult_t r = join_step(deferred[i]);
+            if (r == ncclInProgress) waiting = true;
+            else if (r != ncclSuccess && res == ncclSuccess) res = r;
+        }
+        if (!waiting) break;
+        emu_unlock();
+        emu_nccl_pause(&delay_ns);
+        emu_lock();
+    }
+    deferred_count = 0;
+    return res;
+}
+
+ncclResult_t ncclGroupStart(void) {
+    emu_lock();
+    emu_nccl_group_enter();
+    emu_unlock();
+    return ncclSuccess;
+}
+
+// At the outermost end: first the joins, then the group's calls (which
+// may use those communicators).
+ncclResult_t ncclGroupEnd(void) {
+    emu_lock();
+    ncclResult_t joined = emu_nccl_group_depth() == 1 && deferred_count ? finish_deferred_joins() : ncclSuccess;
+    ncclResult_t res = emu_nccl_group_leave();
+    emu_unlock();
+    return joined != ncclSuccess ? joined : res;
+}
+
 static ncclResult_t init_comm(ncclComm_t *out, int nranks, ncclUniqueId id, int rank,
                               const ncclConfig_t *config, int device) {
     if (!out) return emu_nccl_call_error(NULL, ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
@@ -406,6 +457,13 @@ static ncclResult_t init_comm(ncclComm_t *out, int nranks, ncclUniqueId id, int 
             res = ncclInProgress;
         }
         return res;
+    }
+    if (res == ncclInProgress && emu_nccl_group_depth() > 0) {
+        // In a group (one process initialising several GPUs' ranks): the
+        // join completes at the outermost ncclGroupEnd, with the others.
+        *out = comm;
+        defer_join(comm);
+        return ncclSuccess;
     }
     long delay_ns = 50000;
     while (res == ncclInProgress) {   // blocking: wait here, letting other threads in between

@@ -103,7 +103,7 @@ static const char *type_name(int t) {
 
 static const char *reduction_name(int op) {
     static const char *names[] = {"sum", "prod", "max", "min", "avg"};
-    return op >= 0 && op <= ncclAvg ? names[op] : "?";
+    return op >= 0 && op <= ncclAvg ? names[op] : op < ncclNumOps + EMU_NCCL_PREMUL_OPS ? "premulsum" : "?";
 }
 
 const char *emu_nccl_kind_name(int kind) {

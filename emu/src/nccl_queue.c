@@ -207,9 +207,14 @@ static ncclResult_t check_type_and_op(const char *api, const struct ncclComm *co
     if ((int)t < 0 || t > ncclBfloat16)
         return emu_nccl_call_error(comm, ncclInvalidArgument, "%s: datatype %d is not supported by the "
                                    "emulated NCCL (int8 ... bfloat16; no fp8)", api, (int)t);
-    if (reduces && ((int)op < 0 || op > ncclAvg))
+    int k = (int)op - ncclNumOps;
+    bool premul = k >= 0 && k < EMU_NCCL_PREMUL_OPS && comm->premul[k].live;
+    if (reduces && ((int)op < 0 || (op > ncclAvg && !premul)))
         return emu_nccl_call_error(comm, ncclInvalidArgument, "%s: op %d is not one of ncclSum, ncclProd, "
-                                   "ncclMax, ncclMin, ncclAvg", api, (int)op);
+                                   "ncclMax, ncclMin, ncclAvg, nor a PreMulSum op of this communicator", api, (int)op);
+    if (reduces && premul && comm->premul[k].dtype != t)
+        return emu_nccl_call_error(comm, ncclInvalidArgument, "%s: the PreMulSum op was made for datatype %d, "
+                                   "the call passes %d", api, (int)comm->premul[k].dtype, (int)t);
     return ncclSuccess;
 }
 
@@ -401,19 +406,64 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
     return point_to_point(KIND_RECV, recvbuff, count, datatype, peer, comm, stream);
 }
 
-ncclResult_t ncclGroupStart(void) {
+// ================================================================ the API: PreMulSum ops, ncclBcast
+
+ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
+                                      ncclScalarResidence_t residence, ncclComm_t comm) {
+    const char *api = "ncclRedOpCreatePreMulSum";
     emu_lock();
-    group_depth++;
+    ncclResult_t res = emu_nccl_check_comm(api, comm);
+    if (res == ncclSuccess && (!op || !scalar))
+        res = emu_nccl_call_error(comm, ncclInvalidArgument, "%s: op or scalar is NULL", api);
+    if (res == ncclSuccess) res = check_type_and_op(api, comm, datatype, false, ncclSum);
+    if (res == ncclSuccess && residence == ncclScalarDevice)
+        res = check_buffer(api, comm, "scalar", scalar, emu_nccl_dtype_size(datatype));
+    else if (res == ncclSuccess && residence != ncclScalarHostImmediate)
+        res = emu_nccl_call_error(comm, ncclInvalidArgument, "%s: residence %d is neither ncclScalarDevice nor "
+                                  "ncclScalarHostImmediate", api, (int)residence);
+    int k = 0;
+    while (res == ncclSuccess && k < EMU_NCCL_PREMUL_OPS && comm->premul[k].live) k++;
+    if (res == ncclSuccess && k == EMU_NCCL_PREMUL_OPS)
+        res = emu_nccl_call_error(comm, ncclInvalidUsage, "%s: %d PreMulSum ops are live already (the emulated "
+                                  "NCCL's limit): destroy some with ncclRedOpDestroy", api, EMU_NCCL_PREMUL_OPS);
+    if (res == ncclSuccess) {
+        comm->premul[k].live = true;
+        comm->premul[k].dtype = datatype;
+        comm->premul[k].device_scalar = residence == ncclScalarDevice ? scalar : NULL;
+        comm->premul[k].scalar = residence == ncclScalarDevice ? 0 : emu_nccl_value_at(scalar, datatype);
+        *op = (ncclRedOp_t)(ncclNumOps + k);
+    }
     emu_unlock();
-    return ncclSuccess;
+    return res;
 }
 
-ncclResult_t ncclGroupEnd(void) {
+ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
     emu_lock();
-    if (group_depth == 0) {
-        emu_unlock();
+    ncclResult_t res = emu_nccl_check_comm("ncclRedOpDestroy", comm);
+    int k = (int)op - ncclNumOps;
+    if (res == ncclSuccess && (k < 0 || k >= EMU_NCCL_PREMUL_OPS || !comm->premul[k].live))
+        res = emu_nccl_call_error(comm, ncclInvalidArgument, "ncclRedOpDestroy: op %d is not a PreMulSum op of "
+                                  "this communicator", (int)op);
+    if (res == ncclSuccess) comm->premul[k].live = false; // (queued collectives keep what they read)
+    emu_unlock();
+    return res;
+}
+
+ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                       cudaStream_t stream) {
+    return ncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+}
+
+// ncclGroupStart and ncclGroupEnd themselves are in nccl_comm.c, which
+// finishes the group's communicators first (they may be joined in a group).
+int emu_nccl_group_depth(void) { return group_depth; }
+
+void emu_nccl_group_enter(void) { group_depth++; }
+
+// Leaves a group; at the outermost, queues its calls. (Lock held.)
+ncclResult_t emu_nccl_group_leave(void) {
+    if (group_depth == 0)
         return emu_nccl_call_error(NULL, ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
-    }
     ncclResult_t res = ncclSuccess;
     if (--group_depth == 0 && group_count > 0) {
         bool *queued = emu_nccl_calloc((size_t)group_count, sizeof *queued);
@@ -437,6 +487,5 @@ ncclResult_t ncclGroupEnd(void) {
         group_count = group_capacity = 0;
         if (res == ncclSuccess && in_progress) res = ncclInProgress;
     }
-    emu_unlock();
     return res;
 }

@@ -1,12 +1,13 @@
 // nccl_reduce.c - the emulated NCCL's element types and reductions.
 //
 // Every rank combines the ranks' values in rank order, so every rank gets
-// the same bits. bf16 converts as the emulated GPU converts it (cuda_bf16.h);
-// IEEE half has its conversions here.
+// the same bits. 16-bit floats convert as the emulated GPU converts them
+// (cuda_bf16.h, cuda_fp16.h).
 #include <stdint.h>
 #include <string.h>
 
 #include "cuda_bf16.h"
+#include "cuda_fp16.h"
 #include "emu_internal.h"
 
 // ================================================================ data types
@@ -19,50 +20,6 @@ size_t emu_nccl_dtype_size(ncclDataType_t t) {
     case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
     default: return 0;
     }
-}
-
-// IEEE half: 1 sign bit, 5 exponent bits (bias 15), 10 mantissa bits.
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-    uint32_t bits;
-    if (exponent == 0) {                  // zero or subnormal: mantissa * 2^-24, exact in float
-        float f = (float)mantissa * 0x1p-24f;
-        return (h & 0x8000u) ? -f : f;
-    }
-    if (exponent == 31) bits = sign | 0x7f800000u | (mantissa << 13);   // inf, NaN
-    else bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-// Keeps `value`'s top bits after dropping `shift` low bits, rounding to
-// nearest with ties to even.
-static uint32_t shift_round_even(uint32_t value, unsigned shift) {
-    uint32_t kept = value >> shift, dropped = value & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (dropped > half || (dropped == half && (kept & 1u))) kept++;
-    return kept;
-}
-
-static uint16_t float_to_half(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
-    uint32_t magnitude = bits & 0x7fffffffu;
-    if (magnitude > 0x7f800000u) return 0x7fff;                        // NaN
-    if (magnitude >= 0x47800000u) return sign | 0x7c00;                // >= 65536: infinity
-    uint32_t exponent = magnitude >> 23, mantissa = (magnitude & 0x7fffffu) | 0x800000u;
-    if (magnitude < 0x38800000u) {                                     // below 2^-14: subnormal half
-        unsigned shift = 126 - exponent;                               // mantissa * 2^-shift, in 2^-24 units
-        if (exponent == 0 || shift > 24) return sign;                  // rounds to zero
-        return sign | (uint16_t)shift_round_even(mantissa, shift);
-    }
-    // A normal half; a carry out of the mantissa moves into the exponent,
-    // up to infinity (0x7c00), which is right.
-    uint32_t half = ((exponent - 112) << 10) | ((magnitude & 0x7fffffu) >> 13);
-    uint32_t dropped = magnitude & 0x1fffu;
-    if (dropped > 0x1000u || (dropped == 0x1000u && (half & 1u))) half++;
-    return sign | (uint16_t)half;
 }
 
 // ================================================================ reductions
@@ -120,7 +77,7 @@ DEFINE_REDUCTION(i32, int32_t, int32_t, SAME, SAME, ADD_U32, MUL_U32)
 DEFINE_REDUCTION(u32, uint32_t, uint32_t, SAME, SAME, ADD_PLAIN, MUL_PLAIN)
 DEFINE_REDUCTION(i64, int64_t, int64_t, SAME, SAME, ADD_U64, MUL_U64)
 DEFINE_REDUCTION(u64, uint64_t, uint64_t, SAME, SAME, ADD_PLAIN, MUL_PLAIN)
-DEFINE_REDUCTION(f16, float, uint16_t, half_to_float, float_to_half, ADD_PLAIN, MUL_PLAIN)
+DEFINE_REDUCTION(f16, float, uint16_t, emu_half_bits_to_float, emu_float_to_half_bits, ADD_PLAIN, MUL_PLAIN)
 DEFINE_REDUCTION(f32, float, float, SAME, SAME, ADD_PLAIN, MUL_PLAIN)
 DEFINE_REDUCTION(f64, double, double, SAME, SAME, ADD_PLAIN, MUL_PLAIN)
 DEFINE_REDUCTION(bf16, float, uint16_t, emu_bf16_bits_to_float, emu_float_to_bf16_bits, ADD_PLAIN, MUL_PLAIN)
@@ -148,4 +105,44 @@ void emu_nccl_reduce_slots(struct ncclComm *comm, const emu_nccl_part *p, size_t
     for (int r = 1; r < comm->nranks; r++) red->combine(acc, emu_nccl_slot_of(comm, r) + offset, n, p->op);
     red->finish(result, acc, n, p->op, comm->nranks);
     memcpy(dst, result, n * emu_nccl_dtype_size(p->dtype));
+}
+
+// ================================================================ PreMulSum
+
+double emu_nccl_value_at(const void *p, ncclDataType_t t) {
+    switch (t) {
+    case ncclInt8: return *(const int8_t *)p;
+    case ncclUint8: return *(const uint8_t *)p;
+    case ncclInt32: return *(const int32_t *)p;
+    case ncclUint32: return *(const uint32_t *)p;
+    case ncclInt64: return (double)*(const int64_t *)p;
+    case ncclUint64: return (double)*(const uint64_t *)p;
+    case ncclFloat16: return emu_half_bits_to_float(*(const uint16_t *)p);
+    case ncclBfloat16: return emu_bf16_bits_to_float(*(const uint16_t *)p);
+    case ncclFloat32: return *(const float *)p;
+    default: return *(const double *)p;
+    }
+}
+
+#define PREMULTIPLY(T, EXPR)                                  \
+    do {                                                      \
+        T *v = x;                                             \
+        for (size_t i = 0; i < n; i++) v[i] = (T)(EXPR);      \
+    } while (0)
+
+void emu_nccl_premultiply(void *x, size_t n, ncclDataType_t t, double scalar) {
+    int64_t k = (int64_t)scalar;
+    float f = (float)scalar;
+    switch (t) {
+    case ncclInt8: PREMULTIPLY(int8_t, (uint8_t)v[i] * (uint8_t)k); break;
+    case ncclUint8: PREMULTIPLY(uint8_t, v[i] * (uint8_t)k); break;
+    case ncclInt32: PREMULTIPLY(int32_t, (uint32_t)v[i] * (uint32_t)k); break;
+    case ncclUint32: PREMULTIPLY(uint32_t, v[i] * (uint32_t)k); break;
+    case ncclInt64: PREMULTIPLY(int64_t, (uint64_t)v[i] * (uint64_t)k); break;
+    case ncclUint64: PREMULTIPLY(uint64_t, v[i] * (uint64_t)k); break;
+    case ncclFloat16: PREMULTIPLY(uint16_t, emu_float_to_half_bits(emu_half_bits_to_float(v[i]) * f)); break;
+    case ncclBfloat16: PREMULTIPLY(uint16_t, emu_float_to_bf16_bits(emu_bf16_bits_to_float(v[i]) * f)); break;
+    case ncclFloat32: PREMULTIPLY(float, v[i] * f); break;
+    default: PREMULTIPLY(double, v[i] * scalar); break;
+    }
 }

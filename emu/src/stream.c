@@ -409,6 +409,7 @@ static void random_steps(void) {
 static void settle(stream *s) {
     emu_schedule_kind k = emu_schedule();
     if (k == EMU_SCHEDULE_LAZY || settling || emu_current_op()) return;
+    if (k == EMU_SCHEDULE_RANDOM && emu_schedule_random() % 2) return; // (half the time, nothing runs)
     settling++;
     emu_device_access_begin();
     if (k == EMU_SCHEDULE_EAGER) run(s, s->enqueued, 1 << 30);
