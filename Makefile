@@ -13,6 +13,16 @@ TOOLS := $(if $(wildcard tools/Makefile),tools)
 
 all: $(CHAPTERS) $(TOOLS)
 
+# The emulated GPU's library is built once, before the folders that link
+# it: each folder would otherwise build it too, and under make -j two such
+# builds at once write the same files.
+ifeq ($(CUDA),emu)
+$(CHAPTERS) tools unit-tests: | emu-library
+.PHONY: emu-library
+emu-library:
+	@$(MAKE) --no-print-directory -C emu ASAN=$(ASAN)
+endif
+
 # `make 04_ddp_spawn` here builds 04_ddp_spawn/04_ddp_spawn; ./04_ddp_spawn is
 # the folder, so the last line says how to run the program from here.
 $(CHAPTERS) tools:
@@ -105,7 +115,7 @@ help:
 	@echo "  make bench        benchmarks: tables on the terminal, CSV under runs/"
 	@echo "  make bench-gpt    chapter 08 on a GPU: tokens/s, MFU, memory (needs a GPU)"
 	@echo "  make gpu-check    on a real GPU: every test with its GPU cases, bench-gpt, a report in runs/gpu-check/"
-	@echo "  make speedup      measure speedup vs number of ranks (CSV + figure data)"
+	@echo "  make speedup      measure speedup vs number of ranks: 1 rank (the baseline) vs DDP, median and range (SPEEDUP_CHAPTER=04: chapter 04, spawned; default 05)"
 	@echo "  make plots        run missing measurements, draw gnuplot figures (PNG) under runs/plots/"
 	@echo "  make data         download WikiText-2 for chapter 08 (if ../shared/data is absent)"
 	@echo "  make diffs        chapters 01->04->05->06->07 as diffs: read the diff first"

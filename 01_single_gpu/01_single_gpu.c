@@ -18,25 +18,26 @@
 #include "metrics.h"
 #include "timer.h"
 
+#define CHAPTER "01_single_gpu"
+
 typedef struct {
-    int features, samples, batch_size, epochs, seed;
+    int epochs, batch_size, features, samples, seed;
     double lr;
     const char *device;
 } options;
 
 static options parse_options(int argc, char **argv) {
-    options o = {1, 10000, 32, 10, 42, 0.01, "auto"};
-    flag_t flags[] = {
-        {"features", NULL, FLAG_INT, &o.features, "input features D (y = X.w + 3 + noise)", 1, 65536, NULL, NULL},
-        {"samples", NULL, FLAG_INT, &o.samples, "number of training samples", 1, 100000000, NULL, NULL},
-        {"batch_size", NULL, FLAG_INT, &o.batch_size, "samples per SGD step", 1, 1000000, NULL, NULL},
-        {"lr", NULL, FLAG_DOUBLE, &o.lr, "learning rate", 0, 100, NULL, NULL},
-        {"epochs", NULL, FLAG_INT, &o.epochs, "passes over the data", 1, 100000, NULL, NULL},
-        {"seed", NULL, FLAG_INT, &o.seed, "seed for the data and the shuffle", 0, 2147483647, NULL, NULL},
-        {"device", NULL, FLAG_STRING, &o.device, "where to compute", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
-    };
-    flag_set set = {"01_single_gpu", "linear regression with SGD on one GPU (or the CPU)", NULL,
-                    flags, (int)(sizeof flags / sizeof flags[0])};
+    options o = {.epochs = 10, .batch_size = 32, .features = 1, .samples = 10000, .seed = 42, .lr = 0.01,
+                 .device = "auto"};
+    flag_set set = {.program = CHAPTER,
+                    .summary = "linear regression with SGD on one GPU (or the CPU)"};
+    flag_int(&set, "epochs", &o.epochs, 1, 100000, "passes over the data");
+    flag_int(&set, "batch_size", &o.batch_size, 1, 1000000, "samples per step");
+    flag_double(&set, "lr", &o.lr, 0, 100, "learning rate");
+    flag_int(&set, "features", &o.features, 1, 65536, "input features D");
+    flag_int(&set, "samples", &o.samples, 1, 100000000, "training samples");
+    flag_int(&set, "seed", &o.seed, 0, 2147483647, "seed for data and shuffling");
+    flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where to compute")->env = "COURSE_DEVICE";
     flags_parse(&set, argc, argv);
     return o;
 }
@@ -46,7 +47,7 @@ int main(int argc, char **argv) {
     // output starts with where it ran.
     options opt = parse_options(argc, argv);
     device_t device = device_choose(opt.device, 0);
-    printf("01_single_gpu: running on %s; why: %s\n", device.name, device.why);
+    printf(CHAPTER ": running on %s; why: %s\n", device.name, device.why);
 
     // --- Data: the same seed gives the same samples on every machine.
     linreg_data data = linreg_make_data(opt.features, opt.samples, (uint64_t)opt.seed);
@@ -64,7 +65,7 @@ int main(int argc, char **argv) {
     linreg_init(&model, &device, &data, opt.batch_size);
 
     char out_dir[1024];
-    files_runs_dir(out_dir, sizeof out_dir, "01_single_gpu");
+    files_runs_dir(out_dir, sizeof out_dir, CHAPTER);
     metrics_csv csv = metrics_open(out_dir, "loss", "step,epoch,loss");
     char date[32];
     time_t now = time(NULL);

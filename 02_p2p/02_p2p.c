@@ -33,20 +33,18 @@ typedef struct {
 
 static options parse_options(int argc, char **argv) {
     options o = {2, "auto", "auto", 0, false, {8, (size_t)256 << 20, 2, 100, 10}};
-    flag_t flags[] = {
-        {"nprocs", NULL, FLAG_INT, &o.nprocs, "ranks to spawn (ranks 0 and 1 talk; the others wait)", 2, 64, NULL, NULL},
-        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl|mpi", "COURSE_BACKEND"},
-        {"device", NULL, FLAG_STRING, &o.device, "where the buffers live", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
-        {"timeout", NULL, FLAG_DOUBLE, &o.timeout, "seconds any wait may take (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL},
-        {"bench", NULL, FLAG_BOOL, &o.bench, "measure ping-pong latency and bandwidth instead of the lesson", 1, 0, NULL, NULL},
-        {"minbytes", "b", FLAG_BYTES, &o.b.minbytes, "smallest message (K, M, G suffixes)", 1, 4294967296.0, NULL, NULL},
-        {"maxbytes", "e", FLAG_BYTES, &o.b.maxbytes, "largest message", 1, 4294967296.0, NULL, NULL},
-        {"stepfactor", "f", FLAG_INT, &o.b.stepfactor, "multiply the size by this from one row to the next", 2, 1024, NULL, NULL},
-        {"iters", "n", FLAG_INT, &o.b.iters, "timed round trips per size (fewer for big messages)", 1, 1000000, NULL, NULL},
-        {"warmup_iters", "w", FLAG_INT, &o.b.warmup_iters, "untimed round trips per size first", 0, 1000000, NULL, NULL},
-    };
-    flag_set set = {"02_p2p", "send a tensor from rank 0 to rank 1; --bench: ping-pong latency and bandwidth",
-                    NULL, flags, (int)(sizeof flags / sizeof flags[0])};
+    flag_set set = {.program = "02_p2p",
+                    .summary = "send a tensor from rank 0 to rank 1; --bench: ping-pong latency and bandwidth"};
+    flag_int(&set, "nprocs", &o.nprocs, 2, 64, "ranks to spawn (ranks 0 and 1 talk; the others wait)");
+    flag_choice(&set, "backend", &o.backend, "auto|cpu|nccl|mpi", "communication backend")->env = "COURSE_BACKEND";
+    flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where the buffers live")->env = "COURSE_DEVICE";
+    flag_double(&set, "timeout", &o.timeout, 0, 86400, "seconds any wait may take (0: COURSE_TIMEOUT or 300)");
+    flag_bool(&set, "bench", &o.bench, "measure ping-pong latency and bandwidth instead of the lesson");
+    flag_bytes(&set, "minbytes", &o.b.minbytes, 1, 4294967296.0, "smallest message (K, M, G suffixes)")->short_name = "b";
+    flag_bytes(&set, "maxbytes", &o.b.maxbytes, 1, 4294967296.0, "largest message")->short_name = "e";
+    flag_int(&set, "stepfactor", &o.b.stepfactor, 2, 1024, "multiply the size by this from one row to the next")->short_name = "f";
+    flag_int(&set, "iters", &o.b.iters, 1, 1000000, "timed round trips per size (fewer for big messages)")->short_name = "n";
+    flag_int(&set, "warmup_iters", &o.b.warmup_iters, 0, 1000000, "untimed round trips per size first")->short_name = "w";
     flags_parse(&set, argc, argv);
     if (o.b.minbytes > o.b.maxbytes)
         flags_fail(&set, "-b/--minbytes (%zu) is larger than -e/--maxbytes (%zu)", o.b.minbytes, o.b.maxbytes);

@@ -8,7 +8,8 @@
 //
 // Without flags the program runs each collective once on a tiny buffer and
 // prints every rank's buffer before and after, so that you can see what
-// moved where: that is this file. With --bench it measures them in the
+// moved where, and ends with sub-groups: collectives among some of the
+// ranks. That is this file. With --bench it measures them in the
 // style of nccl-tests - time, algorithm bandwidth, bus bandwidth, and a
 // correctness check - which is bench_collectives.h. What each collective
 // is (root, reduction, buffer sizes, bandwidth formulas) is one table, in
@@ -40,29 +41,28 @@ typedef struct {
 
 static options parse_options(int argc, char **argv, const launch_env_t *env) {
     options o = {0, "auto", "auto", 0, false, false, {1, 8, (size_t)64 << 20, 2, 20, 5, "sum", "float", "all", 0}};
-    flag_t flags[] = {
-        {"nprocs", NULL, FLAG_INT, &o.nprocs, "ranks to spawn (0: one per GPU if there are 2 or more, else 4)", 0, 64, NULL, NULL},
-        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl|mpi", "COURSE_BACKEND"},
-        {"device", NULL, FLAG_STRING, &o.device, "where the buffers live", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
-        {"timeout", NULL, FLAG_DOUBLE, &o.timeout, "seconds any wait may take (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL},
-        {"bench", NULL, FLAG_BOOL, &o.bench, "benchmark (nccl-tests style) instead of the lesson", 1, 0, NULL, NULL},
-        {"mismatch", NULL, FLAG_BOOL, &o.mismatch, "a planted bug: rank 1 reduces with max where the others sum (try COURSE_DEBUG=DETAIL)", 1, 0, NULL, NULL},
-        {"check", "c", FLAG_INT, &o.b.check, "correctness rounds per size after timing (0: none)", 0, 1000, NULL, NULL},
-        {"minbytes", "b", FLAG_BYTES, &o.b.minbytes, "smallest size (K, M, G suffixes)", 1, 2147483648.0, NULL, NULL},
-        {"maxbytes", "e", FLAG_BYTES, &o.b.maxbytes, "largest size", 1, 2147483648.0, NULL, NULL},
-        {"stepfactor", "f", FLAG_INT, &o.b.stepfactor, "multiply the size by this from one row to the next", 2, 1024, NULL, NULL},
-        {"iters", "n", FLAG_INT, &o.b.iters, "timed operations per size (fewer for big sizes)", 1, 1000000, NULL, NULL},
-        {"warmup_iters", "w", FLAG_INT, &o.b.warmup_iters, "untimed operations per size first", 0, 1000000, NULL, NULL},
-        {"op", "o", FLAG_STRING, &o.b.op, "reduction (all: a row for each; band/bor/bxor: integer types)", 1, 0,
-         "sum|prod|min|max|avg|band|bor|bxor|all", NULL},
-        {"datatype", "d", FLAG_STRING, &o.b.datatype, "element type (all: a row for each)", 1, 0,
-         "float|double|int32|int64|uint8|bfloat16|all", NULL},
-        {"collective", NULL, FLAG_STRING, &o.b.collective, "which collective to measure", 1, 0,
-         "all|broadcast|reduce|all_reduce|gather|all_gather|scatter|reduce_scatter|all_to_all|barrier", NULL},
-        {"root", "r", FLAG_INT, &o.b.root, "root rank of broadcast, reduce, gather, scatter", 0, 4095, NULL, NULL},
-    };
-    flag_set set = {"03_collectives", "the nine collectives, rank by rank; --bench: nccl-tests style benchmark",
-                    NULL, flags, (int)(sizeof flags / sizeof flags[0])};
+    flag_set set = {.program = "03_collectives",
+                    .summary = "the nine collectives, rank by rank; --bench: nccl-tests style benchmark"};
+    flag_int(&set, "nprocs", &o.nprocs, 0, 64, "ranks to spawn (0: one per GPU if there are 2 or more, else 4)");
+    flag_choice(&set, "backend", &o.backend, "auto|cpu|nccl|mpi", "communication backend")->env = "COURSE_BACKEND";
+    flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where the buffers live")->env = "COURSE_DEVICE";
+    flag_double(&set, "timeout", &o.timeout, 0, 86400, "seconds any wait may take (0: COURSE_TIMEOUT or 300)");
+    flag_bool(&set, "bench", &o.bench, "benchmark (nccl-tests style) instead of the lesson");
+    flag_bool(&set, "mismatch", &o.mismatch, "a planted bug: rank 1 reduces with max where the others sum (try COURSE_DEBUG=DETAIL)");
+    flag_int(&set, "check", &o.b.check, 0, 1000, "correctness rounds per size after timing (0: none)")->short_name = "c";
+    flag_bytes(&set, "minbytes", &o.b.minbytes, 1, 2147483648.0, "smallest size (K, M, G suffixes)")->short_name = "b";
+    flag_bytes(&set, "maxbytes", &o.b.maxbytes, 1, 2147483648.0, "largest size")->short_name = "e";
+    flag_int(&set, "stepfactor", &o.b.stepfactor, 2, 1024, "multiply the size by this from one row to the next")->short_name = "f";
+    flag_int(&set, "iters", &o.b.iters, 1, 1000000, "timed operations per size (fewer for big sizes)")->short_name = "n";
+    flag_int(&set, "warmup_iters", &o.b.warmup_iters, 0, 1000000, "untimed operations per size first")->short_name = "w";
+    flag_choice(&set, "op", &o.b.op, "sum|prod|min|max|avg|band|bor|bxor|all",
+                "reduction (all: a row for each; band/bor/bxor: integer types)")->short_name = "o";
+    flag_choice(&set, "datatype", &o.b.datatype, "float|double|int32|int64|uint8|bfloat16|all",
+                "element type (all: a row for each)")->short_name = "d";
+    flag_choice(&set, "collective", &o.b.collective,
+                "all|broadcast|reduce|all_reduce|gather|all_gather|scatter|reduce_scatter|all_to_all|barrier",
+                "which collective to measure");
+    flag_int(&set, "root", &o.b.root, 0, 4095, "root rank of broadcast, reduce, gather, scatter")->short_name = "r";
     flags_parse(&set, argc, argv);
     bool bitwise = !strcmp(o.b.op, "band") || !strcmp(o.b.op, "bor") || !strcmp(o.b.op, "bxor");
     bool floating = !strcmp(o.b.datatype, "float") || !strcmp(o.b.datatype, "double") || !strcmp(o.b.datatype, "bfloat16");
@@ -202,6 +202,29 @@ static void demo_barrier(lesson_t *L) {
     device_free(L->dev, dev);
 }
 
+// Sub-groups: a collective need not involve every rank. pg_split (MPI's
+// MPI_Comm_split, NCCL's ncclCommSplit) makes a group of the ranks that pass
+// the same color; here the even ranks and the odd ranks, each group running
+// its own all_reduce at the same time. This is how data, tensor and
+// pipeline parallelism combine: each kind of parallelism talks inside its
+// own groups (common/mesh.h lays them out; chapters 09-11 use them).
+static void demo_subgroups(lesson_t *L) {
+    log_main("\n== 11. sub-groups: pg_split(color = rank %% 2) makes a group of the even ranks and one of the odd\n"
+             "  ranks; each all_reduces (sum) its [rank, group rank] on its own\n");
+    pg_t *half = pg_split(L->pg, L->rank % 2, L->rank);
+    float mine[2] = {(float)L->rank, (float)pg_rank(half)};
+    float *dev = device_alloc(L->dev, sizeof mine), *sum = device_alloc(L->dev, sizeof mine);
+    device_from_host(L->dev, dev, mine, sizeof mine);
+    show(L, "before", dev, 2);
+    pg_all_reduce(half, dev, sum, 2, DTYPE_F32, OP_SUM);   // only the ranks of this group take part
+    show(L, "after", sum, 2);
+    log_main("  the even ranks hold the sum over the even ranks, the odd ones over the odd ones; the two\n"
+             "  all_reduces ran side by side, each on its own connections.\n");
+    pg_destroy(half);
+    device_free(L->dev, dev);
+    device_free(L->dev, sum);
+}
+
 // A collective is a promise: every rank calls it with the same count, type,
 // reduction and root. --mismatch breaks it on purpose, as a bug in one rank's
 // code would: rank 1 reduces with max where the others sum. The bytes still
@@ -255,6 +278,7 @@ static void run_lesson(dist_t *d) {
          "(mixture-of-experts)");
     demo_barrier(&L);
     demo_flags(&L);
+    demo_subgroups(&L);
     free(L.host_slot);
     free(L.host_all);
     device_free(L.dev, L.dev_slot);

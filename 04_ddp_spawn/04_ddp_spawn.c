@@ -1,15 +1,14 @@
 // 04_ddp_spawn.c - Chapter 4: data-parallel training, started by the
 // program itself (the mp.spawn way).
 //
-// The model and data of chapter 01, trained twice:
-//   1. the baseline: one process, batch 32, learning rate lr;
-//   2. data parallel: W processes, each with its own replica of the model
-//      and its own 1/W of every epoch (the sampler), batch 32 EACH, so the
-//      job takes W*32 samples per step; the gradients are averaged across
-//      ranks with all-reduce before every step. With W times the batch,
-//      the learning rate is scaled by W, as the classic comparison does.
-// Then it compares the two: the same answer, and how much faster. "How much
-// faster" is measured like a benchmark (speedup.h, beside this file).
+// The model and data of chapter 01, trained data parallel: W processes
+// (ranks), each with its own replica of the model and its own 1/W of every
+// epoch (the sampler), batch 32 EACH, so the job takes W*32 samples per
+// step; the gradients are averaged across ranks with all-reduce before
+// every step. With W times the batch, the learning rate is scaled by W
+// (the linear scaling rule). `--nprocs 1` is chapter 01's training again;
+// how much faster W ranks are is measured like a benchmark, by
+// `make speedup` (tools/speedup.sh), not by this lesson.
 //
 // Read the diff first: `make diffs` shows what changed since chapter 01.
 // Read it top to bottom: options, the training that every rank runs
@@ -20,7 +19,6 @@
 
 #include "ddp.h"
 #include "dist.h"
-#include "fault.h"
 #include "flags.h"
 #include "linreg.h"
 #include "log.h"
@@ -36,39 +34,30 @@ typedef struct {
     double lr, timeout;
     const char *backend, *device;
     bool scale_lr;
-    fault_plan fault;    // none planned; COURSE_DDP_PERTURB_RANK makes a replica drift (fault.h)
-    int nprocs, repeats;
-    bool no_baseline;
+    int nprocs;
 } options;
-
-#include "speedup.h"
 
 static options parse_options(int argc, char **argv, int gpus) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     options o = {.epochs = 10, .batch_size = 32, .features = 1, .samples = 10000, .seed = 42, .lr = 0.01,
                  .backend = "auto", .device = "auto", .scale_lr = true,
-                 .fault = fault_none(),
                  // One rank per GPU; without GPUs, one rank per core (at least
                  // 2, so that there is something to be parallel about).
-                 .nprocs = gpus > 0 ? gpus : (cores > 2 ? (int)cores : 2), .repeats = 5};
-    flag_t flags[] = {
-        {"epochs", NULL, FLAG_INT, &o.epochs, "passes over the data", 1, 100000, NULL, NULL},
-        {"batch_size", NULL, FLAG_INT, &o.batch_size, "samples per step PER RANK", 1, 1000000, NULL, NULL},
-        {"lr", NULL, FLAG_DOUBLE, &o.lr, "learning rate of one process", 0, 100, NULL, NULL},
-        {"scale_lr", NULL, FLAG_BOOL, &o.scale_lr, "multiply lr by the world size (linear scaling rule)", 1, 0, NULL, NULL},
-        {"features", NULL, FLAG_INT, &o.features, "input features D", 1, 65536, NULL, NULL},
-        {"samples", NULL, FLAG_INT, &o.samples, "training samples", 1, 100000000, NULL, NULL},
-        {"seed", NULL, FLAG_INT, &o.seed, "seed for data and shuffling", 0, 2147483647, NULL, NULL},
-        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl|mpi", "COURSE_BACKEND"},
-        {"device", NULL, FLAG_STRING, &o.device, "where to compute", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
-        {"nprocs", NULL, FLAG_INT, &o.nprocs, "number of ranks (processes) to spawn", 1, 256, NULL, NULL},
-        {"no_baseline", NULL, FLAG_BOOL, &o.no_baseline, "skip the single-process run", 1, 0, NULL, NULL},
-        {"repeats", NULL, FLAG_INT, &o.repeats, "timed runs of each, after the two you see (the warm-up)", 1, 1000, NULL, NULL},
-        {"check_replicas", NULL, FLAG_INT, &o.check_replicas, "every N steps, stop if the replicas differ (0: never)", 0, 1000000000, NULL, NULL},
-        {"timeout", NULL, FLAG_DOUBLE, &o.timeout, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL},
-    };
-    flag_set set = {CHAPTER, "data-parallel training of the chapter 01 model, started with spawn",
-                    NULL, flags, (int)(sizeof flags / sizeof flags[0])};
+                 .nprocs = gpus > 0 ? gpus : (cores > 2 ? (int)cores : 2)};
+    flag_set set = {.program = CHAPTER,
+                    .summary = "data-parallel training of the chapter 01 model, started with spawn"};
+    flag_int(&set, "epochs", &o.epochs, 1, 100000, "passes over the data");
+    flag_int(&set, "batch_size", &o.batch_size, 1, 1000000, "samples per step PER RANK");
+    flag_double(&set, "lr", &o.lr, 0, 100, "learning rate of one process");
+    flag_bool(&set, "scale_lr", &o.scale_lr, "multiply lr by the world size (linear scaling rule)");
+    flag_int(&set, "features", &o.features, 1, 65536, "input features D");
+    flag_int(&set, "samples", &o.samples, 1, 100000000, "training samples");
+    flag_int(&set, "seed", &o.seed, 0, 2147483647, "seed for data and shuffling");
+    flag_choice(&set, "backend", &o.backend, "auto|cpu|nccl|mpi", "communication backend")->env = "COURSE_BACKEND";
+    flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where to compute")->env = "COURSE_DEVICE";
+    flag_int(&set, "nprocs", &o.nprocs, 1, 256, "number of ranks (processes) to spawn");
+    flag_int(&set, "check_replicas", &o.check_replicas, 0, 1000000000, "every N steps, stop if the replicas differ (0: never)");
+    flag_double(&set, "timeout", &o.timeout, 0, 86400, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)");
     flags_parse(&set, argc, argv);
     return o;
 }
@@ -77,8 +66,7 @@ static options parse_options(int argc, char **argv, int gpus) {
 static int train(int rank, int world_size, void *arg) {
     (void)rank;         // dist_init reads both from the variables spawn set,
     (void)world_size;   // as it would read a launcher's (chapter 05)
-    const run_plan *plan = arg;
-    options opt = plan->opt;
+    options opt = *(const options *)arg;
 
     // --- Set-up: who am I? The variables that spawn set say; dist_init
     // reads them, meets the other ranks and builds the process group.
@@ -106,7 +94,6 @@ static int train(int rank, int world_size, void *arg) {
     linreg_init(&model, &dist.device, &data, opt.batch_size);
     size_t nparams = (size_t)opt.features + 1;
     ddp_broadcast_parameters(dist.pg, model.params, nparams);
-    int first_epoch = 0;
     int64_t step = 0;
 
     char out_dir[1024];
@@ -118,7 +105,7 @@ static int train(int rank, int world_size, void *arg) {
     pg_barrier(dist.pg);
     double start = now_seconds();
     double first_loss = 0, last_loss = 0;   // of the first and the last epoch
-    for (int epoch = first_epoch; epoch < opt.epochs; epoch++) {
+    for (int epoch = 0; epoch < opt.epochs; epoch++) {
         sampler_set_epoch(&sampler, epoch); // a new order each epoch, the same on every rank
         linreg_set_order(&model, sampler.indices, sampler.num_samples);
         double batches = 0;
@@ -131,7 +118,6 @@ static int train(int rank, int world_size, void *arg) {
             int size = (int)(sampler.num_samples - first < opt.batch_size
                                  ? sampler.num_samples - first : opt.batch_size);
             linreg_forward_backward(&model, first, size);             // local gradient
-            fault_point(&opt.fault, &dist, step + 1, model.params);   // planned failures (fault.h)
             ddp_average_gradients(dist.pg, model.grads, nparams);     // the one DDP line
             linreg_sgd_step(&model, lr);                              // same update everywhere
             batches++;
@@ -145,7 +131,7 @@ static int train(int rank, int world_size, void *arg) {
         double loss_and_batches[2] = {linreg_take_loss_sum(&model), batches};
         dist_all_reduce_host(&dist, loss_and_batches, 2, OP_SUM);
         double epoch_loss = loss_and_batches[0] / loss_and_batches[1];
-        if (epoch == first_epoch) first_loss = epoch_loss;
+        if (epoch == 0) first_loss = epoch_loss;
         last_loss = epoch_loss;
         log_main("epoch %2d | loss %.6f (mean over all ranks) | %lld steps | %.3f s\n", epoch,
                  epoch_loss, (long long)step, now_seconds() - start);
@@ -162,8 +148,7 @@ static int train(int rank, int world_size, void *arg) {
         log_main("final weight %.6f  bias %.6f  (true 2.0, 3.0)  parameters checksum %016llx\n", params[0],
                  params[opt.features], (unsigned long long)checksum_bytes(params, sizeof(float) * nparams));
         log_main("training time %.6f s on %d rank(s) (%.0f samples/s)\n", seconds, dist.world_size,
-                 (double)opt.samples * (opt.epochs - first_epoch) / seconds);
-        hand_back(plan->result, params, nparams, seconds);   // to main, which spawned this rank
+                 (double)opt.samples * opt.epochs / seconds);
     }
     free(params);
     linreg_free(&model);
@@ -171,7 +156,7 @@ static int train(int rank, int world_size, void *arg) {
     linreg_free_data(&data);
     // Did it learn, or blow up? Every rank knows (the loss is all-reduced);
     // rank 0 says it before anyone leaves, then all of them exit with 1.
-    bool diverged = linreg_report_divergence(dist.rank, dist.world_size, first_loss, first_epoch,
+    bool diverged = linreg_report_divergence(dist.rank, dist.world_size, first_loss, 0,
                                              last_loss, opt.epochs - 1, lr, opt.scale_lr);
     dist_finish(&dist);
     return diverged ? 1 : 0;
@@ -185,9 +170,9 @@ int main(int argc, char **argv) {
         die("--backend nccl needs one GPU per rank, but %d ranks were asked for and %d GPU(s) are "
             "visible. NCCL cannot put two ranks on one GPU. Run with --backend cpu (or auto), "
             "or with --nprocs %d", opt.nprocs, gpus, gpus > 0 ? gpus : 1);
-    printf(CHAPTER ": %d GPU(s) visible; %d rank(s) for the data-parallel run\n", gpus, opt.nprocs);
-    // spawn(W, train, ...) makes a job of W ranks on this machine; the
-    // baseline is a job of one.
-    speedup_compare(&opt, train);
-    return 0;
+    printf(CHAPTER ": %d GPU(s) visible; spawning %d rank(s)\n", gpus, opt.nprocs);
+    // spawn(W, train, &opt) makes a job of W ranks on this machine and waits
+    // for it: 0 when every rank returned 0, 1 when one failed (spawn says
+    // which), 128 + the signal when Ctrl-C stopped it.
+    return spawn(opt.nprocs, train, &opt);
 }

@@ -18,7 +18,6 @@
 
 #include "ddp.h"
 #include "dist.h"
-#include "fault.h"
 #include "flags.h"
 #include "linreg.h"
 #include "log.h"
@@ -33,29 +32,25 @@ typedef struct {
     double lr, timeout;
     const char *backend, *device, *init_method;
     bool scale_lr;
-    fault_plan fault;    // none planned; COURSE_DDP_PERTURB_RANK makes a replica drift (fault.h)
 } options;
 
 static options parse_options(int argc, char **argv) {
     options o = {.epochs = 10, .batch_size = 32, .features = 1, .samples = 10000, .seed = 42, .lr = 0.01,
-                 .backend = "auto", .device = "auto", .init_method = "env://", .scale_lr = true,
-                 .fault = fault_none()};
-    flag_t flags[] = {
-        {"epochs", NULL, FLAG_INT, &o.epochs, "passes over the data", 1, 100000, NULL, NULL},
-        {"batch_size", NULL, FLAG_INT, &o.batch_size, "samples per step PER RANK", 1, 1000000, NULL, NULL},
-        {"lr", NULL, FLAG_DOUBLE, &o.lr, "learning rate of one process", 0, 100, NULL, NULL},
-        {"scale_lr", NULL, FLAG_BOOL, &o.scale_lr, "multiply lr by the world size (linear scaling rule)", 1, 0, NULL, NULL},
-        {"features", NULL, FLAG_INT, &o.features, "input features D", 1, 65536, NULL, NULL},
-        {"samples", NULL, FLAG_INT, &o.samples, "training samples", 1, 100000000, NULL, NULL},
-        {"seed", NULL, FLAG_INT, &o.seed, "seed for data and shuffling", 0, 2147483647, NULL, NULL},
-        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl|mpi", "COURSE_BACKEND"},
-        {"device", NULL, FLAG_STRING, &o.device, "where to compute", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
-        {"init_method", NULL, FLAG_STRING, &o.init_method, "how ranks meet: env://, tcp://HOST:PORT, file:///path", 1, 0, NULL, NULL},
-        {"check_replicas", NULL, FLAG_INT, &o.check_replicas, "every N steps, stop if the replicas differ (0: never)", 0, 1000000000, NULL, NULL},
-        {"timeout", NULL, FLAG_DOUBLE, &o.timeout, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL},
-    };
-    flag_set set = {CHAPTER, "data-parallel training; rank and world size come from the launcher",
-                    NULL, flags, (int)(sizeof flags / sizeof flags[0])};
+                 .backend = "auto", .device = "auto", .init_method = "env://", .scale_lr = true};
+    flag_set set = {.program = CHAPTER,
+                    .summary = "data-parallel training; rank and world size come from the launcher"};
+    flag_int(&set, "epochs", &o.epochs, 1, 100000, "passes over the data");
+    flag_int(&set, "batch_size", &o.batch_size, 1, 1000000, "samples per step PER RANK");
+    flag_double(&set, "lr", &o.lr, 0, 100, "learning rate of one process");
+    flag_bool(&set, "scale_lr", &o.scale_lr, "multiply lr by the world size (linear scaling rule)");
+    flag_int(&set, "features", &o.features, 1, 65536, "input features D");
+    flag_int(&set, "samples", &o.samples, 1, 100000000, "training samples");
+    flag_int(&set, "seed", &o.seed, 0, 2147483647, "seed for data and shuffling");
+    flag_choice(&set, "backend", &o.backend, "auto|cpu|nccl|mpi", "communication backend")->env = "COURSE_BACKEND";
+    flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where to compute")->env = "COURSE_DEVICE";
+    flag_string(&set, "init_method", &o.init_method, "how ranks meet: env://, tcp://HOST:PORT, file:///path");
+    flag_int(&set, "check_replicas", &o.check_replicas, 0, 1000000000, "every N steps, stop if the replicas differ (0: never)");
+    flag_double(&set, "timeout", &o.timeout, 0, 86400, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)");
     flags_parse(&set, argc, argv);
     return o;
 }
@@ -89,7 +84,6 @@ int main(int argc, char **argv) {
     linreg_init(&model, &dist.device, &data, opt.batch_size);
     size_t nparams = (size_t)opt.features + 1;
     ddp_broadcast_parameters(dist.pg, model.params, nparams);
-    int first_epoch = 0;
     int64_t step = 0;
 
     char out_dir[1024];
@@ -101,7 +95,7 @@ int main(int argc, char **argv) {
     pg_barrier(dist.pg);
     double start = now_seconds();
     double first_loss = 0, last_loss = 0;   // of the first and the last epoch
-    for (int epoch = first_epoch; epoch < opt.epochs; epoch++) {
+    for (int epoch = 0; epoch < opt.epochs; epoch++) {
         sampler_set_epoch(&sampler, epoch); // a new order each epoch, the same on every rank
         linreg_set_order(&model, sampler.indices, sampler.num_samples);
         double batches = 0;
@@ -109,7 +103,6 @@ int main(int argc, char **argv) {
             int size = (int)(sampler.num_samples - first < opt.batch_size
                                  ? sampler.num_samples - first : opt.batch_size);
             linreg_forward_backward(&model, first, size);             // local gradient
-            fault_point(&opt.fault, &dist, step + 1, model.params);   // planned failures (fault.h)
             ddp_average_gradients(dist.pg, model.grads, nparams);     // the one DDP line
             linreg_sgd_step(&model, lr);                              // same update everywhere
             batches++;
@@ -123,7 +116,7 @@ int main(int argc, char **argv) {
         double loss_and_batches[2] = {linreg_take_loss_sum(&model), batches};
         dist_all_reduce_host(&dist, loss_and_batches, 2, OP_SUM);
         double epoch_loss = loss_and_batches[0] / loss_and_batches[1];
-        if (epoch == first_epoch) first_loss = epoch_loss;
+        if (epoch == 0) first_loss = epoch_loss;
         last_loss = epoch_loss;
         log_main("epoch %2d | loss %.6f (mean over all ranks) | %lld steps | %.3f s\n", epoch,
                  epoch_loss, (long long)step, now_seconds() - start);
@@ -140,7 +133,7 @@ int main(int argc, char **argv) {
         log_main("final weight %.6f  bias %.6f  (true 2.0, 3.0)  parameters checksum %016llx\n", params[0],
                  params[opt.features], (unsigned long long)checksum_bytes(params, sizeof(float) * nparams));
         log_main("training time %.6f s on %d rank(s) (%.0f samples/s)\n", seconds, dist.world_size,
-                 (double)opt.samples * (opt.epochs - first_epoch) / seconds);
+                 (double)opt.samples * opt.epochs / seconds);
     }
     free(params);
     linreg_free(&model);
@@ -148,7 +141,7 @@ int main(int argc, char **argv) {
     linreg_free_data(&data);
     // Did it learn, or blow up? Every rank knows (the loss is all-reduced);
     // rank 0 says it before anyone leaves, then all of them exit with 1.
-    bool diverged = linreg_report_divergence(dist.rank, dist.world_size, first_loss, first_epoch,
+    bool diverged = linreg_report_divergence(dist.rank, dist.world_size, first_loss, 0,
                                              last_loss, opt.epochs - 1, lr, opt.scale_lr);
     dist_finish(&dist);
     return diverged ? 1 : 0;

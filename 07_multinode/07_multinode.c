@@ -34,6 +34,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "netif.h"
+#include "nodes.h"
 #include "sampler.h"
 #include "timer.h"
 
@@ -58,28 +59,26 @@ static options parse_options(int argc, char **argv) {
     options o = {.epochs = 10, .batch_size = 32, .features = 1, .samples = 10000, .seed = 42, .lr = 0.01,
                  .backend = "auto", .device = "auto", .init_method = "env://", .scale_lr = false,
                  .fault = fault_none(), .save_every = 1, .keep = 2, .momentum = 0.9, .snapshot_path = default_path};
-    flag_t flags[24] = {
-        {"total_epochs", NULL, FLAG_INT, &o.epochs, "epochs of the whole run, across restarts", 1, 100000, NULL, NULL},
-        {"save_every", NULL, FLAG_INT, &o.save_every, "snapshot every N epochs", 1, 100000, NULL, NULL},
-        {"save_every_steps", NULL, FLAG_INT, &o.save_every_steps, "also snapshot every N steps (0: only at epoch ends)", 0, 1000000000, NULL, NULL},
-        {"snapshot_path", NULL, FLAG_STRING, &o.snapshot_path, "snapshot series: DIR/STEM.safetensors", 1, 0, NULL, NULL},
-        {"keep", NULL, FLAG_INT, &o.keep, "keep the newest K snapshots", 1, 1000, NULL, NULL},
-        {"batch_size", NULL, FLAG_INT, &o.batch_size, "samples per step PER RANK", 1, 1000000, NULL, NULL},
-        {"lr", NULL, FLAG_DOUBLE, &o.lr, "learning rate of one process", 0, 100, NULL, NULL},
-        {"momentum", NULL, FLAG_DOUBLE, &o.momentum, "SGD momentum (optimizer state!)", 0, 0.999, NULL, NULL},
-        {"scale_lr", NULL, FLAG_BOOL, &o.scale_lr, "multiply lr by the world size (linear scaling rule)", 1, 0, NULL, NULL},
-        {"features", NULL, FLAG_INT, &o.features, "input features D", 1, 65536, NULL, NULL},
-        {"samples", NULL, FLAG_INT, &o.samples, "training samples", 1, 100000000, NULL, NULL},
-        {"seed", NULL, FLAG_INT, &o.seed, "seed for data and shuffling", 0, 2147483647, NULL, NULL},
-        {"backend", NULL, FLAG_STRING, &o.backend, "communication backend", 1, 0, "auto|cpu|nccl|mpi", "COURSE_BACKEND"},
-        {"device", NULL, FLAG_STRING, &o.device, "where to compute", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"},
-        {"init_method", NULL, FLAG_STRING, &o.init_method, "how ranks meet: env://, tcp://HOST:PORT, file:///path", 1, 0, NULL, NULL},
-        {"check_replicas", NULL, FLAG_INT, &o.check_replicas, "every N steps, stop if the replicas differ (0: never)", 0, 1000000000, NULL, NULL},
-        {"timeout", NULL, FLAG_DOUBLE, &o.timeout, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL},
-    };
-    int count = fault_add_flags(&o.fault, flags, 17);
-    flag_set set = {CHAPTER, "data-parallel training across several nodes, with snapshots",
-                    NULL, flags, count};
+    flag_set set = {.program = CHAPTER,
+                    .summary = "data-parallel training across several nodes, with snapshots"};
+    flag_int(&set, "total_epochs", &o.epochs, 1, 100000, "epochs of the whole run, across restarts");
+    flag_int(&set, "save_every", &o.save_every, 1, 100000, "snapshot every N epochs");
+    flag_int(&set, "save_every_steps", &o.save_every_steps, 0, 1000000000, "also snapshot every N steps (0: only at epoch ends)");
+    flag_string(&set, "snapshot_path", &o.snapshot_path, "snapshot series: DIR/STEM.safetensors");
+    flag_int(&set, "keep", &o.keep, 1, 1000, "keep the newest K snapshots");
+    flag_int(&set, "batch_size", &o.batch_size, 1, 1000000, "samples per step PER RANK");
+    flag_double(&set, "lr", &o.lr, 0, 100, "learning rate of one process");
+    flag_double(&set, "momentum", &o.momentum, 0, 0.999, "SGD momentum (optimizer state!)");
+    flag_bool(&set, "scale_lr", &o.scale_lr, "multiply lr by the world size (linear scaling rule)");
+    flag_int(&set, "features", &o.features, 1, 65536, "input features D");
+    flag_int(&set, "samples", &o.samples, 1, 100000000, "training samples");
+    flag_int(&set, "seed", &o.seed, 0, 2147483647, "seed for data and shuffling");
+    flag_choice(&set, "backend", &o.backend, "auto|cpu|nccl|mpi", "communication backend")->env = "COURSE_BACKEND";
+    flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where to compute")->env = "COURSE_DEVICE";
+    flag_string(&set, "init_method", &o.init_method, "how ranks meet: env://, tcp://HOST:PORT, file:///path");
+    flag_int(&set, "check_replicas", &o.check_replicas, 0, 1000000000, "every N steps, stop if the replicas differ (0: never)");
+    flag_double(&set, "timeout", &o.timeout, 0, 86400, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)");
+    fault_add_flags(&set, &o.fault);
     flags_parse(&set, argc, argv);
     return o;
 }
@@ -96,38 +95,6 @@ static void print_start_line(const dist_t *d) {
     fflush(stdout);
 }
 
-// Rank 0 learns every rank's node (an all-gather, written as a sum of
-// vectors that are zero except at one's own rank) and prints the layout:
-// "2 nodes: node 0 has ranks 0-1, node 1 has ranks 2-4".
-static void report_layout(dist_t *d) {
-    int world = d->world_size, nodes = 0;
-    double *node_of = xcalloc((size_t)world, sizeof *node_of);
-    node_of[d->rank] = d->env.group_rank;
-    dist_all_reduce_host(d, node_of, world, OP_SUM);
-    for (int r = 0; r < world; r++)
-        if ((int)node_of[r] >= nodes) nodes = (int)node_of[r] + 1;
-    char text[1024];
-    size_t at = (size_t)snprintf(text, sizeof text, "%d node%s:", nodes, nodes == 1 ? "" : "s");
-    for (int n = 0; n < nodes && at < sizeof text; n++) {
-        int count = 0;
-        for (int r = 0; r < world; r++) count += (int)node_of[r] == n;
-        at += (size_t)snprintf(text + at, sizeof text - at, "%s node %d has rank%s", n ? "," : "",
-                               n, count == 1 ? "" : "s");
-        for (int r = 0; r < world && at < sizeof text; r++) {
-            if ((int)node_of[r] != n) continue;
-            int last = r;   // ranks r..last are all on node n
-            while (last + 1 < world && (int)node_of[last + 1] == n) last++;
-            at += (size_t)(last > r ? snprintf(text + at, sizeof text - at, " %d-%d", r, last)
-                                    : snprintf(text + at, sizeof text - at, " %d", r));
-            r = last;
-        }
-    }
-    log_main(CHAPTER ": %d rank%s on %s; started by %s; backend %s; restart %d of at most %d\n",
-             world, world == 1 ? "" : "s", text, d->env.launched ? d->env.source : "hand (no launcher)",
-             pg_describe(d->pg), d->env.restart_count, d->env.max_restarts);
-    free(node_of);
-}
-
 // ---------------------------------------------------------------- main
 int main(int argc, char **argv) {
     options opt = parse_options(argc, argv);
@@ -138,7 +105,10 @@ int main(int argc, char **argv) {
     dist_options how = {opt.init_method, opt.backend, opt.device, opt.timeout};
     dist_init(&dist, &how);
     print_start_line(&dist);
-    report_layout(&dist);
+    log_main(CHAPTER ": started by %s; restart %d of at most %d\n",
+             dist.env.launched ? dist.env.source : "hand (no launcher)", dist.env.restart_count,
+             dist.env.max_restarts);
+    nodes_report(&dist);   // which ranks run where: one line per node (common/nodes.h)
     // The effective batch is world_size x batch_size; the linear scaling
     // rule raises the learning rate by the same factor.
     float lr = (float)(opt.scale_lr ? opt.lr * dist.world_size : opt.lr);
@@ -184,7 +154,7 @@ int main(int argc, char **argv) {
             int size = (int)(sampler.num_samples - first < opt.batch_size
                                  ? sampler.num_samples - first : opt.batch_size);
             linreg_forward_backward(&model, first, size);             // local gradient
-            fault_point(&opt.fault, &dist, step + 1, model.params);   // planned failures (fault.h)
+            fault_maybe_die(&opt.fault, &dist, step + 1);             // planned failures (fault.h)
             ddp_average_gradients(dist.pg, model.grads, nparams);     // the one DDP line
             linreg_momentum_step(&model, lr, (float)opt.momentum);    // same update everywhere
             batches++;

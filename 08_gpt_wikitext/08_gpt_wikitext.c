@@ -14,7 +14,9 @@
 //      safetensors with the tokenizer beside it, which --generate reloads.
 //
 // Read it top to bottom: options, device, data, model, training loop,
-// evaluation, sampling, saving. The model itself, layer by layer, is in gpt.h.
+// evaluation, sampling, saving. The model itself, layer by layer, is in
+// ../gpt/gpt.h: the GPT, its tokenizer and its data live in ../gpt/, which
+// chapters 09-11 share.
 //
 // Where it computes: on a GPU when there is one (gpt_cuda.cu: our kernels
 // and cuBLAS, in bf16 mixed precision by default), else on the CPU
@@ -34,6 +36,7 @@
 #include <time.h>
 
 #include "bpe.h"
+#include "data_check.h"
 #include "ddp.h"
 #include "device.h"
 #include "dist.h"
@@ -68,44 +71,43 @@ typedef struct {
 
 // ===================================================================== options
 
-static flag_set option_flags(options *o, flag_t *f, int *count) {
-    int n = 0;
-    f[n++] = (flag_t){"epochs", NULL, FLAG_INT, &o->epochs, "passes over the training split", 1, 1000, NULL, NULL};
-    f[n++] = (flag_t){"batch_size", "b", FLAG_INT, &o->batch_size, "sequences per micro-batch", 1, 4096, NULL, NULL};
-    f[n++] = (flag_t){"grad_accum", NULL, FLAG_INT, &o->grad_accum, "micro-batches per optimizer step", 1, 4096, NULL, NULL};
-    f[n++] = (flag_t){"lr", NULL, FLAG_DOUBLE, &o->lr, "peak learning rate", 0, 10, NULL, NULL};
-    f[n++] = (flag_t){"min_lr", NULL, FLAG_DOUBLE, &o->min_lr, "learning rate at the end of the cosine (-1: lr/10)", -1, 10, NULL, NULL};
-    f[n++] = (flag_t){"warmup_steps", NULL, FLAG_INT, &o->warmup_steps, "linear warm-up steps (at most a fifth of the run)", 0, 1000000, NULL, NULL};
-    f[n++] = (flag_t){"weight_decay", NULL, FLAG_DOUBLE, &o->weight_decay, "AdamW decay of the weight matrices", 0, 10, NULL, NULL};
-    f[n++] = (flag_t){"grad_clip", NULL, FLAG_DOUBLE, &o->grad_clip, "clip the gradient norm to this (0: never)", 0, 1e6, NULL, NULL};
-    f[n++] = (flag_t){"max_steps", NULL, FLAG_INT, &o->max_steps, "stop after this many optimizer steps (0: all epochs)", 0, 100000000, NULL, NULL};
-    f[n++] = (flag_t){"eval_every", NULL, FLAG_INT, &o->eval_every, "validate every N steps as well as after each epoch (0: epochs only)", 0, 100000000, NULL, NULL};
-    f[n++] = (flag_t){"log_every", NULL, FLAG_INT, &o->log_every, "progress line every N steps", 1, 100000000, NULL, NULL};
-    f[n++] = (flag_t){"save_every", NULL, FLAG_INT, &o->save_every, "save the model every N epochs (0: at the end only)", 0, 1000000, NULL, NULL};
-    f[n++] = (flag_t){"snapshot_path", NULL, FLAG_STRING, &o->snapshot_path, "resumable snapshots DIR/STEM.safetensors, every --save_every epochs", 1, 0, NULL, NULL};
-    f[n++] = (flag_t){"nprocs", NULL, FLAG_INT, &o->nprocs, "ranks to spawn for data parallelism (under ddprun: ignored)", 1, 256, NULL, NULL};
-    f[n++] = (flag_t){"backend", NULL, FLAG_STRING, &o->backend, "communication backend", 1, 0, "auto|cpu|nccl|mpi", "COURSE_BACKEND"};
-    f[n++] = (flag_t){"timeout", NULL, FLAG_DOUBLE, &o->timeout, "seconds a rank waits for another (0: COURSE_TIMEOUT or 300)", 0, 86400, NULL, NULL};
-    f[n++] = (flag_t){"seed", NULL, FLAG_INT, &o->seed, "seed for the weights, the shuffle and the samples", 0, 2147483647, NULL, NULL};
-    f[n++] = (flag_t){"preset", NULL, FLAG_STRING, &o->preset, "model size: default (128/4/4/256) or tiny (32/2/2/64)", 1, 0, "default|tiny", NULL};
-    f[n++] = (flag_t){"vocab_size", NULL, FLAG_INT, &o->vocab_size, "BPE vocabulary: 256 bytes + merges + <|endoftext|>", 258, 65536, NULL, NULL};
-    f[n++] = (flag_t){"block_size", NULL, FLAG_INT, &o->block_size, "context length in tokens (0: from --preset)", 1, 8192, NULL, NULL};
-    f[n++] = (flag_t){"n_layer", NULL, FLAG_INT, &o->n_layer, "transformer blocks (0: from --preset)", 1, 256, NULL, NULL};
-    f[n++] = (flag_t){"n_head", NULL, FLAG_INT, &o->n_head, "attention heads (0: from --preset)", 1, 256, NULL, NULL};
-    f[n++] = (flag_t){"n_embd", NULL, FLAG_INT, &o->n_embd, "channels (0: from --preset)", 1, 16384, NULL, NULL};
-    f[n++] = (flag_t){"data_dir", NULL, FLAG_STRING, &o->data_dir, "folder with train.txt, valid.txt, test.txt (none: $WIKITEXT_DIR, else ../shared/data/wikitext-2)", 1, 0, NULL, NULL};
-    f[n++] = (flag_t){"verify_data", NULL, FLAG_BOOL, &o->verify_data, "check the files are the published WikiText-2 (false: any text corpus)", 1, 0, NULL, NULL};
-    f[n++] = (flag_t){"out_dir", NULL, FLAG_STRING, &o->out_dir, "model, tokenizer, caches and metrics go here", 1, 0, NULL, NULL};
-    f[n++] = (flag_t){"generate", NULL, FLAG_BOOL, &o->generate, "load the saved model from --out_dir and sample; no training", 1, 0, NULL, NULL};
-    f[n++] = (flag_t){"prompt", NULL, FLAG_STRING, &o->prompt, "text the samples continue", 1, 0, NULL, NULL};
-    f[n++] = (flag_t){"temperature", NULL, FLAG_DOUBLE, &o->temperature, "sampling temperature (0: always the most likely token)", 0, 100, NULL, NULL};
-    f[n++] = (flag_t){"top_k", NULL, FLAG_INT, &o->top_k, "sample among the k most likely tokens (0: all)", 0, 65536, NULL, NULL};
-    f[n++] = (flag_t){"num_samples", NULL, FLAG_INT, &o->num_samples, "continuations to print", 0, 100, NULL, NULL};
-    f[n++] = (flag_t){"sample_tokens", NULL, FLAG_INT, &o->sample_tokens, "tokens per continuation", 1, 100000, NULL, NULL};
-    f[n++] = (flag_t){"device", NULL, FLAG_STRING, &o->device, "where to compute", 1, 0, "auto|cpu|cuda", "COURSE_DEVICE"};
-    f[n++] = (flag_t){"precision", NULL, FLAG_STRING, &o->precision, "number format on a GPU (auto: bf16 there, fp32 on the CPU)", 1, 0, "auto|bf16|fp32", NULL};
-    *count = n;
-    flag_set set = {CHAPTER, "train a GPT language model on WikiText-2 and sample from it", NULL, f, n};
+static flag_set option_flags(options *o) {
+    flag_set set = {.program = CHAPTER,
+                    .summary = "train a GPT language model on WikiText-2 and sample from it"};
+    flag_int(&set, "epochs", &o->epochs, 1, 1000, "passes over the training split");
+    flag_int(&set, "batch_size", &o->batch_size, 1, 4096, "sequences per micro-batch")->short_name = "b";
+    flag_int(&set, "grad_accum", &o->grad_accum, 1, 4096, "micro-batches per optimizer step");
+    flag_double(&set, "lr", &o->lr, 0, 10, "peak learning rate");
+    flag_double(&set, "min_lr", &o->min_lr, -1, 10, "learning rate at the end of the cosine (-1: lr/10)");
+    flag_int(&set, "warmup_steps", &o->warmup_steps, 0, 1000000, "linear warm-up steps (at most a fifth of the run)");
+    flag_double(&set, "weight_decay", &o->weight_decay, 0, 10, "AdamW decay of the weight matrices");
+    flag_double(&set, "grad_clip", &o->grad_clip, 0, 1e6, "clip the gradient norm to this (0: never)");
+    flag_int(&set, "max_steps", &o->max_steps, 0, 100000000, "stop after this many optimizer steps (0: all epochs)");
+    flag_int(&set, "eval_every", &o->eval_every, 0, 100000000, "validate every N steps as well as after each epoch (0: epochs only)");
+    flag_int(&set, "log_every", &o->log_every, 1, 100000000, "progress line every N steps");
+    flag_int(&set, "save_every", &o->save_every, 0, 1000000, "save the model every N epochs (0: at the end only)");
+    flag_string(&set, "snapshot_path", &o->snapshot_path, "resumable snapshots DIR/STEM.safetensors, every --save_every epochs");
+    flag_int(&set, "nprocs", &o->nprocs, 1, 256, "ranks to spawn for data parallelism (under ddprun: ignored)");
+    flag_choice(&set, "backend", &o->backend, "auto|cpu|nccl|mpi", "communication backend")->env = "COURSE_BACKEND";
+    flag_double(&set, "timeout", &o->timeout, 0, 86400, "seconds a rank waits for another (0: COURSE_TIMEOUT or 300)");
+    flag_int(&set, "seed", &o->seed, 0, 2147483647, "seed for the weights, the shuffle and the samples");
+    flag_choice(&set, "preset", &o->preset, "default|tiny", "model size: default (128/4/4/256) or tiny (32/2/2/64)");
+    flag_int(&set, "vocab_size", &o->vocab_size, 258, 65536, "BPE vocabulary: 256 bytes + merges + <|endoftext|>");
+    flag_int(&set, "block_size", &o->block_size, 1, 8192, "context length in tokens (0: from --preset)");
+    flag_int(&set, "n_layer", &o->n_layer, 1, 256, "transformer blocks (0: from --preset)");
+    flag_int(&set, "n_head", &o->n_head, 1, 256, "attention heads (0: from --preset)");
+    flag_int(&set, "n_embd", &o->n_embd, 1, 16384, "channels (0: from --preset)");
+    flag_string(&set, "data_dir", &o->data_dir, "folder with train.txt, valid.txt, test.txt (none: $WIKITEXT_DIR, else ../shared/data/wikitext-2)");
+    flag_bool(&set, "verify_data", &o->verify_data, "check the files are the published WikiText-2 (false: any text corpus)");
+    flag_string(&set, "out_dir", &o->out_dir, "model, tokenizer, caches and metrics go here");
+    flag_bool(&set, "generate", &o->generate, "load the saved model from --out_dir and sample; no training");
+    flag_string(&set, "prompt", &o->prompt, "text the samples continue");
+    flag_double(&set, "temperature", &o->temperature, 0, 100, "sampling temperature (0: always the most likely token)");
+    flag_int(&set, "top_k", &o->top_k, 0, 65536, "sample among the k most likely tokens (0: all)");
+    flag_int(&set, "num_samples", &o->num_samples, 0, 100, "continuations to print");
+    flag_int(&set, "sample_tokens", &o->sample_tokens, 1, 100000, "tokens per continuation");
+    flag_choice(&set, "device", &o->device, "auto|cpu|cuda", "where to compute")->env = "COURSE_DEVICE";
+    flag_choice(&set, "precision", &o->precision, "auto|bf16|fp32", "number format on a GPU (auto: bf16 there, fp32 on the CPU)");
     return set;
 }
 
@@ -132,9 +134,7 @@ static options parse_options(int argc, char **argv) {
     static char default_out_dir[1024]; // outlives this function: o.out_dir points at it
     files_runs_dir(default_out_dir, sizeof default_out_dir, CHAPTER);
     o.out_dir = default_out_dir;
-    flag_t flags[40];
-    int count;
-    flag_set set = option_flags(&o, flags, &count);
+    flag_set set = option_flags(&o);
     flags_parse(&set, argc, argv);
     apply_preset(&o, &set);
     if (o.min_lr < 0) o.min_lr = o.lr / 10;
@@ -435,6 +435,18 @@ static void fill_batch(trainer_t *tr, const uint16_t *train, int index, int B, i
     }
 }
 
+// The learning rate of step `step` (counted from 0): a linear warm-up from
+// lr/warmup to lr over the first tr->warmup steps (Adam's moment estimates
+// are poor at first), then a cosine from lr down to min_lr at the last
+// step, and min_lr after it.
+static float learning_rate(const trainer_t *tr, const options *o, int step) {
+    float max_lr = (float)o->lr, min_lr = (float)o->min_lr;
+    if (step < tr->warmup) return max_lr * (float)(step + 1) / (float)tr->warmup;
+    if (step >= tr->total_steps) return min_lr;
+    double progress = (double)(step - tr->warmup) / (double)(tr->total_steps - tr->warmup);
+    return min_lr + (float)(0.5 * (1 + cos(3.141592653589793 * progress))) * (max_lr - min_lr);
+}
+
 // One optimizer step: grad_accum micro-batches, the gradients averaged over
 // the ranks, then clip and AdamW. The losses are not read here: on a GPU
 // that would make the host wait for every step, and the progress line
@@ -453,8 +465,7 @@ static void train_step(model_t *m, trainer_t *tr, const options *o, const uint16
     // clips and steps the same way, and the replicas stay identical.
     model_average_gradients(m, tr->dist->pg);
     model_clip_grad_norm(m, (float)o->grad_clip);
-    float lr = gpt_lr_schedule(step, tr->warmup, tr->total_steps, (float)o->lr, (float)o->min_lr);
-    model_adamw(m, lr, 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
+    model_adamw(m, learning_rate(tr, o, step), 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
 }
 
 static void format_duration(double seconds, char *buf, size_t size) {
@@ -474,8 +485,7 @@ static void report_progress(model_t *m, trainer_t *tr, const options *o, int ste
     char eta[32];
     format_duration(tr->train_time / step * (tr->total_steps - step), eta, sizeof eta);
     log_main("epoch %d | step %d/%d | loss %.4f | lr %.2e | %.0f tokens/s | ETA %s\n", epoch + 1, step,
-             tr->total_steps, loss, gpt_lr_schedule(step - 1, tr->warmup, tr->total_steps, (float)o->lr,
-             (float)o->min_lr), tok_per_s, eta);
+             tr->total_steps, loss, learning_rate(tr, o, step - 1), tok_per_s, eta);
     metrics_row(&tr->csv, "%d,%d,%.5f,,%.1f", step, epoch + 1, loss, tok_per_s);
     tr->loss_count = 0;
     tr->interval_start = now_seconds();
@@ -627,7 +637,7 @@ static int run_rank(int rank, int world, void *arg) {
     if (dist.rank == 0) corpus = load_corpus(o, cache_dir);
     pg_barrier(dist.pg);
     if (dist.rank != 0) corpus = load_corpus(o, cache_dir);
-    nodes_check_data(&dist, bpe_fingerprint(corpus.tokenizer), corpus.split, corpus.count); // same tokens everywhere
+    data_check_across_nodes(&dist, bpe_fingerprint(corpus.tokenizer), corpus.split, corpus.count); // same tokens everywhere
 
     // --- Model: sized by the flags, vocabulary by the tokenizer; the same
     // seed gives every rank the same initial weights (and rank 0's are

@@ -13,7 +13,7 @@
 //      bytes, so no rank drifts by a rounding error.
 // A debug check (ddp_check_replicas) proves rule 3 held: it compares a
 // checksum of every rank's parameters and names the rank that diverged
-// (fault.h makes a rank drift on purpose, to see it work).
+// (tests/library/test_ddp.sh makes ranks drift on purpose, to see it work).
 #ifndef COURSE_DDP_H
 #define COURSE_DDP_H
 

@@ -21,6 +21,10 @@
 
 typedef enum { DEVICE_CPU, DEVICE_CUDA } device_kind;
 
+// A CUDA event: cudaEvent_t points to one. Named so that code which passes
+// events along compiles the same in a build without CUDA.
+struct CUevent_st;
+
 typedef struct {
     device_kind kind;
     int gpu;         // CUDA device index, when kind == DEVICE_CUDA
@@ -141,6 +145,9 @@ static inline void device_free(const device_t *d, void *p) {
     free(p);
 }
 
+// Waits for the work queued on the legacy default stream (and on streams
+// that synchronize with it) before it copies; work on a non-blocking stream
+// must be finished first (cudaStreamSynchronize, or an event).
 static inline void device_to_host(const device_t *d, void *host, const void *dev, size_t bytes) {
 #ifdef COURSE_CUDA
     if (device_is_cuda(d)) {
@@ -152,15 +159,35 @@ static inline void device_to_host(const device_t *d, void *host, const void *dev
     if (bytes) memmove(host, dev, bytes);
 }
 
+// Returns when the bytes are in device memory, visible to work on any
+// stream. cudaMemcpy alone does not promise that: from pageable memory it
+// may return once the bytes are staged for the copy engine, before they
+// land (CUDA's "API synchronization behavior"), and a kernel queued next on
+// a non-blocking stream does not wait for the legacy stream that copies
+// them. A process group that stages gradients through the host (pg.h) and
+// a model that steps on its own stream (chapter 08) met exactly there.
 static inline void device_from_host(const device_t *d, void *dev, const void *host, size_t bytes) {
 #ifdef COURSE_CUDA
     if (device_is_cuda(d)) {
         CHECK_CUDA(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
         return;
     }
 #endif
     (void)d;
     if (bytes) memmove(dev, host, bytes);
+}
+
+// Waits on the host until a CUDA event has happened (on the CPU there are
+// no events: nothing to wait for). The event is a cudaEvent_t.
+static inline void device_wait_event(const device_t *d, struct CUevent_st *event) {
+#ifdef COURSE_CUDA
+    if (device_is_cuda(d)) {
+        CHECK_CUDA(cudaEventSynchronize(event));
+        return;
+    }
+#endif
+    (void)d, (void)event;
 }
 
 static inline void device_synchronize(const device_t *d) {

@@ -2,19 +2,14 @@
 // crash, and how the tests prove it.
 //
 // A real crash comes when it likes; a lesson and a test need one at a step
-// they choose. Two kinds, both at one point of the training loop,
-// fault_point(), which chapters 04-07 call right after the backward pass
-// and before the gradients are averaged (08 calls fault_maybe_die before
-// each step):
-//   - a rank dies: rank R, at global step S, by exit(3) or SIGKILL, in the
-//     first N attempts only (so that a restarted job can finish). The others
-//     are then waiting in the all-reduce of step S, as after a real crash.
-//     --fail_rank R --fail_step S --fail_mode exit|kill --fail_attempts N
-//     (fault_add_flags), or the variables COURSE_FAIL_RANK, COURSE_FAIL_STEP,
-//     COURSE_FAIL_MODE, COURSE_FAIL_ATTEMPTS (fault_from_env);
-//   - a replica drifts: COURSE_DDP_PERTURB_RANK=R makes rank R nudge one of
-//     its parameters, once, as a bug would; the replicas then differ, and
-//     ddp_check_replicas must say which rank does.
+// they choose: rank R dies at global step S, by exit(3) or SIGKILL, in the
+// first N attempts only (so that a restarted job can finish). Chapters 06
+// and 07 call fault_maybe_die right after the backward pass and before the
+// gradients are averaged, 08 before each step: the other ranks are then
+// waiting in the all-reduce of step S, as after a real crash. The plan comes
+// from --fail_rank R --fail_step S --fail_mode exit|kill --fail_attempts N
+// (fault_add_flags), or from the variables COURSE_FAIL_RANK,
+// COURSE_FAIL_STEP, COURSE_FAIL_MODE, COURSE_FAIL_ATTEMPTS (fault_from_env).
 // The training code itself (ddp.h, the models) holds no test hooks.
 #ifndef COURSE_FAULT_H
 #define COURSE_FAULT_H
@@ -38,14 +33,13 @@ typedef struct {
 
 static inline fault_plan fault_none(void) { return (fault_plan){-1, -1, 1, "exit"}; }
 
-// Appends the four flags of a fault plan at flags[n] (they can also be set
-// by the COURSE_FAIL_* variables); returns the new count.
-static inline int fault_add_flags(fault_plan *f, flag_t *flags, int n) {
-    flags[n++] = (flag_t){"fail_rank", NULL, FLAG_INT, &f->rank, "fault injection: this rank dies... (-1: none)", -1, 1000000, NULL, "COURSE_FAIL_RANK"};
-    flags[n++] = (flag_t){"fail_step", NULL, FLAG_INT, &f->step, "...at this global step", -1, 1000000000, NULL, "COURSE_FAIL_STEP"};
-    flags[n++] = (flag_t){"fail_mode", NULL, FLAG_STRING, &f->mode, "...by exit(3) or SIGKILL", 1, 0, "exit|kill", "COURSE_FAIL_MODE"};
-    flags[n++] = (flag_t){"fail_attempts", NULL, FLAG_INT, &f->attempts, "...in the first N attempts (restarts) only", 0, 1000000, NULL, "COURSE_FAIL_ATTEMPTS"};
-    return n;
+// Adds the four flags of a fault plan to a program's flags (each can also
+// be set by its COURSE_FAIL_* variable).
+static inline void fault_add_flags(flag_set *set, fault_plan *f) {
+    flag_int(set, "fail_rank", &f->rank, -1, 1000000, "fault injection: this rank dies... (-1: none)")->env = "COURSE_FAIL_RANK";
+    flag_int(set, "fail_step", &f->step, -1, 1000000000, "...at this global step")->env = "COURSE_FAIL_STEP";
+    flag_choice(set, "fail_mode", &f->mode, "exit|kill", "...by exit(3) or SIGKILL")->env = "COURSE_FAIL_MODE";
+    flag_int(set, "fail_attempts", &f->attempts, 0, 1000000, "...in the first N attempts (restarts) only")->env = "COURSE_FAIL_ATTEMPTS";
 }
 
 // The plan the COURSE_FAIL_* variables describe, for a program without the
@@ -72,25 +66,6 @@ static inline void fault_maybe_die(const fault_plan *f, const dist_t *d, int64_t
     fflush(NULL);
     if (kill) raise(SIGKILL);
     exit(3);
-}
-
-// COURSE_DDP_PERTURB_RANK=r: rank r adds 1 to its first parameter, once.
-// params lives on the job's device (d->device); NULL: nothing to nudge.
-static inline void fault_maybe_nudge(const dist_t *d, float *params) {
-    static bool done = false;
-    const char *who = getenv("COURSE_DDP_PERTURB_RANK");
-    if (done || !params || !who || atoi(who) != d->rank || d->world_size == 1) return;
-    float p;
-    device_to_host(&d->device, &p, params, sizeof p);
-    p += 1.0f;
-    device_from_host(&d->device, params, &p, sizeof p);
-    done = true;
-}
-
-// The one point of the training loop where planned failures happen.
-static inline void fault_point(const fault_plan *f, const dist_t *d, int64_t global_step, float *params) {
-    fault_maybe_die(f, d, global_step);
-    fault_maybe_nudge(d, params);
 }
 
 #endif

@@ -8,6 +8,10 @@
 //
 // A flag can also take its default from an environment variable
 // (e.g. COURSE_DEVICE for --device); the command line wins over it.
+//
+// A program lists its flags with one call each (flag_int, flag_double,
+// flag_bytes, flag_bool, flag_string, flag_choice), in the order --help
+// shows them, then calls flags_parse; see flag_set below.
 #ifndef COURSE_FLAGS_H
 #define COURSE_FLAGS_H
 
@@ -41,13 +45,64 @@ typedef struct {
     const char *env;        // environment variable that sets the default, or NULL
 } flag_t;
 
+// The most flags one program has (chapter 08 has 34).
+#define FLAGS_MAX 48
+
+// A program's flags: name it, then add its flags one call each, in the
+// order --help lists them:
+//   flag_set set = {.program = "01_single_gpu", .summary = "linear regression ..."};
+//   flag_int(&set, "epochs", &o.epochs, 1, 100000, "passes over the data");
+//   flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where to compute")->env = "COURSE_DEVICE";
+//   flags_parse(&set, argc, argv);
+// Each adder takes a pointer of its flag's type (the compiler checks it)
+// whose value is the default, and returns the new flag, whose rarer fields
+// (short_name, env) are set by name.
 typedef struct {
     const char *program;    // name shown in messages
     const char *summary;    // one line saying what the program does
     const char *positional; // e.g. "PROGRAM [ARGS...]"; NULL if none allowed
-    flag_t *flags;
+    flag_t flags[FLAGS_MAX];
     int count;
 } flag_set;
+
+static inline flag_t *flags_add(flag_set *set, flag_type type, const char *name, void *value,
+                                double min, double max, const char *help) {
+    if (set->count == FLAGS_MAX)
+        die("flags: %s has more than %d flags; raise FLAGS_MAX in flags.h", set->program, FLAGS_MAX);
+    flag_t *f = &set->flags[set->count++];
+    *f = (flag_t){.name = name, .type = type, .value = value, .help = help, .min = min, .max = max};
+    return f;
+}
+
+// Numbers, with the range they must lie in (bounds included).
+static inline flag_t *flag_int(flag_set *set, const char *name, int *value, double min, double max,
+                               const char *help) {
+    return flags_add(set, FLAG_INT, name, value, min, max, help);
+}
+static inline flag_t *flag_double(flag_set *set, const char *name, double *value, double min,
+                                  double max, const char *help) {
+    return flags_add(set, FLAG_DOUBLE, name, value, min, max, help);
+}
+// A size in bytes: 8, 64K, 16M, 1G.
+static inline flag_t *flag_bytes(flag_set *set, const char *name, size_t *value, double min,
+                                 double max, const char *help) {
+    return flags_add(set, FLAG_BYTES, name, value, min, max, help);
+}
+static inline flag_t *flag_bool(flag_set *set, const char *name, bool *value, const char *help) {
+    return flags_add(set, FLAG_BOOL, name, value, 1, 0, help);
+}
+// Any text.
+static inline flag_t *flag_string(flag_set *set, const char *name, const char **value,
+                                  const char *help) {
+    return flags_add(set, FLAG_STRING, name, value, 1, 0, help);
+}
+// One of a few words: choices is "auto|cpu|cuda".
+static inline flag_t *flag_choice(flag_set *set, const char *name, const char **value,
+                                  const char *choices, const char *help) {
+    flag_t *f = flags_add(set, FLAG_STRING, name, value, 1, 0, help);
+    f->choices = choices;
+    return f;
+}
 
 static inline void flags_usage_line(const flag_set *set, FILE *out) {
     fprintf(out, "usage: %s [--flag value ...]%s%s (see --help)\n", set->program,

@@ -15,6 +15,11 @@
 //
 // Padding repeats a few samples. Training does not mind; evaluation must not
 // count them twice, so the sampler says how many of a rank's samples are real.
+//
+// As DistributedSampler, a new sampler holds epoch 0's order: a loop that
+// never calls sampler_set_epoch still trains on every sample, but in the
+// same order every epoch (PyTorch's most common DDP bug: no error, a little
+// worse training). Call sampler_set_epoch(&s, epoch) first in every epoch.
 #ifndef COURSE_SAMPLER_H
 #define COURSE_SAMPLER_H
 
@@ -35,24 +40,6 @@ typedef struct {
     int64_t num_samples;   // how many: the same on every rank
     int64_t num_real;      // how many of them are not padding
 } sampler_t;
-
-static inline sampler_t sampler_create(int64_t dataset_size, int world_size, int rank,
-                                       bool shuffle, uint64_t seed, bool drop_last) {
-    if (dataset_size < 1) die("sampler: the dataset is empty");
-    if (world_size < 1 || rank < 0 || rank >= world_size)
-        die("sampler: rank %d is not in a world of %d", rank, world_size);
-    if (drop_last && dataset_size < world_size)
-        die("sampler: drop_last with %lld samples for %d ranks leaves nothing to train on",
-            (long long)dataset_size, world_size);
-    sampler_t s = {dataset_size, world_size, rank, shuffle, drop_last, seed, 0, 0, NULL, 0, 0};
-    s.indices = xmalloc(sizeof(int64_t) * (size_t)(dataset_size / world_size + 1));
-    return s;
-}
-
-static inline void sampler_free(sampler_t *s) {
-    free(s->indices);
-    s->indices = NULL;
-}
 
 // Builds this rank's list for `epoch`, skipping the first `start` positions
 // of the global order (0 for a fresh epoch; the saved position on resume:
@@ -82,6 +69,25 @@ static inline void sampler_set_epoch_from(sampler_t *s, int epoch, int64_t start
     free(order);
 }
 
+static inline sampler_t sampler_create(int64_t dataset_size, int world_size, int rank,
+                                       bool shuffle, uint64_t seed, bool drop_last) {
+    if (dataset_size < 1) die("sampler: the dataset is empty");
+    if (world_size < 1 || rank < 0 || rank >= world_size)
+        die("sampler: rank %d is not in a world of %d", rank, world_size);
+    if (drop_last && dataset_size < world_size)
+        die("sampler: drop_last with %lld samples for %d ranks leaves nothing to train on",
+            (long long)dataset_size, world_size);
+    sampler_t s = {dataset_size, world_size, rank, shuffle, drop_last, seed, 0, 0, NULL, 0, 0};
+    s.indices = xmalloc(sizeof(int64_t) * (size_t)(dataset_size / world_size + 1));
+    sampler_set_epoch_from(&s, 0, 0);   // epoch 0 until told otherwise
+    return s;
+}
+
 static inline void sampler_set_epoch(sampler_t *s, int epoch) { sampler_set_epoch_from(s, epoch, 0); }
+
+static inline void sampler_free(sampler_t *s) {
+    free(s->indices);
+    s->indices = NULL;
+}
 
 #endif

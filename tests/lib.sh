@@ -20,12 +20,6 @@ pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
 skip() { echo "SKIP $1: $2"; }
 
-# check NAME CONDITION-COMMAND... : PASS when the command succeeds.
-check() {
-    local name=$1; shift
-    if "$@"; then pass "$name"; else fail "$name" "check failed: $*"; fi
-}
-
 # run_capture SECONDS OUTFILE COMMAND... : run with a deadline, stdout and
 # stderr into OUTFILE; returns the command's exit status (124 on timeout).
 run_capture() {
@@ -33,20 +27,70 @@ run_capture() {
     timeout -k 5 "$secs" "$@" >"$out" 2>&1
 }
 
-# expect_output NAME FILE REGEX : PASS when FILE has a line matching REGEX.
-expect_output() {
-    if grep -Eq -- "$3" "$2"; then pass "$1"
-    else fail "$1" "output lacks /$3/; it was: $(tail -n 5 "$2" | tr '\n' '|')"; fi
+# ---------------------------------------------------------------- one line per case
+# A case is its condition, then its verdict, which names it once:
+#   [[ $status -eq 0 ]] && grep -q '^final weight' "$log"; verdict $? "05: 2 ranks train" "status $status"
+#   expect_near "01: weight within 0.05 of 2.0" "$w" 2.0 0.05
+#   w=$(field "$log" '^learned weight: ([-0-9.e+]*)')
+
+# verdict STATUS NAME DETAIL : PASS NAME when STATUS is 0, else FAIL NAME:
+# DETAIL. STATUS is the condition's exit status, $? written right after it,
+# and comes first: the $(...) in NAME or DETAIL run later and change $?
+# (they run on a PASS too: keep them cheap). Returns 0, as pass and fail do.
+verdict() {
+    if [[ ! ${1:-} =~ ^[0-9]+$ ]]; then
+        fail "${1:-verdict}" "verdict's first argument must be the condition's exit status (\$?), before the name"
+    elif [[ $1 -eq 0 ]]; then pass "$2"
+    else fail "$2" "${3:-the condition was false}"; fi
 }
 
-# near A B TOL : true when |A - B| <= TOL (numbers as text).
-near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= t) }'; }
+# check NAME COMMAND... : PASS NAME when COMMAND succeeds (FAIL shows it).
+check() {
+    local name=$1; shift
+    "$@"; verdict $? "$name" "check failed: $*"
+}
 
-# rel_near A B RTOL : true when |A - B| <= RTOL * max(|A|, |B|, 1e-30).
-rel_near() {
-    awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d;
-        m = a < 0 ? -a : a; n = b < 0 ? -b : b; if (n > m) m = n; if (m < 1e-30) m = 1e-30;
-        exit !(d <= t * m) }'
+# expect_output NAME FILE REGEX : PASS when FILE has a line matching REGEX.
+expect_output() {
+    grep -Eq -- "$3" "$2"; verdict $? "$1" "output lacks /$3/; it was: $(tail -n 5 "$2" | tr '\n' '|')"
+}
+
+# is_number TEXT : true when TEXT is a decimal number (1, -0.5, 3e-05), not
+# empty, nan or inf: a value missing from a program's output never passes.
+is_number() { [[ ${1:-} =~ ^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ ]]; }
+
+# near A B ATOL [RTOL] : true when A and B are numbers and
+# |A - B| <= ATOL + RTOL x max(|A|, |B|) (an absolute tolerance, a relative
+# one, or both: near "$w" 2 0.05; near "$a" "$b" 0 1e-5).
+near() {
+    is_number "$1" && is_number "$2" || return 1
+    awk -v a="$1" -v b="$2" -v t="$3" -v r="${4:-0}" 'BEGIN { d = a - b; if (d < 0) d = -d
+        m = a < 0 ? -a : a; n = b < 0 ? -b : b; if (n > m) m = n; exit !(d <= t + r * m) }'
+}
+
+# rel_near A B RTOL : true when |A - B| <= RTOL x max(|A|, |B|).
+rel_near() { near "$1" "$2" 0 "$3"; }
+
+# expect_near NAME GOT WANT ATOL [RTOL] : PASS NAME when near GOT WANT ATOL
+# RTOL, else FAIL NAME with what it got and what was wanted.
+expect_near() {
+    near "$2" "$3" "$4" "${5:-0}"
+    verdict $? "$1" "got '$2', wanted $3 within $4${5:+ + $5 x the larger}"
+}
+
+# field [--all] FILE REGEX [TEMPLATE] : from the last line of FILE (- for
+# stdin) that REGEX matches, what its groups matched, as TEMPLATE puts them
+# (default \1, the first group); with --all, from every such line, one per
+# line. Empty when no line matches. REGEX is extended, as in grep -E: ( )
+# make a group, \( \) \| \. \+ match the character.
+#   field "$log" '^learned weight: ([-0-9.e+]*)'                      -> 1.9987
+#   field "$log" 'final weight ([-0-9.]*)  bias ([-0-9.]*)' '\1 \2'   -> 1.9987 3.0012
+field() {
+    local all=0; [[ $1 == --all ]] && { all=1; shift; }
+    local sep=$'\001' template=${3:-'\1'}
+    # The match becomes "\nTEMPLATE\n" in its line; what lies between the newlines is printed.
+    sed -nE "s$sep$2$sep\n$template\n$sep; T; s/^.*\n(.*)\n.*$/\1/; p" "$1" |
+        if [[ $all -eq 1 ]]; then cat; else tail -n 1; fi
 }
 
 # has_real_gpu : true when nvidia-smi lists a GPU here.

@@ -15,8 +15,8 @@
 #include "check.h"
 #include "flags.h"
 
-#include "../08_gpt_wikitext/bpe.h"
-#include "../08_gpt_wikitext/wikitext.h"
+#include "../gpt/bpe.h"
+#include "../gpt/wikitext.h"
 
 typedef struct {
     const char *input, *output, *tokenizer, *data_dir, *cache_dir;
@@ -154,16 +154,15 @@ static int cmd_wikitext(const options *o) {
 
 int main(int argc, char **argv) {
     options o = {.vocab_size = 5000, .cache_dir = ""};
-    flag_t flags[] = {
-        {"input", "i", FLAG_STRING, &o.input, "file to read (text, or .u16 ids for decode)", 1, 0, NULL, NULL},
-        {"output", "o", FLAG_STRING, &o.output, "file to write (atomically)", 1, 0, NULL, NULL},
-        {"tokenizer", "t", FLAG_STRING, &o.tokenizer, "tokenizer.json to load (wikitext: to load or save)", 1, 0, NULL, NULL},
-        {"vocab_size", NULL, FLAG_INT, &o.vocab_size, "tokens to learn, including 256 bytes and <|endoftext|>", 257, 65536, NULL, NULL},
-        {"data_dir", NULL, FLAG_STRING, &o.data_dir, "WikiText-2 folder; if unset, $WIKITEXT_DIR, then beside the project", 1, 0, NULL, NULL},
-        {"cache_dir", NULL, FLAG_STRING, &o.cache_dir, "folder for encoded-token caches (empty: none)", 1, 0, NULL, NULL},
-    };
-    flag_set set = {"bpe_tool COMMAND", "the chapter 08 BPE tokenizer from the shell; COMMAND is one of "
-                    "train, encode, decode, verify, wikitext (see the top of tools/bpe_tool.c)", NULL, flags, 6};
+    flag_set set = {.program = "bpe_tool COMMAND",
+                    .summary = "the chapter 08 BPE tokenizer from the shell; COMMAND is one of "
+                               "train, encode, decode, verify, wikitext (see the top of tools/bpe_tool.c)"};
+    flag_string(&set, "input", &o.input, "file to read (text, or .u16 ids for decode)")->short_name = "i";
+    flag_string(&set, "output", &o.output, "file to write (atomically)")->short_name = "o";
+    flag_string(&set, "tokenizer", &o.tokenizer, "tokenizer.json to load (wikitext: to load or save)")->short_name = "t";
+    flag_int(&set, "vocab_size", &o.vocab_size, 257, 65536, "tokens to learn, including 256 bytes and <|endoftext|>");
+    flag_string(&set, "data_dir", &o.data_dir, "WikiText-2 folder; if unset, $WIKITEXT_DIR, then beside the project");
+    flag_string(&set, "cache_dir", &o.cache_dir, "folder for encoded-token caches (empty: none)");
     const char *command = argc > 1 ? argv[1] : "";
     if (!strcmp(command, "--help") || !strcmp(command, "-h")) flags_parse(&set, argc, argv); // prints help, exits
     if (command[0] == '\0' || command[0] == '-') {

@@ -361,35 +361,31 @@ static void check_options(const flag_set *set, options_t *o) {
 static void parse_options(options_t *o, int argc, char **argv) {
     *o = (options_t){.nproc_text = "1", .nnodes_text = "1", .master_addr = "127.0.0.1",
                      .master_port = 29500, .monitor_interval = 0.1, .rdzv_timeout = 300};
-    static flag_t flags[] = {
-        {"nproc_per_node", NULL, FLAG_STRING, NULL, "workers on this node: a number, or gpu, cpu, auto", 1, 0, NULL, "PET_NPROC_PER_NODE"},
-        {"nnodes", NULL, FLAG_STRING, NULL, "number of nodes (N or N:N)", 1, 0, NULL, "PET_NNODES"},
-        {"node_rank", NULL, FLAG_INT, NULL, "this node's index, 0 .. nnodes-1", 0, 4095, NULL, "PET_NODE_RANK"},
-        {"master_addr", NULL, FLAG_STRING, NULL, "address of node 0, where the store runs", 1, 0, NULL, "PET_MASTER_ADDR"},
-        {"master_port", NULL, FLAG_INT, NULL, "port of the store on node 0", 0, 65535, NULL, "PET_MASTER_PORT"},
-        {"standalone", NULL, FLAG_BOOL, NULL, "one node: a free port on 127.0.0.1 and a random run id", 1, 0, NULL, "PET_STANDALONE"},
-        {"max_restarts", NULL, FLAG_INT, NULL, "restart all workers up to this many times after a failure", 0, 1000000, NULL, "PET_MAX_RESTARTS"},
-        {"monitor_interval", NULL, FLAG_DOUBLE, NULL, "seconds between checks of the other nodes", 0.01, 60, NULL, "PET_MONITOR_INTERVAL"},
-        {"run_id", NULL, FLAG_STRING, NULL, "job id, the same on every node; unset: random, or 'none' with several nodes", 1, 0, NULL, "PET_RDZV_ID"},
-        {"rdzv_id", NULL, FLAG_STRING, NULL, "torchrun's name for --run_id", 1, 0, NULL, NULL},
-        {"rdzv_timeout", NULL, FLAG_DOUBLE, NULL, "seconds to wait for the other nodes", 0.1, 1e6, NULL, "COURSE_TIMEOUT"},
-        {"log_dir", NULL, FLAG_STRING, NULL, "also write each rank's output to DIR/attempt_G/RANK/{stdout,stderr}.log", 1, 0, NULL, "PET_LOG_DIR"},
-        {"redirects", "r", FLAG_INT, NULL, "streams sent to the log files only: 0 none, 1 stdout, 2 stderr, 3 both", 0, 3, NULL, "PET_REDIRECTS"},
-        {"tee", "t", FLAG_INT, NULL, "streams sent to the log files and the terminal (the default with --log_dir)", 0, 3, NULL, "PET_TEE"},
-        {"no_python", NULL, FLAG_BOOL, NULL, "accepted for torchrun compatibility: PROGRAM always runs directly", 1, 0, NULL, NULL},
-        {"pass_local_rank", NULL, FLAG_BOOL, NULL, "also pass --local_rank=N to PROGRAM, as torch.distributed.launch did", 1, 0, NULL, NULL},
-        {"use_env", NULL, FLAG_BOOL, NULL, "accepted for torch.distributed.launch compatibility: LOCAL_RANK is always set", 1, 0, NULL, NULL},
-    };
-    void *values[] = {&o->nproc_text, &o->nnodes_text, &o->node_rank, &o->master_addr,
-                      &o->master_port, &o->standalone, &o->max_restarts, &o->monitor_interval,
-                      &o->run_id, &o->run_id, &o->rdzv_timeout, &o->log_dir, &o->redirects,
-                      &o->tee, &o->no_python, &o->pass_local_rank, &o->use_env};
-    int count = (int)(sizeof flags / sizeof flags[0]);
-    for (int i = 0; i < count; i++) flags[i].value = values[i];
-    static flag_set set = {"ddprun", "start N workers of PROGRAM as one distributed job "
-                           "(like torchrun)", "PROGRAM [ARGS...]", NULL, 0};
-    set.flags = flags;
-    set.count = count;
+    // One set for the whole run: the_job keeps it for usage errors found later.
+    static flag_set set = {.program = "ddprun",
+                           .summary = "start N workers of PROGRAM as one distributed job (like torchrun)",
+                           .positional = "PROGRAM [ARGS...]"};
+    flag_string(&set, "nproc_per_node", &o->nproc_text, "workers on this node: a number, or gpu, cpu, auto")->env = "PET_NPROC_PER_NODE";
+    flag_string(&set, "nnodes", &o->nnodes_text, "number of nodes (N or N:N)")->env = "PET_NNODES";
+    flag_int(&set, "node_rank", &o->node_rank, 0, 4095, "this node's index, 0 .. nnodes-1")->env = "PET_NODE_RANK";
+    flag_string(&set, "master_addr", &o->master_addr, "address of node 0, where the store runs")->env = "PET_MASTER_ADDR";
+    flag_int(&set, "master_port", &o->master_port, 0, 65535, "port of the store on node 0")->env = "PET_MASTER_PORT";
+    flag_bool(&set, "standalone", &o->standalone, "one node: a free port on 127.0.0.1 and a random run id")->env = "PET_STANDALONE";
+    flag_int(&set, "max_restarts", &o->max_restarts, 0, 1000000, "restart all workers up to this many times after a failure")->env = "PET_MAX_RESTARTS";
+    flag_double(&set, "monitor_interval", &o->monitor_interval, 0.01, 60, "seconds between checks of the other nodes")->env = "PET_MONITOR_INTERVAL";
+    flag_string(&set, "run_id", &o->run_id, "job id, the same on every node; unset: random, or 'none' with several nodes")->env = "PET_RDZV_ID";
+    flag_string(&set, "rdzv_id", &o->run_id, "torchrun's name for --run_id");
+    flag_double(&set, "rdzv_timeout", &o->rdzv_timeout, 0.1, 1e6, "seconds to wait for the other nodes")->env = "COURSE_TIMEOUT";
+    flag_string(&set, "log_dir", &o->log_dir, "also write each rank's output to DIR/attempt_G/RANK/{stdout,stderr}.log")->env = "PET_LOG_DIR";
+    flag_t *redirects = flag_int(&set, "redirects", &o->redirects, 0, 3, "streams sent to the log files only: 0 none, 1 stdout, 2 stderr, 3 both");
+    redirects->short_name = "r";
+    redirects->env = "PET_REDIRECTS";
+    flag_t *tee = flag_int(&set, "tee", &o->tee, 0, 3, "streams sent to the log files and the terminal (the default with --log_dir)");
+    tee->short_name = "t";
+    tee->env = "PET_TEE";
+    flag_bool(&set, "no_python", &o->no_python, "accepted for torchrun compatibility: PROGRAM always runs directly");
+    flag_bool(&set, "pass_local_rank", &o->pass_local_rank, "also pass --local_rank=N to PROGRAM, as torch.distributed.launch did");
+    flag_bool(&set, "use_env", &o->use_env, "accepted for torch.distributed.launch compatibility: LOCAL_RANK is always set");
     the_job.flags = &set;
     int first = flags_parse(&set, argc, argv);
     if (first >= argc) flags_fail(&set, "missing PROGRAM: what should the workers run?");

@@ -83,7 +83,7 @@ for s in "${splits[@]}"; do
     partial="$dest/.$s.txt.part.$$"
     echo "downloading $base/$s.txt"
     if ! fetch "$base/$s.txt" "$partial"; then
-        die "could not download $base/$s.txt (offline, or the mirror moved?). Copy train.txt, valid.txt and test.txt of WikiText-2 v1 into $dest yourself, or set WIKITEXT_DIR=/path/to/them (checksums: 08_gpt_wikitext/wikitext.h)"
+        die "could not download $base/$s.txt (offline, or the mirror moved?). Copy train.txt, valid.txt and test.txt of WikiText-2 v1 into $dest yourself, or set WIKITEXT_DIR=/path/to/them (checksums: gpt/wikitext.h)"
     fi
     got=$(sha256_of "$partial")
     [[ "$got" == "${expected[$s]}" ]] || die "$base/$s.txt has sha256 $got, expected ${expected[$s]}; not saved"

@@ -12,8 +12,8 @@
 //         RANK of the worker with this GROUP_RANK and LOCAL_RANK.
 //     void rank_location(int rank, const int *nproc_per_node, int nnodes,
 //                        int *node_rank, int *local_rank);
-//         the node and the local rank of global rank `rank` (what report_layout
-//         in 07_multinode.c prints as "node 1 has ranks 2-4").
+//         the node and the local rank of global rank `rank` (what rank 0 of
+//         07_multinode prints as "node 1 (host): ranks 2-4 on ...").
 //
 // Hints:
 //   - node_rank * nproc_per_node[node_rank] + local_rank is right only when

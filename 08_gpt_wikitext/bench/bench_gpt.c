@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../gpt.h"
+#include "gpt.h"
 #include "ddp.h"
 #include "dist.h"
 #include "spawn.h"

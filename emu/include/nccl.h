@@ -24,14 +24,14 @@
 #define COURSE_EMU_NCCL 1
 
 // The version the emulator reports: the newest NCCL whose host API it
-// implements (non-blocking communicators came in 2.14, ncclAvg in 2.10,
-// ncclRedOpCreatePreMulSum in 2.11). Programs that look at the version to
-// choose what to call - NVIDIA's nccl-tests does - then stay away from what
-// came later and is not emulated (ncclCommSplit in 2.18, ncclMemAlloc and
+// implements (ncclAvg came in 2.10, ncclRedOpCreatePreMulSum in 2.11,
+// non-blocking communicators in 2.14, ncclCommSplit in 2.18). Programs that
+// look at the version to choose what to call - NVIDIA's nccl-tests does -
+// then stay away from what came later and is not emulated (ncclMemAlloc and
 // buffer registration in 2.19, the device API in 2.28).
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 17
-#define NCCL_PATCH 1
+#define NCCL_MINOR 18
+#define NCCL_PATCH 3
 #define NCCL_SUFFIX ""
 
 // NCCL's encoding of a version as one integer: before 2.9 it was
@@ -169,6 +169,11 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
 ncclResult_t ncclCommCount(const ncclComm_t comm, int *count);
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device);
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank);
+// Every rank of comm calls it: the ranks with the same color form a new
+// communicator, ranked by key (ties: by their rank in comm); a rank with
+// NCCL_SPLIT_NOCOLOR gets NULL. config NULL: the parent's blocking mode.
+#define NCCL_SPLIT_NOCOLOR -1
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config);
 
 // ---------------------------------------------------------------- collectives
 // Counts are in elements. Each call is queued on `stream` and happens when

@@ -4,6 +4,7 @@
 // emu/include/ (cuda_runtime.h, cublas_v2.h, nccl.h, ...). The library is
 // built in layers; each file calls only into the files below it:
 //
+//   nccl_split.c     ncclCommSplit, built on the public calls below
 //   nccl_comm.c      communicators: ids, the shared segment, joining, finalize, destroy
 //   nccl_queue.c     the work calls (ncclAllReduce, ncclSend, groups): checked, queued
 //   nccl_collective.c, nccl_p2p.c   what a queued collective / send / receive does

@@ -63,8 +63,9 @@
 // The files: this one makes, joins and ends communicators; nccl_queue.c
 // checks and queues the work calls; nccl_collective.c and nccl_p2p.c are
 // the state machines; nccl_peers.c waits for the other ranks;
-// nccl_reduce.c reduces; nccl_error.c words the errors. The types they
-// share are in emu_internal.h.
+// nccl_reduce.c reduces; nccl_error.c words the errors; nccl_split.c splits
+// a communicator with the public calls. The types they share are in
+// emu_internal.h.
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>

@@ -800,7 +800,7 @@ static void test_nranks_differ(rank_ctx *c) {
 
 static void test_arguments(rank_ctx *c) {
     int version = 0;
-    CHECK(ncclGetVersion(&version) == ncclSuccess && version == NCCL_VERSION_CODE && version == 21701, "version %d", version);
+    CHECK(ncclGetVersion(&version) == ncclSuccess && version == NCCL_VERSION_CODE && version == 21803, "version %d", version);
     CHECK(NCCL_VERSION(2, 28, 3) == 22803 && NCCL_VERSION(2, 8, 4) == 2804, "NCCL_VERSION");
     CHECK(NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0), "NCCL_VERSION_CODE");
     CHECK(strcmp(ncclGetErrorString(ncclInvalidUsage), "invalid usage") == 0, "error string");

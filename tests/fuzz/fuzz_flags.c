@@ -37,18 +37,21 @@ typedef struct {
     size_t bytes;
 } values;
 
-static flag_set make_set(values *v, flag_t *flags) {
+static void make_set(flag_set *set, values *v) {
     *v = (values){.count = 10, .rate = 0.5, .device = "auto", .name = NULL, .verbose = false, .bytes = 1024};
-    flag_t all[] = {
-        {"count", "n", FLAG_INT, &v->count, "a count", 1, 1000, NULL, "FUZZ_INT"},
-        {"rate", NULL, FLAG_DOUBLE, &v->rate, "a rate", 0, 1, NULL, NULL},
-        {"device", "d", FLAG_STRING, &v->device, "a choice", 1, 0, "auto|cpu|cuda", "FUZZ_DEVICE"},
-        {"name", NULL, FLAG_STRING, &v->name, "any text", 1, 0, NULL, NULL},
-        {"verbose", "v", FLAG_BOOL, &v->verbose, "a switch", 1, 0, NULL, NULL},
-        {"max_bytes", "b", FLAG_BYTES, &v->bytes, "a size", 0, 1 << 30, NULL, "FUZZ_BYTES"},
-    };
-    memcpy(flags, all, sizeof all);
-    return (flag_set){"fuzz", "parses fuzzed flags", NULL, flags, 6};
+    *set = (flag_set){.program = "fuzz", .summary = "parses fuzzed flags"};
+    flag_t *f = flag_int(set, "count", &v->count, 1, 1000, "a count");
+    f->short_name = "n";
+    f->env = "FUZZ_INT";
+    flag_double(set, "rate", &v->rate, 0, 1, "a rate");
+    f = flag_choice(set, "device", &v->device, "auto|cpu|cuda", "a choice");
+    f->short_name = "d";
+    f->env = "FUZZ_DEVICE";
+    flag_string(set, "name", &v->name, "any text");
+    flag_bool(set, "verbose", &v->verbose, "a switch")->short_name = "v";
+    f = flag_bytes(set, "max_bytes", &v->bytes, 0, 1 << 30, "a size");
+    f->short_name = "b";
+    f->env = "FUZZ_BYTES";
 }
 
 static void set_env(const char *name, const char *value) {
@@ -101,8 +104,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     argv[argc] = NULL;
 
     values v;
-    flag_t flags[6];
-    flag_set set = make_set(&v, flags);
+    flag_set set;
+    make_set(&set, &v);
     char *err = NULL;
     size_t err_len = 0;
     FILE *saved_err = stderr, *saved_out = stdout;

@@ -1,5 +1,5 @@
 // fuzz_gpt_weights - chapter 08's model-weights reader, gpt_load_safetensors
-// (08_gpt_wikitext/gpt.h): the model.safetensors that --generate loads.
+// (gpt/gpt.h): the model.safetensors that --generate loads.
 //
 // Input: the bytes of a weights file. Promises checked:
 // - a refusal has a one-line reason;

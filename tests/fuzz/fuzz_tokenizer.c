@@ -1,4 +1,4 @@
-// fuzz_tokenizer - the tokenizer loader, 08_gpt_wikitext/bpe.h's
+// fuzz_tokenizer - the tokenizer loader, gpt/bpe.h's
 // bpe_parse_json (tokenizer.json: vocabulary, merges, added tokens).
 //
 // Input: the bytes of a tokenizer.json. Promises checked:

@@ -1,4 +1,4 @@
-// fuzz_wikitext - the WikiText loader of 08_gpt_wikitext/wikitext.h: a text
+// fuzz_wikitext - the WikiText loader of gpt/wikitext.h: a text
 // file read (bpe_read_file), its articles found and encoded
 // (wikitext_encode_text), and the token cache file read back
 // (wikitext_cache_read).

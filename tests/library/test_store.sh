@@ -32,7 +32,7 @@ job_ok() {
             bad+="rank $r status $status ($(tail -n 2 "$prefix.$r.log" | tr '\n' ' ')); "
         fi
     done
-    if [[ -z "$bad" ]]; then pass "$name"; else fail "$name" "$bad"; fi
+    [[ -z "$bad" ]]; verdict $? "$name" "$bad"
 }
 
 # start_rank PREFIX RANK [ENV=VAL ...] -- ARGS : one rank in the background, status to PREFIX.RANK.status.
@@ -83,10 +83,9 @@ else
     status=$?
     if [[ $status -eq 3 ]]; then
         skip store_dial_meets_itself "could not set the namespace's loopback up or its port range"
-    elif [[ $(cat "$TMP/eph.0.status" "$TMP/eph.1.status" 2>/dev/null | tr -d '\n') == 00 ]]; then
-        pass store_dial_meets_itself
     else
-        fail store_dial_meets_itself "rank 0: $(tail -n 1 "$TMP/eph.0.log" 2>/dev/null); rank 1: $(tail -n 1 "$TMP/eph.1.log" 2>/dev/null)"
+        [[ $(cat "$TMP/eph.0.status" "$TMP/eph.1.status" 2>/dev/null | tr -d '\n') == 00 ]]
+        verdict $? store_dial_meets_itself "rank 0: $(tail -n 1 "$TMP/eph.0.log" 2>/dev/null); rank 1: $(tail -n 1 "$TMP/eph.1.log" 2>/dev/null)"
     fi
 fi
 
@@ -129,11 +128,8 @@ for r in 0 1; do
 done
 wait
 secs=$(( $(date +%s) - start ))
-if [[ $(cat "$TMP/missing.0.status") -ne 0 && $(cat "$TMP/missing.1.status") -ne 0 && $secs -lt 30 ]]; then
-    pass missing_rank_fails
-else
-    fail missing_rank_fails "statuses $(cat "$TMP/missing.0.status") $(cat "$TMP/missing.1.status") after ${secs}s"
-fi
+[[ $(cat "$TMP/missing.0.status") -ne 0 && $(cat "$TMP/missing.1.status") -ne 0 && $secs -lt 30 ]]
+verdict $? missing_rank_fails "statuses $(cat "$TMP/missing.0.status") $(cat "$TMP/missing.1.status") after ${secs}s"
 expect_output missing_rank_named_rank0 "$TMP/missing.0.log" "2 of 3 ranks joined .* after 3 s; missing: rank 2"
 expect_output missing_rank_named_rank1 "$TMP/missing.1.log" "missing: rank 2"
 
@@ -168,8 +164,7 @@ sleep 0.5
 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=0 WORLD_SIZE=2 run_capture 20 "$TMP/inuse.log" "$RDZV"
 status=$?
 kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
-if [[ $status -ne 0 && $status -ne 124 ]]; then pass port_in_use_fails
-else fail port_in_use_fails "exit status $status"; fi
+[[ $status -ne 0 && $status -ne 124 ]]; verdict $? port_in_use_fails "exit status $status"
 # Started by hand (no launcher): the advice is MASTER_PORT, not a ddprun flag.
 expect_output port_in_use_message "$TMP/inuse.log" "port $port is already in use on 127.0.0.1 \(another job\? set MASTER_PORT to a free port"
 
@@ -179,8 +174,7 @@ start_rank "$TMP/token" 0 COURSE_TIMEOUT=4 COURSE_JOB_TOKEN=job-a MASTER_ADDR=12
 sleep 0.3
 start_rank "$TMP/token" 1 COURSE_TIMEOUT=4 COURSE_JOB_TOKEN=job-b MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=1 WORLD_SIZE=2 --
 wait
-if [[ $(cat "$TMP/token.1.status") -ne 0 ]]; then pass token_mismatch_fails
-else fail token_mismatch_fails "the rank with another token was let in"; fi
+[[ $(cat "$TMP/token.1.status") -ne 0 ]]; verdict $? token_mismatch_fails "the rank with another token was let in"
 expect_output token_mismatch_message "$TMP/token.1.log" "the store at 127.0.0.1:$port belongs to another job \(token mismatch\)"
 
 # ------------------------------------------------------------------ configuration errors

@@ -9,14 +9,17 @@ int main(int argc, char **argv) {
     const char *device = "auto";
     bool verbose = false;
     size_t bytes = 8;
-    flag_t flags[] = {
-        {"epochs", NULL, FLAG_INT, &epochs, "passes over the data", 1, 1000, NULL, NULL},
-        {"lr", NULL, FLAG_DOUBLE, &lr, "learning rate", 0, 10, NULL, NULL},
-        {"device", NULL, FLAG_STRING, &device, "where to compute", 1, 0, "auto|cpu|cuda", "TEST_FLAGS_DEVICE"},
-        {"verbose_output", NULL, FLAG_BOOL, &verbose, "say more", 1, 0, NULL, NULL},
-        {"minbytes", "b", FLAG_BYTES, &bytes, "smallest size", 1, 1 << 30, NULL, NULL},
-    };
-    flag_set set = {"test_flags", "flags parser test", NULL, flags, 5};
+    flag_set set = {.program = "test_flags", .summary = "flags parser test"};
+    flag_int(&set, "epochs", &epochs, 1, 1000, "passes over the data");
+    flag_double(&set, "lr", &lr, 0, 10, "learning rate");
+    flag_choice(&set, "device", &device, "auto|cpu|cuda", "where to compute")->env = "TEST_FLAGS_DEVICE";
+    flag_bool(&set, "verbose_output", &verbose, "say more");
+    flag_bytes(&set, "minbytes", &bytes, 1, 1 << 30, "smallest size")->short_name = "b";
+    // TEST_FLAGS_EXTRA=N adds N more flags: a set holds FLAGS_MAX, and one
+    // more is a clear error, not a write past the end.
+    const char *extra = getenv("TEST_FLAGS_EXTRA");
+    bool extra_flag = false;
+    for (int i = 0; extra && i < atoi(extra); i++) flag_bool(&set, "extra", &extra_flag, "one of many");
     if (argc > 1) { // the shell test drives bad input through here
         flags_parse(&set, argc, argv);
         printf("epochs=%d lr=%g device=%s verbose=%d bytes=%zu\n", epochs, lr, device, verbose, bytes);

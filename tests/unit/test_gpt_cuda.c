@@ -1,4 +1,4 @@
-// test_gpt_cuda.c - the GPU GPT (08_gpt_wikitext/gpt_cuda.cu) against the
+// test_gpt_cuda.c - the GPU GPT (gpt/gpt_cuda.cu) against the
 // CPU reference (gpt.h), and the driver of `make bench-gpt`.
 //
 //   --mode test      (default) parity of every layer's forward and backward,
@@ -19,13 +19,13 @@
 // MFU arithmetic) are checked anyway.
 #include <time.h>
 
-#include "../../08_gpt_wikitext/gpt.h"
+#include "../../gpt/gpt.h"
 #include "device.h"
 #include "flags.h"
 #include "test.h"
 #include "timer.h"
 #ifdef COURSE_CUDA
-#include "../../08_gpt_wikitext/gpt_cuda.h"
+#include "../../gpt/gpt_cuda.h"
 #endif
 
 #define TOL_FP32 1e-4
@@ -83,31 +83,9 @@ static void check_mfu_arithmetic(void) {
 #ifdef COURSE_CUDA
 // ------------------------------------------------------------------ host-side pieces of gpt_cuda.cu
 
-static void check_layout(const gpt_config *c, const char *what) {
-    gpt_t m;
-    gpt_init(&m, *c, 1);
-    char name[96];
-    snprintf(name, sizeof name, "gpt cuda parameter count matches gpt.h (%s)", what);
-    EXPECT(name, gpt_cuda_num_params(c) == m.num_params, "gpu %zu, cpu %zu", gpt_cuda_num_params(c), m.num_params);
-
-    gpt_cuda_bucket b[300];
-    int n = gpt_cuda_buckets(c, b, 300);
-    bool ok = n == c->n_layer + 2 && n <= 300;
-    size_t end = m.num_params; // buckets come from the end of the buffer to its start
-    for (int i = 0; ok && i < n; i++) ok = b[i].offset + b[i].count == end, end = b[i].offset;
-    ok = ok && end == 0 && !strcmp(b[0].name, "ln_f") && !strcmp(b[n - 1].name, "wte+wpe");
-    for (int l = 0; ok && l < c->n_layer; l++) { // block l starts at its h.l.ln_1.weight
-        const gpt_tensor *first = &m.tensors[2 + l * GPT_BLOCK_TENSORS];
-        ok = b[c->n_layer - l].offset == first->offset;
-    }
-    snprintf(name, sizeof name, "gpt cuda buckets tile the gradients in backward order (%s)", what);
-    EXPECT(name, ok, "%d buckets for %d layers; first '%s', last '%s'", n, c->n_layer, b[0].name, b[n - 1].name);
-    gpt_free(&m);
-}
-
 static void check_memory_plan(void) {
     gpt_config c = {50257, 1024, 12, 12, 768};
-    size_t p = gpt_cuda_num_params(&c);
+    size_t p = gpt_num_params(&c);
     size_t fp32 = gpt_cuda_memory_needed(&c, 8, 1024, false), bf16 = gpt_cuda_memory_needed(&c, 8, 1024, true);
     size_t small = gpt_cuda_memory_needed(&c, 4, 1024, true);
     printf("info: GPT-2 small, batch 8 x 1024: %.2f GiB fp32, %.2f GiB bf16\n", fp32 / 1073741824.0,
@@ -355,7 +333,7 @@ static void expect_grads_close(const gpt_t *cpu, const float *gpu_grads, bool bf
 typedef struct {
     int calls;
     bool in_order;
-    const gpt_cuda_bucket *expected; // gpt_cuda_buckets' plan
+    const gpt_bucket *expected; // gpt_layout_buckets' plan
     const float *grads;              // the model's gradient buffer (device)
     float *snapshot;                 // device: each bucket copied when announced
     cudaStream_t side;               // where the copies run, as an all-reduce would
@@ -364,9 +342,9 @@ typedef struct {
 // What a data-parallel trainer does with a finished bucket, with a copy in
 // place of the all-reduce: the side stream waits for the event, then reads.
 // If the event came before the bucket's last kernel, the copy could miss it.
-static void probe_bucket(void *user, const gpt_cuda_bucket *b, cudaEvent_t ready) {
+static void probe_bucket(void *user, const gpt_bucket *b, cudaEvent_t ready) {
     bucket_probe *p = user;
-    const gpt_cuda_bucket *want = &p->expected[p->calls++];
+    const gpt_bucket *want = &p->expected[p->calls++];
     p->in_order = p->in_order && want->offset == b->offset && want->count == b->count;
     CHECK_CUDA(cudaStreamWaitEvent(p->side, ready, 0));
     CHECK_CUDA(cudaMemcpyAsync(p->snapshot + b->offset, p->grads + b->offset, b->count * sizeof(float),
@@ -376,9 +354,9 @@ static void probe_bucket(void *user, const gpt_cuda_bucket *b, cudaEvent_t ready
 // Backward with the probe: the callbacks come in the planned order, and the
 // copy each one started equals the final gradient, bit for bit.
 static void backward_with_probe(gpt_cuda_t *g, const gpt_config *c, bool bf16, float *grads_host) {
-    int nb = gpt_cuda_buckets(c, NULL, 0);
-    gpt_cuda_bucket *plan = xmalloc(sizeof *plan * (size_t)nb);
-    gpt_cuda_buckets(c, plan, nb);
+    int nb = gpt_layout_buckets(c, NULL, 0);
+    gpt_bucket *plan = xmalloc(sizeof *plan * (size_t)nb);
+    gpt_layout_buckets(c, plan, nb);
     size_t n = gpt_cuda_param_count(g);
     bucket_probe p = {0, true, plan, gpt_cuda_grads_device(g), NULL, NULL};
     CHECK_CUDA(cudaMalloc((void **)&p.snapshot, n * sizeof(float)));
@@ -680,7 +658,7 @@ typedef struct {
 
 // The data-parallel hook, for real: each finished bucket is all-reduced on
 // the communication stream while the backward pass goes on.
-static void allreduce_bucket(void *user, const gpt_cuda_bucket *b, cudaEvent_t ready) {
+static void allreduce_bucket(void *user, const gpt_bucket *b, cudaEvent_t ready) {
     overlap_t *o = user;
     CHECK_CUDA(cudaStreamWaitEvent(o->stream, ready, 0));
     CHECK_NCCL(ncclAllReduce(o->grads + b->offset, o->grads + b->offset, b->count, ncclFloat, ncclAvg, o->comm,
@@ -768,8 +746,6 @@ static int run_bench(const options *o) {
 }
 
 static void run_tests(const options *o) {
-    gpt_config tiny = {211, 32, 2, 2, 64}, chapter = {5000, 128, 4, 4, 256}, gpt2 = {50257, 1024, 12, 12, 768};
-    check_layout(&tiny, "tiny"), check_layout(&chapter, "default"), check_layout(&gpt2, "GPT-2 small");
     check_memory_plan();
     char why[200];
     if (device_count_gpus(why, sizeof why) == 0) {
@@ -795,18 +771,16 @@ static void run_tests(const options *o) {
 int main(int argc, char **argv) {
     options o = {.mode = "test", .config = "default", .dtype = "bf16", .batch_size = 8, .steps = 10, .warmup = 3,
                  .vocab_size = 5000, .seed = 0};
-    flag_t f[] = {
-        {"mode", NULL, FLAG_STRING, &o.mode, "what to run", 1, 0, "test|sanitize|oom|bench", NULL},
-        {"config", NULL, FLAG_STRING, &o.config, "bench model: default (128/4/4/256), large (1024/12/12/768) or tiny (32/2/2/64)", 1, 0,
-         "default|large|tiny", NULL},
-        {"dtype", NULL, FLAG_STRING, &o.dtype, "bench precision", 1, 0, "fp32|bf16", NULL},
-        {"batch_size", "b", FLAG_INT, &o.batch_size, "bench sequences per step", 1, 4096, NULL, NULL},
-        {"steps", NULL, FLAG_INT, &o.steps, "bench steps timed", 1, 100000, NULL, NULL},
-        {"warmup", NULL, FLAG_INT, &o.warmup, "bench steps before timing", 0, 1000, NULL, NULL},
-        {"vocab_size", NULL, FLAG_INT, &o.vocab_size, "bench vocabulary", 2, 65536, NULL, NULL},
-        {"seed", NULL, FLAG_INT, &o.seed, "test inputs' seed (0: a fresh one)", 0, 2147483647, NULL, NULL},
-    };
-    flag_set set = {"test_gpt_cuda", "the GPU GPT against gpt.h, and its benchmark", NULL, f, sizeof f / sizeof f[0]};
+    flag_set set = {.program = "test_gpt_cuda", .summary = "the GPU GPT against gpt.h, and its benchmark"};
+    flag_choice(&set, "mode", &o.mode, "test|sanitize|oom|bench", "what to run");
+    flag_choice(&set, "config", &o.config, "default|large|tiny",
+                "bench model: default (128/4/4/256), large (1024/12/12/768) or tiny (32/2/2/64)");
+    flag_choice(&set, "dtype", &o.dtype, "fp32|bf16", "bench precision");
+    flag_int(&set, "batch_size", &o.batch_size, 1, 4096, "bench sequences per step")->short_name = "b";
+    flag_int(&set, "steps", &o.steps, 1, 100000, "bench steps timed");
+    flag_int(&set, "warmup", &o.warmup, 0, 1000, "bench steps before timing");
+    flag_int(&set, "vocab_size", &o.vocab_size, 2, 65536, "bench vocabulary");
+    flag_int(&set, "seed", &o.seed, 0, 2147483647, "test inputs' seed (0: a fresh one)");
     flags_parse(&set, argc, argv);
 #ifdef COURSE_CUDA
     if (!strcmp(o.mode, "bench")) return run_bench(&o);

@@ -1,4 +1,4 @@
-// test_gpt_gradcheck.c - every backward pass of 08_gpt_wikitext/gpt.h
+// test_gpt_gradcheck.c - every backward pass of gpt/gpt.h
 // against central finite differences, in double precision.
 //
 // For a layer y = f(x) and a fixed random R, the scalar L = sum(y * R) has
@@ -13,7 +13,7 @@
 // lands near 1e-9 or below. A wrong one (a missing term, a wrong index, a
 // transposed matrix) is off by 1e-2 or more. 1e-6 sits far from both.
 #define GPT_REAL double
-#include "../../08_gpt_wikitext/gpt.h"
+#include "../../gpt/gpt.h"
 #include "test.h"
 
 static const double H = 1e-5, TOLERANCE = 1e-6;

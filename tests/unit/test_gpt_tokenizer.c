@@ -1,5 +1,5 @@
 // Unit test of the GPT chapter's tokenizer and data pipeline:
-// 08_gpt_wikitext/bpe.h, wikitext.h and sha256.h.
+// gpt/bpe.h, wikitext.h and sha256.h.
 //
 // Needs no real dataset: the corpus is a few KB of WikiText-style prose
 // written below, grown with generated sentences, plus random bytes.
@@ -9,9 +9,9 @@
 #include <signal.h>
 #include <sys/wait.h>
 
-#include "../../08_gpt_wikitext/bpe.h"
-#include "../../08_gpt_wikitext/sha256.h"
-#include "../../08_gpt_wikitext/wikitext.h"
+#include "../../gpt/bpe.h"
+#include "../../gpt/sha256.h"
+#include "../../gpt/wikitext.h"
 #include "test.h"
 
 static const char *handmade_corpus =

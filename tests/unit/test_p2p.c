@@ -374,16 +374,12 @@ int main(int argc, char **argv) {
     options o = {"basic", "cpu", "cpu"};
     int nprocs = 3;
     const char *tag = "";
-    flag_t flags[] = {
-        {"mode", NULL, FLAG_STRING, &o.mode, "what to test", 1, 0,
-         "basic|reinit|kill|stall|mismatch|bind|nccl", NULL},
-        {"nprocs", "n", FLAG_INT, &nprocs, "ranks to spawn", 1, 64, NULL, NULL},
-        {"backend", NULL, FLAG_STRING, &o.backend, "process-group backend", 1, 0, "auto|cpu|nccl", NULL},
-        {"device", NULL, FLAG_STRING, &o.device, "where the buffers live", 1, 0, "auto|cpu|cuda", NULL},
-        {"tag", NULL, FLAG_STRING, &tag, "ignored; marks this run's processes for the leftover check", 1, 0, NULL, NULL},
-    };
-    flag_set set = {"test_p2p", "point-to-point, failures and teardown of pg.h", NULL, flags,
-                    (int)(sizeof flags / sizeof flags[0])};
+    flag_set set = {.program = "test_p2p", .summary = "point-to-point, failures and teardown of pg.h"};
+    flag_choice(&set, "mode", &o.mode, "basic|reinit|kill|stall|mismatch|bind|nccl", "what to test");
+    flag_int(&set, "nprocs", &nprocs, 1, 64, "ranks to spawn")->short_name = "n";
+    flag_choice(&set, "backend", &o.backend, "auto|cpu|nccl", "process-group backend");
+    flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where the buffers live");
+    flag_string(&set, "tag", &tag, "ignored; marks this run's processes for the leftover check");
     flags_parse(&set, argc, argv);
     spawn_fn fn = !strcmp(o.mode, "basic") ? run_basic : !strcmp(o.mode, "reinit") ? run_reinit
                   : !strcmp(o.mode, "kill") ? run_kill : !strcmp(o.mode, "stall") ? run_stall

@@ -58,6 +58,16 @@ int main(void) {
     sampler_set_epoch(&a, 0);
     sampler_set_epoch(&b, 0);
     EXPECT("sampler: same order on every process", !memcmp(a.indices, b.indices, sizeof(int64_t) * (size_t)a.num_samples), "orders differ");
+    // Before any set_epoch, a sampler holds epoch 0's order, as PyTorch's
+    // DistributedSampler does: a loop that forgets set_epoch trains on every
+    // sample (in the same order each epoch), never on nothing.
+    sampler_t fresh = sampler_create(1000, 3, 1, true, 42, false);
+    EXPECT("sampler: a new sampler holds epoch 0's order before set_epoch",
+           fresh.epoch == 0 && fresh.num_samples == a.num_samples && fresh.num_real == a.num_real &&
+           !memcmp(fresh.indices, a.indices, sizeof(int64_t) * (size_t)a.num_samples),
+           "epoch %d, %lld samples (%lld real); epoch 0 has %lld", fresh.epoch, (long long)fresh.num_samples,
+           (long long)fresh.num_real, (long long)a.num_samples);
+    sampler_free(&fresh);
     sampler_set_epoch(&b, 1);
     EXPECT("sampler: different order next epoch", memcmp(a.indices, b.indices, sizeof(int64_t) * (size_t)a.num_samples) != 0, "epoch 0 and 1 orders are equal");
 

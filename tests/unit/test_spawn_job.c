@@ -50,12 +50,9 @@ static int worker(int rank, int world, void *arg) {
 int main(int argc, char **argv) {
     job_args args = {"ok"};
     int nprocs = 3;
-    flag_t flags[] = {
-        {"nprocs", "n", FLAG_INT, &nprocs, "ranks to spawn", 1, 64, NULL, NULL},
-        {"mode", NULL, FLAG_STRING, &args.mode, "what the ranks do", 1, 0, "ok|fail|kill|hang|stubborn", NULL},
-    };
-    flag_set set = {"test_spawn_job", "a small job started with spawn()", NULL, flags,
-                    (int)(sizeof flags / sizeof flags[0])};
+    flag_set set = {.program = "test_spawn_job", .summary = "a small job started with spawn()"};
+    flag_int(&set, "nprocs", &nprocs, 1, 64, "ranks to spawn")->short_name = "n";
+    flag_choice(&set, "mode", &args.mode, "ok|fail|kill|hang|stubborn", "what the ranks do");
     flags_parse(&set, argc, argv);
     int rc = spawn(nprocs, worker, &args);
     printf("spawn returned %d\n", rc);

@@ -25,15 +25,12 @@ int main(int argc, char **argv) {
     const char *init_method = "env://";
     int rank = -1, world = -1, rounds = 1;
     double timeout = 0;
-    flag_t flags[] = {
-        {"init_method", NULL, FLAG_STRING, &init_method, "env://, tcp://HOST:PORT or file:///path", 1, 0, NULL, NULL},
-        {"rank", NULL, FLAG_INT, &rank, "this rank (-1: RANK)", -1, 1 << 20, NULL, NULL},
-        {"world_size", NULL, FLAG_INT, &world, "ranks in the job (-1: WORLD_SIZE)", -1, 1 << 20, NULL, NULL},
-        {"timeout", NULL, FLAG_DOUBLE, &timeout, "seconds (0: COURSE_TIMEOUT or 300)", 0, 1e6, NULL, NULL},
-        {"rounds", NULL, FLAG_INT, &rounds, "rendezvous this many times in a row", 1, 100, NULL, NULL},
-    };
-    flag_set set = {"test_store_rdzv", "one rank of a rendezvous test job", NULL, flags,
-                    (int)(sizeof flags / sizeof flags[0])};
+    flag_set set = {.program = "test_store_rdzv", .summary = "one rank of a rendezvous test job"};
+    flag_string(&set, "init_method", &init_method, "env://, tcp://HOST:PORT or file:///path");
+    flag_int(&set, "rank", &rank, -1, 1 << 20, "this rank (-1: RANK)");
+    flag_int(&set, "world_size", &world, -1, 1 << 20, "ranks in the job (-1: WORLD_SIZE)");
+    flag_double(&set, "timeout", &timeout, 0, 1e6, "seconds (0: COURSE_TIMEOUT or 300)");
+    flag_int(&set, "rounds", &rounds, 1, 100, "rendezvous this many times in a row");
     flags_parse(&set, argc, argv);
     int failures = 0;
     for (int round = 0; round < rounds; round++)

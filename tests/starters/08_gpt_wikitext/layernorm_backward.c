@@ -1,6 +1,6 @@
 // layernorm_backward.c - EXERCISE: the backward pass of layer normalisation.
 //
-// LayerNorm's forward pass (layernorm_forward in ../gpt.h), per row x of C
+// LayerNorm's forward pass (layernorm_forward in gpt/gpt.h), per row x of C
 // numbers, with a weight w and a bias b per channel:
 //     m    = mean of x                       v = mean of (x - m)^2
 //     rstd = 1 / sqrt(v + 1e-5)              xhat = (x - m) * rstd

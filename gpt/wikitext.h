@@ -68,7 +68,7 @@ static inline bool wikitext_has_train(const char *dir) {
 __attribute__((noreturn))
 static inline void wikitext_die_damaged(const wikitext_t *w, const char *path, const char *what) {
     die("WikiText-2 file %s %s: delete it and run `make data` in %s, or set WIKITEXT_DIR to a folder with "
-        "good copies of train.txt, valid.txt and test.txt (sha256 in 08_gpt_wikitext/wikitext.h)",
+        "good copies of train.txt, valid.txt and test.txt (sha256 in gpt/wikitext.h)",
         path, what, w->root);
 }
 

@@ -901,35 +901,8 @@ static void flash_attention_backward(const gpu_ctx *x, Act *dqkv, float *delta, 
 
 // ===================================================================== 6. the model
 
-// gpt.h's parameter table, rebuilt here (this file cannot include gpt.h):
-// wte, wpe, then per block the twelve tensors below, then ln_f. The tests
-// check that every offset agrees with gpt_build_table.
-enum { LN1_W, LN1_B, QKV_W, QKV_B, ATTPROJ_W, ATTPROJ_B, LN2_W, LN2_B, FC_W, FC_B, FCPROJ_W, FCPROJ_B, BLOCK_TENSORS };
-static const int block_rows[BLOCK_TENSORS] = {1, 1, 3, 3, 1, 1, 1, 1, 4, 4, 1, 1}; // times C
-static const int block_cols[BLOCK_TENSORS] = {0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 4, 0}; // times C; 0: a vector
-
-typedef struct { size_t offset, count; bool decay; } tensor_slice;
-
-// Fills up to `max` slices (NULL: only counts); returns the parameter count.
-static size_t build_table(const gpt_config *c, tensor_slice *out, int *count) {
-    size_t C = (size_t)c->n_embd, total = 0;
-    int n = 0;
-    auto add = [&](size_t rows, size_t cols) {
-        if (out) out[n] = tensor_slice{total, rows * (cols ? cols : 1), cols > 0};
-        total += rows * (cols ? cols : 1);
-        n++;
-    };
-    add((size_t)c->vocab_size, C);
-    add((size_t)c->block_size, C);
-    for (int l = 0; l < c->n_layer; l++)
-        for (int i = 0; i < BLOCK_TENSORS; i++) add(block_rows[i] * C, block_cols[i] * C);
-    add(C, 0);
-    add(C, 0);
-    if (count) *count = n;
-    return total;
-}
-
-static int block_tensor(int layer, int i) { return 2 + layer * BLOCK_TENSORS + i; }
+// The parameter table is gpt_layout.h's, the same as gpt.h's: wte, wpe,
+// then per block the twelve tensors B_LN1_W ... B_FCPROJ_B, then ln_f.
 
 // AdamW updates every tensor in ONE launch (section 7). The flat parameter
 // array is cut into chunks of at most ADAM_CHUNK numbers that never straddle
@@ -946,7 +919,7 @@ typedef struct {
 static const unsigned ADAM_CHUNK = 4096; // 16 numbers for each of a block's 256 threads
 
 // Fills out (NULL: only counts); returns the number of chunks.
-static int build_adam_chunks(const tensor_slice *tensors, int num_tensors, adam_chunk *out) {
+static int build_adam_chunks(const gpt_tensor *tensors, int num_tensors, adam_chunk *out) {
     int n = 0;
     for (int t = 0; t < num_tensors; t++)
         for (size_t done = 0; done < tensors[t].count; done += ADAM_CHUNK, n++) {
@@ -954,31 +927,6 @@ static int build_adam_chunks(const tensor_slice *tensors, int num_tensors, adam_
             if (out) out[n] = adam_chunk{tensors[t].offset + done, (unsigned)(left < ADAM_CHUNK ? left : ADAM_CHUNK),
                                          tensors[t].decay ? 1u : 0u};
         }
-    return n;
-}
-
-extern "C" size_t gpt_cuda_num_params(const gpt_config *cfg) { return build_table(cfg, NULL, NULL); }
-
-extern "C" int gpt_cuda_buckets(const gpt_config *cfg, gpt_cuda_bucket *out, int max) {
-    int count, L = cfg->n_layer, n = 0;
-    tensor_slice *t = (tensor_slice *)xmalloc(sizeof(tensor_slice) * (size_t)(4 + BLOCK_TENSORS * L));
-    build_table(cfg, t, &count);
-    auto add = [&](size_t first, size_t end, const char *name) {
-        if (n < max) {
-            out[n].offset = first, out[n].count = end - first;
-            snprintf(out[n].name, sizeof out[n].name, "%s", name);
-        }
-        n++;
-    };
-    add(t[count - 2].offset, t[count - 1].offset + t[count - 1].count, "ln_f");
-    for (int l = L - 1; l >= 0; l--) {
-        char name[32];
-        snprintf(name, sizeof name, "h.%d", l);
-        const tensor_slice *last = &t[block_tensor(l, BLOCK_TENSORS - 1)];
-        add(t[block_tensor(l, 0)].offset, last->offset + last->count, name);
-    }
-    add(0, t[1].offset + t[1].count, "wte+wpe");
-    free(t);
     return n;
 }
 
@@ -1030,11 +978,13 @@ static bool use_flash(const gpt_config *c) {
     return true;
 }
 
-// What attention keeps per layer for the backward pass: the cuBLAS path the
-// probabilities (B*NH*T*T activations), the flash path one log-sum-exp per
-// row (B*NH*T floats, stored with the LayerNorm statistics).
-static size_t attention_acts(bool flash, size_t B, size_t NH, size_t T) { return flash ? 0 : B * NH * T * T; }
-static size_t stats_per_layer(bool flash, size_t N, size_t NH) { return 4 * N + (flash ? NH * N : 0); }
+// The activations live in two buffers, one per kind of gpt_layout.h:
+// acts (Act: bf16 or float) and stats (float). Each holds the part outside
+// the blocks first, then block 0, 1, ...; stats also keeps each position's
+// log-sum-exp of the logits (N floats, for the loss's backward pass) after
+// the head's part. Which of the attention's activations a block keeps
+// depends on the path: the probabilities (cuBLAS) or the log-sum-exps (flash).
+static size_t head_stats(const gpt_config *c, size_t N) { return gpt_head_acts_size(c, GPT_STAT, N, 1) + N; }
 
 struct gpt_cuda {
     gpt_config cfg;
@@ -1046,16 +996,15 @@ struct gpt_cuda {
     int Vp;          // the vocabulary padded to a multiple of 64 (the logits per token)
     size_t head_pad; // (Vp - V) * C zeros in front of wte in params, grads and params_lp
     int num_tensors;
-    tensor_slice *tensors;
+    gpt_tensor *tensors;
     int num_adam_chunks;
     adam_chunk *adam_chunks; // device: AdamW's table
     gpu_ctx ctx;
 
     float *params, *grads, *adam_m, *adam_v; // fp32, num_params each (params, grads: head_pad more in front)
     bf16 *params_lp;                         // bf16 mode: the copy the products read (head_pad more in front)
-    void *acts;       // Act: encoded, scratch, lnf, then per block 16NC (+ B*NH*T*T: cuBLAS attention)
-    float *stats;     // fp32: per block ln1/ln2 mean and rstd (4N) (+ attention's lse, NH*N: flash),
-                      // then lnf mean, rstd, losses, lse
+    void *acts;       // Act: the head's, then each block's (gpt_layout.h, kind GPT_ACT)
+    float *stats;     // fp32: the head's and the loss's log-sum-exps, then each block's (GPT_STAT)
     float *logits;    // (N, Vp) fp32
     void *dlogits;    // (N, Vp) Act; the logits buffer itself in fp32 mode
     float *scores;    // flash: backward's D (NH*N); cuBLAS, bf16 mode: fp32 scores, then dP (B*NH*T*T)
@@ -1070,7 +1019,7 @@ struct gpt_cuda {
     bool clip_pending;              // the next AdamW applies scalars->clip_scale
 
     int num_buckets;
-    gpt_cuda_bucket *buckets;
+    gpt_bucket *buckets;
     cudaEvent_t *bucket_events;
 
     int adam_step;
@@ -1087,26 +1036,26 @@ typedef struct {
 static const int NORM_BLOCKS = 264; // two per SM of an H100: enough to fill it, few partials to add
 
 static memory_plan plan_memory(const gpt_config *c, int B, int T, bool use_bf16, bool flash, size_t num_params) {
-    size_t N = (size_t)B * T, C = (size_t)c->n_embd, Vp = (size_t)padded_vocab(c->vocab_size);
-    size_t L = (size_t)c->n_layer, NH = (size_t)c->n_head, act = use_bf16 ? 2 : 4;
-    size_t att = attention_acts(flash, (size_t)B, NH, (size_t)T);
+    size_t N = (size_t)B * T, Vp = (size_t)padded_vocab(c->vocab_size);
+    size_t L = (size_t)c->n_layer, act = use_bf16 ? 2 : 4;
+    size_t att = flash ? 0 : gpt_block_act_size(c, A_ATT, (size_t)B, (size_t)T);
     size_t padded = num_params + head_pad(c);
     memory_plan p;
     p.params = p.grads = padded * 4;
     p.adam = 2 * num_params * 4;
     p.params_lp = use_bf16 ? padded * 2 : 0;
-    p.acts = (3 * N * C + L * (16 * N * C + att)) * act;
-    p.stats = (L * stats_per_layer(flash, N, NH) + 4 * N) * 4;
+    p.acts = (gpt_head_acts_size(c, GPT_ACT, N, 1) + L * gpt_block_acts_size(c, GPT_ACT, flash, (size_t)B, (size_t)T)) * act;
+    p.stats = (head_stats(c, N) + L * gpt_block_acts_size(c, GPT_STAT, flash, (size_t)B, (size_t)T)) * 4;
     p.logits = N * Vp * 4;
     p.dlogits = use_bf16 ? N * Vp * 2 : 0;
-    p.scores = flash ? NH * N * 4 : use_bf16 ? att * 4 : 0;
+    p.scores = flash ? (size_t)c->n_head * N * 4 : use_bf16 ? att * 4 : 0;
     p.dscores = att * act;
-    p.grad_acts = 9 * N * C * act;
+    p.grad_acts = gpt_grad_acts_size(c, (size_t)B, (size_t)T) * act;
     p.tokens = 2 * N * sizeof(uint16_t);
     p.partials = NORM_BLOCKS * sizeof(double);
     p.scalars = sizeof(device_scalars);
     // At most one chunk per ADAM_CHUNK parameters plus one partial chunk per tensor.
-    p.chunks = (num_params / ADAM_CHUNK + 4 + BLOCK_TENSORS * L) * sizeof(adam_chunk);
+    p.chunks = (num_params / ADAM_CHUNK + (size_t)gpt_num_tensors(c)) * sizeof(adam_chunk);
     p.workspace = CUBLAS_WORKSPACE_BYTES;
     return p;
 }
@@ -1118,7 +1067,7 @@ static size_t plan_total(const memory_plan *p) {
 }
 
 extern "C" size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool use_bf16) {
-    memory_plan p = plan_memory(cfg, B, T, use_bf16, use_flash(cfg), gpt_cuda_num_params(cfg));
+    memory_plan p = plan_memory(cfg, B, T, use_bf16, use_flash(cfg), gpt_num_params(cfg));
     return plan_total(&p);
 }
 
@@ -1146,34 +1095,51 @@ template <typename Act> struct head_acts {
 
 template <typename Act> struct grad_acts { Act *dres, *dtmp, *dqkv, *dhidden; };
 
+// Block `layer`'s activations: one carve loop over gpt_layout.h's table,
+// each activation into the buffer of its kind.
 template <typename Act> static block_acts<Act> block_view(const gpt_cuda_t *g, int layer) {
-    size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd, NH = (size_t)g->cfg.n_head;
-    size_t att = attention_acts(g->flash, (size_t)g->B, NH, (size_t)g->T);
-    Act *cur = (Act *)g->acts + 3 * N * C + (size_t)layer * (16 * N * C + att);
-    auto carve = [&](size_t n) { Act *p = cur; cur += n; return p; };
-    block_acts<Act> a;
-    a.ln1 = carve(N * C), a.qkv = carve(3 * N * C), a.att = att ? carve(att) : NULL, a.atty = carve(N * C);
-    a.res2 = carve(N * C), a.ln2 = carve(N * C), a.fch = carve(4 * N * C), a.fch_gelu = carve(4 * N * C);
-    a.res3 = carve(N * C);
-    float *s = g->stats + (size_t)layer * stats_per_layer(g->flash, N, NH);
-    a.ln1_mean = s, a.ln1_rstd = s + N, a.ln2_mean = s + 2 * N, a.ln2_rstd = s + 3 * N;
-    a.att_lse = g->flash ? s + 4 * N : NULL;
+    size_t B = (size_t)g->B, T = (size_t)g->T, N = B * T;
+    block_acts<Act> a = {};
+    Act **act[GPT_BLOCK_ACTS] = {&a.ln1, NULL, NULL, &a.qkv, &a.att, NULL, &a.atty, &a.res2, &a.ln2, NULL, NULL,
+                                 &a.fch, &a.fch_gelu, &a.res3};
+    float **stat[GPT_BLOCK_ACTS] = {NULL, &a.ln1_mean, &a.ln1_rstd, NULL, NULL, &a.att_lse, NULL, NULL, NULL,
+                                    &a.ln2_mean, &a.ln2_rstd, NULL, NULL, NULL};
+    Act *next_act = (Act *)g->acts + gpt_head_acts_size(&g->cfg, GPT_ACT, N, 1) +
+                    (size_t)layer * gpt_block_acts_size(&g->cfg, GPT_ACT, g->flash, B, T);
+    float *next_stat = g->stats + head_stats(&g->cfg, N) + (size_t)layer * gpt_block_acts_size(&g->cfg, GPT_STAT, g->flash, B, T);
+    for (int i = 0; i < GPT_BLOCK_ACTS; i++) {
+        if (!gpt_block_act_kept(i, g->flash)) continue;
+        size_t n = gpt_block_act_size(&g->cfg, i, B, T);
+        if (gpt_block_acts_layout[i].kind == GPT_ACT) *act[i] = next_act, next_act += n;
+        else *stat[i] = next_stat, next_stat += n;
+    }
     return a;
 }
 
 template <typename Act> static head_acts<Act> head_view(const gpt_cuda_t *g) {
-    size_t N = (size_t)g->B * g->T, C = (size_t)g->cfg.n_embd;
-    head_acts<Act> h;
-    h.encoded = (Act *)g->acts, h.scratch = h.encoded + N * C, h.lnf = h.scratch + N * C;
-    float *s = g->stats + (size_t)g->cfg.n_layer * stats_per_layer(g->flash, N, (size_t)g->cfg.n_head);
-    h.lnf_mean = s, h.lnf_rstd = s + N, h.losses = s + 2 * N, h.lse = s + 3 * N;
+    size_t N = (size_t)g->B * g->T;
+    head_acts<Act> h = {};
+    Act **act[GPT_HEAD_ACTS] = {&h.encoded, &h.scratch, &h.lnf, NULL, NULL, NULL};
+    float **stat[GPT_HEAD_ACTS] = {NULL, NULL, NULL, &h.lnf_mean, &h.lnf_rstd, &h.losses};
+    Act *next_act = (Act *)g->acts;
+    float *next_stat = g->stats;
+    for (int i = 0; i < GPT_HEAD_ACTS; i++) {
+        size_t n = gpt_head_act_size(&g->cfg, i, N, 1);
+        if (gpt_head_acts_kind[i] == GPT_ACT) *act[i] = next_act, next_act += n;
+        else *stat[i] = next_stat, next_stat += n;
+    }
+    h.lse = next_stat; // the loss's log-sum-exps, N of them
     return h;
 }
 
 template <typename Act> static grad_acts<Act> grad_view(const gpt_cuda_t *g) {
-    size_t NC = (size_t)g->B * g->T * g->cfg.n_embd;
-    Act *d = (Act *)g->grad_acts;
-    grad_acts<Act> v = {d, d + NC, d + 2 * NC, d + 5 * NC};
+    grad_acts<Act> v;
+    Act **slot[GPT_GRAD_ACTS] = {&v.dres, &v.dtmp, &v.dqkv, &v.dhidden};
+    Act *next = (Act *)g->grad_acts;
+    for (int i = 0; i < GPT_GRAD_ACTS; i++) {
+        *slot[i] = next;
+        next += (size_t)gpt_grad_acts_channels[i] * g->B * g->T * g->cfg.n_embd;
+    }
     return v;
 }
 
@@ -1186,7 +1152,7 @@ template <typename Act> static const Act *weights(const gpt_cuda_t *g) {
 // copy, gradients): the padding rows in front of wte, then wte.
 template <typename T> static T *lm_head(const gpt_cuda_t *g, T *flat) { return flat - g->head_pad; }
 
-static size_t off(const gpt_cuda_t *g, int layer, int i) { return g->tensors[block_tensor(layer, i)].offset; }
+static size_t off(const gpt_cuda_t *g, int layer, int i) { return g->tensors[gpt_block_tensor(layer, i)].offset; }
 
 template <typename Act> static const Act *block_input(const gpt_cuda_t *g, int layer) {
     return layer == 0 ? head_view<Act>(g).encoded : block_view<Act>(g, layer - 1).res3;
@@ -1204,16 +1170,16 @@ template <typename Act> static void block_forward(gpt_cuda_t *g, int l) {
     const Act *w = weights<Act>(g), *in = block_input<Act>(g, l);
     block_acts<Act> a = block_view<Act>(g, l);
     Act *scratch = head_view<Act>(g).scratch;
-    layernorm_forward(x, a.ln1, a.ln1_mean, a.ln1_rstd, in, p + off(g, l, LN1_W), p + off(g, l, LN1_B), N, C);
-    matmul_forward(x, a.qkv, a.ln1, w + off(g, l, QKV_W), p + off(g, l, QKV_B), N, C, 3 * C);
+    layernorm_forward(x, a.ln1, a.ln1_mean, a.ln1_rstd, in, p + off(g, l, B_LN1_W), p + off(g, l, B_LN1_B), N, C);
+    matmul_forward(x, a.qkv, a.ln1, w + off(g, l, B_QKV_W), p + off(g, l, B_QKV_B), N, C, 3 * C);
     if (g->flash) flash_attention_forward(x, a.atty, a.att_lse, a.qkv, B, T, C, g->cfg.n_head);
     else attention_forward(x, a.atty, a.att, scores_buffer(g, a.att), a.qkv, B, T, C, g->cfg.n_head);
-    matmul_forward(x, scratch, a.atty, w + off(g, l, ATTPROJ_W), p + off(g, l, ATTPROJ_B), N, C, C);
+    matmul_forward(x, scratch, a.atty, w + off(g, l, B_ATTPROJ_W), p + off(g, l, B_ATTPROJ_B), N, C, C);
     residual_forward(x, a.res2, in, scratch, (size_t)N * C);
-    layernorm_forward(x, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + off(g, l, LN2_W), p + off(g, l, LN2_B), N, C);
-    matmul_forward(x, a.fch, a.ln2, w + off(g, l, FC_W), p + off(g, l, FC_B), N, C, 4 * C);
+    layernorm_forward(x, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + off(g, l, B_LN2_W), p + off(g, l, B_LN2_B), N, C);
+    matmul_forward(x, a.fch, a.ln2, w + off(g, l, B_FC_W), p + off(g, l, B_FC_B), N, C, 4 * C);
     gelu_forward(x, a.fch_gelu, a.fch, (size_t)N * 4 * C);
-    matmul_forward(x, scratch, a.fch_gelu, w + off(g, l, FCPROJ_W), p + off(g, l, FCPROJ_B), N, 4 * C, C);
+    matmul_forward(x, scratch, a.fch_gelu, w + off(g, l, B_FCPROJ_W), p + off(g, l, B_FCPROJ_B), N, 4 * C, C);
     residual_forward(x, a.res3, a.res2, scratch, (size_t)N * C);
 }
 
@@ -1330,21 +1296,21 @@ template <typename Act> static void block_backward(gpt_cuda_t *g, int l) {
     float *dp = g->bf16_mode ? g->scores : (float *)g->dscores; // cuBLAS attention's scratch
     Act *ds = (Act *)g->dscores;
 
-    matmul_backward(x, ga.dhidden, d + off(g, l, FCPROJ_W), d + off(g, l, FCPROJ_B), ga.dres, a.fch_gelu,
-                    w + off(g, l, FCPROJ_W), N, 4 * C, C);
+    matmul_backward(x, ga.dhidden, d + off(g, l, B_FCPROJ_W), d + off(g, l, B_FCPROJ_B), ga.dres, a.fch_gelu,
+                    w + off(g, l, B_FCPROJ_W), N, 4 * C, C);
     gelu_backward(x, ga.dhidden, a.fch, ga.dhidden, (size_t)N * 4 * C);
-    matmul_backward(x, ga.dtmp, d + off(g, l, FC_W), d + off(g, l, FC_B), ga.dhidden, a.ln2, w + off(g, l, FC_W), N,
+    matmul_backward(x, ga.dtmp, d + off(g, l, B_FC_W), d + off(g, l, B_FC_B), ga.dhidden, a.ln2, w + off(g, l, B_FC_W), N,
                     C, 4 * C);
-    layernorm_backward(x, ga.dres, d + off(g, l, LN2_W), d + off(g, l, LN2_B), ga.dtmp, a.res2, p + off(g, l, LN2_W),
+    layernorm_backward(x, ga.dres, d + off(g, l, B_LN2_W), d + off(g, l, B_LN2_B), ga.dtmp, a.res2, p + off(g, l, B_LN2_W),
                        a.ln2_mean, a.ln2_rstd, N, C);
-    matmul_backward(x, ga.dtmp, d + off(g, l, ATTPROJ_W), d + off(g, l, ATTPROJ_B), ga.dres, a.atty,
-                    w + off(g, l, ATTPROJ_W), N, C, C);
+    matmul_backward(x, ga.dtmp, d + off(g, l, B_ATTPROJ_W), d + off(g, l, B_ATTPROJ_B), ga.dres, a.atty,
+                    w + off(g, l, B_ATTPROJ_W), N, C, C);
     if (g->flash) flash_attention_backward(x, ga.dqkv, g->scores, ga.dtmp, a.qkv, a.atty, a.att_lse, B, T, C, NH);
     else attention_backward(x, ga.dqkv, dp, ds, ga.dtmp, a.qkv, a.att, B, T, C, NH);
-    matmul_backward(x, ga.dtmp, d + off(g, l, QKV_W), d + off(g, l, QKV_B), ga.dqkv, a.ln1, w + off(g, l, QKV_W), N,
+    matmul_backward(x, ga.dtmp, d + off(g, l, B_QKV_W), d + off(g, l, B_QKV_B), ga.dqkv, a.ln1, w + off(g, l, B_QKV_W), N,
                     C, 3 * C);
-    layernorm_backward(x, ga.dres, d + off(g, l, LN1_W), d + off(g, l, LN1_B), ga.dtmp, block_input<Act>(g, l),
-                       p + off(g, l, LN1_W), a.ln1_mean, a.ln1_rstd, N, C);
+    layernorm_backward(x, ga.dres, d + off(g, l, B_LN1_W), d + off(g, l, B_LN1_B), ga.dtmp, block_input<Act>(g, l),
+                       p + off(g, l, B_LN1_W), a.ln1_mean, a.ln1_rstd, N, C);
 }
 
 // Bucket i's gradients are final once the work queued so far has run:
@@ -1457,8 +1423,9 @@ extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *param
     check_config(cfg, B, T);
     gpt_cuda_t *g = (gpt_cuda_t *)xcalloc(1, sizeof *g);
     g->cfg = *cfg, g->bf16_mode = use_bf16, g->max_B = g->B = B, g->max_T = g->T = T;
-    g->tensors = (tensor_slice *)xmalloc(sizeof(tensor_slice) * (size_t)(4 + BLOCK_TENSORS * cfg->n_layer));
-    g->num_params = build_table(cfg, g->tensors, &g->num_tensors);
+    g->num_tensors = gpt_num_tensors(cfg);
+    g->tensors = (gpt_tensor *)xmalloc(sizeof(gpt_tensor) * (size_t)g->num_tensors);
+    g->num_params = gpt_layout_params(cfg, g->tensors);
     g->Vp = padded_vocab(cfg->vocab_size), g->head_pad = head_pad(cfg);
     g->num_adam_chunks = build_adam_chunks(g->tensors, g->num_tensors, NULL);
     g->flash = use_flash(cfg);
@@ -1468,9 +1435,9 @@ extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *param
     allocate_buffers(g, &plan);
     CHECK_CUDA(cudaMallocHost(&g->tokens_host, plan.tokens));
     CHECK_CUDA(cudaEventCreateWithFlags(&g->tokens_copied, cudaEventDisableTiming));
-    g->num_buckets = gpt_cuda_buckets(cfg, NULL, 0);
-    g->buckets = (gpt_cuda_bucket *)xmalloc(sizeof(gpt_cuda_bucket) * (size_t)g->num_buckets);
-    gpt_cuda_buckets(cfg, g->buckets, g->num_buckets);
+    g->num_buckets = gpt_layout_buckets(cfg, NULL, 0);
+    g->buckets = (gpt_bucket *)xmalloc(sizeof(gpt_bucket) * (size_t)g->num_buckets);
+    gpt_layout_buckets(cfg, g->buckets, g->num_buckets);
     g->bucket_events = (cudaEvent_t *)xmalloc(sizeof(cudaEvent_t) * (size_t)g->num_buckets);
     for (int i = 0; i < g->num_buckets; i++)
         CHECK_CUDA(cudaEventCreateWithFlags(&g->bucket_events[i], cudaEventDisableTiming));

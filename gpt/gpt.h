@@ -4,19 +4,20 @@
 // This is the reference implementation of chapter 08: plain C, one layer
 // function per idea, each forward pass beside its backward pass with the
 // calculus in the comments. Read it top to bottom:
-//   1. configuration and the number type
-//   2. the parameter table: every weight lives in ONE flat array
+//   1. the number type (the configuration is in gpt_layout.h)
+//   2. views of the flat arrays: parameters, activations (the layout
+//      itself - which tensor lives where - is gpt_layout.h's)
 //   3. matrix products (OpenBLAS or a blocked C kernel)
 //   4. the layers, each forward + backward
 //   5. the model: forward, backward
-//   6. the optimizer: gradient clipping, AdamW, the learning-rate schedule
+//   6. the optimizer: gradient clipping, AdamW (the learning-rate schedule
+//      is the training loop's: 08_gpt_wikitext.c)
 //   7. sampling text
 //   8. saving and loading in the safetensors format
 //
-// Why one flat array for the parameters and another for the gradients?
-// Data parallelism then all-reduces a single buffer, a snapshot writes a
-// single buffer, and a GPU version copies a single buffer. The tensor table
-// names the slices (wte.weight, h.0.attn.c_attn.weight, ...).
+// Every parameter lives in ONE flat array and every gradient in another,
+// laid out as gpt_layout.h says (the GPU model, gpt_cuda.cu, reads the same
+// layout, so the two exchange whole arrays).
 //
 // The number type is gpt_real: float for training, double when a test
 // defines GPT_REAL before including this file, so that gradients can be
@@ -44,6 +45,7 @@
 #endif
 
 #include "check.h"
+#include "gpt_layout.h"
 #include "rng.h"
 #include "safetensors.h"
 #include "safetensors_read.h"
@@ -57,67 +59,11 @@
 #endif
 typedef GPT_REAL gpt_real;
 
-// ===================================================================== 1. configuration
+// ===================================================================== 1. the number type
+// (gpt_real, above: float, or double for the gradient check.) The
+// configuration, its presets and the layout are in gpt_layout.h.
 
-typedef struct {
-    int vocab_size; // tokens the model knows (from the tokenizer)
-    int block_size; // longest context, in tokens
-    int n_layer;    // transformer blocks
-    int n_head;     // attention heads per block
-    int n_embd;     // width of the residual stream (channels)
-} gpt_config;
-
-// "default": the chapter's model (4.47 M parameters with vocabulary 5000).
-// "tiny": small enough for tests and for a demo that finishes in a minute.
-static inline bool gpt_preset(const char *name, gpt_config *c) {
-    if (!strcmp(name, "default")) {
-        c->block_size = 128, c->n_layer = 4, c->n_head = 4, c->n_embd = 256;
-        return true;
-    }
-    if (!strcmp(name, "tiny")) {
-        c->block_size = 32, c->n_layer = 2, c->n_head = 2, c->n_embd = 64;
-        return true;
-    }
-    return false;
-}
-
-// NULL when the configuration can be built, else the reason it cannot.
-static inline const char *gpt_config_problem(gpt_config c) {
-    if (c.vocab_size < 2 || c.vocab_size > 65536) return "vocab_size must be 2..65536 (tokens are 16-bit)";
-    if (c.block_size < 1 || c.block_size > 8192) return "block_size must be 1..8192";
-    if (c.n_layer < 1 || c.n_layer > 256) return "n_layer must be 1..256";
-    if (c.n_head < 1 || c.n_embd < 1 || c.n_embd > 16384) return "n_head and n_embd must be positive (n_embd <= 16384)";
-    if (c.n_embd % c.n_head != 0) return "n_embd must be a multiple of n_head (each head gets n_embd / n_head channels)";
-    return NULL;
-}
-
-// ===================================================================== 2. the parameter table
-
-// One named slice of the flat parameter array: what a safetensors file or a
-// snapshot stores per tensor. Shapes are row-major; ndim is 1 or 2.
-typedef struct {
-    char name[48];
-    size_t offset, count;
-    int ndim;
-    int shape[4];
-    bool decay; // AdamW's weight decay applies to matrices (ndim 2) only
-} gpt_tensor;
-
-// The twelve tensors of one transformer block, in storage order. Shapes are
-// multiples of C = n_embd: {rows, cols}, cols 0 for a vector. A weight is
-// stored as (out, in), as torch.nn.Linear does: y = x W^T + b.
-enum {
-    B_LN1_W, B_LN1_B, B_QKV_W, B_QKV_B, B_ATTPROJ_W, B_ATTPROJ_B,
-    B_LN2_W, B_LN2_B, B_FC_W, B_FC_B, B_FCPROJ_W, B_FCPROJ_B, GPT_BLOCK_TENSORS
-};
-static const struct { const char *name; int rows, cols; } gpt_block_layout[GPT_BLOCK_TENSORS] = {
-    {"ln_1.weight", 1, 0},        {"ln_1.bias", 1, 0},
-    {"attn.c_attn.weight", 3, 1}, {"attn.c_attn.bias", 3, 0},
-    {"attn.c_proj.weight", 1, 1}, {"attn.c_proj.bias", 1, 0},
-    {"ln_2.weight", 1, 0},        {"ln_2.bias", 1, 0},
-    {"mlp.c_fc.weight", 4, 1},    {"mlp.c_fc.bias", 4, 0},
-    {"mlp.c_proj.weight", 1, 4},  {"mlp.c_proj.bias", 1, 0},
-};
+// ===================================================================== 2. views of the flat arrays
 
 // Pointers to one block's tensors inside a flat array (parameters or grads).
 typedef struct {
@@ -125,16 +71,11 @@ typedef struct {
     gpt_real *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
 } gpt_block;
 
-// The activations of one block that the backward pass needs again.
+// The activations of one block that the backward pass needs again
+// (gpt_layout.h lists them with their shapes; the CPU keeps the attention
+// probabilities, never flash attention's log-sum-exps).
 typedef struct {
-    gpt_real *ln1, *ln1_mean, *ln1_rstd; // (B,T,C), (B,T), (B,T)
-    gpt_real *qkv;                       // (B,T,3C): queries, keys, values
-    gpt_real *att;                       // (B,NH,T,T): attention probabilities
-    gpt_real *atty;                      // (B,T,C): attention output, heads side by side
-    gpt_real *res2;                      // (B,T,C): residual stream after attention
-    gpt_real *ln2, *ln2_mean, *ln2_rstd;
-    gpt_real *fch, *fch_gelu;            // (B,T,4C): MLP hidden layer before / after GELU
-    gpt_real *res3;                      // (B,T,C): residual stream leaving the block
+    gpt_real *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *res3;
 } gpt_block_acts;
 
 typedef struct {
@@ -156,47 +97,18 @@ typedef struct {
     float last_loss;
 } gpt_t;
 
-static inline void gpt_add_tensor(gpt_t *m, const char *name, int rows, int cols) {
-    gpt_tensor *t = &m->tensors[m->num_tensors++];
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->ndim = cols > 0 ? 2 : 1;
-    t->shape[0] = rows;
-    t->shape[1] = cols > 0 ? cols : 0;
-    t->count = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
-    t->offset = m->num_params;
-    t->decay = t->ndim == 2;
-    m->num_params += t->count;
-}
-
-// Lays out the table: wte, wpe, h.0.* ... h.{L-1}.*, ln_f.*. The LM head
-// has no tensor of its own: it reuses wte ("weight tying"), which saves
-// V*C parameters and helps small models.
+// The table of gpt_layout.h, for this model's configuration.
 static inline void gpt_build_table(gpt_t *m) {
-    int C = m->cfg.n_embd;
-    m->tensors = xcalloc((size_t)(4 + GPT_BLOCK_TENSORS * m->cfg.n_layer), sizeof(gpt_tensor));
-    m->num_tensors = 0;
-    m->num_params = 0;
-    gpt_add_tensor(m, "wte.weight", m->cfg.vocab_size, C);
-    gpt_add_tensor(m, "wpe.weight", m->cfg.block_size, C);
-    for (int l = 0; l < m->cfg.n_layer; l++) {
-        for (int i = 0; i < GPT_BLOCK_TENSORS; i++) {
-            char name[48];
-            snprintf(name, sizeof name, "h.%d.%s", l, gpt_block_layout[i].name);
-            gpt_add_tensor(m, name, gpt_block_layout[i].rows * C, gpt_block_layout[i].cols * C);
-        }
-    }
-    gpt_add_tensor(m, "ln_f.weight", C, 0);
-    gpt_add_tensor(m, "ln_f.bias", C, 0);
+    m->num_tensors = gpt_num_tensors(&m->cfg);
+    m->tensors = xcalloc((size_t)m->num_tensors, sizeof(gpt_tensor));
+    m->num_params = gpt_layout_params(&m->cfg, m->tensors);
 }
-
-// Table indices of the non-block tensors.
-static inline int gpt_ln_f_index(const gpt_t *m) { return 2 + GPT_BLOCK_TENSORS * m->cfg.n_layer; }
 
 // The block's tensors inside `base`, which is m->params or m->grads.
 static inline gpt_block gpt_block_view(const gpt_t *m, gpt_real *base, int layer) {
     gpt_real *p[GPT_BLOCK_TENSORS];
     for (int i = 0; i < GPT_BLOCK_TENSORS; i++)
-        p[i] = base + m->tensors[2 + layer * GPT_BLOCK_TENSORS + i].offset;
+        p[i] = base + m->tensors[gpt_block_tensor(layer, i)].offset;
     gpt_block b = {p[B_LN1_W], p[B_LN1_B], p[B_QKV_W], p[B_QKV_B], p[B_ATTPROJ_W], p[B_ATTPROJ_B],
                    p[B_LN2_W], p[B_LN2_B], p[B_FC_W], p[B_FC_B], p[B_FCPROJ_W], p[B_FCPROJ_B]};
     return b;
@@ -716,74 +628,78 @@ static inline void gpt_init(gpt_t *m, gpt_config cfg, uint64_t seed) {
     gpt_init_params(m, seed);
 }
 
-static inline size_t gpt_block_acts_size(const gpt_config *c, int B, int T) {
-    size_t N = (size_t)B * T, C = (size_t)c->n_embd;
-    return N * C * 16 + N * 4 + (size_t)B * c->n_head * T * T; // see gpt_block_acts_view
+// m->acts holds, in gpt_layout.h's order: the activations outside the
+// blocks (embeddings, scratch, ln_f, losses), then each block's, then the
+// logits (N, V). The CPU keeps both kinds of gpt_layout.h (ACT and STAT) in
+// this one buffer, and the attention probabilities (no flash attention).
+static inline size_t gpt_cpu_block_acts(const gpt_config *c, size_t B, size_t T) {
+    return gpt_block_acts_size(c, GPT_ACT, false, B, T) + gpt_block_acts_size(c, GPT_STAT, false, B, T);
+}
+static inline size_t gpt_cpu_head_acts(const gpt_config *c, size_t B, size_t T) {
+    return gpt_head_acts_size(c, GPT_ACT, B, T) + gpt_head_acts_size(c, GPT_STAT, B, T);
 }
 
-static inline gpt_real *gpt_carve(gpt_real **cursor, size_t n) {
-    gpt_real *p = *cursor;
-    *cursor += n;
-    return p;
-}
-
-// Layout of m->acts: encoded (N,C), scratch (N,C), the blocks, then
-// lnf (N,C), lnf_mean, lnf_rstd (N), logits (N,V), losses (N).
+// Block `layer`'s activations inside m->acts: one carve loop over the layout.
 static inline gpt_block_acts gpt_block_acts_view(const gpt_t *m, int layer) {
-    size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.n_embd;
-    gpt_real *cur = m->acts + 2 * N * C + layer * gpt_block_acts_size(&m->cfg, m->B, m->T);
-    gpt_block_acts a;
-    a.ln1 = gpt_carve(&cur, N * C), a.ln1_mean = gpt_carve(&cur, N), a.ln1_rstd = gpt_carve(&cur, N);
-    a.qkv = gpt_carve(&cur, 3 * N * C);
-    a.att = gpt_carve(&cur, (size_t)m->B * m->cfg.n_head * m->T * m->T);
-    a.atty = gpt_carve(&cur, N * C), a.res2 = gpt_carve(&cur, N * C);
-    a.ln2 = gpt_carve(&cur, N * C), a.ln2_mean = gpt_carve(&cur, N), a.ln2_rstd = gpt_carve(&cur, N);
-    a.fch = gpt_carve(&cur, 4 * N * C), a.fch_gelu = gpt_carve(&cur, 4 * N * C);
-    a.res3 = gpt_carve(&cur, N * C);
+    size_t B = (size_t)m->B, T = (size_t)m->T;
+    gpt_block_acts a = {0};
+    gpt_real **slot[GPT_BLOCK_ACTS] = {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.att, NULL, &a.atty, &a.res2,
+                                       &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.fch, &a.fch_gelu, &a.res3};
+    gpt_real *cur = m->acts + gpt_cpu_head_acts(&m->cfg, B, T) + (size_t)layer * gpt_cpu_block_acts(&m->cfg, B, T);
+    for (int i = 0; i < GPT_BLOCK_ACTS; i++) {
+        if (!gpt_block_act_kept(i, false)) continue;
+        *slot[i] = cur;
+        cur += gpt_block_act_size(&m->cfg, i, B, T);
+    }
     return a;
 }
 
-typedef struct { gpt_real *encoded, *scratch, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses; } gpt_head_acts;
+typedef struct { gpt_real *encoded, *scratch, *lnf, *lnf_mean, *lnf_rstd, *losses, *logits; } gpt_head_acts;
 
 static inline gpt_head_acts gpt_head_acts_view(const gpt_t *m) {
-    size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.n_embd;
+    size_t B = (size_t)m->B, T = (size_t)m->T;
     gpt_head_acts h;
-    h.encoded = m->acts;
-    h.scratch = m->acts + N * C;
-    gpt_real *cur = m->acts + 2 * N * C + m->cfg.n_layer * gpt_block_acts_size(&m->cfg, m->B, m->T);
-    h.lnf = gpt_carve(&cur, N * C), h.lnf_mean = gpt_carve(&cur, N), h.lnf_rstd = gpt_carve(&cur, N);
-    h.logits = gpt_carve(&cur, N * (size_t)m->cfg.vocab_size);
-    h.losses = gpt_carve(&cur, N);
+    gpt_real **slot[GPT_HEAD_ACTS] = {&h.encoded, &h.scratch, &h.lnf, &h.lnf_mean, &h.lnf_rstd, &h.losses};
+    gpt_real *cur = m->acts;
+    for (int i = 0; i < GPT_HEAD_ACTS; i++) {
+        *slot[i] = cur;
+        cur += gpt_head_act_size(&m->cfg, i, B, T);
+    }
+    h.logits = cur + (size_t)m->cfg.n_layer * gpt_cpu_block_acts(&m->cfg, B, T);
     return h;
 }
 
-// Backward scratch (m->grad_acts): dres (N,C) the gradient of the residual
-// stream, dtmp (N,C), dqkv (N,3C), dhidden (N,4C). They are reused by every
-// block: the only gradient that travels between blocks is dres.
+// The backward pass's scratch (m->grad_acts), as gpt_layout.h lists it.
 typedef struct { gpt_real *dres, *dtmp, *dqkv, *dhidden; } gpt_grad_acts;
 
 static inline gpt_grad_acts gpt_grad_acts_view(const gpt_t *m) {
-    size_t NC = (size_t)m->B * m->T * m->cfg.n_embd;
-    gpt_grad_acts g = {m->grad_acts, m->grad_acts + NC, m->grad_acts + 2 * NC, m->grad_acts + 5 * NC};
+    gpt_grad_acts g;
+    gpt_real **slot[GPT_GRAD_ACTS] = {&g.dres, &g.dtmp, &g.dqkv, &g.dhidden};
+    gpt_real *cur = m->grad_acts;
+    for (int i = 0; i < GPT_GRAD_ACTS; i++) {
+        *slot[i] = cur;
+        cur += (size_t)gpt_grad_acts_channels[i] * m->B * m->T * m->cfg.n_embd;
+    }
     return g;
 }
 
 // Makes room for a batch of B sequences of T tokens (grows, never shrinks).
 static inline void gpt_ensure_acts(gpt_t *m, int B, int T) {
-    size_t N = (size_t)B * T, C = (size_t)m->cfg.n_embd;
-    size_t acts = 2 * N * C + m->cfg.n_layer * gpt_block_acts_size(&m->cfg, B, T) +
-                  N * C + 2 * N + N * (size_t)m->cfg.vocab_size + N;
+    size_t N = (size_t)B * T, L = (size_t)m->cfg.n_layer;
+    size_t acts = gpt_cpu_head_acts(&m->cfg, B, T) + L * gpt_cpu_block_acts(&m->cfg, B, T) +
+                  N * (size_t)m->cfg.vocab_size;
+    size_t grad_acts = gpt_grad_acts_size(&m->cfg, B, T);
     if (acts > m->acts_capacity) {
         free(m->acts);
         m->acts = xmalloc(sizeof(gpt_real) * acts);
         m->acts_capacity = acts;
     }
-    if (N * C * 9 > m->grads_capacity) {
+    if (grad_acts > m->grads_capacity) {
         free(m->grad_acts);
         free(m->inputs);
         free(m->targets);
-        m->grad_acts = xmalloc(sizeof(gpt_real) * N * C * 9);
-        m->grads_capacity = N * C * 9;
+        m->grad_acts = xmalloc(sizeof(gpt_real) * grad_acts);
+        m->grads_capacity = grad_acts;
         m->inputs = xmalloc(sizeof(uint16_t) * N);
         m->targets = xmalloc(sizeof(uint16_t) * N);
     }
@@ -839,7 +755,7 @@ static inline float gpt_forward(gpt_t *m, const uint16_t *inputs, const uint16_t
     gpt_real *wte = m->params + m->tensors[0].offset, *wpe = m->params + m->tensors[1].offset;
     encoder_forward(h.encoded, m->inputs, wte, wpe, B, T, C);
     for (int l = 0; l < L; l++) gpt_block_forward(m, l, gpt_block_input(m, l), h.scratch);
-    int lnf = gpt_ln_f_index(m);
+    int lnf = gpt_ln_f_tensor(&m->cfg);
     layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, gpt_block_input(m, L),
                       gpt_tensor_ptr(m, m->params, lnf), gpt_tensor_ptr(m, m->params, lnf + 1), (int)N, C);
     matmul_forward(h.logits, h.lnf, wte, NULL, (int)N, C, V); // the LM head is wte: tied weights
@@ -885,7 +801,7 @@ static inline void gpt_backward(gpt_t *m, float grad_scale) {
     gpt_head_acts h = gpt_head_acts_view(m);
     gpt_grad_acts g = gpt_grad_acts_view(m);
     gpt_real *wte = m->params + m->tensors[0].offset, *dwte = m->grads + m->tensors[0].offset;
-    int lnf = gpt_ln_f_index(m);
+    int lnf = gpt_ln_f_tensor(&m->cfg);
 
     crossentropy_backward(h.logits, m->targets, N, V, (gpt_real)grad_scale / N);
     matmul_backward(g.dtmp, dwte, NULL, h.logits, h.lnf, wte, N, C, V); // LM head: adds into dwte
@@ -948,16 +864,6 @@ static inline void gpt_adamw_step(gpt_t *m, float lr, float beta1, float beta2, 
             m->params[i] -= lr * mhat / (sqrt(vhat) + eps);
         }
     }
-}
-
-// Linear warm-up from max_lr/warmup to max_lr over `warmup` steps (Adam's
-// moment estimates are poor at first), then a cosine from max_lr down to
-// min_lr at step max_steps, and min_lr after that. step counts from 0.
-static inline float gpt_lr_schedule(int step, int warmup, int max_steps, float max_lr, float min_lr) {
-    if (step < warmup) return max_lr * (float)(step + 1) / (float)warmup;
-    if (step >= max_steps) return min_lr;
-    double progress = (double)(step - warmup) / (double)(max_steps - warmup);
-    return min_lr + (float)(0.5 * (1 + cos(3.141592653589793 * progress))) * (max_lr - min_lr);
 }
 
 // ===================================================================== 7. sampling
@@ -1071,16 +977,6 @@ static inline bool gpt_file_config(const safetensors_t *f, gpt_config *cfg, char
     return true;
 }
 
-// Parameters of a model with this configuration, counted without building it.
-static inline size_t gpt_count_params(gpt_config cfg) {
-    gpt_t probe;
-    memset(&probe, 0, sizeof probe);
-    probe.cfg = cfg;
-    gpt_build_table(&probe);
-    free(probe.tensors);
-    return probe.num_params;
-}
-
 // Every tensor of the file is one of the table's, as F32 with its shape,
 // and every one of the table's is in the file.
 static inline bool gpt_file_matches(const gpt_t *m, const safetensors_t *f, char *why, size_t whylen) {
@@ -1121,7 +1017,7 @@ static inline bool gpt_load_safetensors(gpt_t *m, const char *path, char *err, s
     gpt_config cfg;
     if (!safetensors_read(path, &f, why, sizeof why)) return gpt_fail(err, errlen, path, why);
     bool ok = gpt_file_config(&f, &cfg, why, sizeof why);
-    size_t params = ok ? gpt_count_params(cfg) : 0;
+    size_t params = ok ? gpt_num_params(&cfg) : 0;
     if (ok && params > f.blob_bytes / sizeof(float))
         ok = false, snprintf(why, sizeof why, "its __metadata__ describes a model of %zu parameters, but the file holds "
                              "only %zu bytes of tensors (truncated, or a damaged configuration)", params, f.blob_bytes);

@@ -1,7 +1,7 @@
 // gpt_cuda.h - the GPT of gpt.h on one GPU: CUDA kernels plus cuBLAS.
 //
 // The same model, the same parameter layout (ONE flat float array, the
-// tensor table of gpt_build_table) and the same formulas as gpt.h, so the
+// tensor table of gpt_layout.h) and the same formulas as gpt.h, so the
 // CPU model is the reference the GPU is tested against. The GPU keeps its
 // own copies of everything: parameters, gradients, AdamW moments,
 // activations. The host sees tokens going in and losses, logits,
@@ -34,14 +34,9 @@
 
 #include <cuda_runtime_api.h>
 
-#ifdef __CUDACC__
-// nvcc compiles C++, which cannot include gpt.h (C11: <tgmath.h>, restrict).
-// This is gpt.h's gpt_config, field for field; extern "C" functions pass it
-// by pointer, so both sides read the same five ints.
-typedef struct { int vocab_size, block_size, n_layer, n_head, n_embd; } gpt_config;
-#else
-#include "gpt.h"
-#endif
+// nvcc compiles C++, which cannot include gpt.h (C11: <tgmath.h>,
+// restrict); the layout both models share is plain C.
+#include "gpt_layout.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -51,24 +46,9 @@ typedef struct gpt_cuda gpt_cuda_t;
 
 // ---------------------------------------------------------------- host-only questions (no GPU needed)
 
-// Parameters in the flat layout; equals gpt.h's num_params for cfg.
-size_t gpt_cuda_num_params(const gpt_config *cfg);
-
 // Device bytes gpt_cuda_create allocates for batches up to B x T (with the
 // attention path it will choose: see gpt_cuda_attention).
 size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool bf16);
-
-// A range of the flat gradient buffer that one step of the backward pass
-// finishes. Buckets come in the order backward completes them: ln_f, the
-// blocks from the last to the first, then wte + wpe. Together they cover
-// [0, num_params) exactly once.
-typedef struct {
-    size_t offset, count; // in floats
-    char name[32];        // "ln_f", "h.11", "wte+wpe"
-} gpt_cuda_bucket;
-
-// Fills up to max buckets; returns how many there are (n_layer + 2).
-int gpt_cuda_buckets(const gpt_config *cfg, gpt_cuda_bucket *out, int max);
 
 // ---------------------------------------------------------------- the model on the device
 
@@ -111,7 +91,7 @@ void gpt_cuda_zero_grad(gpt_cuda_t *g);
 // last kernel. To overlap, make a communication stream wait for it
 // (cudaStreamWaitEvent) and launch the all-reduce there; the host must
 // wait for that stream before gpt_cuda_clip_grad_norm / gpt_cuda_adamw.
-typedef void (*gpt_cuda_bucket_fn)(void *user, const gpt_cuda_bucket *bucket, cudaEvent_t ready);
+typedef void (*gpt_cuda_bucket_fn)(void *user, const gpt_bucket *bucket, cudaEvent_t ready);
 
 // Adds grad_scale * d(mean loss)/d(params) to the gradients (micro-batches
 // accumulate, as gpt_backward). bucket_ready may be NULL (no callbacks); with
