@@ -141,6 +141,7 @@ typedef struct emu_block_info {
     unsigned char *shared;  // its shared memory: [static part | dynamic part]
     size_t shared_bytes;
     const emu_running_op *op; // the kernel's queued operation
+    bool race_check;          // whether race.c checks this launch (emu_race_check_launch)
 } emu_block_info;
 
 // ================================================================ launch.c
@@ -151,6 +152,9 @@ unsigned long long emu_kernel_launches(void); // kernels launched (not captured)
 // between queued operations. Copies, GEMMs and NCCL calls tell it which
 // device memory they read or write (the running operation's):
 void emu_race_range(const void *p, size_t bytes, bool write);
+// Whether to check this launch of a kernel (EMU_RACECHECK: every launch,
+// or the first 16 and one in 16 after, or none).
+bool emu_race_check_launch(const char *kernel);
 
 // ================================================================ fiber.c
 // User-level threads for a kernel's CUDA threads.

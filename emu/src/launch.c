@@ -446,13 +446,13 @@ static void setup_threads(block_run *b, uint3 block_idx) {
     choose_order(b);
 }
 
-static void run_block(block_run *b, uint3 block_idx, unsigned long long block_linear) {
+static void run_block(block_run *b, uint3 block_idx, unsigned long long block_linear, bool race_check) {
     b->serial = ++block_serial_counter;
     b->static_used = 0;
     b->live = b->count;
     b->at_barrier = b->barrier_count = 0;
     b->info = (emu_block_info){b->serial, block_linear * (unsigned long long)b->count, (unsigned)b->count, 0,
-                               b->shared, SHARED_BYTES, emu_current_op()};
+                               b->shared, SHARED_BYTES, emu_current_op(), race_check};
     setup_threads(b, block_idx);
     // Garbage in shared memory, as a GPU leaves it: the static area as each
     // declaration first claims it, the dynamic area now.
@@ -503,6 +503,7 @@ static emu_op_status run_kernel(void *state) {
     emu_set_running_kernel(&k->site);
     unsigned long long gx = k->cfg.grid.x, gy = k->cfg.grid.y, total = gx * gy * k->cfg.grid.z, step = 1, start = 0;
     emu_order_kind order = emu_order();
+    bool race_check = emu_race_check_launch(k->site.name);
     if (order == EMU_ORDER_REVERSE) step = total - 1, start = total - 1; // i -> total-1-i, as (start + i*step) % total
     if (order == EMU_ORDER_SHUFFLED && total > 1) { // i -> (start + i*step) % total, step coprime to total
         do step = 1 + emu_order_random() % (total - 1);
@@ -511,7 +512,8 @@ static emu_op_status run_kernel(void *state) {
     }
     for (unsigned long long i = 0; i < total; i++) {
         unsigned long long at = (start + (unsigned __int128)i * step % total) % total;
-        run_block(&b, (uint3){(unsigned)(at % gx), (unsigned)(at / gx % gy), (unsigned)(at / (gx * gy))}, at);
+        run_block(&b, (uint3){(unsigned)(at % gx), (unsigned)(at / gx % gy), (unsigned)(at / (gx * gy))}, at,
+                  race_check);
     }
     running = outer;
     emu_set_running_kernel(outer_site);

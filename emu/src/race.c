@@ -64,11 +64,33 @@ typedef struct {
     const emu_thread_view *view; // NULL outside kernels
 } current;
 
-static bool enabled = true;
+// EMU_RACECHECK: 0 off; 1 (the default) every launch of a kernel up to its
+// 16th, then one in 16; all: every launch. A race in a loop shows in every
+// round, so the sampled rounds find it; what is not sampled leaves older
+// records in the shadow, which can hide a race but never invent one (an
+// operation that comes after a later one on a stream comes after it too).
+enum { SAMPLE_FIRST = 16, SAMPLE_EVERY = 16 };
+static bool enabled = true, every_launch = false;
 
 __attribute__((constructor)) static void read_setting(void) {
     const char *s = getenv("EMU_RACECHECK");
+    if (s && *s && strcmp(s, "0") && strcmp(s, "1") && strcmp(s, "all"))
+        emu_fatal("EMU_RACECHECK=%s: expected 0, 1 or all", s);
     enabled = !(s && !strcmp(s, "0"));
+    every_launch = s && !strcmp(s, "all");
+}
+
+// Whether this launch of `kernel` (its name) is checked.
+bool emu_race_check_launch(const char *kernel) {
+    static struct { const char *name; unsigned long long launches; } seen[512];
+    if (!enabled) return false;
+    if (every_launch) return true;
+    unsigned slot = (unsigned)(((uintptr_t)kernel >> 4) % 512);
+    for (unsigned k = 0; k < 512 && seen[slot].name && seen[slot].name != kernel; k++) slot = (slot + 1) % 512;
+    if (seen[slot].name && seen[slot].name != kernel) return true; // (a full table: check them all)
+    seen[slot].name = kernel;
+    unsigned long long n = ++seen[slot].launches;
+    return n <= SAMPLE_FIRST || n % SAMPLE_EVERY == 0;
 }
 
 // ================================================================ the operations seen
@@ -270,7 +292,7 @@ static __thread uintptr_t stacks_lo, stacks_hi;
 
 static void kernel_access(const void *address, unsigned size, bool write, bool atomic, const void *pc) {
     const emu_thread_view *v = emu_self;
-    if (!v || !enabled) return;
+    if (!v || !v->block->race_check) return;
     const emu_block_info *b = v->block;
     uintptr_t a = (uintptr_t)address;
     bool in_shared = a - (uintptr_t)b->shared < b->shared_bytes;

@@ -353,13 +353,13 @@ static void retire(stream *s) {
 
 // Run stream s until operation `target` has completed, or at most
 // max_ops of its own operations (what it depends on runs in full).
-static emu_op_status run(stream *s, uint64_t target, int max_ops) {
+static emu_op_status run_stream(stream *s, uint64_t target, int max_ops) {
     while (s->completed < target && max_ops-- > 0) {
         op *o = s->head;
         if (s->failed && o->fn != emu_done_at_once) return EMU_OP_FAILED;
         s->failed = false; // the failed op was discarded (ncclCommAbort): the stream runs on
         for (int i = 0; i < o->dep_count; i++) {
-            emu_op_status r = run(o->deps[i].on, o->deps[i].seq, 1 << 30);
+            emu_op_status r = run_stream(o->deps[i].on, o->deps[i].seq, 1 << 30);
             if (r != EMU_OP_DONE) return r;
         }
         fail_reason[0] = 0;
@@ -399,7 +399,7 @@ static void random_steps(void) {
         int pick = (int)(emu_schedule_random() % (uint64_t)candidates);
         for (int d = 0; d < MAX_DEVICES; d++)
             for (stream *c = devices_streams[d]; c; c = c->next)
-                if (unfinished(c) && !stuck(c) && pick-- == 0) run(c, c->completed + 1, 1);
+                if (unfinished(c) && !stuck(c) && pick-- == 0) run_stream(c, c->completed + 1, 1);
     }
 }
 
@@ -412,7 +412,7 @@ static void settle(stream *s) {
     if (k == EMU_SCHEDULE_RANDOM && emu_schedule_random() % 2) return; // (half the time, nothing runs)
     settling++;
     emu_device_access_begin();
-    if (k == EMU_SCHEDULE_EAGER) run(s, s->enqueued, 1 << 30);
+    if (k == EMU_SCHEDULE_EAGER) run_stream(s, s->enqueued, 1 << 30);
     else random_steps();
     emu_device_access_end();
     settling--;
@@ -440,7 +440,7 @@ static cudaError_t wait_for(stream *s, uint64_t target, const char *call, const 
         settling--;
     }
     for (;;) {
-        emu_op_status r = run(s, target, 1 << 30);
+        emu_op_status r = run_stream(s, target, 1 << 30);
         if (r == EMU_OP_DONE) break;
         if (r == EMU_OP_FAILED) {
             emu_device_access_end();
@@ -549,7 +549,7 @@ static cudaError_t step_toward(stream *s, uint64_t target, const char *call, con
     }
     if (stuck(s)) return failed(s, call);
     emu_device_access_begin();
-    emu_op_status r = run(s, target, 1);
+    emu_op_status r = run_stream(s, target, 1);
     emu_device_access_end();
     return r == EMU_OP_FAILED ? failed(s, call) : cudaErrorNotReady;
 }
