@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "emu_float16_ops.h"
 #include "emu_kernel_abi.h"
 
 #ifdef __cplusplus
@@ -82,32 +83,7 @@ static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
     return __nv_bfloat162{__float2bfloat16(a), __float2bfloat16(b)};
 }
 
-#define EMU_BF16_OP(op, fn)                                                                              \
-    static inline __nv_bfloat16 fn(__nv_bfloat16 a, __nv_bfloat16 b) {                                 \
-        return __float2bfloat16(__bfloat162float(a) op __bfloat162float(b));                           \
-    }                                                                                                  \
-    static inline __nv_bfloat16 operator op(__nv_bfloat16 a, __nv_bfloat16 b) { return fn(a, b); }     \
-    static inline __nv_bfloat16 &operator op##=(__nv_bfloat16 &a, __nv_bfloat16 b) { return a = fn(a, b); }
-EMU_BF16_OP(+, __hadd)
-EMU_BF16_OP(-, __hsub)
-EMU_BF16_OP(*, __hmul)
-EMU_BF16_OP(/, __hdiv)
-#undef EMU_BF16_OP
-static inline __nv_bfloat16 __hfma(__nv_bfloat16 a, __nv_bfloat16 b, __nv_bfloat16 c) {
-    return __float2bfloat16(__bfloat162float(a) * __bfloat162float(b) + __bfloat162float(c));
-}
-static inline __nv_bfloat16 __hneg(__nv_bfloat16 a) { return emu_bf16_from_bits((unsigned short)(a.__x ^ 0x8000u)); }
-static inline __nv_bfloat16 operator-(__nv_bfloat16 a) { return __hneg(a); }
-static inline bool __hlt(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a < (float)b; }
-static inline bool __hgt(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a > (float)b; }
-static inline __nv_bfloat16 __hmin(__nv_bfloat16 a, __nv_bfloat16 b) { return __hlt(b, a) ? b : a; }
-static inline __nv_bfloat16 __hmax(__nv_bfloat16 a, __nv_bfloat16 b) { return __hgt(b, a) ? b : a; }
-static inline bool operator==(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a == (float)b; }
-static inline bool operator!=(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a != (float)b; }
-static inline bool operator<(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a < (float)b; }
-static inline bool operator>(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a > (float)b; }
-static inline bool operator<=(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a <= (float)b; }
-static inline bool operator>=(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a >= (float)b; }
+EMU_FLOAT16_OPS(__nv_bfloat16, __bfloat162float, __float2bfloat16, emu_bf16_from_bits)
 __attribute__((no_sanitize_thread)) static inline __nv_bfloat16 atomicAdd(__nv_bfloat16 *address,
                                                                           __nv_bfloat16 val) {
     emu_race_atomic(address, sizeof *address);

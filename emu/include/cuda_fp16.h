@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "emu_float16_ops.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -89,31 +91,7 @@ static inline unsigned short __half_as_ushort(__half h) { return h.__x; }
 static inline __half __ushort_as_half(unsigned short bits) { return emu_half_from_bits(bits); }
 static inline __half2 __floats2half2_rn(float a, float b) { return __half2{__float2half(a), __float2half(b)}; }
 
-#define EMU_HALF_OP(op, fn)                                                                             \
-    static inline __half fn(__half a, __half b) { return __float2half(__half2float(a) op __half2float(b)); } \
-    static inline __half operator op(__half a, __half b) { return fn(a, b); }                           \
-    static inline __half &operator op##=(__half &a, __half b) { return a = fn(a, b); }
-EMU_HALF_OP(+, __hadd)
-EMU_HALF_OP(-, __hsub)
-EMU_HALF_OP(*, __hmul)
-EMU_HALF_OP(/, __hdiv)
-#undef EMU_HALF_OP
-static inline __half __hfma(__half a, __half b, __half c) {
-    return __float2half(__half2float(a) * __half2float(b) + __half2float(c));
-}
-static inline __half __hneg(__half a) { return emu_half_from_bits((unsigned short)(a.__x ^ 0x8000u)); }
-static inline __half operator-(__half a) { return __hneg(a); }
-static inline bool __hlt(__half a, __half b) { return (float)a < (float)b; }
-static inline bool __hgt(__half a, __half b) { return (float)a > (float)b; }
-static inline bool __heq(__half a, __half b) { return (float)a == (float)b; }
-static inline __half __hmin(__half a, __half b) { return __hlt(b, a) ? b : a; }
-static inline __half __hmax(__half a, __half b) { return __hgt(b, a) ? b : a; }
-static inline bool operator==(__half a, __half b) { return (float)a == (float)b; }
-static inline bool operator!=(__half a, __half b) { return (float)a != (float)b; }
-static inline bool operator<(__half a, __half b) { return (float)a < (float)b; }
-static inline bool operator>(__half a, __half b) { return (float)a > (float)b; }
-static inline bool operator<=(__half a, __half b) { return (float)a <= (float)b; }
-static inline bool operator>=(__half a, __half b) { return (float)a >= (float)b; }
+EMU_FLOAT16_OPS(__half, __half2float, __float2half, emu_half_from_bits)
 #else
 typedef struct { unsigned short __x; } __half;
 typedef struct __attribute__((aligned(4))) { __half x, y; } __half2;

@@ -154,27 +154,22 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream_handle, cudaEvent_t handle, 
     return err ? emu_set_error(err) : cudaSuccess;
 }
 
-cudaError_t cudaEventQuery(cudaEvent_t handle) {
+// The host's two waits for an event: a step and an answer, or to the end.
+static cudaError_t wait_for_event(cudaEvent_t handle, bool block) {
     emu_lock();
     struct CUevent_st *e = event_of(handle);
     cudaError_t err = cudaSuccess;
     if (!e) err = emu_set_error(cudaErrorInvalidResourceHandle);
     else if (e->captured) err = emu_set_error(cudaErrorStreamCaptureUnsupported);
+    else if (e->recorded && block) err = emu_stream_wait_for(e->on, e->seq, "cudaEventSynchronize", &e->clock);
     else if (e->recorded) err = emu_stream_poll(e->on, e->seq, "cudaEventQuery", &e->clock);
     emu_unlock();
     return err;
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t handle) {
-    emu_lock();
-    struct CUevent_st *e = event_of(handle);
-    cudaError_t err = cudaSuccess;
-    if (!e) err = emu_set_error(cudaErrorInvalidResourceHandle);
-    else if (e->captured) err = emu_set_error(cudaErrorStreamCaptureUnsupported);
-    else if (e->recorded) err = emu_stream_wait_for(e->on, e->seq, "cudaEventSynchronize", &e->clock);
-    emu_unlock();
-    return err;
-}
+cudaError_t cudaEventQuery(cudaEvent_t handle) { return wait_for_event(handle, false); }
+
+cudaError_t cudaEventSynchronize(cudaEvent_t handle) { return wait_for_event(handle, true); }
 
 // Emulated time: the host clock when each record ran. It measures the
 // emulator, not a GPU, and says nothing about a GPU's speed.

@@ -8,12 +8,7 @@
 // the race checker sees that nothing orders the all-reduce after the
 // kernel, and says so every time. The fix: the all-reduce on the stream
 // that computed the gradients (or an event between them).
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <nccl.h>
-
-#include "planted.h"
+#include "planted_ranks.h"
 
 __global__ void gradients(float *g, int n, float rank) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -39,26 +34,4 @@ static int rank_main(int rank, ncclUniqueId id, bool fixed) {
     return host[0] == 3.0f ? 0 : 1;
 }
 
-int main(int argc, char **argv) {
-    bool fixed = planted_fixed(argc, argv);
-    ncclUniqueId id; // made before fork, and before any CUDA call
-    if (ncclGetUniqueId(&id) != ncclSuccess) return 1;
-    fflush(stdout);
-    pid_t pids[2];
-    for (int r = 0; r < 2; r++) {
-        pids[r] = fork();
-        if (pids[r] < 0) return 1;
-        if (pids[r] == 0) {
-            int status = rank_main(r, id, fixed);
-            fflush(NULL);
-            _exit(status);
-        }
-    }
-    int failed = 0;
-    for (int r = 0; r < 2; r++) {
-        int status = 0;
-        if (waitpid(pids[r], &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
-    }
-    printf("%d of 2 ranks failed\n", failed);
-    return failed ? 1 : 0;
-}
+int main(int argc, char **argv) { return planted_two_ranks(rank_main, planted_fixed(argc, argv)); }
