@@ -95,15 +95,26 @@ static void free_captured_record(void *state) {
     emu_unlock();
 }
 
-cudaError_t cudaEventRecord(cudaEvent_t handle, cudaStream_t stream_handle) {
+// With the lock taken: the event and the stream (false, the lock released
+// and the error set, if either is not valid) and the stream's capture.
+static bool event_and_stream(cudaEvent_t handle, cudaStream_t stream_handle, struct CUevent_st **e, emu_stream **s,
+                             struct CUgraph_st **g) {
     emu_lock();
-    struct CUevent_st *e = event_of(handle);
-    emu_stream *s = emu_stream_of(stream_handle);
-    if (!e || !s) {
+    *e = event_of(handle), *s = emu_stream_of(stream_handle);
+    if (!*e || !*s) {
         emu_unlock();
-        return emu_set_error(cudaErrorInvalidResourceHandle);
+        emu_set_error(cudaErrorInvalidResourceHandle);
+        return false;
     }
-    struct CUgraph_st *g = emu_stream_capture(stream_handle, NULL);
+    *g = emu_stream_capture(stream_handle, NULL);
+    return true;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t handle, cudaStream_t stream_handle) {
+    struct CUevent_st *e;
+    emu_stream *s;
+    struct CUgraph_st *g;
+    if (!event_and_stream(handle, stream_handle, &e, &s, &g)) return cudaErrorInvalidResourceHandle;
     if (g) {
         e->refs++;
         cudaError_t err = emu_stream_enqueue(stream_handle, "cudaEventRecord", run_captured_record, e,
@@ -131,14 +142,10 @@ cudaError_t cudaEventRecord(cudaEvent_t handle, cudaStream_t stream_handle) {
 // capture's edge are refused.
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream_handle, cudaEvent_t handle, unsigned int flags) {
     if (flags != 0) return emu_set_error(cudaErrorInvalidValue);
-    emu_lock();
-    struct CUevent_st *e = event_of(handle);
-    emu_stream *s = emu_stream_of(stream_handle);
-    if (!e || !s) {
-        emu_unlock();
-        return emu_set_error(cudaErrorInvalidResourceHandle);
-    }
-    struct CUgraph_st *g = emu_stream_capture(stream_handle, NULL);
+    struct CUevent_st *e;
+    emu_stream *s;
+    struct CUgraph_st *g;
+    if (!event_and_stream(handle, stream_handle, &e, &s, &g)) return cudaErrorInvalidResourceHandle;
     cudaError_t err = cudaSuccess;
     if (e->captured && g != e->captured) {
         emu_warn("cudaStreamWaitEvent: the event was recorded in a stream capture, and this stream is not that "
