@@ -181,7 +181,7 @@ exercise 02_p2p/README.md 02_p2p "make check-exercise EX=02/pingpong"
 
 fresh_copy 03_collectives/README.md
 run 03_collectives/README.md 03_collectives 120 "make 03_collectives && ./03_collectives" '^== 9\. barrier'
-run 03_collectives/README.bench.md 03_collectives 300 "./03_collectives --bench -b 8 -e 64M -f 4 -c 1" '^# Out of bounds values : 0 OK$'
+run 03_collectives/README.md 03_collectives 300 "./03_collectives --bench -b 8 -e 64M -f 4 -c 1" '^# Out of bounds values : 0 OK$'
 run 03_collectives/README.md 03_collectives 60 "./03_collectives --nprocs 2 --mismatch" 'rank 0 has 3, rank 1 has 2$'
 fails 03_collectives/README.md 03_collectives 60 "COURSE_DEBUG=DETAIL ./03_collectives --nprocs 2 --mismatch" \
     'error: COURSE_DEBUG=DETAIL: collective #0 differs across ranks: rank 0 called all_reduce\(1000 x f32, sum\), rank 1 called all_reduce\(1000 x f32, max\)'
