@@ -36,6 +36,16 @@ for c in none bf16; do
     verdict $? "gpt compress (CPU): 2 ranks with --grad_compress $c train" "$(tail -n 2 "$TMP/cpu_$c" | tr '\n' '|')"
 done
 compare CPU "$TMP/cpu_none" "$TMP/cpu_bf16"
+# Planted (tests/lib.sh, plant): the CPU model ignores --grad_compress and
+# all-reduces fp32: 4 bytes a parameter, the fp32 run's very bytes.
+planted=$(plant compress_ignored gpt/model.h \
+    'ddp_average_gradients_with(pg, m->host.grads, m->host.num_params, m->grad_compress);' \
+    'ddp_average_gradients_with(pg, m->host.grads, m->host.num_params, DDP_COMPRESS_NONE);' 08_gpt_wikitext 08_gpt_wikitext)
+[[ -n $planted ]] && COURSE_DDP_BUCKET_BYTES=65536 run_capture 120 "$TMP/planted_bf16" "$planted" "${cpu[@]}" --grad_compress bf16 \
+    --out_dir "$TMP/planted.d" && [[ "$(field "$TMP/planted_bf16" "$bytes" '\1 \2')" == "$(field "$TMP/cpu_none" "$bytes" '\1') bf16" ]] &&
+    [[ "$(field "$TMP/planted_bf16" "$sum")" == "$(field "$TMP/cpu_none" "$sum")" ]]
+verdict $? "planted: a model that ignores --grad_compress sends fp32's bytes and trains fp32's bytes, which the CPU checks refuse" \
+    "$(planted_why compress_ignored)$(field "$TMP/planted_bf16" "$bytes" '\1 \2' 2>/dev/null)"
 
 # On GPUs (real, or the emulated ones of make CUDA=emu; fp32 so that the
 # GPU model is the CPU's arithmetic): each bucket is rounded on the GPU and

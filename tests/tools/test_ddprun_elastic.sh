@@ -95,23 +95,39 @@ verdict $? "ddprun: an elastic round that never gets MIN nodes ends after join_t
 # An elastic job of 1 to 2 nodes whose workers never fail (they sleep), and
 # no restarts at all: a node that joins and then leaves on SIGTERM makes
 # two new memberships, and the store's node goes on alone.
-port=$(free_port)
-e=(--nnodes=1:2 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:$port --rdzv_id="$TAG" --rdzv_conf=last_call_timeout=1
-   --max_restarts=0 "$WORKER" echo "$TAG" sleep 60)
-timeout -k 5 60 "$DDPRUN" "${e[@]}" >"$TMP/h.log" 2>&1 & nh=$!
-wait_for "$TMP/h.log" '^ddprun: round 0: 1 node joined'
-timeout -k 5 60 "$DDPRUN" "${e[@]}" >"$TMP/l.log" 2>&1 & nl=$!
-wait_for "$TMP/l.log" '^ddprun: starting 1 worker'
-kill -TERM $nl; wait $nl; sl=$?
-wait_for "$TMP/h.log" '^ddprun: round 2: 1 node joined'
-kill -INT $nh; wait $nh; sh=$?
-grep -q "^ddprun: restart requested by node 1 (.*): it leaves the job (stopped by SIGTERM); stopping this node's workers" "$TMP/h.log" &&
-   grep -q '^ddprun: restarting workers in round 2 (0 restarts after failures so far, at most 0)' "$TMP/h.log"
+# leave_case DDPRUN LOG : the two launchers' run; true when the store's node
+# went on alone without counting a restart, and each exited by its signal.
+leave_case() {
+    local ddprun=$1 log=$2 nh nl
+    local port; port=$(free_port)
+    local e=(--nnodes=1:2 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:$port --rdzv_id="$TAG" --rdzv_conf=last_call_timeout=1
+             --max_restarts=0 "$WORKER" echo "$TAG" sleep 60)
+    timeout -k 5 60 "$ddprun" "${e[@]}" >"$log.h" 2>&1 & nh=$!
+    wait_for "$log.h" '^ddprun: round 0: 1 node joined'
+    timeout -k 5 60 "$ddprun" "${e[@]}" >"$log.l" 2>&1 & nl=$!
+    wait_for "$log.l" '^ddprun: starting 1 worker'
+    kill -TERM $nl; wait $nl; sl=$?
+    wait_for "$log.h" '^ddprun: round 2: 1 node joined'
+    kill -INT $nh; wait $nh; sh=$?
+    grep -q "^ddprun: restart requested by node 1 (.*): it leaves the job (stopped by SIGTERM); stopping this node's workers" "$log.h" &&
+       grep -q '^ddprun: restarting workers in round 2 (0 restarts after failures so far, at most 0)' "$log.h"
+}
+leave_case "$DDPRUN" "$TMP/leave"
 verdict $? "ddprun: a node stopped by SIGTERM leaves an elastic job, which goes on without it (no restart counted)" \
-    "statuses: leaver $sl, host $sh: $(grep ddprun "$TMP/h.log" | tail -n 4 | tr '\n' '|')"
+    "statuses: leaver $sl, host $sh: $(grep ddprun "$TMP/leave.h" | tail -n 4 | tr '\n' '|')"
 [[ $sl -eq 143 && $sh -eq 130 ]]
 verdict $? "ddprun: the leaving launcher exits 128+SIGTERM, the store's 128+SIGINT" "leaver $sl, store's launcher $sh"
 no_leftovers "ddprun: no worker left after the nodes left" "$TAG"
+# Planted (tests/lib.sh, plant): a node that leaves is counted as a failure.
+# With --max_restarts=0 the job then ends instead of going on without it.
+planted=$(plant leave_is_failure tools/ddprun.c \
+    'snprintf(job->reason, sizeof job->reason, "it leaves the job (stopped by %s)", signal_name(sig));' \
+    'snprintf(job->reason, sizeof job->reason, "it leaves the job (stopped by %s)", signal_name(sig)); post_failure_restart(job);' \
+    tools ddprun)
+[[ -n $planted ]] && ! leave_case "$planted" "$TMP/planted_leave" && [[ -s $TMP/planted_leave.h ]]
+verdict $? "planted: a leaving node counted as a failure fails 'goes on without it'" \
+    "$(planted_why leave_is_failure)$(grep ddprun "$TMP/planted_leave.h" 2>/dev/null | tail -n 3 | tr '\n' '|')"
+no_leftovers "ddprun: no worker left after the planted leave" "$TAG"
 
 # ---------------------------------------------------------------- an elastic job: join, then leave
 # Chapter 06 with --global_batch_size 96: whatever the number of ranks, a
