@@ -73,15 +73,24 @@ else
     skip "ddprun: a warning when the nodes' MTUs differ" "needs an interface with an IPv4 address and an MTU other than loopback's (${other:-none} here)"
 fi
 
-bad_flag() {   # NAME REGEX ARGS... : exit 2 and one error line matching REGEX
-    local name=$1 want=$2; shift 2
-    run_capture $LIMIT "$TMP/bad.log" "$DDPRUN" "$@"
-    local status=$?
+refused() {   # DDPRUN REGEX ARGS... : exit 2 and one error line matching REGEX
+    local ddprun=$1 want=$2; shift 2
+    run_capture $LIMIT "$TMP/bad.log" "$ddprun" "$@"
+    status=$?
     [[ $status -eq 2 ]] && head -n 1 "$TMP/bad.log" | grep -Eq -- "^ddprun: error: $want"
+}
+bad_flag() {   # NAME REGEX ARGS... : refused by this build's ddprun
+    local name=$1; shift
+    refused "$DDPRUN" "$@"
     verdict $? "ddprun: $name" "status $status: $(head -n 2 "$TMP/bad.log" | tr '\n' '|')"
 }
 bad_flag "another rendezvous backend is a one-line error" "--rdzv_backend=etcd is not one ddprun has: c10d" --rdzv_backend=etcd --nnodes=2 "$WORKER"
 bad_flag "an ambiguous prefix names the flags it could be" "ambiguous flag '--master': it could be --master_addr, --master_port" --master 1 "$WORKER"
+# Planted (tests/lib.sh, plant): a prefix takes the first flag it begins.
+planted=$(plant first_prefix common/flags.h 'if (ambiguous)' 'if (0 && ambiguous)' tools ddprun)
+[[ -n $planted ]] && ! refused "$planted" "ambiguous flag '--master'" --master 1 "$WORKER" env
+verdict $? "planted: a prefix taken as the first flag it begins fails the ambiguous-prefix check" \
+    "$(planted_why first_prefix)status $status: $(head -n 2 "$TMP/bad.log" | tr '\n' '|')"
 bad_flag "an elastic range with the static rendezvous is refused" "--nnodes=1:3 asks for an elastic job, which needs --rdzv_backend=c10d" --nnodes=1:3 --rdzv_backend=static "$WORKER"
 bad_flag "an unknown --rdzv_conf key is named" "--rdzv_conf: ddprun knows join_timeout, last_call_timeout and is_host, not 'read_timeout'" --nnodes=1:2 --rdzv_conf=read_timeout=5 "$WORKER"
 
