@@ -120,14 +120,7 @@ int main(int argc, char **argv) {
     // goes: --global_batch_size fixes the batch of a step instead, each rank
     // taking its share, so that every step computes the same thing on any
     // number of ranks and lr need not change (README: elastic jobs).
-    int batch = opt.batch_size;
-    if (opt.global_batch_size) {
-        if (opt.global_batch_size % dist.world_size != 0)
-            die("--global_batch_size %d is not a multiple of the %d ranks of this attempt: choose "
-                "one that every world size the job may have divides", opt.global_batch_size,
-                dist.world_size);
-        batch = opt.global_batch_size / dist.world_size;
-    }
+    int batch = ddp_batch_per_rank(opt.batch_size, opt.global_batch_size, dist.world_size);
     float lr = (float)(opt.scale_lr ? opt.lr * dist.world_size : opt.lr);
     log_main("batch %d per rank x %d rank(s) = %d per step; lr %g\n", batch, dist.world_size,
              batch * dist.world_size, lr);

@@ -46,6 +46,17 @@ static inline ddp_compress_t ddp_compress_from_name(const char *name) {
     die("unknown gradient compression '%s' (none or bf16)", name);
 }
 
+// The samples each rank trains on per step: batch_size, or its share of a
+// global batch that stays the same on any number of ranks (the chapters'
+// --global_batch_size, for elastic jobs whose world size changes).
+static inline int ddp_batch_per_rank(int batch_size, int global_batch_size, int world_size) {
+    if (!global_batch_size) return batch_size;
+    if (global_batch_size % world_size != 0)
+        die("--global_batch_size %d is not a multiple of the %d ranks of this attempt: choose "
+            "one that every world size the job may have divides", global_batch_size, world_size);
+    return global_batch_size / world_size;
+}
+
 // The payload bytes this process's gradient averages have handed to
 // all-reduce so far: counted where the calls are made, so that a run can
 // print what --grad_compress saved. (One count per program: each program

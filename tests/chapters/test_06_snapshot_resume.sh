@@ -98,8 +98,8 @@ global_batch() {   # BIN NAME : 1 process and 3 ranks end with the same weight a
 global_batch "$bin" ok
 verdict $? "06: --global_batch_size 96 on 3 ranks (32 each) trains as one process does (weight and bias within 2e-6)" "$gb_detail"
 # Planted (tests/lib.sh, plant): every rank takes the whole global batch.
-planted=$(plant whole_batch 06_snapshot_resume/06_snapshot_resume.c 'batch = opt.global_batch_size / dist.world_size;' \
-    'batch = opt.global_batch_size;' 06_snapshot_resume 06_snapshot_resume)
+planted=$(plant whole_batch common/ddp.h 'return global_batch_size / world_size;' \
+    'return global_batch_size;' 06_snapshot_resume 06_snapshot_resume)
 [[ -n $planted ]] && ! global_batch "$planted" planted && [[ -s $TMP/gb3.planted ]]
 verdict $? "planted: every rank taking the whole --global_batch_size fails the 3-rank check" "$(planted_why whole_batch)$gb_detail"
 
