@@ -22,8 +22,11 @@
 # highest ratio of a single round's pair, and "best" the ratio of the two
 # backends' fastest rounds (what each costs when the machine leaves it
 # alone). -o also writes every row to a CSV, which plots/03_cpu_vs_mpi.gp
-# draws. cpu: ranks started by spawn (--nprocs); mpi: ranks started by
-# mpirun. Needs a build with MPI (make finds mpicc).
+# draws. The last lines sum it up: how many cells have a median ratio of
+# at most 1.00, and which are slower in every round; and the load average
+# at the start and at the end (a busy machine makes both backends noisy).
+# cpu: ranks started by spawn (--nprocs); mpi: ranks started by mpirun.
+# Needs a build with MPI (make finds mpicc).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 ranks_list=2 collectives=all_reduce min=8 max=64M step=4 rounds=3 iters=1000 warmup=20 csv=""
@@ -107,6 +110,7 @@ compare() {
 
 echo "# cpu backend vs $(mpirun --version 2>&1 | head -n 1) shared memory; $(nproc) cores," \
      "$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'); $(date -u '+%Y-%m-%d %H:%M') UTC"
+echo "# load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 : >"$tmp/csv"
 for c in $collectives; do
     for n in $ranks_list; do
@@ -114,6 +118,14 @@ for c in $collectives; do
         echo
     done
 done
+# The verdict in one line: the cells whose median ratio is at most 1, and
+# the cells slower than MPI in every round (the lowest round's ratio above
+# 1: no amount of noise explains those). Each is named as collective/ranks/size.
+awk -F, '{ cells++; cell = $1 "/" $2 "/" $3
+           if ($6 <= 1.0) fast++
+           if ($7 > 1.0) { slow++; names = names " " cell } }
+     END { printf "# summary: %d of %d cells with a median cpu/mpi <= 1.00; %d slower in every round%s\n",
+                  fast, cells, slow, slow ? ":" names : "" }' "$tmp/csv"
 echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 if [[ -n $csv ]]; then
     { echo "collective,ranks,size_bytes,cpu_us,mpi_us,ratio,ratio_min,ratio_max,cpu_best_us,mpi_best_us,ratio_best"
