@@ -236,12 +236,14 @@ static inline size_t cpu_ring_write(cpu_shm_ring_t *r, const struct iovec *iov, 
 // early: the other half of the pipeline.
 //
 // The first CPU_PREFETCH_BYTES of them are asked for at once. They sit in
-// the writer's cache; the reader takes the header apart before it copies
-// the payload, so without this the payload's cache lines set off from the
-// writer's core only once the header's line had arrived: two trips one
-// after the other, where MPI's shared memory pays one. Asked for together,
-// the trips overlap (2 ranks, 128 B ping-pong: 0.75 -> 0.61 us one way,
-// MPI 0.52; README.bench.md of chapter 03 has the measurement).
+// the writer's cache, and the reader takes the header apart before it
+// copies the payload: without this, the payload's cache lines set off from
+// the writer's core only once the header's line had arrived, which set off
+// once `head` had - three trips one after the other. Asked for together,
+// the header's and the payload's trips overlap: two. (MPI's "fast box"
+// keeps the flag in the message's own line: one.) 2 ranks, 128 B
+// ping-pong: 0.75 -> 0.61 us one way, MPI 0.52 (chapter 03's
+// MEASUREMENTS.md, "Small messages").
 static inline const char *cpu_ring_peek(cpu_shm_ring_t *r, size_t *len) {
     uint64_t tail = atomic_load_explicit(&r->ctl->tail, memory_order_relaxed);
     uint64_t head = atomic_load_explicit(&r->ctl->head, memory_order_acquire);
