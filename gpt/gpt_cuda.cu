@@ -1021,6 +1021,7 @@ struct gpt_cuda {
     int num_buckets;
     gpt_bucket *buckets;
     cudaEvent_t *bucket_events;
+    void *grads_bf16;          // --grad_compress bf16: what the buckets travel in (first use)
 
     int adam_step;
     bool have_targets, have_loss, have_norm;
@@ -1351,6 +1352,23 @@ extern "C" void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_buck
     else model_backward<float>(g, grad_scale, bucket_ready, user);
 }
 
+extern "C" uint16_t *gpt_cuda_grads_bf16(gpt_cuda_t *g) {
+    if (!g->grads_bf16) {
+        CHECK_CUDA(cudaMalloc(&g->grads_bf16, g->num_params * sizeof(uint16_t)));
+        g->allocated += g->num_params * sizeof(uint16_t);
+    }
+    return (uint16_t *)g->grads_bf16;
+}
+
+extern "C" void gpt_cuda_round_grads(gpt_cuda_t *g, size_t offset, size_t n, cudaEvent_t done) {
+    convert(g->ctx.stream, (bf16 *)gpt_cuda_grads_bf16(g) + offset, g->grads + offset, n);
+    CHECK_CUDA(cudaEventRecord(done, g->ctx.stream));
+}
+
+extern "C" void gpt_cuda_widen_grads(gpt_cuda_t *g) {
+    convert(g->ctx.stream, g->grads, (const bf16 *)gpt_cuda_grads_bf16(g), g->num_params);
+}
+
 extern "C" void gpt_cuda_zero_grad(gpt_cuda_t *g) {
     CHECK_CUDA(cudaMemsetAsync(g->grads, 0, g->num_params * sizeof(float), g->ctx.stream));
 }
@@ -1459,7 +1477,7 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
     void *bufs[] = {lm_head(g, g->params), lm_head(g, g->grads), g->adam_m, g->adam_v,
                     g->params_lp ? lm_head(g, g->params_lp) : NULL, g->acts, g->stats, g->logits,
                     g->bf16_mode ? g->dlogits : NULL, g->scores, g->dscores, g->grad_acts, g->inputs,
-                    g->norm_partials, g->adam_chunks, g->scalars, g->ctx.workspace};
+                    g->norm_partials, g->adam_chunks, g->scalars, g->ctx.workspace, g->grads_bf16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) CHECK_CUDA(cudaFree(bufs[i]));
     for (int i = 0; i < g->num_buckets; i++) CHECK_CUDA(cudaEventDestroy(g->bucket_events[i]));

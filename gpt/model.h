@@ -24,6 +24,9 @@
 // the kernels that finish it - the communication overlaps the rest of the
 // backward pass, as in PyTorch's DDP; model_average_gradients waits for
 // the last bucket. On the CPU the average is taken after the backward pass.
+// grad_compress (ddp.h's hook, --grad_compress) sends the buckets as bf16:
+// on a GPU each is rounded there before its all-reduce, and the average is
+// widened back once the last one has arrived.
 #ifndef GPT_MODEL_H
 #define GPT_MODEL_H
 
@@ -69,6 +72,7 @@ struct model {
     int loss_count;
     struct gpt_cuda *gpu;   // GPU runs: the model on the device
     pg_t *averaging;        // GPU runs, during backward: the group the buckets are averaged over
+    ddp_compress_t grad_compress; // how the buckets travel (ddp.h); NONE unless the chapter sets it
 };
 
 static inline const model_ops *model_cpu_ops(void);
@@ -189,7 +193,7 @@ static inline void model_cpu_backward(model_t *m, float grad_scale, pg_t *pg) {
 }
 
 static inline void model_cpu_average_gradients(model_t *m, pg_t *pg) {
-    ddp_average_gradients(pg, m->host.grads, m->host.num_params);
+    ddp_average_gradients_with(pg, m->host.grads, m->host.num_params, m->grad_compress);
 }
 
 static inline void model_cpu_clip_grad_norm(model_t *m, float max_norm) { gpt_clip_grad_norm(&m->host, max_norm); }
@@ -234,6 +238,11 @@ static inline void model_gpu_zero_grad(model_t *m) { gpt_cuda_zero_grad(m->gpu);
 // gpt_cuda_backward calls this as each bucket's gradients are final on the GPU.
 static inline void model_bucket_ready(void *user, const gpt_bucket *bucket, cudaEvent_t ready) {
     model_t *m = user;
+    if (m->grad_compress == DDP_COMPRESS_BF16) {   // rounded on the GPU, then sent
+        gpt_cuda_round_grads(m->gpu, bucket->offset, bucket->count, ready);
+        ddp_average_bf16_bucket_after(m->averaging, gpt_cuda_grads_bf16(m->gpu) + bucket->offset, bucket->count, ready);
+        return;
+    }
     ddp_average_bucket_after(m->averaging, gpt_cuda_grads_device(m->gpu) + bucket->offset, bucket->count, ready);
 }
 
@@ -246,6 +255,8 @@ static inline void model_gpu_backward(model_t *m, float grad_scale, pg_t *pg) {
 
 static inline void model_gpu_average_gradients(model_t *m, pg_t *pg) {
     ddp_finish_gradients(pg, gpt_cuda_grads_device(m->gpu));
+    bool compressed = m->grad_compress == DDP_COMPRESS_BF16 && pg && pg_world_size(pg) > 1;
+    if (compressed) gpt_cuda_widen_grads(m->gpu);   // the bf16 averages into the fp32 gradients
 }
 
 static inline void model_gpu_clip_grad_norm(model_t *m, float max_norm) { gpt_cuda_clip_grad_norm(m->gpu, max_norm); }

@@ -97,6 +97,24 @@ if [[ -s $gpt_dir/metrics.csv ]]; then
     draw 08_gpt_tokens 08_gpt_tokens.gp "infile='$gpt_dir/metrics.csv'; subtitle=\"$(subtitle "$gpt_dir/metrics.csv")\""
 fi
 
+# --- 08: the same training with the gradients all-reduced as fp32 and as
+# bf16 (--grad_compress): 2 ranks, the tiny preset, 300 steps each.
+cdir=$runs/08_gpt_compress
+if [[ -n $wikitext ]]; then
+    for c in none bf16; do
+        [[ -s $cdir/$c/metrics.csv ]] && continue
+        echo "plots: measuring 08_gpt_wikitext with --grad_compress $c (--preset tiny --max_steps 300 --nprocs 2)"
+        08_gpt_wikitext/08_gpt_wikitext --preset tiny --max_steps 300 --eval_every 50 --num_samples 0 --nprocs 2 \
+            --grad_compress $c --data_dir "$wikitext" --out_dir "$cdir/$c" >"$runs/plots/08_gpt_compress_$c.log" 2>&1 ||
+            failed+=("08 --grad_compress $c run (see $runs/plots/08_gpt_compress_$c.log)")
+    done
+fi
+if [[ -s $cdir/none/metrics.csv && -s $cdir/bf16/metrics.csv ]]; then
+    draw 08_gpt_compress 08_gpt_compress.gp "fp32='$cdir/none/metrics.csv'; bf16='$cdir/bf16/metrics.csv'; subtitle=\"$(subtitle "$cdir/none/metrics.csv"), and bf16\""
+elif [[ -z $wikitext ]]; then
+    skipped+=("08_gpt_compress: WikiText-2 is not here (make data downloads it)")
+fi
+
 # On a GPU machine the measurements run on the GPU and through NCCL.
 if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
     echo "plots: no GPU here: on a GPU server 01 would run on the GPU, 02/03 would also measure the nccl backend, and 04/05 would scale over GPUs instead of CPU cores"

@@ -213,6 +213,8 @@ second=$(grep '^\[rank 0\]: ' "$TMP/out" | sed -n 2p)
 [[ $second == "[rank 0]: restart 0 of at most 2" ]]
 verdict $? "06_snapshot_resume/README.md: rank 0's second line is the restart count" "it is '$second'"
 exercise 06_snapshot_resume/README.md 06_snapshot_resume "make check-exercise EX=06/atomic_save"
+not_here 06_snapshot_resume/README.md 'cd .. && mkdir -p runs && for node in a b c; do tools/ddprun --nnodes=2:3 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:29400 --rdzv_id=elastic --max_restarts=1 --rdzv_conf=last_call_timeout=1 06_snapshot_resume/06_snapshot_resume --total_epochs 300 --samples 9600 --global_batch_size 96 --features 16 --lr 0.002 --device cpu > runs/elastic-$node.log 2>&1 & sleep 2; done; wait' \
+    "its fixed port would join another test run's job of the same id; tests/tools/test_ddprun_elastic.sh runs it on a free port, kills the third node and checks the losses"
 
 fresh_copy 07_multinode/README.md
 run 07_multinode/README.md 07_multinode 120 "make 07_multinode"
@@ -288,6 +290,8 @@ for node in "0 8" "1 4"; do
     not_here tools/README.md "./ddprun --nnodes=2 --node_rank=$1 --nproc_per_node=$2 --master_addr=node0 --master_port=29500 ../05_env_launch/05_env_launch" \
         "needs two machines (test_ddprun runs two nodes on one host)"
 done
+not_here tools/README.md "./ddprun --nnodes=2:3 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29400 --rdzv_id=job42 --max_restarts=3 ../06_snapshot_resume/06_snapshot_resume --global_batch_size 1536" \
+    "needs two or three machines (test_ddprun_elastic runs three nodes of 2:3 on one host)"
 
 # ---------------------------------------------------------------- the figures, the data
 # After the chapters, in the union of what their commands built and wrote.
