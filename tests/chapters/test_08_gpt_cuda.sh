@@ -59,8 +59,8 @@ if ! is_emu; then
     skip "planted: a graph step replaying the captured learning rate" \
         "the planted copy is built for the emulated GPU (make CUDA=emu test)"
 else
-    graph_lr=$(PLANT_CUDA=emu plant graph_lr gpt/gpt_cuda.cu 'g->graph && g->graph->capturing ? &g->scalars->step : NULL' \
-               '(const step_scalars *)NULL' tests unit/test_gpt_cuda)
+    graph_lr=$(PLANT_CUDA=emu plant graph_lr gpt/gpt_cuda.cu 'g->graph && g->graph->capturing ? &g->scalars->step : NULL;' \
+               '(const step_scalars *)NULL;' tests unit/test_gpt_cuda)
     [[ -n $graph_lr ]] && { run_capture 300 "$TMP/graph_lr.log" "$graph_lr" --mode graph --seed 3; true; } &&
         grep -q '^FAIL gpt cuda graph step equals the uncaptured step' "$TMP/graph_lr.log"
     verdict $? "planted: a graph step replaying the captured learning rate fails the graph test ($(field "$TMP/graph_lr.log" 'FAIL gpt cuda graph step [^:]*: (losses differ .*) \(relative'))" \
