@@ -652,7 +652,7 @@ static void test_training_tracks(rng_t *r) {
 // 1e-3: both sides round alike, the atomics' order moves bf16 copies by a
 // unit now and then). On the emulated GPU, a replayed step is ONE launch.
 static void test_graph_step(rng_t *r, bool bf16) {
-    enum { B = 4, T = 16, V = 64, STEPS = 6 };
+    enum { B = 2, T = 16, V = 64, STEPS = 4 };
     gpt_config c = {V, T, 2, 2, 32};
     gpt_t init;
     gpt_init(&init, c, rng_next(r));
