@@ -287,7 +287,7 @@ static inline const model_ops *model_gpu_ops(void) {
 
 // The whole step as one CUDA graph launch (gpt_cuda_graph_step): a GPU
 // model, one process, no gradient accumulation. Not in the table: the CPU
-// has no graphs, and the caller asks model_graph_step_applies first.
+// has no graphs, and the caller (08's train) decides when it applies.
 static inline void model_graph_step(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T, float max_norm,
                                     float lr, float beta1, float beta2, float eps, float weight_decay) {
     gpt_cuda_graph_step(m->gpu, in, tg, B, T, max_norm, lr, beta1, beta2, eps, weight_decay);
