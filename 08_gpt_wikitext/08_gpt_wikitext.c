@@ -66,7 +66,7 @@ typedef struct {
     int top_k, num_samples, sample_tokens, nprocs, num_workers;
     double timeout;
     const char *backend;
-    bool generate, verify_data;
+    bool generate, verify_data, cuda_graph;
     const char *preset, *data_dir, *out_dir, *snapshot_path, *prompt, *device, *precision, *grad_compress;
 } options;
 
@@ -111,6 +111,7 @@ static flag_set option_flags(options *o) {
     flag_int(&set, "sample_tokens", &o->sample_tokens, 1, 100000, "tokens per continuation");
     flag_choice(&set, "device", &o->device, "auto|cpu|cuda", "where to compute")->env = "COURSE_DEVICE";
     flag_choice(&set, "precision", &o->precision, "auto|bf16|fp32", "number format on a GPU (auto: bf16 there, fp32 on the CPU)");
+    flag_bool(&set, "cuda_graph", &o->cuda_graph, "on a GPU, one process, no --grad_accum: each step is one CUDA graph launch");
     return set;
 }
 
@@ -131,7 +132,7 @@ static options parse_options(int argc, char **argv) {
     options o = {.epochs = 1, .batch_size = 8, .grad_accum = 1, .max_steps = 0, .warmup_steps = 100,
                  .eval_every = 1000, .log_every = 10, .save_every = 0, .seed = 1337, .vocab_size = 5000,
                  .lr = 1e-3, .min_lr = -1, .weight_decay = 0.1, .grad_clip = 1.0, .temperature = 0.8,
-                 .top_k = 40, .num_samples = 3, .sample_tokens = 64, .verify_data = true,
+                 .top_k = 40, .num_samples = 3, .sample_tokens = 64, .verify_data = true, .cuda_graph = true,
                  .preset = "default", .prompt = "The", .device = "auto", .nprocs = 1, .backend = "auto",
                  .precision = "auto", .grad_compress = "none", .num_workers = 0};
     static char default_out_dir[1024]; // outlives this function: o.out_dir points at it
@@ -394,6 +395,7 @@ typedef struct {
     double interval_start;
     metrics_csv csv;           // rank 0 only
     dist_t *dist;
+    bool graph;                // each step one CUDA graph launch (train_step)
 } trainer_t;
 
 static trainer_t make_trainer(const options *o, const corpus_t *c, dist_t *d) {
@@ -445,6 +447,16 @@ static float learning_rate(const trainer_t *tr, const options *o, int step) {
 // that would make the host wait for every step, and the progress line
 // reads them (model_take_train_loss) every --log_every steps instead.
 static void train_step(model_t *m, trainer_t *tr, const options *o, int step) {
+    if (tr->graph) {
+        // The same step - zero_grad, forward, backward, clip, AdamW - as ONE
+        // launch of a CUDA graph captured at the first step (gpt_cuda.cu,
+        // section 9): the tokens and this step's learning rate are copied to
+        // the GPU before it, and it computes what the calls below compute.
+        const loader_batch_t *batch = loader_next(&tr->loader);
+        model_graph_step(m, batch->inputs, batch->targets, o->batch_size, o->block_size, (float)o->grad_clip,
+                         learning_rate(tr, o, step), 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
+        return;
+    }
     model_zero_grad(m);
     for (int micro = 0; micro < o->grad_accum; micro++) {
         // The next micro-batch of this rank's blocks, in order; with
@@ -579,6 +591,16 @@ static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr
              "%g, warm-up %d\n", tr->total_steps, tr->steps_per_epoch,
              tr->dist->world_size * o->grad_accum * o->batch_size * o->block_size, tr->dist->world_size,
              o->grad_accum, o->batch_size, o->block_size, o->lr, o->min_lr, tr->warmup);
+    // A CUDA graph holds the work of one GPU's stream: not the all-reduce
+    // of several ranks between backward and AdamW, not a loop of micro-batches.
+    const char *no_graph = !m->on_gpu ? "the CPU computes" : !o->cuda_graph ? "--cuda_graph=false"
+                           : tr->dist->world_size > 1 ? "several ranks: the all-reduce sits inside the step"
+                           : o->grad_accum > 1 ? "--grad_accum > 1" : NULL;
+    tr->graph = !no_graph;
+    if (m->on_gpu) {
+        if (tr->graph) log_main("step: one CUDA graph launch after the copy of the tokens (--cuda_graph)\n");
+        else log_main("step: launched call by call (no CUDA graph: %s)\n", no_graph);
+    }
     int step = 0;
     int first_epoch = resume(m, o, tr->dist, &step), first_step = step;
     // For the tests, as in chapter 06: COURSE_FAIL_RANK and COURSE_FAIL_STEP

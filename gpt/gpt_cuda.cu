@@ -13,6 +13,7 @@
 //   6. the model: memory plan, forward, backward with bucket callbacks
 //   7. the optimizer: gradient norm, clipping, AdamW
 //   8. copies to and from the host, and one-layer entry points for tests
+//   9. the training step as one CUDA graph: captured once, replayed
 //
 // Precision. Templates take the activation type Act: float (fp32 mode,
 // the reference) or __nv_bfloat16 (bf16 mode). Whatever Act is:
@@ -950,6 +951,12 @@ static size_t head_pad(const gpt_config *c) {
     return (size_t)(padded_vocab(c->vocab_size) - c->vocab_size) * c->n_embd;
 }
 
+// What changes from step to step but must not change a CUDA graph of the
+// step (section 9): the host writes it into device memory before each replay.
+typedef struct {
+    float lr, c1, c2; // AdamW's learning rate and bias corrections 1 - beta^t of this step
+} step_scalars;
+
 // The numbers a training step produces for the host - the loss and the
 // gradient norm - stay in device memory, in this struct, where kernels
 // write them. The host reads them only when it asks (gpt_cuda_loss,
@@ -960,6 +967,7 @@ typedef struct {
     float loss;       // the mean loss of the last forward pass with targets
     float grad_norm;  // from the last gpt_cuda_clip_grad_norm
     float clip_scale; // 1, or max_norm / norm when clipping: the next AdamW multiplies the gradients by it
+    step_scalars step; // graph steps: this step's AdamW scalars, copied in before the graph's launch
 } device_scalars;
 
 // Which attention a model uses: the flash kernels (the default), or the
@@ -1026,7 +1034,24 @@ struct gpt_cuda {
     int adam_step;
     bool have_targets, have_loss, have_norm;
     size_t allocated;
+    struct step_graph *graph; // section 9: the captured step (NULL until the first gpt_cuda_graph_step)
 };
+
+// Section 9's graph of a training step, and what it was captured for.
+typedef struct {
+    int B, T;
+    float max_norm, beta1, beta2, eps, weight_decay;
+} step_graph_shape;
+
+struct step_graph {
+    cudaGraphExec_t exec;   // NULL until the first capture
+    step_graph_shape shape; // what the capture baked into the kernels' arguments
+    size_t nodes;           // operations the graph holds
+    bool capturing;         // between cudaStreamBeginCapture and cudaStreamEndCapture
+    step_scalars *host;     // pinned: the next step's scalars, copied to scalars->step
+    cudaEvent_t copied;     // that copy has run: host may be refilled
+};
+static void step_graph_free(struct step_graph *sg);
 
 // --- the memory plan: gpt_cuda_memory_needed and gpt_cuda_create share it.
 typedef struct {
@@ -1236,6 +1261,19 @@ static __global__ void mean_loss_kernel(device_scalars *out, const float *losses
     }
 }
 
+// The forward pass on the tokens already on the device (a graph step
+// captures this, without the copy of the tokens).
+static void queue_forward(gpt_cuda_t *g, int B, int T, bool with_targets) {
+    g->B = B, g->T = T, g->have_targets = with_targets;
+    if (g->bf16_mode) model_forward<bf16>(g, with_targets);
+    else model_forward<float>(g, with_targets);
+    if (!with_targets) return;
+    float *losses = g->bf16_mode ? head_view<bf16>(g).losses : head_view<float>(g).losses;
+    mean_loss_kernel<<<1, 256, 0, g->ctx.stream>>>(g->scalars, losses, B * T);
+    launched("mean_loss_kernel");
+    g->have_loss = true, g->losses_summed++;
+}
+
 extern "C" void gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T) {
     if (B < 1 || T < 1 || B > g->max_B || T > g->max_T)
         die("gpt_cuda_forward: a batch of %d x %d tokens does not fit the %d x %d the GPU model was created for", B,
@@ -1244,14 +1282,7 @@ extern "C" void gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const ui
     check_tokens(g, inputs, N, "input");
     if (targets) check_tokens(g, targets, N, "target");
     upload_tokens(g, inputs, targets, N);
-    g->B = B, g->T = T, g->have_targets = targets != NULL;
-    if (g->bf16_mode) model_forward<bf16>(g, targets != NULL);
-    else model_forward<float>(g, targets != NULL);
-    if (!targets) return;
-    float *losses = g->bf16_mode ? head_view<bf16>(g).losses : head_view<float>(g).losses;
-    mean_loss_kernel<<<1, 256, 0, g->ctx.stream>>>(g->scalars, losses, (int)N);
-    launched("mean_loss_kernel");
-    g->have_loss = true, g->losses_summed++;
+    queue_forward(g, B, T, targets != NULL);
 }
 
 // One number from the device. This is where the host waits for the GPU.
@@ -1484,6 +1515,7 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
     CHECK_CUDA(cudaStreamDestroy(g->ctx.stream));
     CHECK_CUDA(cudaEventDestroy(g->tokens_copied));
     CHECK_CUDA(cudaFreeHost(g->tokens_host));
+    step_graph_free(g->graph);
     free(g->bucket_events), free(g->buckets), free(g->tensors);
     free(g);
 }
@@ -1551,10 +1583,13 @@ extern "C" float gpt_cuda_grad_norm(gpt_cuda_t *g) {
 // gpt_adamw_step's arithmetic in the same order, on the gradient times
 // the clip scale (NULL: no clipping). In bf16 mode it also writes the
 // parameter's bf16 copy, so the next forward pass reads the updated weights
-// without another pass over memory.
+// without another pass over memory. With `step` (a graph step, section 9)
+// lr, c1 and c2 are read from the device, not taken from the arguments.
 static __global__ void adamw_kernel(float *params, bf16 *params_lp, const float *grads, float *m, float *v,
-                                    const adam_chunk *chunks, const float *clip_scale, float lr, float beta1,
-                                    float beta2, float c1, float c2, float eps, float weight_decay) {
+                                    const adam_chunk *chunks, const float *clip_scale, const step_scalars *step,
+                                    float lr, float beta1, float beta2, float c1, float c2, float eps,
+                                    float weight_decay) {
+    if (step) lr = step->lr, c1 = step->c1, c2 = step->c2;
     adam_chunk ch = chunks[blockIdx.x];
     float decay = ch.decay ? lr * weight_decay : 0.0f, scale = clip_scale ? *clip_scale : 1.0f;
     for (unsigned k = threadIdx.x; k < ch.count; k += blockDim.x) {
@@ -1574,9 +1609,10 @@ extern "C" void gpt_cuda_adamw(gpt_cuda_t *g, float lr, float beta1, float beta2
     g->adam_step++;
     double c1 = 1 - pow((double)beta1, g->adam_step), c2 = 1 - pow((double)beta2, g->adam_step);
     const float *clip = g->clip_pending ? &g->scalars->clip_scale : NULL;
+    const step_scalars *from_device = g->graph && g->graph->capturing ? &g->scalars->step : NULL; // section 9
     adamw_kernel<<<g->num_adam_chunks, 256, 0, g->ctx.stream>>>(g->params, g->params_lp, g->grads, g->adam_m,
-                                                                 g->adam_v, g->adam_chunks, clip, lr, beta1, beta2,
-                                                                 (float)c1, (float)c2, eps, weight_decay);
+                                                                 g->adam_v, g->adam_chunks, clip, from_device, lr,
+                                                                 beta1, beta2, (float)c1, (float)c2, eps, weight_decay);
     launched("adamw_kernel");
     g->clip_pending = false;
 }
@@ -1843,3 +1879,115 @@ extern "C" float gpt_cuda_test_crossentropy(bool bf16_mode, int N, int V, int Vp
     if (bf16_mode) return test_crossentropy<bf16>(N, V, Vp, logits, targets, losses, dloss, dlogits);
     return test_crossentropy<float>(N, V, Vp, logits, targets, losses, dloss, dlogits);
 }
+
+// ===================================================================== 9. the training step as one CUDA graph
+//
+// A step of the chapter's default model is 149 launches (96 kernels, 51
+// cuBLAS calls, 2 memsets; the tiny preset's 83), each a few microseconds
+// of the host's time and, for a small model, each a few microseconds of
+// work for the GPU: the host, not the GPU, sets the pace.
+// A CUDA graph records the step once - the stream is captured
+// (cudaStreamBeginCapture): its operations go into a graph instead of to
+// the GPU - and then replays it with ONE call, cudaGraphLaunch.
+//
+// A replay runs the captured operations with the arguments they had when
+// captured: the same pointers, the same grid sizes, the same numbers. So
+// everything that changes from step to step is read from device memory:
+//   - the tokens: copied into the same device buffers before each launch
+//     (the data copy stays outside the graph);
+//   - the learning rate of the schedule and AdamW's bias corrections
+//     1 - beta^t: copied into scalars->step before each launch, and the
+//     captured AdamW reads them there (adamw_kernel's `step`);
+//   - the loss and the clip scale are computed on the device already
+//     (sections 6 and 7), and the host never waits inside the step.
+// What the capture does bake in (the batch shape, max_norm, the betas,
+// eps, weight decay) is remembered in step_graph_shape: a step with other
+// values captures again.
+//
+// Data parallel runs do not use this: the gradients' all-reduce between
+// backward and the optimizer is not on the model's stream alone (the bucket
+// hooks queue it on a communication stream after events, or stage it
+// through the host), and the emulated NCCL cannot be captured. A graph per
+// piece between the collectives would be the next step (PyTorch's
+// make_graphed_callables graphs the model's forward and backward, not
+// DDP's all-reduce).
+
+static void step_graph_free(struct step_graph *sg) {
+    if (!sg) return;
+    if (sg->exec) CHECK_CUDA(cudaGraphExecDestroy(sg->exec));
+    CHECK_CUDA(cudaEventDestroy(sg->copied));
+    CHECK_CUDA(cudaFreeHost(sg->host));
+    free(sg);
+}
+
+// Everything of a step after the tokens are on the device, captured into
+// sg->exec: a new executable graph, or (same topology, other arguments) the
+// old one updated in place.
+static void capture_step(gpt_cuda_t *g, struct step_graph *sg, const step_graph_shape *k) {
+    cudaStream_t s = g->ctx.stream;
+    cudaGraph_t graph;
+    // ThreadLocal: a call of this thread that cannot be captured (a host
+    // wait, a cudaMalloc) fails the capture instead of quietly running.
+    CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    sg->capturing = true;
+    int adam_step = g->adam_step, losses_summed = g->losses_summed; // a capture runs nothing: no step, no loss
+    gpt_cuda_zero_grad(g);
+    queue_forward(g, k->B, k->T, true);
+    gpt_cuda_backward(g, 1.0f, NULL, NULL);
+    gpt_cuda_clip_grad_norm(g, k->max_norm);
+    // The captured AdamW reads lr, c1, c2 from scalars->step at each replay;
+    // the values given here (this step's) are not used.
+    gpt_cuda_adamw(g, sg->host->lr, k->beta1, k->beta2, k->eps, k->weight_decay);
+    sg->capturing = false;
+    g->adam_step = adam_step, g->losses_summed = losses_summed;
+    CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+    CHECK_CUDA(cudaGraphGetNodes(graph, NULL, &sg->nodes));
+    cudaGraphExecUpdateResultInfo info;
+    if (sg->exec && cudaGraphExecUpdate(sg->exec, graph, &info) != cudaSuccess) {
+        (void)cudaGetLastError(); // refused (another topology): a new executable graph instead
+        CHECK_CUDA(cudaGraphExecDestroy(sg->exec));
+        sg->exec = NULL;
+    }
+    if (!sg->exec) CHECK_CUDA(cudaGraphInstantiate(&sg->exec, graph, 0));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    sg->shape = *k;
+}
+
+extern "C" void gpt_cuda_graph_step(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T,
+                                    float max_norm, float lr, float beta1, float beta2, float eps,
+                                    float weight_decay) {
+    if (B < 1 || T < 1 || B > g->max_B || T > g->max_T)
+        die("gpt_cuda_graph_step: a batch of %d x %d tokens does not fit the %d x %d the GPU model was created for",
+            B, T, g->max_B, g->max_T);
+    struct step_graph *sg = g->graph;
+    if (!sg) {
+        sg = g->graph = (struct step_graph *)xcalloc(1, sizeof *sg);
+        CHECK_CUDA(cudaMallocHost((void **)&sg->host, sizeof *sg->host));
+        CHECK_CUDA(cudaEventCreateWithFlags(&sg->copied, cudaEventDisableTiming));
+    }
+    size_t N = (size_t)B * T;
+    check_tokens(g, inputs, N, "input");
+    check_tokens(g, targets, N, "target");
+    // Outside the graph: this step's tokens and scalars into device memory,
+    // on the model's stream, so the launch below runs after them.
+    upload_tokens(g, inputs, targets, N);
+    int step = g->adam_step + 1;
+    CHECK_CUDA(cudaEventSynchronize(sg->copied)); // the last step's scalars have left the pinned slot
+    sg->host->lr = lr;
+    sg->host->c1 = (float)(1 - pow((double)beta1, step));
+    sg->host->c2 = (float)(1 - pow((double)beta2, step));
+    CHECK_CUDA(cudaMemcpyAsync(&g->scalars->step, sg->host, sizeof *sg->host, cudaMemcpyHostToDevice,
+                               g->ctx.stream));
+    CHECK_CUDA(cudaEventRecord(sg->copied, g->ctx.stream));
+    step_graph_shape k = {B, T, max_norm, beta1, beta2, eps, weight_decay};
+    if (!sg->exec || memcmp(&k, &sg->shape, sizeof k) != 0) capture_step(g, sg, &k);
+    CHECK_CUDA(cudaGraphLaunch(sg->exec, g->ctx.stream));
+    // What the step did, as the uncaptured calls leave it.
+    g->adam_step = step;
+    g->B = B, g->T = T;
+    g->have_targets = false, g->clip_pending = false;
+    g->have_loss = g->have_norm = true;
+    g->losses_summed++;
+}
+
+extern "C" size_t gpt_cuda_graph_nodes(const gpt_cuda_t *g) { return g->graph ? g->graph->nodes : 0; }

@@ -116,6 +116,23 @@ float gpt_cuda_grad_norm(gpt_cuda_t *g);
 // As gpt_adamw_step (decay on 2-D tensors only): one launch, queued.
 void gpt_cuda_adamw(gpt_cuda_t *g, float lr, float beta1, float beta2, float eps, float weight_decay);
 
+// ---------------------------------------------------------------- the step as one CUDA graph
+
+// One whole training step - zero_grad, forward with targets, backward
+// (grad_scale 1, no bucket callbacks), clipping to max_norm, AdamW - as ONE
+// launch: captured into a CUDA graph at the first call (and again when B,
+// T, max_norm, the betas, eps or weight_decay change), replayed after. The
+// tokens and the step's scalars (lr, AdamW's bias corrections) are copied
+// to the device before the launch; nothing waits for the GPU. The same
+// arithmetic as the five calls, so the same results; the loss goes to the
+// sum that gpt_cuda_take_loss reads. One process only: no all-reduce can
+// sit between backward and AdamW (gpt_cuda.cu, section 9, says why).
+void gpt_cuda_graph_step(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T,
+                         float max_norm, float lr, float beta1, float beta2, float eps, float weight_decay);
+// The operations the step's graph holds (kernels, cuBLAS calls, memsets:
+// what an uncaptured step launches one by one); 0 before the first graph step.
+size_t gpt_cuda_graph_nodes(const gpt_cuda_t *g);
+
 // Host <-> device copies of whole flat arrays (num_params floats each), for
 // snapshots, saving, and the cpu process group (which stages through host).
 void gpt_cuda_get_params(gpt_cuda_t *g, float *host);

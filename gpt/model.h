@@ -295,8 +295,23 @@ static inline const model_ops *model_gpu_ops(void) {
                                   model_gpu_to_host, model_gpu_to_device, model_gpu_logits, model_gpu_free};
     return &ops;
 }
+
+// The whole step as one CUDA graph launch (gpt_cuda_graph_step): a GPU
+// model, one process, no gradient accumulation. Not in the table: the CPU
+// has no graphs, and the caller (08's train) decides when it applies.
+static inline void model_graph_step(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T, float max_norm,
+                                    float lr, float beta1, float beta2, float eps, float weight_decay) {
+    gpt_cuda_graph_step(m->gpu, in, tg, B, T, max_norm, lr, beta1, beta2, eps, weight_decay);
+    m->host.adam_step++;
+}
 #else
 static inline const model_ops *model_gpu_ops(void) { return NULL; }
+static inline void model_graph_step(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T, float max_norm,
+                                    float lr, float beta1, float beta2, float eps, float weight_decay) {
+    (void)m, (void)in, (void)tg, (void)B, (void)T, (void)max_norm, (void)lr, (void)beta1, (void)beta2, (void)eps;
+    (void)weight_decay;
+    die("model_graph_step: CUDA graphs need a GPU build");
+}
 #endif
 
 #endif

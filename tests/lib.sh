@@ -195,10 +195,12 @@ free_port() {
 # by NEW, builds TARGET in the folder DIR of the copy, and prints the
 # program's path. The copy is built for the CPU (CUDA=0) whatever this
 # build's mode: the planted bugs live in host code, and one CPU program
-# builds in seconds. Prints nothing and fails when OLD does not occur
-# exactly once in FILE (the code changed: the planted bug must move with
-# it, never be dropped without a word) or the build fails; planted_why NAME
-# then says which.
+# builds in seconds. PLANT_CUDA=emu builds it for the emulated GPU instead
+# (a bug in GPU code): the copy links this checkout's emu/, built already
+# in a CUDA=emu build, so only the copy's own files compile. Prints
+# nothing and fails when OLD does not occur exactly once in FILE (the code
+# changed: the planted bug must move with it, never be dropped without a
+# word) or the build fails; planted_why NAME then says which.
 plant() {
     local copy=$TMP/plant-$1 why=$TMP/plant-$1.why file=$2 old=$3 new=$4 text rest count
     rm -rf "$copy" "$why" && mkdir -p "$copy" || return 1
@@ -214,7 +216,8 @@ plant() {
         return 1
     fi
     printf '%s' "${text/"$old"/"$new"}" >"$copy/$file"
-    if ! env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -s -C "$copy/$5" CUDA=0 ASAN=0 "$6" \
+    if [[ ${PLANT_CUDA:-0} == emu ]]; then ln -s "$ROOT/emu" "$copy/emu" || return 1; fi
+    if ! env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -s -C "$copy/$5" CUDA="${PLANT_CUDA:-0}" ASAN=0 "$6" \
             >"$copy/make.log" 2>&1; then
         echo "the copy with the planted bug did not build: $(grep -m3 -E 'error|Error' "$copy/make.log" | tr '\n' '|')" >"$why"
         return 1
