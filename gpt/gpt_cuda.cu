@@ -960,6 +960,7 @@ typedef struct {
     float loss;       // the mean loss of the last forward pass with targets
     float grad_norm;  // from the last gpt_cuda_clip_grad_norm
     float clip_scale; // 1, or max_norm / norm when clipping: the next AdamW multiplies the gradients by it
+    double square_sum; // a pipeline stage's sum of squared gradients (gpt_cuda_grad_square_sum)
 } device_scalars;
 
 // Which attention a model uses: the flash kernels (the default), or the
@@ -986,8 +987,20 @@ static bool use_flash(const gpt_config *c) {
 // depends on the path: the probabilities (cuBLAS) or the log-sum-exps (flash).
 static size_t head_stats(const gpt_config *c, size_t N) { return gpt_head_acts_size(c, GPT_STAT, N, 1) + N; }
 
+// A pipeline stage keeps the activations of several micro-batches, one
+// slot each (gpt_cuda_use_slot): the buffers of the slots not in use wait
+// here. The slot in use is acts, stats, logits, inputs and targets below.
+typedef struct {
+    void *acts;
+    float *stats, *logits;
+    uint16_t *inputs;
+    int B, T;
+    bool have_targets;
+} cuda_slot;
+
 struct gpt_cuda {
     gpt_config cfg;
+    gpt_stage stage;  // the blocks and ends held here (gpt_layout.h, section 5)
     bool bf16_mode;
     bool flash;       // the attention path (use_flash)
     int max_B, max_T; // what the buffers were sized for
@@ -1025,6 +1038,10 @@ struct gpt_cuda {
     int adam_step;
     bool have_targets, have_loss, have_norm;
     size_t allocated;
+
+    cuda_slot *slots; // pipeline stages: the slots not in use; NULL otherwise
+    int num_slots, slot;
+    size_t slot_bytes; // the device memory of one slot
 };
 
 // --- the memory plan: gpt_cuda_memory_needed and gpt_cuda_create share it.
@@ -1035,11 +1052,14 @@ typedef struct {
 
 static const int NORM_BLOCKS = 264; // two per SM of an H100: enough to fill it, few partials to add
 
-static memory_plan plan_memory(const gpt_config *c, int B, int T, bool use_bf16, bool flash, size_t num_params) {
-    size_t N = (size_t)B * T, Vp = (size_t)padded_vocab(c->vocab_size);
-    size_t L = (size_t)c->n_layer, act = use_bf16 ? 2 : 4;
+// A pipeline stage (s) plans for its blocks only, and only the last stage
+// for the logits and the LM head's padding.
+static memory_plan plan_memory(const gpt_config *c, const gpt_stage *s, int B, int T, bool use_bf16, bool flash,
+                               size_t num_params) {
+    size_t N = (size_t)B * T, Vp = s->head ? (size_t)padded_vocab(c->vocab_size) : 0;
+    size_t L = (size_t)(s->last - s->first), act = use_bf16 ? 2 : 4;
     size_t att = flash ? 0 : gpt_block_act_size(c, A_ATT, (size_t)B, (size_t)T);
-    size_t padded = num_params + head_pad(c);
+    size_t padded = num_params + (s->head ? head_pad(c) : 0);
     memory_plan p;
     p.params = p.grads = padded * 4;
     p.adam = 2 * num_params * 4;
@@ -1067,7 +1087,8 @@ static size_t plan_total(const memory_plan *p) {
 }
 
 extern "C" size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool use_bf16) {
-    memory_plan p = plan_memory(cfg, B, T, use_bf16, use_flash(cfg), gpt_num_params(cfg));
+    gpt_stage whole = gpt_stage_of(cfg, 0, 1);
+    memory_plan p = plan_memory(cfg, &whole, B, T, use_bf16, use_flash(cfg), gpt_num_params(cfg));
     return plan_total(&p);
 }
 
@@ -1104,9 +1125,10 @@ template <typename Act> static block_acts<Act> block_view(const gpt_cuda_t *g, i
                                  &a.fch, &a.fch_gelu, &a.res3};
     float **stat[GPT_BLOCK_ACTS] = {NULL, &a.ln1_mean, &a.ln1_rstd, NULL, NULL, &a.att_lse, NULL, NULL, NULL,
                                     &a.ln2_mean, &a.ln2_rstd, NULL, NULL, NULL};
+    size_t index = (size_t)(layer - g->stage.first); // a pipeline stage keeps its own blocks only
     Act *next_act = (Act *)g->acts + gpt_head_acts_size(&g->cfg, GPT_ACT, N, 1) +
-                    (size_t)layer * gpt_block_acts_size(&g->cfg, GPT_ACT, g->flash, B, T);
-    float *next_stat = g->stats + head_stats(&g->cfg, N) + (size_t)layer * gpt_block_acts_size(&g->cfg, GPT_STAT, g->flash, B, T);
+                    index * gpt_block_acts_size(&g->cfg, GPT_ACT, g->flash, B, T);
+    float *next_stat = g->stats + head_stats(&g->cfg, N) + index * gpt_block_acts_size(&g->cfg, GPT_STAT, g->flash, B, T);
     for (int i = 0; i < GPT_BLOCK_ACTS; i++) {
         if (!gpt_block_act_kept(i, g->flash)) continue;
         size_t n = gpt_block_act_size(&g->cfg, i, B, T);
@@ -1154,8 +1176,10 @@ template <typename T> static T *lm_head(const gpt_cuda_t *g, T *flat) { return f
 
 static size_t off(const gpt_cuda_t *g, int layer, int i) { return g->tensors[gpt_block_tensor(layer, i)].offset; }
 
+// A pipeline stage's first block reads `encoded` too: the previous stage's
+// output is received there (gpt_cuda_stage_input).
 template <typename Act> static const Act *block_input(const gpt_cuda_t *g, int layer) {
-    return layer == 0 ? head_view<Act>(g).encoded : block_view<Act>(g, layer - 1).res3;
+    return layer == g->stage.first ? head_view<Act>(g).encoded : block_view<Act>(g, layer - 1).res3;
 }
 
 // fp32 mode computes the scores in place in att and needs no extra buffer.
@@ -1183,14 +1207,17 @@ template <typename Act> static void block_forward(gpt_cuda_t *g, int l) {
     residual_forward(x, a.res3, a.res2, scratch, (size_t)N * C);
 }
 
+// A pipeline stage computes its part: the embeddings on the first stage
+// only, its own blocks, the head on the last stage only.
 template <typename Act> static void model_forward(gpt_cuda_t *g, bool with_targets) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->cfg.n_layer, N = B * T;
+    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->stage.last, N = B * T;
     const gpu_ctx *x = &g->ctx;
     head_acts<Act> h = head_view<Act>(g);
     const float *p = g->params;
     size_t wpe = g->tensors[1].offset, lnf = g->tensors[g->num_tensors - 2].offset;
-    encoder_forward(x, h.encoded, g->inputs, p, p + wpe, B, T, C);
-    for (int l = 0; l < L; l++) block_forward<Act>(g, l);
+    if (g->stage.embedding) encoder_forward(x, h.encoded, g->inputs, p, p + wpe, B, T, C);
+    for (int l = g->stage.first; l < L; l++) block_forward<Act>(g, l);
+    if (!g->stage.head) return;
     layernorm_forward(x, h.lnf, h.lnf_mean, h.lnf_rstd, block_input<Act>(g, L), p + lnf, p + lnf + C, N, C);
     matmul_forward<Act, float>(x, g->logits, h.lnf, lm_head(g, weights<Act>(g)), NULL, N, C, Vp); // tied: wte
     if (with_targets) crossentropy_forward(x, h.losses, h.lse, g->logits, g->targets, N, V, Vp);
@@ -1213,8 +1240,10 @@ static void upload_tokens(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t 
     cudaStream_t s = g->ctx.stream;
     uint16_t *in = g->tokens_host, *tg = g->tokens_host + (size_t)g->max_B * g->max_T;
     CHECK_CUDA(cudaEventSynchronize(g->tokens_copied));
-    memcpy(in, inputs, N * sizeof(uint16_t));
-    CHECK_CUDA(cudaMemcpyAsync(g->inputs, in, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
+    if (inputs) { // every stage but the first of a pipeline has none
+        memcpy(in, inputs, N * sizeof(uint16_t));
+        CHECK_CUDA(cudaMemcpyAsync(g->inputs, in, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
+    }
     if (targets) {
         memcpy(tg, targets, N * sizeof(uint16_t));
         CHECK_CUDA(cudaMemcpyAsync(g->targets, tg, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
@@ -1239,11 +1268,16 @@ extern "C" void gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const ui
     if (B < 1 || T < 1 || B > g->max_B || T > g->max_T)
         die("gpt_cuda_forward: a batch of %d x %d tokens does not fit the %d x %d the GPU model was created for", B,
             T, g->max_B, g->max_T);
+    if ((inputs != NULL) != g->stage.embedding || (targets && !g->stage.head))
+        die("gpt_cuda_forward: stage %d of %d takes %s", g->stage.index, g->stage.count,
+            g->stage.embedding ? "input tokens" : "no input tokens, and targets only if it is the last");
     size_t N = (size_t)B * T;
-    check_tokens(g, inputs, N, "input");
+    if (inputs) check_tokens(g, inputs, N, "input");
     if (targets) check_tokens(g, targets, N, "target");
     upload_tokens(g, inputs, targets, N);
-    g->B = B, g->T = T, g->have_targets = targets != NULL;
+    // The last stage's backward pass starts from the targets; another
+    // stage's from the gradient the next stage sends (gpt_cuda_stage_grad).
+    g->B = B, g->T = T, g->have_targets = targets != NULL || !g->stage.head;
     if (g->bf16_mode) model_forward<bf16>(g, targets != NULL);
     else model_forward<float>(g, targets != NULL);
     if (!targets) return;
@@ -1321,31 +1355,37 @@ static void bucket_done(gpt_cuda_t *g, int i, gpt_cuda_bucket_fn fn, void *user)
     fn(user, &g->buckets[i], g->bucket_events[i]);
 }
 
+// A pipeline stage other than the last starts from d(loss)/d(its output),
+// received into dres (gpt_cuda_stage_grad); one other than the first ends
+// with d(loss)/d(its input) there. The buckets are the whole model's.
 template <typename Act> static void model_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn fn, void *user) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->cfg.n_layer, N = B * T;
+    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->stage.last, N = B * T;
     const gpu_ctx *x = &g->ctx;
     head_acts<Act> h = head_view<Act>(g);
     grad_acts<Act> ga = grad_view<Act>(g);
     size_t wpe = g->tensors[1].offset, lnf = g->tensors[g->num_tensors - 2].offset;
     Act *dlogits = (Act *)g->dlogits;
 
-    crossentropy_backward(x, dlogits, g->logits, h.lse, g->targets, N, V, Vp, grad_scale / (float)N);
-    matmul_backward<Act>(x, ga.dtmp, lm_head(g, g->grads), NULL, dlogits, h.lnf, lm_head(g, weights<Act>(g)), N, C,
-                         Vp); // adds into dwte
-    CHECK_CUDA(cudaMemsetAsync(ga.dres, 0, sizeof(Act) * (size_t)N * C, x->stream));
-    layernorm_backward(x, ga.dres, g->grads + lnf, g->grads + lnf + C, ga.dtmp, block_input<Act>(g, L),
-                       g->params + lnf, h.lnf_mean, h.lnf_rstd, N, C);
+    if (g->stage.head) {
+        crossentropy_backward(x, dlogits, g->logits, h.lse, g->targets, N, V, Vp, grad_scale / (float)N);
+        matmul_backward<Act>(x, ga.dtmp, lm_head(g, g->grads), NULL, dlogits, h.lnf, lm_head(g, weights<Act>(g)), N,
+                             C, Vp); // adds into dwte
+        CHECK_CUDA(cudaMemsetAsync(ga.dres, 0, sizeof(Act) * (size_t)N * C, x->stream));
+        layernorm_backward(x, ga.dres, g->grads + lnf, g->grads + lnf + C, ga.dtmp, block_input<Act>(g, L),
+                           g->params + lnf, h.lnf_mean, h.lnf_rstd, N, C);
+    }
     bucket_done(g, 0, fn, user);
-    for (int l = L - 1; l >= 0; l--) {
+    for (int l = L - 1; l >= g->stage.first; l--) {
         block_backward<Act>(g, l);
         bucket_done(g, L - l, fn, user);
     }
-    encoder_backward(x, g->grads, g->grads + wpe, ga.dres, g->inputs, B, T, C);
+    if (g->stage.embedding) encoder_backward(x, g->grads, g->grads + wpe, ga.dres, g->inputs, B, T, C);
     bucket_done(g, L + 1, fn, user);
 }
 
 extern "C" void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn bucket_ready, void *user) {
     if (!g->have_targets) die("gpt_cuda_backward needs a gpt_cuda_forward with targets just before it");
+    if (bucket_ready && g->stage.count > 1) die("gpt_cuda_backward: a pipeline stage has no gradient buckets");
     g->have_targets = false; // in fp32 mode the logits have become dlogits
     if (g->bf16_mode) model_backward<bf16>(g, grad_scale, bucket_ready, user);
     else model_backward<float>(g, grad_scale, bucket_ready, user);
@@ -1377,21 +1417,28 @@ static void check_fits(const gpt_config *c, int B, int T, bool use_bf16, size_t 
             total_bytes / 1073741824.0, use_bf16 ? "" : ", or --dtype bf16");
 }
 
+// What one forward pass keeps: the slot in use (gpt_cuda_use_slot).
+static void allocate_slot(gpt_cuda_t *g, const memory_plan *p) {
+    g->acts = device_buffer(g, p->acts, "activations");
+    g->stats = (float *)device_buffer(g, p->stats, "LayerNorm statistics and losses");
+    g->logits = (float *)device_buffer(g, p->logits, "logits");
+    g->dlogits = g->bf16_mode ? g->dlogits : (void *)g->logits; // fp32 mode: the logits become their gradient
+    g->inputs = (uint16_t *)device_buffer(g, p->tokens, "tokens");
+    g->targets = g->inputs + (size_t)g->max_B * g->max_T;
+    g->slot_bytes = p->acts + p->stats + p->logits + p->tokens;
+}
+
 static void allocate_buffers(gpt_cuda_t *g, const memory_plan *p) {
+    if (g->bf16_mode) g->dlogits = device_buffer(g, p->dlogits, "logit gradients"); // scratch: one for all slots
     g->params = (float *)device_buffer(g, p->params, "parameters") + g->head_pad;
     g->grads = (float *)device_buffer(g, p->grads, "gradients") + g->head_pad;
     g->adam_m = (float *)device_buffer(g, p->adam / 2, "AdamW first moments");
     g->adam_v = (float *)device_buffer(g, p->adam / 2, "AdamW second moments");
     if (g->bf16_mode) g->params_lp = (bf16 *)device_buffer(g, p->params_lp, "bf16 weight copy") + g->head_pad;
-    g->acts = device_buffer(g, p->acts, "activations");
-    g->stats = (float *)device_buffer(g, p->stats, "LayerNorm statistics and losses");
-    g->logits = (float *)device_buffer(g, p->logits, "logits");
-    g->dlogits = g->bf16_mode ? device_buffer(g, p->dlogits, "logit gradients") : (void *)g->logits;
+    allocate_slot(g, p);
     g->scores = (float *)device_buffer(g, p->scores, "attention scores");
     g->dscores = device_buffer(g, p->dscores, "attention score gradients");
     g->grad_acts = device_buffer(g, p->grad_acts, "activation gradients");
-    g->inputs = (uint16_t *)device_buffer(g, p->tokens, "tokens");
-    g->targets = g->inputs + (size_t)g->max_B * g->max_T;
     g->norm_partials = (double *)device_buffer(g, p->partials, "gradient-norm partial sums");
     g->adam_chunks = (adam_chunk *)device_buffer(g, p->chunks, "AdamW chunk table");
     g->scalars = (device_scalars *)device_buffer(g, p->scalars, "loss and gradient norm");
@@ -1420,16 +1467,22 @@ static void refresh_bf16_copy(gpt_cuda_t *g) {
 }
 
 extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *params_host, int B, int T, bool use_bf16) {
+    gpt_stage whole = gpt_stage_of(cfg, 0, 1);
+    return gpt_cuda_create_stage(cfg, &whole, params_host, B, T, use_bf16);
+}
+
+extern "C" gpt_cuda_t *gpt_cuda_create_stage(const gpt_config *cfg, const gpt_stage *stage, const float *params_host,
+                                             int B, int T, bool use_bf16) {
     check_config(cfg, B, T);
     gpt_cuda_t *g = (gpt_cuda_t *)xcalloc(1, sizeof *g);
-    g->cfg = *cfg, g->bf16_mode = use_bf16, g->max_B = g->B = B, g->max_T = g->T = T;
+    g->cfg = *cfg, g->stage = *stage, g->bf16_mode = use_bf16, g->max_B = g->B = B, g->max_T = g->T = T;
     g->num_tensors = gpt_num_tensors(cfg);
     g->tensors = (gpt_tensor *)xmalloc(sizeof(gpt_tensor) * (size_t)g->num_tensors);
-    g->num_params = gpt_layout_params(cfg, g->tensors);
-    g->Vp = padded_vocab(cfg->vocab_size), g->head_pad = head_pad(cfg);
+    g->num_params = gpt_layout_stage_params(cfg, stage, g->tensors);
+    g->Vp = padded_vocab(cfg->vocab_size), g->head_pad = stage->head ? head_pad(cfg) : 0;
     g->num_adam_chunks = build_adam_chunks(g->tensors, g->num_tensors, NULL);
     g->flash = use_flash(cfg);
-    memory_plan plan = plan_memory(cfg, B, T, use_bf16, g->flash, g->num_params);
+    memory_plan plan = plan_memory(cfg, stage, B, T, use_bf16, g->flash, g->num_params);
     check_fits(cfg, B, T, use_bf16, plan_total(&plan));
     CHECK_CUDA(cudaStreamCreateWithFlags(&g->ctx.stream, cudaStreamNonBlocking));
     allocate_buffers(g, &plan);
@@ -1462,6 +1515,13 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
                     g->norm_partials, g->adam_chunks, g->scalars, g->ctx.workspace};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) CHECK_CUDA(cudaFree(bufs[i]));
+    for (int k = 0; k < g->num_slots; k++) {
+        cuda_slot *parked = &g->slots[k];
+        void *slot_bufs[] = {parked->acts, parked->stats, parked->logits, parked->inputs};
+        for (size_t i = 0; k != g->slot && i < sizeof slot_bufs / sizeof slot_bufs[0]; i++)
+            if (slot_bufs[i]) CHECK_CUDA(cudaFree(slot_bufs[i]));
+    }
+    free(g->slots);
     for (int i = 0; i < g->num_buckets; i++) CHECK_CUDA(cudaEventDestroy(g->bucket_events[i]));
     CHECK_CUDA(cudaStreamDestroy(g->ctx.stream));
     CHECK_CUDA(cudaEventDestroy(g->tokens_copied));
@@ -1469,6 +1529,53 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
     free(g->bucket_events), free(g->buckets), free(g->tensors);
     free(g);
 }
+
+// --- a pipeline stage's activation slots and the buffers stages exchange
+
+extern "C" void gpt_cuda_use_slot(gpt_cuda_t *g, int k) {
+    if (k < 0 || k > 4096) die("gpt_cuda_use_slot: slot %d", k);
+    if (!g->slots) g->slots = (cuda_slot *)xcalloc(1, sizeof(cuda_slot)), g->num_slots = 1, g->slot = 0;
+    if (k >= g->num_slots) {
+        g->slots = (cuda_slot *)realloc(g->slots, sizeof(cuda_slot) * (size_t)(k + 1));
+        if (!g->slots) die("out of memory for %d activation slots", k + 1);
+        memset(g->slots + g->num_slots, 0, sizeof(cuda_slot) * (size_t)(k + 1 - g->num_slots));
+        g->num_slots = k + 1;
+    }
+    if (k == g->slot) return;
+    g->slots[g->slot] = cuda_slot{g->acts, g->stats, g->logits, g->inputs, g->B, g->T, g->have_targets};
+    cuda_slot *next = &g->slots[k];
+    g->slot = k;
+    if (!next->inputs) { // its first use: allocate it, as large as the first slot
+        memory_plan plan = plan_memory(&g->cfg, &g->stage, g->max_B, g->max_T, g->bf16_mode, g->flash, g->num_params);
+        allocate_slot(g, &plan);
+        g->have_targets = false;
+        return;
+    }
+    g->acts = next->acts, g->stats = next->stats, g->logits = next->logits, g->inputs = next->inputs;
+    g->targets = g->inputs + (size_t)g->max_B * g->max_T;
+    if (!g->bf16_mode) g->dlogits = g->logits;
+    g->B = next->B, g->T = next->T, g->have_targets = next->have_targets;
+}
+
+extern "C" size_t gpt_cuda_activation_bytes(const gpt_cuda_t *g) {
+    int slots = 0;
+    for (int k = 0; k < g->num_slots; k++) slots += k == g->slot || g->slots[k].inputs != NULL;
+    return (size_t)(slots > 1 ? slots : 1) * g->slot_bytes;
+}
+
+extern "C" void *gpt_cuda_stage_input(gpt_cuda_t *g, int B, int T) {
+    if (B < 1 || T < 1 || B > g->max_B || T > g->max_T)
+        die("gpt_cuda_stage_input: a batch of %d x %d tokens does not fit the %d x %d the GPU model was created for", B,
+            T, g->max_B, g->max_T);
+    return g->acts; // `encoded`, the first of the activations, whatever the batch
+}
+
+extern "C" void *gpt_cuda_stage_output(gpt_cuda_t *g) {
+    int last = g->stage.last - 1;
+    return g->bf16_mode ? (void *)block_view<bf16>(g, last).res3 : (void *)block_view<float>(g, last).res3;
+}
+
+extern "C" void *gpt_cuda_stage_grad(gpt_cuda_t *g) { return g->grad_acts; } // dres, the first of them
 
 extern "C" cudaStream_t gpt_cuda_stream(const gpt_cuda_t *g) { return g->ctx.stream; }
 extern "C" size_t gpt_cuda_param_count(const gpt_cuda_t *g) { return g->num_params; }
@@ -1521,6 +1628,35 @@ extern "C" void gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm) {
     sum_squares_kernel<<<blocks, 256, 0, s>>>(g->norm_partials, g->grads, g->num_params);
     launched("sum_squares_kernel");
     grad_norm_kernel<<<1, WARP, 0, s>>>(g->scalars, g->norm_partials, blocks, max_norm);
+    launched("grad_norm_kernel");
+    g->clip_pending = true, g->have_norm = true;
+}
+
+// Clipping over the stages of a pipeline, in three steps: each stage sums
+// the squares of its gradients [from, num_params) into a double on the
+// device (returned: queued, as everything here), the stages add up their
+// sums there (an all-reduce), then each clips with the total.
+static __global__ void square_sum_kernel(double *out, const double *partials, int count) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < count; i += WARP) s += partials[i];
+    s = warp_sum_double(s);
+    if (threadIdx.x == 0) *out = s;
+}
+
+extern "C" double *gpt_cuda_grad_square_sum(gpt_cuda_t *g, size_t from) {
+    cudaStream_t s = g->ctx.stream;
+    size_t n = from < g->num_params ? g->num_params - from : 0;
+    int blocks = n ? (int)blocks_for(n, 256 * 16) : 1;
+    if (blocks > NORM_BLOCKS) blocks = NORM_BLOCKS;
+    sum_squares_kernel<<<blocks, 256, 0, s>>>(g->norm_partials, g->grads + from, n);
+    launched("sum_squares_kernel");
+    square_sum_kernel<<<1, WARP, 0, s>>>(&g->scalars->square_sum, g->norm_partials, blocks);
+    launched("square_sum_kernel");
+    return &g->scalars->square_sum;
+}
+
+extern "C" void gpt_cuda_clip_grads(gpt_cuda_t *g, float max_norm) {
+    grad_norm_kernel<<<1, WARP, 0, g->ctx.stream>>>(g->scalars, &g->scalars->square_sum, 1, max_norm);
     launched("grad_norm_kernel");
     g->clip_pending = true, g->have_norm = true;
 }

@@ -120,6 +120,35 @@ void gpt_cuda_set_grads(gpt_cuda_t *g, const float *host);
 void gpt_cuda_get_adam(gpt_cuda_t *g, float *m_host, float *v_host, int *step);
 void gpt_cuda_set_adam(gpt_cuda_t *g, const float *m_host, const float *v_host, int step);
 
+// ---------------------------------------------------------------- a pipeline stage (chapter 11)
+// A model of the blocks and ends of one stage (gpt_layout.h, section 5):
+// params_host is the stage's own flat array (gpt_layout_stage_params). Its
+// forward pass takes input tokens on the first stage only (NULL on the
+// others, whose input is what the previous stage sent into
+// gpt_cuda_stage_input) and targets on the last only; its backward pass
+// starts, on every stage but the last, from the gradient the next stage
+// sent into gpt_cuda_stage_grad, and takes no bucket callback.
+gpt_cuda_t *gpt_cuda_create_stage(const gpt_config *cfg, const gpt_stage *stage, const float *params_host, int B,
+                                  int T, bool bf16);
+// Slot k keeps one micro-batch's activations from its forward pass to its
+// backward pass; forward writes, and backward reads, the slot in use. A
+// slot is allocated on the device when it is first used.
+void gpt_cuda_use_slot(gpt_cuda_t *g, int k);
+size_t gpt_cuda_activation_bytes(const gpt_cuda_t *g); // of all slots allocated
+// Device buffers of B x T x C activations (bf16 in bf16 mode, else float):
+// the stage's input in the slot in use (for a batch of B x T); its output
+// after a forward pass; the gradient of the residual stream, which before
+// backward holds d(loss)/d(output) and after it d(loss)/d(input).
+void *gpt_cuda_stage_input(gpt_cuda_t *g, int B, int T);
+void *gpt_cuda_stage_output(gpt_cuda_t *g);
+void *gpt_cuda_stage_grad(gpt_cuda_t *g);
+// Clipping by the norm of all stages' gradients: the sum of the squares of
+// gradients [from, num_params) into a double on the device (returned;
+// queued), which the stages add up, then gpt_cuda_clip_grads with the total
+// there (queued, as gpt_cuda_clip_grad_norm).
+double *gpt_cuda_grad_square_sum(gpt_cuda_t *g, size_t from);
+void gpt_cuda_clip_grads(gpt_cuda_t *g, float max_norm);
+
 // "flash" or "cublas": the attention path this model uses. Flash is the
 // default; GPT_CUDA_ATTENTION=cublas in the environment when the model is
 // created picks the cuBLAS path (the readable reference, with the T x T

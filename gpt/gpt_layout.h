@@ -11,7 +11,9 @@
 //      finishes a part of it, for data parallelism;
 //   4. the activations: what the forward pass keeps for the backward pass,
 //      block by block, and the backward pass's scratch, as sizes that each
-//      model carves out of its buffers with one loop.
+//      model carves out of its buffers with one loop;
+//   5. pipeline stages: which blocks and ends a stage holds, and where its
+//      part of the flat array lies.
 // Chapters 09-11 shard this layout (slices of the flat array, a shard of
 // each block, a range of blocks), so it is the only place that knows it.
 #ifndef GPT_LAYOUT_H
@@ -279,6 +281,78 @@ static inline size_t gpt_grad_acts_size(const gpt_config *c, size_t B, size_t T)
     size_t total = 0;
     for (int g = 0; g < GPT_GRAD_ACTS; g++) total += (size_t)gpt_grad_acts_channels[g] * B * T * (size_t)c->n_embd;
     return total;
+}
+
+// ===================================================================== 5. pipeline stages
+//
+// Pipeline parallelism (chapter 11) cuts the model by depth: stage s of S
+// holds blocks [first, last) and computes them for every micro-batch. The
+// first stage also holds the embeddings (wte, wpe); the last one ln_f and
+// the LM head, which is wte again (tied weights), so the last stage keeps a
+// copy of wte of its own, and the two copies' gradients are added up before
+// every step (as Megatron-LM does) so that the copies stay equal. A whole
+// model is the one stage of one: gpt_stage_of(c, 0, 1).
+typedef struct {
+    int index, count;     // stage `index` of `count`
+    int first, last;      // blocks [first, last)
+    bool embedding, head; // wte + wpe (the first stage); ln_f + the LM head with its copy of wte (the last)
+} gpt_stage;
+
+// Blocks are dealt out as evenly as they go: stage s gets [s L / S, (s+1) L / S).
+static inline gpt_stage gpt_stage_of(const gpt_config *c, int index, int count) {
+    gpt_stage s = {index, count, c->n_layer * index / count, c->n_layer * (index + 1) / count, index == 0,
+                   index == count - 1};
+    return s;
+}
+
+// NULL when the model splits into `count` stages of at least one block each.
+static inline const char *gpt_stage_problem(const gpt_config *c, int count) {
+    if (count < 1) return "a pipeline needs at least one stage";
+    if (count > c->n_layer) return "every stage needs a block of its own: at most n_layer stages";
+    return NULL;
+}
+
+// Does the stage hold tensor t (an index into the whole model's table)?
+static inline bool gpt_stage_holds(const gpt_config *c, const gpt_stage *s, int t) {
+    if (t == 0) return s->embedding || s->head; // wte: the token embedding, and the tied LM head
+    if (t == 1) return s->embedding;            // wpe
+    if (t >= gpt_ln_f_tensor(c)) return s->head;
+    int layer = (t - 2) / GPT_BLOCK_TENSORS;
+    return layer >= s->first && layer < s->last;
+}
+
+// The stage's own flat array holds the tensors it holds, in the table's
+// order, one after another. This fills out[0 .. gpt_num_tensors) (out may
+// be NULL: only count) with the whole model's table in which the tensors
+// it holds have their offsets in that array and the others are empty
+// (count 0), and returns its length. For the whole model, the table of
+// gpt_layout_params.
+static inline size_t gpt_layout_stage_params(const gpt_config *c, const gpt_stage *s, gpt_tensor *out) {
+    size_t C = (size_t)c->n_embd, total = 0;
+    if (!out) {
+        total += (s->embedding || s->head ? (size_t)c->vocab_size * C : 0) + (s->embedding ? (size_t)c->block_size * C : 0);
+        return total + (size_t)(s->last - s->first) * gpt_block_params(c) + (s->head ? 2 * C : 0);
+    }
+    gpt_layout_params(c, out);
+    for (int t = 0; t < gpt_num_tensors(c); t++) {
+        if (!gpt_stage_holds(c, s, t)) out[t].count = 0;
+        out[t].offset = total;
+        total += out[t].count;
+    }
+    return total;
+}
+
+// Where the stage's part of the whole model lies: [*whole, *whole + n) of
+// the whole flat array is [*local, *local + n) of the stage's; returns n.
+// That part is every parameter the stage holds except the last stage's
+// copy of wte (the first stage's is the one saved), and it is one
+// contiguous range on both sides, so a snapshot is assembled from one
+// piece per stage.
+static inline size_t gpt_stage_owned(const gpt_config *c, const gpt_stage *s, size_t *whole, size_t *local) {
+    size_t end = s->head ? gpt_num_params(c) : gpt_block_offset(c, s->last);
+    *whole = s->embedding ? 0 : gpt_block_offset(c, s->first);
+    *local = s->head && !s->embedding ? (size_t)c->vocab_size * (size_t)c->n_embd : 0;
+    return end - *whole;
 }
 
 #ifdef __cplusplus

@@ -37,6 +37,9 @@
 
 typedef struct model model_t;
 
+// The buffers neighbouring stages of a pipeline exchange (model_stage_buffer).
+typedef enum { STAGE_INPUT, STAGE_OUTPUT, STAGE_GRAD } model_stage_buffer_t;
+
 // What a device's model does; every entry is required.
 typedef struct {
     // Takes m->host (initialised or loaded) to the device, with room for
@@ -59,6 +62,14 @@ typedef struct {
     // The logits of sequence 0, position t of the last forward pass (scratch: V floats).
     const float *(*logits)(model_t *m, int t, float *scratch);
     void (*free)(model_t *m);
+    // A pipeline stage (chapter 11): the model is m->host.stage's part.
+    void (*use_slot)(model_t *m, int k);
+    size_t (*activation_bytes)(model_t *m);
+    void *(*stage_buffer)(model_t *m, model_stage_buffer_t which, int B, int T);
+    void (*wait)(model_t *m);                              // for the work queued so far
+    float *(*grads)(model_t *m);                           // the gradients, in the device's memory
+    double *(*grad_square_sum)(model_t *m, size_t from);   // in the device's memory
+    void (*clip_grads)(model_t *m, float max_norm);        // by the square sum there
 } model_ops;
 
 struct model {
@@ -69,6 +80,7 @@ struct model {
     int loss_count;
     struct gpt_cuda *gpu;   // GPU runs: the model on the device
     pg_t *averaging;        // GPU runs, during backward: the group the buckets are averaged over
+    double square_sum;      // CPU: a pipeline stage's sum of squared gradients
 };
 
 static inline const model_ops *model_cpu_ops(void);
@@ -165,6 +177,55 @@ static inline void model_generate(model_t *m, uint16_t *tokens, int len, int tot
     free(scratch);
 }
 
+// ---------------------------------------------------------------- a pipeline stage (chapter 11)
+//
+// model_create with a host model that is one stage of a pipeline
+// (gpt_init_stage) makes the device's model of that stage. Forward takes
+// input tokens on the first stage only and targets on the last only;
+// backward takes no process group (the gradients are averaged after the
+// whole pipeline has run, with model_all_reduce_grads).
+
+// Slot k keeps one micro-batch's activations from its forward pass to its
+// backward pass: forward writes, backward reads the slot in use.
+static inline void model_use_slot(model_t *m, int k) { m->ops->use_slot(m, k); }
+
+// Bytes of activation slots allocated: the micro-batches held at once.
+static inline size_t model_activation_bytes(model_t *m) { return m->ops->activation_bytes(m); }
+
+// Where the previous stage's output is received (STAGE_INPUT, for a batch
+// of B x T, before forward), this stage's output (STAGE_OUTPUT, after
+// forward), and the gradient of the residual stream (STAGE_GRAD: received
+// from the next stage before backward, sent to the previous one after).
+// B x T x n_embd numbers of model_stage_dtype each, in the device's memory.
+static inline void *model_stage_buffer(model_t *m, model_stage_buffer_t which, int B, int T) {
+    return m->ops->stage_buffer(m, which, B, T);
+}
+static inline dtype_t model_stage_dtype(const model_t *m) { return m->bf16 ? DTYPE_BF16 : DTYPE_F32; }
+
+// Returns when the device has done what was queued: before a process group
+// reads what the model wrote (a GPU model computes on a stream of its own),
+// and to time it.
+static inline void model_wait(model_t *m) { m->ops->wait(m); }
+
+// Gradients [first, first + count) of the stage <- op over the ranks of pg.
+static inline void model_all_reduce_grads(model_t *m, pg_t *pg, size_t first, size_t count, redop_t op) {
+    if (pg_world_size(pg) == 1) return;
+    float *g = m->ops->grads(m) + first;
+    m->ops->wait(m);
+    pg_all_reduce(pg, g, g, count, DTYPE_F32, op);
+}
+
+// Clipping by the norm of all stages' gradients together: each stage adds
+// the squares of its gradients [from, ...) - from skips a copy that
+// another stage counts - the stages of pg add up their sums, and each
+// stage clips with the total.
+static inline void model_clip_grad_norm_over(model_t *m, pg_t *pg, size_t from, float max_norm) {
+    double *sum = m->ops->grad_square_sum(m, from);
+    m->ops->wait(m);
+    if (pg_world_size(pg) > 1) pg_all_reduce(pg, sum, sum, 1, DTYPE_F64, OP_SUM);
+    m->ops->clip_grads(m, max_norm);
+}
+
 // ---------------------------------------------------------------- the CPU model (gpt.h)
 
 static inline float model_cpu_forward(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T, bool wait) {
@@ -207,10 +268,29 @@ static inline const float *model_cpu_logits(model_t *m, int t, float *scratch) {
     return gpt_logits(&m->host, 0, t);
 }
 
+static inline void model_cpu_use_slot(model_t *m, int k) { gpt_use_slot(&m->host, k); }
+static inline size_t model_cpu_activation_bytes(model_t *m) { return gpt_activation_bytes(&m->host); }
+
+static inline void *model_cpu_stage_buffer(model_t *m, model_stage_buffer_t which, int B, int T) {
+    if (which == STAGE_INPUT) return gpt_stage_input(&m->host, B, T);
+    return which == STAGE_OUTPUT ? gpt_stage_output(&m->host) : gpt_stage_grad(&m->host);
+}
+
+static inline float *model_cpu_grads(model_t *m) { return m->host.grads; }
+
+static inline double *model_cpu_grad_square_sum(model_t *m, size_t from) {
+    m->square_sum = gpt_grad_square_sum(&m->host, from);
+    return &m->square_sum;
+}
+
+static inline void model_cpu_clip_grads(model_t *m, float max_norm) { gpt_clip_grads(&m->host, m->square_sum, max_norm); }
+
 static inline const model_ops *model_cpu_ops(void) {
     static const model_ops ops = {model_cpu_create, model_cpu_forward, model_cpu_take_train_loss, model_cpu_zero_grad, model_cpu_backward,
                                   model_cpu_average_gradients, model_cpu_clip_grad_norm, model_cpu_adamw,
-                                  model_cpu_nothing, model_cpu_nothing, model_cpu_logits, model_cpu_nothing};
+                                  model_cpu_nothing, model_cpu_nothing, model_cpu_logits, model_cpu_nothing,
+                                  model_cpu_use_slot, model_cpu_activation_bytes, model_cpu_stage_buffer,
+                                  model_cpu_nothing, model_cpu_grads, model_cpu_grad_square_sum, model_cpu_clip_grads};
     return &ops;
 }
 
@@ -220,7 +300,7 @@ static inline const model_ops *model_cpu_ops(void) {
 // the file that asks.
 #ifdef COURSE_CUDA
 static inline void model_gpu_create(model_t *m, int B, int T) {
-    m->gpu = gpt_cuda_create(&m->host.cfg, m->host.params, B, T, m->bf16);
+    m->gpu = gpt_cuda_create_stage(&m->host.cfg, &m->host.stage, m->host.params, B, T, m->bf16);
 }
 
 static inline float model_gpu_forward(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T, bool wait) {
@@ -278,10 +358,25 @@ static inline const float *model_gpu_logits(model_t *m, int t, float *scratch) {
 
 static inline void model_gpu_free(model_t *m) { gpt_cuda_free(m->gpu); }
 
+static inline void model_gpu_use_slot(model_t *m, int k) { gpt_cuda_use_slot(m->gpu, k); }
+static inline size_t model_gpu_activation_bytes(model_t *m) { return gpt_cuda_activation_bytes(m->gpu); }
+
+static inline void *model_gpu_stage_buffer(model_t *m, model_stage_buffer_t which, int B, int T) {
+    if (which == STAGE_INPUT) return gpt_cuda_stage_input(m->gpu, B, T);
+    return which == STAGE_OUTPUT ? gpt_cuda_stage_output(m->gpu) : gpt_cuda_stage_grad(m->gpu);
+}
+
+static inline void model_gpu_wait(model_t *m) { CHECK_CUDA(cudaStreamSynchronize(gpt_cuda_stream(m->gpu))); }
+static inline float *model_gpu_grads(model_t *m) { return gpt_cuda_grads_device(m->gpu); }
+static inline double *model_gpu_grad_square_sum(model_t *m, size_t from) { return gpt_cuda_grad_square_sum(m->gpu, from); }
+static inline void model_gpu_clip_grads(model_t *m, float max_norm) { gpt_cuda_clip_grads(m->gpu, max_norm); }
+
 static inline const model_ops *model_gpu_ops(void) {
     static const model_ops ops = {model_gpu_create, model_gpu_forward, model_gpu_take_train_loss, model_gpu_zero_grad, model_gpu_backward,
                                   model_gpu_average_gradients, model_gpu_clip_grad_norm, model_gpu_adamw,
-                                  model_gpu_to_host, model_gpu_to_device, model_gpu_logits, model_gpu_free};
+                                  model_gpu_to_host, model_gpu_to_device, model_gpu_logits, model_gpu_free,
+                                  model_gpu_use_slot, model_gpu_activation_bytes, model_gpu_stage_buffer,
+                                  model_gpu_wait, model_gpu_grads, model_gpu_grad_square_sum, model_gpu_clip_grads};
     return &ops;
 }
 #else
