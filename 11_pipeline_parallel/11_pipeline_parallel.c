@@ -847,12 +847,13 @@ static void validate(model_t *m, trainer_t *tr, const corpus_t *c, const options
 // over rows that are zero elsewhere) gives every rank the whole table.
 enum { ROW_STAGE, ROW_BUBBLE, ROW_SLOTS, ROW_BYTES, ROW };
 
-static void pipe_report(pipeline_t *p, model_t *m, dist_t *d, const options *o) {
+// Returns the measured bubble (the mean over ranks), or -1 without steps.
+static double pipe_report(pipeline_t *p, model_t *m, dist_t *d, const options *o) {
     host_pg(p->pp, p->device, HOST_ALL_REDUCE, p->ends, (size_t)p->steps, DTYPE_F64, OP_MAX); // the spans
     double bubble = 0;
     int counted = 0;
     for (int k = p->steps > 1 ? 1 : 0; k < p->steps; k++, counted++) bubble += 1 - p->busy[k] / p->ends[k];
-    if (counted == 0) return; // a resumed run with no step left to take
+    if (counted == 0) return -1; // a resumed run with no step left to take
     double *table = xcalloc((size_t)d->world_size * ROW, sizeof(double)), *row = table + (size_t)d->rank * ROW;
     row[ROW_STAGE] = p->stage, row[ROW_BUBBLE] = bubble / counted, row[ROW_SLOTS] = p->slots_used;
     row[ROW_BYTES] = (double)model_activation_bytes(m);
@@ -873,11 +874,12 @@ static void pipe_report(pipeline_t *p, model_t *m, dist_t *d, const options *o) 
         log_main("  stage %d: %d micro-batch(es), %.2f MiB\n", stage, (int)r[ROW_SLOTS], r[ROW_BYTES] / 1048576.0);
     }
     free(table);
+    return mean;
 }
 
 // The last step's timeline, from every rank, into DIR/timeline-SCHEDULE.csv
 // for plots/11_timeline.gp: one row per forward, backward, send, receive.
-static void write_timeline(pipeline_t *p, dist_t *d, const options *o) {
+static void write_timeline(pipeline_t *p, dist_t *d, const options *o, double bubble) {
     size_t cols = 4 * (size_t)p->max_events; // kind, micro, start, end
     double *table = xcalloc((size_t)d->world_size * cols, sizeof(double)), *row = table + (size_t)d->rank * cols;
     for (int e = 0; e < p->num_events; e++) {
@@ -893,8 +895,10 @@ static void write_timeline(pipeline_t *p, dist_t *d, const options *o) {
         strftime(date, sizeof date, "%Y-%m-%d", localtime(&now));
         metrics_row(&csv, "# %s | backend %s | %d rank(s) | %s", d->device.name, backend_name(pg_backend(d->pg)),
                     d->world_size, date);
-        metrics_row(&csv, "# schedule %s | stages %d | micro_batches %d | step %d", o->schedule, p->stages,
-                    p->micro_batches, p->steps);
+        int S = p->stages, M = p->micro_batches;
+        metrics_row(&csv, "# schedule %s | stages %d | micro_batches %d | the last of %d steps | bubble %.1f%% "
+                    "measured (all steps), (S-1)/(M+S-1) = %.1f%%", o->schedule, S, M, p->steps, 100 * bubble,
+                    100.0 * (S - 1) / (M + S - 1));
         for (int r = 0; r < d->world_size; r++)
             for (int e = 0; e < p->max_events; e++) {
                 const double *ev = table + (size_t)r * cols + 4 * (size_t)e;
@@ -903,7 +907,7 @@ static void write_timeline(pipeline_t *p, dist_t *d, const options *o) {
                             (int)ev[1], 1e3 * ev[2], 1e3 * ev[3]);
             }
         metrics_close(&csv);
-        log_main("timeline of step %d: %s/%s.csv (plot: make plots)\n", p->steps, o->out_dir, name);
+        log_main("timeline of the last step: %s/%s.csv (plot: make plots)\n", o->out_dir, name);
     }
     free(table);
 }
@@ -1127,8 +1131,8 @@ static int run_rank(int rank, int world, void *arg) {
     // --- Training, with validation after every epoch.
     train(&model, &corpus, o, &tr, first_epoch, step);
     metrics_close(&tr.csv);
-    pipe_report(&pipe, &model, &dist, o);
-    if (pipe.steps > 0) write_timeline(&pipe, &dist, o);
+    double bubble = pipe_report(&pipe, &model, &dist, o);
+    if (bubble >= 0) write_timeline(&pipe, &dist, o, bubble);
 
     // --- Report: test perplexity, samples (pipeline 0), the saved model (rank 0).
     double test_loss = evaluate(&model, &pipe, &dist, corpus.split[2], corpus.count[2], o->batch_size, o->block_size);
