@@ -28,6 +28,13 @@
 // stage averages its gradients with the same stage of the other pipelines.
 // Snapshots hold the whole model, assembled by rank 0 from the stages: 08
 // resumes a pipelined run's snapshot, and this program resumes 08's.
+//
+// Read it top to bottom, as 08's: options, device, data, then the pipeline
+// (new: the mesh, the messages between stages, the timeline), evaluation,
+// sampling and saving through the pipeline, training (the two schedules),
+// the measurements, snapshots, main. Where it computes: as in 08, on a GPU
+// when there is one (bf16 by default: the activations travel in bf16),
+// else on the CPU; model.h hides the difference.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -361,11 +368,16 @@ static void pipeline_start(pipeline_t *p, model_t *m, int steps) {
              p->stages, p->micro_batches, p->B, p->T, p->gpipe ? "gpipe" : "1f1b", p->replicas);
     for (int s = 0; s < p->stages; s++) {
         gpt_stage st = gpt_stage_of(c, s, p->stages);
-        log_main("  stage %d: blocks %d-%d%s%s: %zu parameters; each step sends %d x %.1f KiB of activations "
-                 "forward, %d x %.1f KiB of gradients back\n", s, st.first, st.last - 1,
-                 st.embedding ? " + wte, wpe" : "", st.head ? " + ln_f, the LM head (wte: a copy of its own)" : "",
-                 gpt_layout_stage_params(c, &st, NULL), st.head ? 0 : p->micro_batches, kib,
-                 st.embedding ? 0 : p->micro_batches, kib);
+        char blocks[32], sends[160] = "";
+        if (st.last - st.first == 1) snprintf(blocks, sizeof blocks, "block %d", st.first);
+        else snprintf(blocks, sizeof blocks, "blocks %d-%d", st.first, st.last - 1);
+        if (!st.head) snprintf(sends, sizeof sends, "%d x %.1f KiB of activations forward", p->micro_batches, kib);
+        if (!st.embedding)
+            snprintf(sends + strlen(sends), sizeof sends - strlen(sends), "%s%d x %.1f KiB of gradients back",
+                     st.head ? "" : ", ", p->micro_batches, kib);
+        log_main("  stage %d: %s%s%s, %zu parameters; a step sends %s\n", s, blocks, st.embedding ? " + wte, wpe" : "",
+                 st.head ? " + ln_f, the LM head (its own copy of wte)" : "", gpt_layout_stage_params(c, &st, NULL),
+                 sends[0] ? sends : "nothing (one stage)");
     }
 }
 

@@ -37,7 +37,7 @@ csv=$runs/bubble.csv
     echo "# $(uptime | sed 's/.*load/load/') at the start | $(date +%Y-%m-%d)"
 } >"$csv"
 echo "=== bench/11_bubble.sh: $stages stages, $steps steps each; load: $(uptime | sed 's/.*load average: //')"
-printf '%-8s %3s %22s %10s %24s\n' schedule M "bubble measured (range)" formula "micro-batches held"
+printf '%-8s %3s %22s %10s   %s\n' schedule M "bubble measured (range)" formula "micro-batches held per stage (activations)"
 for M in 1 2 4 8; do
     for schedule in gpipe 1f1b; do
         out=$work/run.$M.$schedule
@@ -47,9 +47,9 @@ for M in 1 2 4 8; do
             { echo "bench/11_bubble.sh: the run failed:"; tail -n 5 "$out"; exit 1; }
         line=$(grep '^bubble: ' "$out")
         read -r measured low high formula < <(echo "$line" | sed -E 's/.*: ([0-9.]+)% of a step idle.*stages ([0-9.]+)% to ([0-9.]+)%.*= ([0-9.]+)%$/\1 \2 \3 \4/')
-        held=$(sed -nE 's/^  stage [0-9]+: ([0-9]+) micro-batch.*/\1/p' "$out" | paste -sd' ')
-        printf '%-8s %3d %10s%% (%s-%s%%) %9s%% %24s\n' "$schedule" "$M" "$measured" "$low" "$high" "$formula" "$held"
-        echo "$stages,$M,$schedule,$measured,$low,$high,$formula,$held" >>"$csv"
+        held=$(sed -nE 's/^  stage [0-9]+: ([0-9]+) micro-batch\(es\), ([0-9.]+) MiB$/\1 (\2 MiB)/p' "$out" | paste -sd';' | sed 's/;/; /g')
+        printf '%-8s %3d %10s%% (%s-%s%%) %9s%%   %s\n' "$schedule" "$M" "$measured" "$low" "$high" "$formula" "$held"
+        echo "$stages,$M,$schedule,$measured,$low,$high,$formula,\"$held\"" >>"$csv"
     done
 done
 echo "bench/11_bubble.sh: wrote $csv; load at the end: $(uptime | sed 's/.*load average: //')"

@@ -6,7 +6,7 @@
 # section.
 source "$(dirname "$0")/../lib.sh"
 cd "$ROOT" || exit 1
-sources=$(ls common/*.h gpt/*.h gpt/*.cu 0*/*.c 0*/*.h tools/*.c 2>/dev/null)
+sources=$(ls common/*.h gpt/*.h gpt/*.cu [0-9][0-9]_*/*.c [0-9][0-9]_*/*.h tools/*.c 2>/dev/null)
 
 # The course's column: the second cell of each row of those tables.
 table_rows() { awk '/^## (Coming from|From) PyTorch/ { on = 1; next } /^## / { on = 0 } on && /^\| /' "$1"; }

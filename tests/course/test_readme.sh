@@ -150,11 +150,12 @@ run README.md 02_p2p 120 "make -n test" 'tests/run.sh p2p'
 run README.md . 60 "make 04_ddp_spawn" '^built 04_ddp_spawn/04_ddp_spawn; run it from here with \./04_ddp_spawn/04_ddp_spawn'
 exercise README.md . "make check-exercise EX=03/ring_allreduce"
 # Read the diff first: make diffs exits 0 (diff's 1 is not a failure) after
-# the four diffs, 01 -> 04 -> 05 -> 06 -> 07, in that order.
-run README.md . 60 "make diffs" '^\+\+\+ 07_multinode/07_multinode\.c$'
+# the five diffs, 01 -> 04 -> 05 -> 06 -> 07 and 08 -> 11, in that order.
+run README.md . 60 "make diffs" '^\+\+\+ 11_pipeline_parallel/11_pipeline_parallel\.c$'
 order=$(grep '^+++ ' "$TMP/out" | cut -c5- | tr '\n' ' ')
 want="04_ddp_spawn/04_ddp_spawn.c 05_env_launch/05_env_launch.c 06_snapshot_resume/06_snapshot_resume.c 07_multinode/07_multinode.c "
-[[ "$order" == "$want" ]]; verdict $? "README.md: make diffs prints the four diffs in order" "got: $order"
+want+="11_pipeline_parallel/11_pipeline_parallel.c "
+[[ "$order" == "$want" ]]; verdict $? "README.md: make diffs prints the five diffs in order" "got: $order"
 run README.md . 60 "make help"
 # make help: every target of the top Makefile, and every chapter with its line.
 missing=""
@@ -279,6 +280,26 @@ if [[ -n "$wikitext" ]]; then
 else
     for c in "${tok_commands[@]}"; do not_here 08_gpt_wikitext/README.tokenizer.md "$c" "needs a tokenizer trained on WikiText-2, which is not here"; done
 fi
+
+fresh_copy 11_pipeline_parallel/README.md
+run 11_pipeline_parallel/README.md 11_pipeline_parallel 300 "make"
+for schedule in 1f1b gpipe; do
+    c="./11_pipeline_parallel --pp 4 --micro_batches 8 --schedule $schedule --preset tiny --max_steps 50"
+    if [[ -n "$wikitext" ]]; then
+        student+=(WIKITEXT_DIR="$wikitext")
+        run 11_pipeline_parallel/README.md 11_pipeline_parallel 900 "$c" \
+            "^bubble: $schedule, 4 stages x 8 micro-batches: [0-9.]+% of a step idle, measured .*= 27\\.3%$"
+        unset 'student[${#student[@]}-1]'
+    else
+        # Without WikiText-2 the command must say so, and how to get it.
+        covered["11_pipeline_parallel/README.md|$c"]=1
+        (cd "$course/11_pipeline_parallel" && timeout -k 5 60 "${student[@]}" $c) >"$TMP/out" 2>&1; status=$?
+        [[ $status -ne 0 && $status -ne 124 ]] && grep -q "error: WikiText-2 not found: .*make data" "$TMP/out"
+        verdict $? "11_pipeline_parallel/README.md: $c (no WikiText-2 here: an error line that says make data)" \
+            "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
+    fi
+done
+exercise 11_pipeline_parallel/README.md 11_pipeline_parallel "make check-exercise EX=11/one_f_one_b"
 
 fresh_copy tools/README.md
 run tools/README.md tools 120 "make ddprun && make -C ../05_env_launch"
