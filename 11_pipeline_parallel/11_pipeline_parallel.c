@@ -400,7 +400,8 @@ static void pipe_record(pipeline_t *p, char kind, int micro, double start) {
 // model allocates for them - are the micro-batches it held at once.
 static void pipe_take_slot(pipeline_t *p, int i) {
     int k = 0;
-    while (p->slot_busy[k]) k++;
+    while (k < p->micro_batches && p->slot_busy[k]) k++;
+    if (k == p->micro_batches) die("pipeline: micro-batch %d finds no free activation slot", i);
     p->slot_busy[k] = true, p->slot_of[i] = k;
     if (k + 1 > p->slots_used) p->slots_used = k + 1;
 }
