@@ -132,6 +132,27 @@ const char *gpt_cuda_attention(const gpt_cuda_t *g);
 size_t gpt_cuda_allocated_bytes(const gpt_cuda_t *g);
 size_t gpt_cuda_device_used_bytes(void);
 
+// ---------------------------------------------------------------- tensor parallelism (chapter 10)
+// A model that holds one rank's shard of each block, split over tp ranks
+// (gpt_layout.h, section 5): params_host is the shard's flat array
+// (gpt_layout_params_tp), and every buffer is sized for the shard. tp 1 is
+// gpt_cuda_create.
+gpt_cuda_t *gpt_cuda_create_tp(const gpt_config *cfg, int tp, const float *params_host, int B, int T, bool bf16);
+int gpt_cuda_tp(const gpt_cuda_t *g);
+
+// The sums over the tp ranks that a shard's blocks need: the caller's
+// all-reduce (sum, in place) of count numbers of `type` in device memory,
+// which the work queued on `stream` so far computes. When it returns, the
+// sum must be in buf for the work queued next on `stream`.
+typedef enum { GPT_CUDA_F32, GPT_CUDA_BF16, GPT_CUDA_F64 } gpt_cuda_type;
+typedef void (*gpt_cuda_tp_fn)(void *user, void *buf, size_t count, gpt_cuda_type type, cudaStream_t stream);
+void gpt_cuda_set_tp_all_reduce(gpt_cuda_t *g, gpt_cuda_tp_fn fn, void *user);
+
+// gpt_cuda_clip_grad_norm for a shard: the norm of the whole model (the
+// split tensors' squares summed over the tp ranks with the all-reduce
+// above, the replicated ones counted once). With tp 1, gpt_cuda_clip_grad_norm.
+void gpt_cuda_clip_grad_norm_tp(gpt_cuda_t *g, float max_norm);
+
 // ---------------------------------------------------------------- one layer at a time, for the parity tests
 // Each takes host float arrays, runs the layer's forward then backward on
 // the GPU in the chosen precision (bf16: inputs rounded to bf16 on the

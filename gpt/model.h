@@ -69,6 +69,9 @@ struct model {
     int loss_count;
     struct gpt_cuda *gpu;   // GPU runs: the model on the device
     pg_t *averaging;        // GPU runs, during backward: the group the buckets are averaged over
+    pg_t *tp_group;         // tensor parallelism (chapter 10): the ranks the blocks are split over
+    double tp_bytes;        // what the blocks all-reduced over tp_group so far: bytes
+    double tp_numbers;      // and numbers
 };
 
 static inline const model_ops *model_cpu_ops(void);
@@ -165,6 +168,104 @@ static inline void model_generate(model_t *m, uint16_t *tokens, int len, int tot
     free(scratch);
 }
 
+// ---------------------------------------------------------------- tensor parallelism (chapter 10)
+//
+// A model whose host copy is one rank's shard of each block (gpt_init_shard:
+// m->host.tp > 1) computes its blocks with the other ranks of `tp`: the
+// model calls back here for each sum over them (gpt.h, section 9; the
+// paper's f and g), and here they become a blocking pg_all_reduce on the
+// tp group. On a GPU the callback first waits for the model's stream, since
+// the partial sums are computed there: while the numbers travel, the GPU
+// waits (gpt_cuda.cu, section 9, says what that costs and what Megatron does
+// about it). The gradient norm of clipping adds up over the group too.
+static inline void model_tp_count(model_t *m, size_t count, dtype_t t) {
+    m->tp_bytes += (double)count * (double)dtype_size(t);
+    m->tp_numbers += (double)count;
+}
+
+static inline void model_tp_sum_cpu(void *user, gpt_real *buf, size_t count) {
+    model_t *m = user;
+    pg_all_reduce(m->tp_group, buf, buf, count, DTYPE_F32, OP_SUM);
+    model_tp_count(m, count, DTYPE_F32);
+}
+
+static inline void model_tp_sum_norm(void *user, double *value) {
+    model_t *m = user;
+    pg_all_reduce(m->tp_group, value, value, 1, DTYPE_F64, OP_SUM);
+}
+
+#ifdef COURSE_CUDA
+static inline void model_tp_sum_gpu(void *user, void *buf, size_t count, gpt_cuda_type type, cudaStream_t stream) {
+    model_t *m = user;
+    dtype_t t = type == GPT_CUDA_BF16 ? DTYPE_BF16 : type == GPT_CUDA_F64 ? DTYPE_F64 : DTYPE_F32;
+    CHECK_CUDA(cudaStreamSynchronize(stream)); // the partial sums are on the GPU now
+    pg_all_reduce(m->tp_group, buf, buf, count, t, OP_SUM);
+    if (type != GPT_CUDA_F64) model_tp_count(m, count, t); // the gradient norm's one double is not counted
+}
+#endif
+
+// The model is a shard (m->host.tp ranks) and `tp` is the group of its
+// ranks, in the order of their shards (shard r: rank r of the group).
+static inline void model_tensor_parallel(model_t *m, pg_t *tp) {
+    if (gpt_tp_ways(m->host.tp) != pg_world_size(tp))
+        die("the model is split over %d ranks but the tp group has %d", gpt_tp_ways(m->host.tp), pg_world_size(tp));
+    m->tp_group = tp;
+    m->host.tp_all_reduce = model_tp_sum_cpu, m->host.tp_user = m;
+#ifdef COURSE_CUDA
+    if (m->on_gpu) gpt_cuda_set_tp_all_reduce(m->gpu, model_tp_sum_gpu, m);
+#endif
+}
+
+// The replicated tensors' gradients, the same bytes on every rank of the
+// tp group. Every rank computes them from the same numbers, and the CPU
+// model adds in a fixed order: they are equal already, and this does
+// nothing (chapter 10's check_replicas proves it). A GPU adds some of them
+// with atomics (gpt_cuda.cu, column_add; the embeddings' backward), in an
+// order that varies from run to run and from GPU to GPU: their last bits
+// can differ between the ranks, and the copies of a replicated tensor
+// would drift apart step by step. So on a GPU every rank takes tp rank
+// 0's: one broadcast per run of adjacent replicated tensors, (V+T)C + 6LC
+// + 2C numbers per step in all. Call it once the gradients are final.
+static inline void model_tp_agree(model_t *m) {
+    if (!m->tp_group || !m->on_gpu || pg_world_size(m->tp_group) == 1) return;
+#ifdef COURSE_CUDA
+    float *grads = gpt_cuda_grads_device(m->gpu);
+    const gpt_t *h = &m->host;
+    CHECK_CUDA(cudaStreamSynchronize(gpt_cuda_stream(m->gpu))); // the backward pass has computed them
+    for (int t = 0; t < h->num_tensors;) {
+        if (h->tensors[t].split != GPT_REPLICATED) {
+            t++;
+            continue;
+        }
+        size_t first = h->tensors[t].offset, count = 0;
+        for (; t < h->num_tensors && h->tensors[t].split == GPT_REPLICATED; t++) count += h->tensors[t].count;
+        pg_broadcast(m->tp_group, grads + first, count, DTYPE_F32, 0);
+    }
+#endif
+}
+
+// The gradients of the last backward pass (and averaging), in m->host.grads.
+static inline const gpt_real *model_grads_to_host(model_t *m) {
+#ifdef COURSE_CUDA
+    if (m->on_gpu) gpt_cuda_get_grads(m->gpu, m->host.grads);
+#endif
+    return m->host.grads;
+}
+
+// What the model holds besides its training state, in *bytes, and what
+// that is: on the CPU the buffers of the activations and of their
+// gradients; on a GPU everything the model allocated there.
+static inline const char *model_activation_bytes(const model_t *m, size_t *bytes) {
+#ifdef COURSE_CUDA
+    if (m->on_gpu) {
+        *bytes = gpt_cuda_allocated_bytes(m->gpu);
+        return "every buffer: state, activations, logits, scratch; measured by the model as it allocated them";
+    }
+#endif
+    *bytes = (m->host.acts_capacity + m->host.grads_capacity) * sizeof(gpt_real);
+    return "measured: the model's buffers for a batch";
+}
+
 // ---------------------------------------------------------------- the CPU model (gpt.h)
 
 static inline float model_cpu_forward(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T, bool wait) {
@@ -192,7 +293,12 @@ static inline void model_cpu_average_gradients(model_t *m, pg_t *pg) {
     ddp_average_gradients(pg, m->host.grads, m->host.num_params);
 }
 
-static inline void model_cpu_clip_grad_norm(model_t *m, float max_norm) { gpt_clip_grad_norm(&m->host, max_norm); }
+static inline void model_tp_sum_norm(void *user, double *value);
+
+static inline void model_cpu_clip_grad_norm(model_t *m, float max_norm) {
+    if (m->tp_group) gpt_clip_grad_norm_tp(&m->host, max_norm, model_tp_sum_norm, m);
+    else gpt_clip_grad_norm(&m->host, max_norm);
+}
 
 static inline void model_cpu_adamw(model_t *m, float lr, float beta1, float beta2, float eps, float weight_decay) {
     gpt_adamw_step(&m->host, lr, beta1, beta2, eps, weight_decay);
@@ -220,7 +326,7 @@ static inline const model_ops *model_cpu_ops(void) {
 // the file that asks.
 #ifdef COURSE_CUDA
 static inline void model_gpu_create(model_t *m, int B, int T) {
-    m->gpu = gpt_cuda_create(&m->host.cfg, m->host.params, B, T, m->bf16);
+    m->gpu = gpt_cuda_create_tp(&m->host.cfg, gpt_tp_ways(m->host.tp), m->host.params, B, T, m->bf16);
 }
 
 static inline float model_gpu_forward(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T, bool wait) {
@@ -248,7 +354,10 @@ static inline void model_gpu_average_gradients(model_t *m, pg_t *pg) {
     ddp_finish_gradients(pg, gpt_cuda_grads_device(m->gpu));
 }
 
-static inline void model_gpu_clip_grad_norm(model_t *m, float max_norm) { gpt_cuda_clip_grad_norm(m->gpu, max_norm); }
+static inline void model_gpu_clip_grad_norm(model_t *m, float max_norm) {
+    if (m->tp_group) gpt_cuda_clip_grad_norm_tp(m->gpu, max_norm);
+    else gpt_cuda_clip_grad_norm(m->gpu, max_norm);
+}
 
 static inline void model_gpu_adamw(model_t *m, float lr, float beta1, float beta2, float eps, float weight_decay) {
     gpt_cuda_adamw(m->gpu, lr, beta1, beta2, eps, weight_decay);
