@@ -92,6 +92,8 @@ starter 07/global_rank "global_rank\(node 1, local rank 0\) = 0, expected 2 .*th
 solution 07/global_rank
 starter 08/layernorm_backward "dinp\[row 0, channel 0\]: got 0.5, .*dinp was not changed at all"
 solution 08/layernorm_backward
+starter 10/row_parallel "1 rank\(s\): out\[row 0, output 0\] on rank 0: got 777, .*out was never written"
+solution 10/row_parallel
 
 # The CUDA exercise: checked on a GPU; elsewhere compiled (CUDA build) or not
 # even that (CPU-only build), and skipped with the reason the check gives.
@@ -273,6 +275,47 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
 }
 EOF
 broken 08/layernorm_backward "an overwritten dinp" "$TMP/layernorm_backward.c" "it REPLACED dinp's old contents: add it"
+
+# The bias added on every rank before the sum: it counts once per rank.
+if $have_solutions; then
+    sed -e 's/out\[n \* OC + o\] = s;/out[n * OC + o] = s + bias[o];/' -e 's/out\[n \* OC + o\] += bias\[o\];/out[n * OC + o] += 0;/' \
+        "$ROOT/solutions/10_tensor_parallel/row_parallel.c" >"$TMP/row_parallel.c"
+    broken 10/row_parallel "a bias added before the sum" "$TMP/row_parallel.c" \
+        "2 rank\(s\): out\[row 0, output 0\] on rank 0: got .*the bias was added on every rank BEFORE the sum"
+else skip "exercises: 10/row_parallel catches a bias added before the sum" "solutions/ is absent (the broken version is made from it)"; fi
+# An all-reduce in the backward pass, where nothing needs one.
+cat >"$TMP/row_parallel.c" <<'EOF'
+#include "exercises.h"
+void row_parallel_forward(pg_t *tp, float *out, const float *inp, const float *weight, const float *bias, int N,
+                          int Ks, int OC) {
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            float s = 0;
+            for (int k = 0; k < Ks; k++) s += inp[n * Ks + k] * weight[o * Ks + k];
+            out[n * OC + o] = s;
+        }
+    pg_all_reduce(tp, out, out, (size_t)N * OC, DTYPE_F32, OP_SUM);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) out[n * OC + o] += bias[o];
+}
+void row_parallel_backward(pg_t *tp, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                           const float *weight, int N, int Ks, int OC) {
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < Ks; k++) {
+            float s = 0;
+            for (int o = 0; o < OC; o++) s += dout[n * OC + o] * weight[o * Ks + k];
+            dinp[n * Ks + k] = s;
+        }
+    pg_all_reduce(tp, dinp, dinp, (size_t)N * Ks, DTYPE_F32, OP_SUM);   /* as if dx were a sum over the ranks */
+    for (int o = 0; o < OC; o++)
+        for (int k = 0; k < Ks; k++)
+            for (int n = 0; n < N; n++) dweight[o * Ks + k] += dout[n * OC + o] * inp[n * Ks + k];
+    for (int o = 0; o < OC; o++)
+        for (int n = 0; n < N; n++) dbias[o] += dout[n * OC + o];
+}
+EOF
+broken 10/row_parallel "an input gradient summed over the ranks" "$TMP/row_parallel.c" \
+    "dinp\[row 0, channel 0\] on rank 0: got .*dinp was summed over the ranks"
 
 # ---------------------------------------------------------------- the tool itself
 run_capture 30 "$TMP/bad_name" "$check_ex" 03/no_such_exercise; status=$?
