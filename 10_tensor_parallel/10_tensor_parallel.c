@@ -1,33 +1,55 @@
 // 10_tensor_parallel.c - Chapter 10: tensor parallelism, combined with data parallelism.
 //
-// Chapter 08's GPT and its training program, with one more idea: each
-// transformer block is SPLIT over --tp ranks, as Megatron-LM does it
-// (Shoeybi et al., 2019). Data parallelism gives every rank the whole
-// model and a share of the batch; tensor parallelism gives every rank a
-// share of the model - its own attention heads and its own part of the
-// MLP - and the whole batch of its group: the ranks of a tp group compute
-// each block TOGETHER, adding up their partial results with an all-reduce
-// inside the forward and the backward pass. Read the diff against chapter
-// 08 first (make diffs): what changes is only
-//   1. the ranks are laid out as a mesh of --dp x --tp (common/mesh.h,
+// Chapter 08's program - it
+//   1. finds WikiText-2 (wikitext.h) and checks it,
+//   2. trains a byte-level BPE tokenizer on the training text, or loads the
+//      one it trained before (bpe.h), and encodes the three splits,
+//   3. trains a GPT (gpt.h) with AdamW, a warm-up + cosine learning rate,
+//      gradient clipping and optional gradient accumulation,
+//   4. measures the validation loss and perplexity on the whole validation
+//      split after every epoch (and every --eval_every steps), the test
+//      perplexity at the end,
+//   5. samples a few continuations of a prompt, and saves the model as
+//      safetensors with the tokenizer beside it, which --generate reloads -
+// with one more idea: each transformer block is SPLIT over --tp ranks, as
+// Megatron-LM does it (Shoeybi et al., 2019). Data parallelism gives every
+// rank the whole model and a share of the batch; tensor parallelism gives
+// every rank a share of the model - its own attention heads and its own
+// part of the MLP - and the whole batch of its group: the ranks of a tp
+// group compute each block TOGETHER, adding up their partial results with
+// all-reduces inside the forward and the backward pass. What changes:
+//   a. the ranks are laid out as a mesh of --dp x --tp (common/mesh.h,
 //      init_device_mesh): a tp group holds consecutive ranks, the ranks of
 //      one machine, whose links are the fastest (README.md says why);
-//   2. every rank builds the whole model from the seed, as in 08, and keeps
+//   b. every rank builds the whole model from the seed, as in 08, and keeps
 //      its shard (gpt_init_shard; gpt_layout.h, section 5: which rows or
 //      columns of each matrix); the model calls back for the all-reduces
 //      over the tp group (model_tensor_parallel; gpt.h, section 9);
-//   3. data parallelism runs over the dp group only: the sampler splits the
+//   c. data parallelism runs over the dp group only: the sampler splits the
 //      data over dp, the gradients are averaged over dp; the ranks of a tp
 //      group see the same data;
-//   4. the gradient norm adds up the shards' squares over tp;
-//   5. snapshots and the saved model hold the WHOLE model, gathered from
+//   d. the gradient norm adds up the shards' squares over tp;
+//   e. snapshots and the saved model hold the WHOLE model, gathered from
 //      the shards, so chapter 08 loads it and samples, and a run resumes
 //      with another --tp;
-//   6. what each rank holds and sends is printed beside the formulas, and
-//      the replicated tensors are checked to be the same bytes on every rank.
+//   f. what each rank holds and sends is printed beside the formulas, and
+//      the replicas are checked to be the same bytes where they must be.
 //
-// --dp M --tp N starts M x N ranks itself (or ddprun / mpirun starts them);
-// --tp 1 is chapter 08's data parallelism, and --dp 1 --tp 1 one process.
+// Read it top to bottom: options, device, the mesh, data, model, training
+// loop, evaluation, sampling, saving. The model itself, layer by layer, is
+// in ../gpt/gpt.h: the GPT, its tokenizer and its data live in ../gpt/,
+// which chapters 08-11 share.
+//
+// Where it computes: on a GPU when there is one (gpt_cuda.cu: our kernels
+// and cuBLAS, in bf16 mixed precision by default), else on the CPU
+// (gpt.h); model.h hides the difference, and everything else - data,
+// sampler, snapshots, samples, the printed lines - is the same on both.
+//
+// --dp M --tp N spawns M x N ranks, or ddprun (or mpirun) starts them;
+// --tp 1 is chapter 08's data parallelism, --dp 1 --tp 1 one process. With
+// --snapshot_path, the ranks of replica 0 gather a resumable snapshot
+// (common/snapshot.h) every --save_every epochs, and a restarted run goes
+// on from it.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -811,11 +833,12 @@ static void report_memory_and_traffic(model_t *m, const trainer_t *tr, const opt
                  acts * sizeof(gpt_real) / 1048576);
     else
         log_main("per rank: the GPU model's buffers %.2f MiB (%s)\n", (double)held / 1048576, where);
-    double numbers = 4 * L * N * C * o->grad_accum;
+    double numbers = tp > 1 ? 4 * L * N * C * o->grad_accum : 0, dp = tr->par->dp_size;
     log_main("per rank and step: tp all-reduces of %.0f numbers (%.2f MiB) measured; formula 4 x L x B x T x C x "
-             "grad_accum = %.0f; dp all-reduce of the shard's gradients %zu numbers (%.2f MiB); a ring all-reduce "
-             "sends 2(n-1)/n of what it sums from every rank\n", tr->tp_numbers_per_step,
-             tr->tp_bytes_per_step / 1048576, numbers, h->num_params, 4.0 * (double)h->num_params / 1048576);
+             "grad_accum (0 with tp 1) = %.0f; dp all-reduce of the shard's gradients %.0f numbers (%.2f MiB; 0 with "
+             "dp 1); a ring all-reduce sends 2(n-1)/n of what it sums from every rank\n", tr->tp_numbers_per_step,
+             tr->tp_bytes_per_step / 1048576, numbers, dp > 1 ? (double)h->num_params : 0,
+             dp > 1 ? 4.0 * (double)h->num_params / 1048576 : 0);
 }
 
 // ===================================================================== main

@@ -194,15 +194,12 @@ static inline void model_tp_sum_norm(void *user, double *value) {
     pg_all_reduce(m->tp_group, value, value, 1, DTYPE_F64, OP_SUM);
 }
 
-#ifdef COURSE_CUDA
-static inline void model_tp_sum_gpu(void *user, void *buf, size_t count, gpt_cuda_type type, cudaStream_t stream) {
-    model_t *m = user;
-    dtype_t t = type == GPT_CUDA_BF16 ? DTYPE_BF16 : type == GPT_CUDA_F64 ? DTYPE_F64 : DTYPE_F32;
-    CHECK_CUDA(cudaStreamSynchronize(stream)); // the partial sums are on the GPU now
-    pg_all_reduce(m->tp_group, buf, buf, count, t, OP_SUM);
-    if (type != GPT_CUDA_F64) model_tp_count(m, count, t); // the gradient norm's one double is not counted
-}
-#endif
+// The GPU's side of these (the GPU section below; in a CPU-only build no
+// model is on a GPU, and they are never called).
+static inline void model_gpu_tensor_parallel(model_t *m);
+static inline void model_gpu_tp_agree(model_t *m);
+static inline void model_gpu_grads_to_host(model_t *m);
+static inline size_t model_gpu_allocated_bytes(const model_t *m);
 
 // The model is a shard (m->host.tp ranks) and `tp` is the group of its
 // ranks, in the order of their shards (shard r: rank r of the group).
@@ -211,9 +208,7 @@ static inline void model_tensor_parallel(model_t *m, pg_t *tp) {
         die("the model is split over %d ranks but the tp group has %d", gpt_tp_ways(m->host.tp), pg_world_size(tp));
     m->tp_group = tp;
     m->host.tp_all_reduce = model_tp_sum_cpu, m->host.tp_user = m;
-#ifdef COURSE_CUDA
-    if (m->on_gpu) gpt_cuda_set_tp_all_reduce(m->gpu, model_tp_sum_gpu, m);
-#endif
+    if (m->on_gpu) model_gpu_tensor_parallel(m);
 }
 
 // The replicated tensors' gradients, the same bytes on every rank of the
@@ -227,28 +222,12 @@ static inline void model_tensor_parallel(model_t *m, pg_t *tp) {
 // 0's: one broadcast per run of adjacent replicated tensors, (V+T)C + 6LC
 // + 2C numbers per step in all. Call it once the gradients are final.
 static inline void model_tp_agree(model_t *m) {
-    if (!m->tp_group || !m->on_gpu || pg_world_size(m->tp_group) == 1) return;
-#ifdef COURSE_CUDA
-    float *grads = gpt_cuda_grads_device(m->gpu);
-    const gpt_t *h = &m->host;
-    CHECK_CUDA(cudaStreamSynchronize(gpt_cuda_stream(m->gpu))); // the backward pass has computed them
-    for (int t = 0; t < h->num_tensors;) {
-        if (h->tensors[t].split != GPT_REPLICATED) {
-            t++;
-            continue;
-        }
-        size_t first = h->tensors[t].offset, count = 0;
-        for (; t < h->num_tensors && h->tensors[t].split == GPT_REPLICATED; t++) count += h->tensors[t].count;
-        pg_broadcast(m->tp_group, grads + first, count, DTYPE_F32, 0);
-    }
-#endif
+    if (m->tp_group && m->on_gpu && pg_world_size(m->tp_group) > 1) model_gpu_tp_agree(m);
 }
 
 // The gradients of the last backward pass (and averaging), in m->host.grads.
 static inline const gpt_real *model_grads_to_host(model_t *m) {
-#ifdef COURSE_CUDA
-    if (m->on_gpu) gpt_cuda_get_grads(m->gpu, m->host.grads);
-#endif
+    if (m->on_gpu) model_gpu_grads_to_host(m);
     return m->host.grads;
 }
 
@@ -256,12 +235,10 @@ static inline const gpt_real *model_grads_to_host(model_t *m) {
 // that is: on the CPU the buffers of the activations and of their
 // gradients; on a GPU everything the model allocated there.
 static inline const char *model_activation_bytes(const model_t *m, size_t *bytes) {
-#ifdef COURSE_CUDA
     if (m->on_gpu) {
-        *bytes = gpt_cuda_allocated_bytes(m->gpu);
+        *bytes = model_gpu_allocated_bytes(m);
         return "every buffer: state, activations, logits, scratch; measured by the model as it allocated them";
     }
-#endif
     *bytes = (m->host.acts_capacity + m->host.grads_capacity) * sizeof(gpt_real);
     return "measured: the model's buffers for a batch";
 }
@@ -393,8 +370,41 @@ static inline const model_ops *model_gpu_ops(void) {
                                   model_gpu_to_host, model_gpu_to_device, model_gpu_logits, model_gpu_free};
     return &ops;
 }
+
+// Tensor parallelism on a GPU: the blocks' sums over the tp group, after
+// the model's stream has computed the partial sums.
+static inline void model_tp_sum_gpu(void *user, void *buf, size_t count, gpt_cuda_type type, cudaStream_t stream) {
+    model_t *m = user;
+    dtype_t t = type == GPT_CUDA_BF16 ? DTYPE_BF16 : type == GPT_CUDA_F64 ? DTYPE_F64 : DTYPE_F32;
+    CHECK_CUDA(cudaStreamSynchronize(stream)); // the partial sums are on the GPU now
+    pg_all_reduce(m->tp_group, buf, buf, count, t, OP_SUM);
+    if (type != GPT_CUDA_F64) model_tp_count(m, count, t); // the gradient norm's one double is not counted
+}
+
+static inline void model_gpu_tensor_parallel(model_t *m) { gpt_cuda_set_tp_all_reduce(m->gpu, model_tp_sum_gpu, m); }
+static inline void model_gpu_grads_to_host(model_t *m) { gpt_cuda_get_grads(m->gpu, m->host.grads); }
+static inline size_t model_gpu_allocated_bytes(const model_t *m) { return gpt_cuda_allocated_bytes(m->gpu); }
+
+static inline void model_gpu_tp_agree(model_t *m) {
+    float *grads = gpt_cuda_grads_device(m->gpu);
+    const gpt_t *h = &m->host;
+    CHECK_CUDA(cudaStreamSynchronize(gpt_cuda_stream(m->gpu))); // the backward pass has computed them
+    for (int t = 0; t < h->num_tensors;) {
+        if (h->tensors[t].split != GPT_REPLICATED) {
+            t++;
+            continue;
+        }
+        size_t first = h->tensors[t].offset, count = 0;
+        for (; t < h->num_tensors && h->tensors[t].split == GPT_REPLICATED; t++) count += h->tensors[t].count;
+        pg_broadcast(m->tp_group, grads + first, count, DTYPE_F32, 0);
+    }
+}
 #else
 static inline const model_ops *model_gpu_ops(void) { return NULL; }
+static inline void model_gpu_tensor_parallel(model_t *m) { (void)m; }
+static inline void model_gpu_tp_agree(model_t *m) { (void)m; }
+static inline void model_gpu_grads_to_host(model_t *m) { (void)m; }
+static inline size_t model_gpu_allocated_bytes(const model_t *m) { (void)m; return 0; }
 #endif
 
 #endif

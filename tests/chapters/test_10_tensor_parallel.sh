@@ -14,16 +14,8 @@ ddprun="$ROOT/tools/ddprun"
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_PORT COURSE_BACKEND
 export OMP_NUM_THREADS=1
 
-# The small corpus of test_08_gpt_ddp.sh (no real data needed).
-awk -v dir="$TMP/corpus" 'BEGIN { system("mkdir -p " dir); srand(11)
-    split("the a one every some my your this that no", D, " "); split("cat dog bird river city king song train", N, " ")
-    split("sees likes finds eats builds sings", V, " ")
-    for (f = 1; f <= 3; f++) {
-        file = dir "/" (f == 1 ? "train.txt" : f == 2 ? "valid.txt" : "test.txt")
-        for (i = 0; i < (f == 1 ? 2000 : 200); i++) {
-            if (i % 40 == 0) printf " \n = Article %d = \n \n", i > file
-            printf " %s %s %s %s %s . \n", D[int(rand() * 10) + 1], N[int(rand() * 8) + 1], V[int(rand() * 6) + 1],
-                D[int(rand() * 10) + 1], N[int(rand() * 8) + 1] > file } } }'
+# A small corpus in WikiText's layout (tests/lib.sh; no real data needed).
+gpt_corpus "$TMP/corpus"
 common=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000)
 cpu=("${common[@]}" --device cpu)
 l2() { sed -n 's/.*l2 norm \([0-9.e+-]*\).*/\1/p' "$1" | tail -n 1; }
@@ -75,7 +67,7 @@ else fail "tp: the mesh is printed, rank -> (dp, tp), tp fastest" "$(grep -A5 '^
 # over tp per step).
 params=$(sed -n 's/^per rank: parameters \([0-9]*\) numbers; formula .* = \([0-9]*\);.*/\1 \2/p' "$TMP/mesh")
 acts=$(sed -n 's/^per rank: activations and their gradients \([0-9.]*\) MiB (measured.* = \([0-9.]*\) MiB$/\1 \2/p' "$TMP/mesh")
-traffic=$(sed -n 's/^per rank and step: tp all-reduces of \([0-9]*\) numbers .* grad_accum = \([0-9]*\);.*/\1 \2/p' "$TMP/mesh")
+traffic=$(sed -n 's/^per rank and step: tp all-reduces of \([0-9]*\) numbers .* = \([0-9]*\); dp all-reduce .*/\1 \2/p' "$TMP/mesh")
 set -- $params $acts $traffic
 if [[ $# -eq 6 && $1 == "$2" && $3 == "$4" && $5 == "$6" && $5 -eq 65536 ]]; then
     pass "tp: per rank, parameters ($1), activations ($3 MiB) and numbers all-reduced per step ($5) equal the formulas"

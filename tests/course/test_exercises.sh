@@ -284,38 +284,13 @@ if $have_solutions; then
         "2 rank\(s\): out\[row 0, output 0\] on rank 0: got .*the bias was added on every rank BEFORE the sum"
 else skip "exercises: 10/row_parallel catches a bias added before the sum" "solutions/ is absent (the broken version is made from it)"; fi
 # An all-reduce in the backward pass, where nothing needs one.
-cat >"$TMP/row_parallel.c" <<'EOF'
-#include "exercises.h"
-void row_parallel_forward(pg_t *tp, float *out, const float *inp, const float *weight, const float *bias, int N,
-                          int Ks, int OC) {
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) {
-            float s = 0;
-            for (int k = 0; k < Ks; k++) s += inp[n * Ks + k] * weight[o * Ks + k];
-            out[n * OC + o] = s;
-        }
-    pg_all_reduce(tp, out, out, (size_t)N * OC, DTYPE_F32, OP_SUM);
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) out[n * OC + o] += bias[o];
-}
-void row_parallel_backward(pg_t *tp, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                           const float *weight, int N, int Ks, int OC) {
-    for (int n = 0; n < N; n++)
-        for (int k = 0; k < Ks; k++) {
-            float s = 0;
-            for (int o = 0; o < OC; o++) s += dout[n * OC + o] * weight[o * Ks + k];
-            dinp[n * Ks + k] = s;
-        }
-    pg_all_reduce(tp, dinp, dinp, (size_t)N * Ks, DTYPE_F32, OP_SUM);   /* as if dx were a sum over the ranks */
-    for (int o = 0; o < OC; o++)
-        for (int k = 0; k < Ks; k++)
-            for (int n = 0; n < N; n++) dweight[o * Ks + k] += dout[n * OC + o] * inp[n * Ks + k];
-    for (int o = 0; o < OC; o++)
-        for (int n = 0; n < N; n++) dbias[o] += dout[n * OC + o];
-}
-EOF
-broken 10/row_parallel "an input gradient summed over the ranks" "$TMP/row_parallel.c" \
-    "dinp\[row 0, channel 0\] on rank 0: got .*dinp was summed over the ranks"
+if $have_solutions; then
+    awk '/^    \(void\)tp;$/ { next } { print } /dinp\[n \* Ks \+ k\] = s;/ { getline; print
+         print "    pg_all_reduce(tp, dinp, dinp, (size_t)N * Ks, DTYPE_F32, OP_SUM);" }' \
+        "$ROOT/solutions/10_tensor_parallel/row_parallel.c" >"$TMP/row_parallel.c"
+    broken 10/row_parallel "an input gradient summed over the ranks" "$TMP/row_parallel.c" \
+        "dinp\[row 0, channel 0\] on rank 0: got .*dinp was summed over the ranks"
+else skip "exercises: 10/row_parallel catches an input gradient summed over the ranks" "solutions/ is absent (the broken version is made from it)"; fi
 
 # ---------------------------------------------------------------- the tool itself
 run_capture 30 "$TMP/bad_name" "$check_ex" 03/no_such_exercise; status=$?

@@ -283,6 +283,32 @@ else
     for c in "${tok_commands[@]}"; do not_here 08_gpt_wikitext/README.tokenizer.md "$c" "needs a tokenizer trained on WikiText-2, which is not here"; done
 fi
 
+fresh_copy 10_tensor_parallel/README.md
+run 10_tensor_parallel/README.md 10_tensor_parallel 300 "make 10_tensor_parallel"
+if [[ -n "$wikitext" ]]; then
+    student+=(WIKITEXT_DIR="$wikitext")
+    run 10_tensor_parallel/README.md 10_tensor_parallel 600 "./10_tensor_parallel --dp 2 --tp 2 --preset tiny --max_steps 50" \
+        '^mesh: dp 2 x tp 2 \(4 ranks'
+    mesh_valid=$(sed -n 's/^validation after step 50 .*: loss \([0-9.]*\) .*/\1/p' "$TMP/out")
+    run 10_tensor_parallel/README.md 10_tensor_parallel 600 "./10_tensor_parallel --preset tiny --max_steps 50 --batch_size 16" '^test: loss '
+    one_valid=$(sed -n 's/^validation after step 50 .*: loss \([0-9.]*\) .*/\1/p' "$TMP/out")
+    if [[ -n "$mesh_valid" && "$mesh_valid" == "$one_valid" ]]; then
+        pass "10_tensor_parallel/README.md: dp 2 x tp 2 and one process end with the same validation loss ($one_valid)"
+    else fail "10_tensor_parallel/README.md: dp 2 x tp 2 and one process end with the same validation loss" "'$mesh_valid' vs '$one_valid'"; fi
+    run 10_tensor_parallel/README.md 10_tensor_parallel 120 './10_tensor_parallel --generate --prompt "The king"' '^--- sample 1 '
+    unset 'student[${#student[@]}-1]'
+else
+    covered["10_tensor_parallel/README.md|./10_tensor_parallel --dp 2 --tp 2 --preset tiny --max_steps 50"]=1
+    (cd "$course/10_tensor_parallel" && timeout -k 5 60 "${student[@]}" ./10_tensor_parallel --dp 2 --tp 2 --preset tiny --max_steps 50) \
+        >"$TMP/out" 2>&1; status=$?
+    if [[ $status -ne 0 ]] && grep -q "error: WikiText-2 not found: .*make data" "$TMP/out"; then
+        pass "10_tensor_parallel/README.md: ./10_tensor_parallel --dp 2 --tp 2 --preset tiny --max_steps 50 (no WikiText-2 here: an error that says make data)"
+    else fail "10_tensor_parallel/README.md: ./10_tensor_parallel --dp 2 --tp 2 ..." "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+    not_here 10_tensor_parallel/README.md "./10_tensor_parallel --preset tiny --max_steps 50 --batch_size 16" "needs WikiText-2, which is not here"
+    not_here 10_tensor_parallel/README.md './10_tensor_parallel --generate --prompt "The king"' "needs the model of a run on WikiText-2, which is not here"
+fi
+exercise 10_tensor_parallel/README.md 10_tensor_parallel "make check-exercise EX=10/row_parallel"
+
 fresh_copy tools/README.md
 run tools/README.md tools 120 "make ddprun && make -C ../05_env_launch"
 run tools/README.md tools 120 "./ddprun --standalone --nproc_per_node=4 ../05_env_launch/05_env_launch --epochs 2" '^\[rank 0\]: final weight'
