@@ -19,8 +19,8 @@ for readme in README.md [0-9][0-9]_*/README.md; do
     done < <(table_rows "$readme" | awk -F'|' '{ print $3 }' | grep -o '`[^`]*`' | tr -d '`' | sed 's/[a-z_/]*\.[ch]\b//g' |
              grep -oE '\b(pg|ddp|dist|sampler|snapshot|launch_env|device|rendezvous|spawn|log|rng|model|linreg|mesh|gpt)_[a-z_]+|\bspawn\b|\bOP_[A-Z]+' | sort -u)
 done
-if [[ $named -ge 30 && -z "$missing" ]]; then pass "pytorch_map: the $named course names in the PyTorch tables are all defined in the sources"
-else fail "pytorch_map: the course names in the PyTorch tables are defined in the sources" "$named names; not found:$missing"; fi
+[[ $named -ge 30 && -z "$missing" ]]
+verdict $? "pytorch_map: the $named course names in the PyTorch tables are all defined in the sources" "$named names; not found:$missing"
 
 # Links in every Markdown file of the course (READMEs, the measurements and
 # troubleshooting files beside them): a relative link must name a file or
@@ -47,9 +47,8 @@ while IFS= read -r md; do
     done < <(awk '/^ *```/ { code = !code; next } !code' "$md" | grep -o '](\([^)]*\))' | sed 's/^](//; s/)$//' |
              grep -Ev '^(https?:|mailto:)')
 done < <(find . -name '*.md' -not -path './.git/*' -not -path './runs/*' -not -path '*/build/*' | sort)
-if [[ $sections -ge 6 && $links -ge 30 && -z "$bad" ]]; then
-    pass "pytorch_map: the $links relative links of the Markdown files resolve ($sections of them to a heading)"
-else fail "pytorch_map: relative links of the Markdown files resolve" "$links links, $sections to headings; broken:$bad"; fi
+[[ $sections -ge 6 && $links -ge 30 && -z "$bad" ]]
+verdict $? "pytorch_map: the $links relative links of the Markdown files resolve ($sections of them to a heading)" "$links links, $sections to headings; broken:$bad"
 
 # common/README.md: it names every file of common/ that code includes or
 # compiles, what its rows say a header includes is in that header, and the
@@ -69,6 +68,5 @@ loops=$(cd common && for f in *.h *.cu; do
             echo "$f $f"
             sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f" | sed "s|^|$f |"
         done | tsort 2>&1 >/dev/null | sed 's/^tsort: //' | paste -sd' ' | cut -c1-300)
-if [[ -z "$unlisted" && -z "$wrong" && -z "$loops" ]]; then
-    pass "pytorch_map: common/README.md lists every header, says truly what they include, and the includes form no loop"
-else fail "pytorch_map: common/README.md and the includes of common/" "not listed:${unlisted:- none}; wrong:${wrong:- none}; loop: ${loops:-none}"; fi
+[[ -z "$unlisted" && -z "$wrong" && -z "$loops" ]]
+verdict $? "pytorch_map: common/README.md lists every header, says truly what they include, and the includes form no loop" "not listed:${unlisted:- none}; wrong:${wrong:- none}; loop: ${loops:-none}"

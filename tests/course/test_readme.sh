@@ -86,11 +86,11 @@ run() {
     local readme=$1 dir=$2 secs=$3 command=$4 regex=${5:-}
     covered["$readme|$command"]=1
     (cd "$course/$dir" && timeout -k 5 "$secs" "${student[@]}" bash -c "$command") >"$TMP/out" 2>&1
-    local status=$?
-    local name="$readme: $command"
-    if [[ $status -ne 0 ]]; then fail "$name" "exit status $status in $dir/: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
-    elif [[ -n "$regex" ]] && ! grep -Eq -- "$regex" "$TMP/out"; then fail "$name" "no line matches /$regex/: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
-    else pass "$name"; fi
+    local status=$? why=""
+    if [[ $status -ne 0 ]]; then why="exit status $status in $dir/: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
+    elif [[ -n "$regex" ]] && ! grep -Eq -- "$regex" "$TMP/out"; then why="no line matches /$regex/: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
+    fi
+    [[ -z "$why" ]]; verdict $? "$readme: $command" "$why"
 }
 
 # fails README DIR SECONDS COMMAND REGEX: a command the README shows failing
@@ -100,8 +100,8 @@ fails() {
     covered["$readme|$command"]=1
     (cd "$course/$dir" && timeout -k 5 "$secs" "${student[@]}" bash -c "$command") >"$TMP/out" 2>&1
     local status=$?
-    if [[ $status -ne 0 && $status -ne 124 ]] && grep -Eq -- "$regex" "$TMP/out"; then pass "$readme: $command (fails, as shown)"
-    else fail "$readme: $command" "wanted a non-zero exit and /$regex/; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+    [[ $status -ne 0 && $status -ne 124 ]] && grep -Eq -- "$regex" "$TMP/out"
+    verdict $? "$readme: $command (fails, as shown)" "wanted a non-zero exit and /$regex/; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
 }
 # run_lines README DIR SECONDS REGEX LINE...: lines the README shows together
 # (a rank in the background, then another), run as one script that waits.
@@ -122,10 +122,10 @@ exercise() {
     local readme=$1 dir=$2 command=$3
     covered["$readme|$command"]=1
     (cd "$course/$dir" && timeout -k 5 300 "${student[@]}" bash -c "$command") >"$TMP/out" 2>&1
-    local status=$? verdict; verdict=$(grep -E '^(PASSED|NOT YET|CANNOT CHECK HERE): ' "$TMP/out" | tail -n 1)
-    if [[ ($status -eq 0 && $verdict == PASSED:*) || ($status -ne 0 && $status -ne 124 && $verdict == "NOT YET:"*) ||
-          ($status -ne 0 && $status -ne 124 && $verdict == "CANNOT CHECK HERE:"*) ]]; then pass "$readme: $command (${verdict%%:*})"
-    else fail "$readme: $command" "exit status $status in $dir/; verdict: '$verdict'; last line: $(tail -n 1 "$TMP/out")"; fi
+    local status=$? said; said=$(grep -E '^(PASSED|NOT YET|CANNOT CHECK HERE): ' "$TMP/out" | tail -n 1)
+    [[ ($status -eq 0 && $said == PASSED:*) || ($status -ne 0 && $status -ne 124 && $said == "NOT YET:"*) ||
+       ($status -ne 0 && $status -ne 124 && $said == "CANNOT CHECK HERE:"*) ]]
+    verdict $? "$readme: $command (${said%%:*})" "exit status $status in $dir/; verdict: '$said'; last line: $(tail -n 1 "$TMP/out")"
 }
 
 # emu_check README DIR SECONDS COMMAND REGEX: run, on the device the program
@@ -155,8 +155,7 @@ run README.md . 60 "make diffs" '^\+\+\+ 10_tensor_parallel/10_tensor_parallel\.
 order=$(grep '^+++ ' "$TMP/out" | cut -c5- | tr '\n' ' ')
 want="04_ddp_spawn/04_ddp_spawn.c 05_env_launch/05_env_launch.c 06_snapshot_resume/06_snapshot_resume.c 07_multinode/07_multinode.c "
 want+="10_tensor_parallel/10_tensor_parallel.c "
-if [[ "$order" == "$want" ]]; then pass "README.md: make diffs prints the diffs in order"
-else fail "README.md: make diffs prints the diffs in order" "got: $order"; fi
+[[ "$order" == "$want" ]]; verdict $? "README.md: make diffs prints the diffs in order" "got: $order"
 run README.md . 60 "make help"
 # make help: every target of the top Makefile, and every chapter with its line.
 missing=""
@@ -167,8 +166,7 @@ for chapter in "$course"/[0-9][0-9]_*/; do
     chapter=$(basename "$chapter")
     grep -Eq "^  $chapter +[a-z]" "$TMP/out" || missing+=" $chapter (with its description)"
 done
-if [[ -z "$missing" ]]; then pass "README.md: make help lists every target and every chapter with its description"
-else fail "README.md: make help lists every target and every chapter with its description" "missing:$missing"; fi
+[[ -z "$missing" ]]; verdict $? "README.md: make help lists every target and every chapter with its description" "missing:$missing"
 
 # ---------------------------------------------------------------- the chapters, each in a fresh copy
 fresh_copy 01_single_gpu/README.md
@@ -184,7 +182,7 @@ exercise 02_p2p/README.md 02_p2p "make check-exercise EX=02/pingpong"
 
 fresh_copy 03_collectives/README.md
 run 03_collectives/README.md 03_collectives 120 "make 03_collectives && ./03_collectives" '^== 9\. barrier'
-run 03_collectives/README.bench.md 03_collectives 300 "./03_collectives --bench -b 8 -e 64M -f 4 -c 1" '^# Out of bounds values : 0 OK$'
+run 03_collectives/README.md 03_collectives 300 "./03_collectives --bench -b 8 -e 64M -f 4 -c 1" '^# Out of bounds values : 0 OK$'
 run 03_collectives/README.md 03_collectives 60 "./03_collectives --nprocs 2 --mismatch" 'rank 0 has 3, rank 1 has 2$'
 fails 03_collectives/README.md 03_collectives 60 "COURSE_DEBUG=DETAIL ./03_collectives --nprocs 2 --mismatch" \
     'error: COURSE_DEBUG=DETAIL: collective #0 differs across ranks: rank 0 called all_reduce\(1000 x f32, sum\), rank 1 called all_reduce\(1000 x f32, max\)'
@@ -213,16 +211,16 @@ run 06_snapshot_resume/README.md 06_snapshot_resume 300 "cd .. && tools/ddprun -
     '^\[rank 0\]: Resuming training from snapshot at Epoch 12, sample 0 \(step 1884\)'
 # Its From PyTorch table: the restart count is rank 0's second line.
 second=$(grep '^\[rank 0\]: ' "$TMP/out" | sed -n 2p)
-if [[ $second == "[rank 0]: restart 0 of at most 2" ]]; then pass "06_snapshot_resume/README.md: rank 0's second line is the restart count"
-else fail "06_snapshot_resume/README.md: rank 0's second line is the restart count" "it is '$second'"; fi
+[[ $second == "[rank 0]: restart 0 of at most 2" ]]
+verdict $? "06_snapshot_resume/README.md: rank 0's second line is the restart count" "it is '$second'"
 exercise 06_snapshot_resume/README.md 06_snapshot_resume "make check-exercise EX=06/atomic_save"
 
 fresh_copy 07_multinode/README.md
 run 07_multinode/README.md 07_multinode 120 "make 07_multinode"
 # As root, two network namespaces; otherwise the same on 127.0.0.1.
 run 07_multinode/README.md 07_multinode 300 "./rehearsal.sh" '^rehearsal: PASS'
-checksum() { sed -n 's/.*final weight .*parameters checksum \([0-9a-f]*\).*/\1/p' "$1" | tail -n 1; }
-two_nodes=$(checksum "$TMP/out")
+checksum='final weight .*parameters checksum ([0-9a-f]*)'   # what field reads from the last line
+two_nodes=$(field "$TMP/out" "$checksum")
 for node in "0 8" "1 4"; do
     set -- $node
     not_here 07_multinode/README.md "export NCCL_SOCKET_IFNAME=eth0 NCCL_DEBUG=INFO" "needs two machines (the rehearsal above plays them)"
@@ -234,9 +232,9 @@ run 07_multinode/README.md 07_multinode 120 "for r in 0 1; do SLURM_PROCID=\$r S
     'final weight'
 # The README's claim: the same training on one node ends with the same bytes.
 run 07_multinode/README.md 07_multinode 120 "../tools/ddprun --standalone --nproc_per_node=5 ./07_multinode --snapshot_path ../runs/one-node/snapshot.safetensors" 'final weight'
-one_node=$(checksum "$TMP/out")
-if [[ -n "$one_node" && "$one_node" == "$two_nodes" ]]; then pass "07_multinode/README.md: 5 ranks on one node end with the rehearsal's checksum ($one_node)"
-else fail "07_multinode/README.md: 5 ranks on one node end with the rehearsal's checksum" "one node '$one_node', two nodes '$two_nodes'"; fi
+one_node=$(field "$TMP/out" "$checksum")
+[[ -n "$one_node" && "$one_node" == "$two_nodes" ]]
+verdict $? "07_multinode/README.md: 5 ranks on one node end with the rehearsal's checksum ($one_node)" "one node '$one_node', two nodes '$two_nodes'"
 exercise 07_multinode/README.md 07_multinode "make check-exercise EX=07/global_rank"
 
 fresh_copy "08_gpt_wikitext/README*.md"
@@ -250,9 +248,9 @@ else
     # Without WikiText-2 the command must say so, and how to get it.
     covered["08_gpt_wikitext/README.md|./08_gpt_wikitext --preset tiny --max_steps 300"]=1
     (cd "$course/08_gpt_wikitext" && timeout -k 5 60 "${student[@]}" ./08_gpt_wikitext --preset tiny --max_steps 300) >"$TMP/out" 2>&1; status=$?
-    if [[ $status -eq 1 ]] && grep -q "^error: WikiText-2 not found: .*make data" "$TMP/out"; then
-        pass "08_gpt_wikitext/README.md: ./08_gpt_wikitext --preset tiny --max_steps 300 (no WikiText-2 here: one error line that says make data)"
-    else fail "08_gpt_wikitext/README.md: ./08_gpt_wikitext --preset tiny --max_steps 300" "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+    [[ $status -eq 1 ]] && grep -q "^error: WikiText-2 not found: .*make data" "$TMP/out"
+    verdict $? "08_gpt_wikitext/README.md: ./08_gpt_wikitext --preset tiny --max_steps 300 (no WikiText-2 here: one error line that says make data)" \
+        "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
     not_here 08_gpt_wikitext/README.md './08_gpt_wikitext --generate --prompt "The king"' "needs the model of a run on WikiText-2, which is not here"
 fi
 not_here 08_gpt_wikitext/README.md "./08_gpt_wikitext" "one epoch of the default model takes about 11 minutes (the tiny run above trains the same code)"
@@ -327,17 +325,16 @@ if [[ "${ASAN:-0}" == 1 ]]; then
 else
     run README.md . 600 "make speedup" '^speedup: CSV in runs/speedup/'
     rows=$(grep -c '^[0-9]' "$course/runs/speedup/speedup_large.csv" 2>/dev/null)
-    if [[ "$(head -n 1 "$course/runs/speedup/speedup_large.csv" 2>/dev/null)" == *",speedup_min,speedup_max" && ${rows:-0} -ge 2 ]] &&
-       grep -q '^# command: speedup.sh 1\.\.[0-9]* ranks, 3 rounds of ' "$course/runs/speedup/speedup_large.csv"; then
-        pass "README.md: make speedup writes the median and range per world size, and how it measured"
-    else fail "README.md: make speedup writes the median and range per world size, and how it measured" "$(head -n 3 "$course/runs/speedup/speedup_large.csv" 2>/dev/null | tr '\n' '|')"; fi
+    [[ "$(head -n 1 "$course/runs/speedup/speedup_large.csv" 2>/dev/null)" == *",speedup_min,speedup_max" && ${rows:-0} -ge 2 ]] &&
+       grep -q '^# command: speedup.sh 1\.\.[0-9]* ranks, 3 rounds of ' "$course/runs/speedup/speedup_large.csv"
+    verdict $? "README.md: make speedup writes the median and range per world size, and how it measured" \
+        "$(head -n 3 "$course/runs/speedup/speedup_large.csv" 2>/dev/null | tr '\n' '|')"
     run README.md . 600 "make plots"
     if command -v gnuplot >/dev/null; then
         missing="" want="01_loss 02_p2p 03_collectives speedup"
         [[ -n "$wikitext" ]] || expect_output "README.md: make plots says why 08's figures are skipped" "$TMP/out" '^plots: skipped 08_gpt_loss, 08_gpt_tokens: WikiText-2 is not here'
         for f in $want; do [[ -s "$course/runs/plots/$f.png" ]] || missing+=" $f"; done
-        if [[ -z $missing ]]; then pass "README.md: make plots drew every figure ($want) in the fresh copy"
-        else fail "README.md: make plots drew every figure ($want) in the fresh copy" "missing:$missing"; fi
+        [[ -z $missing ]]; verdict $? "README.md: make plots drew every figure ($want) in the fresh copy" "missing:$missing"
     else
         skip "README.md: make plots drew every figure" "gnuplot is not installed"
     fi
@@ -345,9 +342,9 @@ fi
 # make data without a network (a mirror that refuses): one error, and no
 # empty data/ folder left behind.
 (cd "$course" && WIKITEXT_URL=http://127.0.0.1:9 timeout -k 5 120 "${student[@]}" make data) >"$TMP/out" 2>&1; status=$?
-if [[ $status -ne 0 ]] && grep -q '^get_wikitext: error: could not download' "$TMP/out" && [[ ! -e "$course/data" ]]; then
-    pass "README.md: make data, offline: one error saying what to do, and no data/ folder left"
-else fail "README.md: make data, offline: one error saying what to do, and no data/ folder left" "status $status, data/ $( [[ -e $course/data ]] && echo exists || echo absent): $(tail -n 1 "$TMP/out")"; fi
+[[ $status -ne 0 ]] && grep -q '^get_wikitext: error: could not download' "$TMP/out" && [[ ! -e "$course/data" ]]
+verdict $? "README.md: make data, offline: one error saying what to do, and no data/ folder left" \
+    "status $status, data/ $( [[ -e $course/data ]] && echo exists || echo absent): $(tail -n 1 "$TMP/out")"
 
 
 # ---------------------------------------------------------------- the emulated GPU
@@ -367,9 +364,8 @@ covered["emu/README.md|cd ../tests/emu && make CUDA=emu && ./planted_missing_syn
 (cd "$course/emu" && timeout -k 5 300 "${student_shell[@]}" bash -c "cd ../tests/emu && make CUDA=emu && ./planted_missing_syncthreads") \
     >"$TMP/out" 2>&1
 status=$?
-if [[ $status -eq 1 ]] && grep -Eq '^block sum -?nan, expected 32896' "$TMP/out"; then
-    pass "emu/README.md: cd ../tests/emu && make CUDA=emu && ./planted_missing_syncthreads (the bug is caught)"
-else fail "emu/README.md: the planted bug is caught" "status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+[[ $status -eq 1 ]] && grep -Eq '^block sum -?nan, expected 32896' "$TMP/out"
+verdict $? "emu/README.md: cd ../tests/emu && make CUDA=emu && ./planted_missing_syncthreads (the bug is caught)" "status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
 not_here emu/README.md "cd .. && make CUDA=emu test" "this test is part of what make test runs"
 not_here emu/README.md "cd .. && make CUDA=emu ASAN=1 test" "make asan's job; tests/tools/test_emu.sh runs the planted bugs under ASan's build too"
 

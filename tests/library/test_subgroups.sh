@@ -29,14 +29,13 @@ run_suite() {
 # 2), and 8 (a 2 x 2 x 2 mesh).
 for n in 1 2 3 4 5 8; do run_suite "cpu$n" 300 "$BIN" "$TAG" --world $n; done
 # The mesh as rank 0 prints it: rank -> coordinates -> host and device.
-if grep -q '^mesh: dp 2 x tp 2 x pp 2 (8 ranks, the last dimension fastest)$' "$TMP/cpu8.log" &&
-   grep -Eq '^ +6 +1 +1 +0  [^ ]+  CPU' "$TMP/cpu8.log"; then pass "subgroups: the mesh table names each rank's coordinates and device"
-else fail "subgroups: the mesh table names each rank's coordinates and device" "$(grep -A3 '^mesh' "$TMP/cpu8.log" | tr '\n' '|')"; fi
+grep -q '^mesh: dp 2 x tp 2 x pp 2 (8 ranks, the last dimension fastest)$' "$TMP/cpu8.log" &&
+   grep -Eq '^ +6 +1 +1 +0  [^ ]+  CPU' "$TMP/cpu8.log"
+verdict $? "subgroups: the mesh table names each rank's coordinates and device" "$(grep -A3 '^mesh' "$TMP/cpu8.log" | tr '\n' '|')"
 # A mesh that does not fit the job: one line that says why.
 run_capture 60 "$TMP/badmesh" "$BIN" "$TAG" --world 4 --mesh 3x2; status=$?
-if [[ $status -ne 0 ]] && grep -q 'error: mesh dp 3 x tp 2 needs 6 ranks, and the job has 4' "$TMP/badmesh"; then
-    pass "subgroups: a mesh of 6 ranks on a job of 4 is one clear error"
-else fail "subgroups: a mesh of 6 ranks on a job of 4 is one clear error" "status $status: $(grep -m2 error "$TMP/badmesh" | tr '\n' '|')"; fi
+[[ $status -ne 0 ]] && grep -q 'error: mesh dp 3 x tp 2 needs 6 ranks, and the job has 4' "$TMP/badmesh"
+verdict $? "subgroups: a mesh of 6 ranks on a job of 4 is one clear error" "status $status: $(grep -m2 error "$TMP/badmesh" | tr '\n' '|')"
 COURSE_SHM=0 run_suite tcp 300 "$BIN" "$TAG" --world 4 --label "tcp: "
 expect_output "subgroups: with COURSE_SHM=0 the groups use TCP" "$TMP/tcp.log" 'color group: cpu \(TCP sockets'
 
@@ -63,9 +62,8 @@ fi
 # COURSE_DEBUG=DETAIL compares the calls of each group among that group's
 # ranks: group 1's mismatch stops its ranks with the group's ranks named.
 COURSE_DEBUG=DETAIL run_capture 120 "$TMP/detail" "$BIN" "$TAG" --world 4 --mismatch; status=$?
-if [[ $status -ne 0 ]] && grep -Eq 'error: COURSE_DEBUG=DETAIL: collective #0 differs across ranks: rank 0 called all_reduce\(2 x f32, sum\), rank 1 called all_reduce\(1 x f32, sum\)' "$TMP/detail"; then
-    pass "subgroups: COURSE_DEBUG=DETAIL catches a mismatch inside a group, naming the group's ranks"
-else fail "subgroups: COURSE_DEBUG=DETAIL catches a mismatch inside a group" "status $status: $(grep -m2 error "$TMP/detail" | tr '\n' '|')"; fi
+[[ $status -ne 0 ]] && grep -Eq 'error: COURSE_DEBUG=DETAIL: collective #0 differs across ranks: rank 0 called all_reduce\(2 x f32, sum\), rank 1 called all_reduce\(1 x f32, sum\)' "$TMP/detail"
+verdict $? "subgroups: COURSE_DEBUG=DETAIL catches a mismatch inside a group, naming the group's ranks" "status $status: $(grep -m2 error "$TMP/detail" | tr '\n' '|')"
 COURSE_DEBUG=DETAIL run_suite detail_ok 300 "$BIN" "$TAG" --world 4 --label "DETAIL: "
 
 no_leftovers "subgroups: no process left behind" "subgroups-test-$$-run"

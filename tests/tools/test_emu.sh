@@ -21,14 +21,10 @@ fi
 planted() {
     local name=$1 what=$2 regex=$3 bin="$ROOT/tests/emu/planted_$1"
     run_capture 60 "$TMP/$name.bug" "$bin"; local status=$?
-    if [[ $status -ne 0 && $status -ne 124 ]] && grep -Eq -- "$regex" "$TMP/$name.bug"; then
-        pass "emu: $what is caught"
-    else
-        fail "emu: $what is caught" "status $status, wanted a failure saying /$regex/: $(tail -n 3 "$TMP/$name.bug" | tr '\n' '|')"
-    fi
+    [[ $status -ne 0 && $status -ne 124 ]] && grep -Eq -- "$regex" "$TMP/$name.bug"
+    verdict $? "emu: $what is caught" "status $status, wanted a failure saying /$regex/: $(tail -n 3 "$TMP/$name.bug" | tr '\n' '|')"
     run_capture 60 "$TMP/$name.fixed" "$bin" --fixed; status=$?
-    if [[ $status -eq 0 ]]; then pass "emu: $what, fixed, passes"
-    else fail "emu: $what, fixed, passes" "status $status: $(tail -n 3 "$TMP/$name.fixed" | tr '\n' '|')"; fi
+    [[ $status -eq 0 ]]; verdict $? "emu: $what, fixed, passes" "status $status: $(tail -n 3 "$TMP/$name.fixed" | tr '\n' '|')"
 }
 
 planted missing_syncthreads "a shared-memory reduction missing __syncthreads" 'block sum -?nan, expected 32896'
@@ -55,9 +51,9 @@ if gcc -std=c11 -D_GNU_SOURCE -O1 -Wall -Wextra -I "$ROOT/emu/include" -I "$ROOT
        "$ROOT/emu/src/nccl.c" "$ROOT/emu/tests/stub_stream.c" "$ROOT/emu/tests/nccl_emu_test.c" \
        -o "$nccl_test" -pthread -lrt -lm >"$TMP/nccl_build.log" 2>&1; then
     run_capture 120 "$TMP/nccl.log" "$nccl_test" quick; status=$?
-    if [[ $status -eq 0 ]] && grep -Eq '[0-9]+ passed, 0 failed' "$TMP/nccl.log"; then
-        pass "emu: the emulated NCCL's own test ($(grep -Eo '[0-9]+ passed, 0 failed' "$TMP/nccl.log"))"
-    else fail "emu: the emulated NCCL's own test" "status $status: $(grep -E '^FAIL' "$TMP/nccl.log" | head -3 | tr '\n' '|')"; fi
+    [[ $status -eq 0 ]] && grep -Eq '[0-9]+ passed, 0 failed' "$TMP/nccl.log"
+    verdict $? "emu: the emulated NCCL's own test ($(grep -Eo '[0-9]+ passed, 0 failed' "$TMP/nccl.log"))" \
+        "status $status: $(grep -E '^FAIL' "$TMP/nccl.log" | head -3 | tr '\n' '|')"
 else
     fail "emu: the emulated NCCL's own test builds" "$(grep -m3 -E 'error' "$TMP/nccl_build.log" | tr '\n' '|')"
 fi
