@@ -3,7 +3,7 @@
 // Chapter 08's GPT and training loop, with the model cut by depth into
 // --pp stages, one rank each: stage s holds blocks [s L/S, (s+1) L/S) of
 // the L blocks - the first stage also the embeddings, the last the final
-// LayerNorm and the LM head (gpt_layout.h, section 5) - and the batch of a
+// LayerNorm and the LM head (gpt_layout.h, section 6) - and the batch of a
 // step is cut into --micro_batches pieces that flow through the stages one
 // after another. A stage sends its output (B x T x C activations) to the
 // next stage, and on the way back the gradient of its input to the
@@ -67,7 +67,7 @@
 
 typedef struct {
     int epochs, batch_size, micro_batches, max_steps, warmup_steps, eval_every, log_every, save_every, seed;
-    int pp;
+    int pp, tp;
     int vocab_size, block_size, n_layer, n_head, n_embd;
     double lr, min_lr, weight_decay, grad_clip, temperature;
     int top_k, num_samples, sample_tokens, nprocs;
@@ -88,6 +88,7 @@ static flag_set option_flags(options *o) {
     flag_int(&set, "micro_batches", &o->micro_batches, 1, 4096, "micro-batches per step, pipelined (08's --grad_accum)");
     flag_int(&set, "pp", &o->pp, 1, 256, "pipeline stages: the model cut into this many ranges of blocks");
     flag_choice(&set, "schedule", &o->schedule, "gpipe|1f1b", "the order of forward and backward passes in a stage");
+    flag_int(&set, "tp", &o->tp, 1, 256, "tensor-parallel ranks each stage's blocks are split over (chapter 10; divides n_head)");
     flag_double(&set, "lr", &o->lr, 0, 10, "peak learning rate");
     flag_double(&set, "min_lr", &o->min_lr, -1, 10, "learning rate at the end of the cosine (-1: lr/10)");
     flag_int(&set, "warmup_steps", &o->warmup_steps, 0, 1000000, "linear warm-up steps (at most a fifth of the run)");
@@ -98,7 +99,7 @@ static flag_set option_flags(options *o) {
     flag_int(&set, "log_every", &o->log_every, 1, 100000000, "progress line every N steps");
     flag_int(&set, "save_every", &o->save_every, 0, 1000000, "save the model every N epochs (0: at the end only)");
     flag_string(&set, "snapshot_path", &o->snapshot_path, "resumable snapshots DIR/STEM.safetensors, every --save_every epochs");
-    flag_int(&set, "nprocs", &o->nprocs, 0, 256, "ranks to spawn, --pp per pipeline (0: --pp; under ddprun: ignored)");
+    flag_int(&set, "nprocs", &o->nprocs, 0, 256, "ranks to spawn, --pp x --tp per pipeline (0: one pipeline; under ddprun: ignored)");
     flag_choice(&set, "backend", &o->backend, "auto|cpu|nccl|mpi", "communication backend")->env = "COURSE_BACKEND";
     flag_double(&set, "timeout", &o->timeout, 0, 86400, "seconds a rank waits for another (0: COURSE_TIMEOUT or 300)");
     flag_int(&set, "seed", &o->seed, 0, 2147483647, "seed for the weights, the shuffle and the samples");
@@ -138,10 +139,12 @@ static void apply_preset(options *o, flag_set *set) {
     if (problem) flags_fail(set, "bad model size: %s (got --n_embd %d --n_head %d)", problem, o->n_embd, o->n_head);
     problem = gpt_stage_problem(&c, o->pp);
     if (problem) flags_fail(set, "--pp %d: %s (the model has %d; use --n_layer)", o->pp, problem, o->n_layer);
+    problem = gpt_tp_problem(&c, o->tp);
+    if (problem) flags_fail(set, "--tp %d: %s (the model has --n_head %d)", o->tp, problem, o->n_head);
 }
 
 static options parse_options(int argc, char **argv) {
-    options o = {.epochs = 1, .batch_size = 8, .micro_batches = 4, .pp = 2, .schedule = "1f1b", .max_steps = 0,
+    options o = {.epochs = 1, .batch_size = 8, .micro_batches = 4, .pp = 2, .tp = 1, .schedule = "1f1b", .max_steps = 0,
                  .warmup_steps = 100,
                  .eval_every = 1000, .log_every = 10, .save_every = 0, .seed = 1337, .vocab_size = 5000,
                  .lr = 1e-3, .min_lr = -1, .weight_decay = 0.1, .grad_clip = 1.0, .temperature = 0.8,
@@ -157,8 +160,9 @@ static options parse_options(int argc, char **argv) {
     if (o.min_lr < 0) o.min_lr = o.lr / 10;
     if (o.min_lr > o.lr) flags_fail(&set, "--min_lr %g is above --lr %g", o.min_lr, o.lr);
     if (strlen(o.out_dir) > 900) flags_fail(&set, "--out_dir is too long (at most 900 characters)");
-    if (o.nprocs % o.pp != 0)
-        flags_fail(&set, "--nprocs %d is not a multiple of --pp %d: every pipeline needs --pp ranks", o.nprocs, o.pp);
+    if (o.nprocs % (o.pp * o.tp) != 0)
+        flags_fail(&set, "--nprocs %d is not a multiple of --pp %d x --tp %d: every pipeline needs %d ranks", o.nprocs, o.pp,
+                   o.tp, o.pp * o.tp);
     if (!strcmp(o.device, "cpu") && !strcmp(o.precision, "bf16"))
         flags_fail(&set, "--precision bf16 needs a GPU: the CPU model computes in fp32 (use --device auto or cuda)");
     return o;
@@ -301,12 +305,15 @@ typedef struct {
 
 // This rank's place in the mesh and the pipeline's state during a step.
 typedef struct {
-    mesh_t mesh;             // pp x dp: the stages of a pipeline, the replicas of a stage
-    pg_t *pp, *dp;           // this pipeline's stages; this stage's replicas (data parallelism)
+    mesh_t mesh;             // pp x dp x tp: the stages of a pipeline, the replicas of a stage, its shards
+    pg_t *pp, *dp, *tp;      // this pipeline's stages; this stage's replicas (data parallelism); its shards
     pg_t *tie;               // the first and the last stage of this pipeline: their two copies of wte
+    pg_t *world;             // every rank
     int stage, stages;       // this rank's stage, of S
-    int replica, replicas;   // this rank's pipeline, of N / S
+    int replica, replicas;   // this rank's pipeline, of N / (S x tp)
+    int shard, shards;       // this rank's part of each block of its stage, of tp (chapter 10)
     bool first, last;
+    bool counts;             // this rank adds its pipeline's loss to sums: the last stage's first shard
     const device_t *device;
     bool gpipe;              // the schedule: GPipe, or 1F1B
     int micro_batches, B, T;
@@ -324,25 +331,33 @@ typedef struct {
     int steps, max_steps;
 } pipeline_t;
 
-// The mesh: pp x dp, dp the faster dimension, so the N/S replicas of a
-// stage are neighbouring ranks (on one node, where their all-reduce is
-// cheap) and the stages of a pipeline are N/S ranks apart (on different
-// nodes, across which only activations travel).
+// The mesh: pp x dp x tp, the last dimension fastest (common/mesh.h), as
+// Megatron-LM orders them. The tp ranks of a stage, which all-reduce
+// inside every block, are neighbours (one node, its fastest links); then
+// the replicas of the stage, whose all-reduce comes once a step; the
+// stages of a pipeline are farthest apart (across nodes), and only
+// activations travel between them. With --tp 1 the mesh is pp x dp.
 static void pipeline_init(pipeline_t *p, dist_t *d, const options *o) {
     memset(p, 0, sizeof *p);
-    if (d->world_size % o->pp != 0)
-        die("--pp %d does not divide the %d ranks of this job: start a multiple of %d ranks", o->pp, d->world_size, o->pp);
-    int shape[2] = {o->pp, d->world_size / o->pp};
-    const char *names[2] = {"pp", "dp"};
-    mesh_init(&p->mesh, d->pg, 2, shape, names);
+    int per_pipeline = o->pp * o->tp;
+    if (d->world_size % per_pipeline != 0)
+        die("--pp %d x --tp %d does not divide the %d ranks of this job: start a multiple of %d ranks", o->pp, o->tp,
+            d->world_size, per_pipeline);
+    int shape[3] = {o->pp, d->world_size / per_pipeline, o->tp};
+    const char *names[3] = {"pp", "dp", "tp"};
+    mesh_init(&p->mesh, d->pg, o->tp > 1 ? 3 : 2, shape, names);
     p->pp = mesh_group(&p->mesh, "pp"), p->dp = mesh_group(&p->mesh, "dp");
+    p->tp = o->tp > 1 ? mesh_group(&p->mesh, "tp") : NULL;
+    p->world = d->pg;
     p->stage = mesh_coord(&p->mesh, "pp"), p->stages = o->pp;
     p->replica = mesh_coord(&p->mesh, "dp"), p->replicas = shape[1];
+    p->shard = o->tp > 1 ? mesh_coord(&p->mesh, "tp") : 0, p->shards = o->tp;
     p->first = p->stage == 0, p->last = p->stage == p->stages - 1;
-    // The tied embedding: the first and the last stage of each pipeline
-    // (pg_split: every rank calls it; the others join no group).
+    p->counts = p->last && p->shard == 0; // every shard of the last stage computes the same loss
+    // The tied embedding: the first and the last stage of each pipeline,
+    // shard by shard (pg_split: every rank calls it; the others join no group).
     bool ends = p->stages > 1 && (p->first || p->last);
-    p->tie = pg_split(d->pg, ends ? p->replica : -1, p->stage);
+    p->tie = pg_split(d->pg, ends ? p->replica * p->shards + p->shard : -1, p->stage);
     p->device = &d->device;
     p->gpipe = !strcmp(o->schedule, "gpipe");
     p->micro_batches = o->micro_batches, p->B = o->batch_size, p->T = o->block_size;
@@ -357,15 +372,15 @@ static void pipeline_init(pipeline_t *p, dist_t *d, const options *o) {
 // prints what each stage holds and sends.
 static void pipeline_start(pipeline_t *p, model_t *m, int steps) {
     const gpt_config *c = &m->host.cfg;
-    size_t whole;
-    gpt_stage_owned(c, &m->host.stage, &whole, &p->own_from);
+    p->own_from = gpt_stage_tied_copy(c, &m->host.stage);
     p->dtype = model_stage_dtype(m);
     p->count = (size_t)p->B * p->T * c->n_embd;
     p->max_steps = steps;
     p->busy = xcalloc((size_t)steps + 1, sizeof(double)), p->ends = xcalloc((size_t)steps + 1, sizeof(double));
     double kib = (double)(p->count * dtype_size(p->dtype)) / 1024;
-    log_main("pipeline: %d stage(s) x %d micro-batches of %d x %d tokens, schedule %s; %d pipeline(s) (data parallel)\n",
-             p->stages, p->micro_batches, p->B, p->T, p->gpipe ? "gpipe" : "1f1b", p->replicas);
+    log_main("pipeline: %d stage(s) x %d micro-batches of %d x %d tokens, schedule %s; %d pipeline(s) (data parallel)%s\n",
+             p->stages, p->micro_batches, p->B, p->T, p->gpipe ? "gpipe" : "1f1b", p->replicas,
+             p->shards > 1 ? "; each stage split over tp ranks (per rank:)" : "");
     for (int s = 0; s < p->stages; s++) {
         gpt_stage st = gpt_stage_of(c, s, p->stages);
         char blocks[32], sends[160] = "";
@@ -376,7 +391,7 @@ static void pipeline_start(pipeline_t *p, model_t *m, int steps) {
             snprintf(sends + strlen(sends), sizeof sends - strlen(sends), "%s%d x %.1f KiB of gradients back",
                      st.head ? "" : ", ", p->micro_batches, kib);
         log_main("  stage %d: %s%s%s, %zu parameters; a step sends %s\n", s, blocks, st.embedding ? " + wte, wpe" : "",
-                 st.head ? " + ln_f, the LM head (its own copy of wte)" : "", gpt_layout_stage_params(c, &st, NULL),
+                 st.head ? " + ln_f, the LM head (its own copy of wte)" : "", gpt_layout_stage_params(c, &st, p->shards, NULL),
                  sends[0] ? sends : "nothing (one stage)");
     }
 }
@@ -455,7 +470,8 @@ static pipe_msg recv_forward(pipeline_t *p, model_t *m, int i) {
 
 // One batch forward through the whole pipeline and nothing else
 // (validation, sampling): each stage receives, computes, sends on. The
-// loss is the last stage's; the others return 0.
+// loss is the last stage's (its first shard's: see `counts`); the others
+// return 0.
 static float pipe_forward_only(pipeline_t *p, model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T) {
     size_t count = (size_t)B * T * m->host.cfg.n_embd;
     model_use_slot(m, 0);
@@ -465,7 +481,7 @@ static float pipe_forward_only(pipeline_t *p, model_t *m, const uint16_t *in, co
     model_wait(m); // before the output is sent
     pipe_msg output = p->last ? NO_MSG : (pipe_msg){model_stage_buffer(m, STAGE_OUTPUT, B, T), p->stage + 1, 0};
     pipe_exchange(p, output, NO_MSG, count);
-    return p->last ? loss : 0.0f;
+    return p->counts ? loss : 0.0f;
 }
 
 // The process groups move data in the device's memory (NCCL knows no
@@ -510,13 +526,13 @@ static double evaluate(model_t *m, pipeline_t *pp, dist_t *d, const uint16_t *to
             memcpy(tg + (size_t)i * T, p + 1, sizeof(uint16_t) * T);
         }
         loss_sum += (double)pipe_forward_only(pp, m, in, tg, b, T) * b * T;
-        predicted += pp->last ? (size_t)b * T : 0;
+        predicted += pp->counts ? (size_t)b * T : 0;
     }
     size_t rest = count - full * piece;
     if (rest >= 2 && rank == 0) {
         const uint16_t *last = tokens + full * piece;
         loss_sum += (double)pipe_forward_only(pp, m, last, last + 1, 1, (int)rest - 1) * (double)(rest - 1);
-        predicted += pp->last ? rest - 1 : 0;
+        predicted += pp->counts ? rest - 1 : 0;
     }
     free(in);
     free(tg);
@@ -531,6 +547,7 @@ static double evaluate(model_t *m, pipeline_t *pp, dist_t *d, const uint16_t *to
 // model_generate through the pipeline: every stage computes its blocks for
 // the text so far, the last one picks the next token, and every stage
 // learns it (a broadcast from the last stage): the first needs it next.
+// With tp, the last stage's shards take their first shard's pick.
 static void pipe_generate(pipeline_t *p, model_t *m, uint16_t *tokens, int len, int total, float temperature,
                           int top_k, rng_t *rng) {
     int V = m->host.cfg.vocab_size, block = m->host.cfg.block_size;
@@ -540,6 +557,7 @@ static void pipe_generate(pipeline_t *p, model_t *m, uint16_t *tokens, int len, 
         pipe_forward_only(p, m, tokens + start, NULL, 1, n - start);
         int32_t next = 0;
         if (p->last) next = gpt_sample_next(model_logits(m, n - start - 1, scratch), V, temperature, top_k, rng);
+        if (p->last && p->tp) host_pg(p->tp, p->device, HOST_BROADCAST, &next, 1, DTYPE_I32, 0);
         host_pg(p->pp, p->device, HOST_BROADCAST, &next, 1, DTYPE_I32, p->stages - 1);
         tokens[n] = (uint16_t)next;
     }
@@ -808,6 +826,7 @@ static void train_step(model_t *m, trainer_t *tr, const options *o, const uint16
     if (p->gpipe) schedule_gpipe(p, m, tr, train, step_in_epoch);
     else schedule_1f1b(p, m, tr, train, step_in_epoch);
     pipe_end_step(p);
+    model_tp_agree(m); // with --tp on a GPU: the replicated gradients of shard 0 (chapter 10)
     model_all_reduce_grads(m, p->dp, 0, m->host.num_params, OP_AVG);
     if (p->tie) model_all_reduce_grads(m, p->tie, 0, (size_t)m->host.cfg.vocab_size * m->host.cfg.n_embd, OP_SUM);
     model_clip_grad_norm_over(m, p->pp, p->own_from, (float)o->grad_clip);
@@ -825,6 +844,7 @@ static void format_duration(double seconds, char *buf, size_t size) {
 // ranks together), the time left.
 static void report_progress(model_t *m, trainer_t *tr, const options *o, int step, int epoch) {
     double loss = model_take_train_loss(m);           // waits for the GPU, once per line
+    if (!tr->pipe->counts) loss = 0;
     dist_all_reduce_host(tr->dist, &loss, 1, OP_SUM);
     loss /= tr->pipe->replicas;
     double now = now_seconds(), tokens = (double)tr->loss_count * o->batch_size * o->micro_batches * o->block_size *
@@ -869,7 +889,7 @@ static double pipe_report(pipeline_t *p, model_t *m, dist_t *d, const options *o
     if (counted == 0) return -1; // a resumed run with no step left to take
     double *table = xcalloc((size_t)d->world_size * ROW, sizeof(double)), *row = table + (size_t)d->rank * ROW;
     row[ROW_STAGE] = p->stage, row[ROW_BUBBLE] = bubble / counted, row[ROW_SLOTS] = p->slots_used;
-    row[ROW_BYTES] = (double)model_activation_bytes(m);
+    row[ROW_BYTES] = (double)model_slot_bytes(m);
     dist_all_reduce_host(d, table, d->world_size * ROW, OP_SUM);
     double mean = 0, low = 1, high = 0;
     for (int r = 0; r < d->world_size; r++) {
@@ -880,10 +900,10 @@ static double pipe_report(pipeline_t *p, model_t *m, dist_t *d, const options *o
     log_main("bubble: %s, %d stages x %d micro-batches: %.1f%% of a step idle, measured (mean of %d step(s) and %d "
              "rank(s); stages %.1f%% to %.1f%%); (S-1)/(M+S-1) = %.1f%%\n", o->schedule, S, M, 100 * mean, counted,
              d->world_size, 100 * low, 100 * high, 100.0 * (S - 1) / (M + S - 1));
-    // Pipeline 0's ranks are ranks 0, W/S, 2W/S, ... (dp is the faster dimension).
+    // Pipeline 0's ranks are ranks 0, W/S, 2W/S, ... (pp is the slowest dimension).
     log_main("activations held, measured (slots the stage allocated; gpipe holds M = %d, 1f1b at most S - s):\n", M);
     for (int stage = 0; stage < S; stage++) {
-        const double *r = table + (size_t)stage * p->replicas * ROW;
+        const double *r = table + (size_t)stage * p->replicas * p->shards * ROW;
         log_main("  stage %d: %d micro-batch(es), %.2f MiB\n", stage, (int)r[ROW_SLOTS], r[ROW_BYTES] / 1048576.0);
     }
     free(table);
@@ -903,7 +923,7 @@ static void write_timeline(pipeline_t *p, dist_t *d, const options *o, double bu
     if (d->rank == 0) {
         char name[64], date[32];
         snprintf(name, sizeof name, "timeline-%s", o->schedule);
-        metrics_csv csv = metrics_open(o->out_dir, name, "rank,stage,replica,kind,micro,start_ms,end_ms");
+        metrics_csv csv = metrics_open(o->out_dir, name, "rank,stage,replica,shard,kind,micro,start_ms,end_ms");
         time_t now = time(NULL);
         strftime(date, sizeof date, "%Y-%m-%d", localtime(&now));
         metrics_row(&csv, "# %s | backend %s | %d rank(s) | %s", d->device.name, backend_name(pg_backend(d->pg)),
@@ -916,8 +936,9 @@ static void write_timeline(pipeline_t *p, dist_t *d, const options *o, double bu
             for (int e = 0; e < p->max_events; e++) {
                 const double *ev = table + (size_t)r * cols + 4 * (size_t)e;
                 if (ev[0] == 0) continue; // the rest of a shorter row
-                metrics_row(&csv, "%d,%d,%d,%c,%d,%.3f,%.3f", r, r / p->replicas, r % p->replicas, (char)ev[0],
-                            (int)ev[1], 1e3 * ev[2], 1e3 * ev[3]);
+                int per_stage = p->replicas * p->shards; // the mesh: pp x dp x tp, tp fastest
+                metrics_row(&csv, "%d,%d,%d,%d,%c,%d,%.3f,%.3f", r, r / per_stage, r / p->shards % p->replicas,
+                            r % p->shards, (char)ev[0], (int)ev[1], 1e3 * ev[2], 1e3 * ev[3]);
             }
         metrics_close(&csv);
         log_main("timeline of the last step: %s/%s.csv (plot: make plots)\n", o->out_dir, name);
@@ -927,20 +948,20 @@ static void write_timeline(pipeline_t *p, dist_t *d, const options *o, double bu
 
 // ===================================================================== snapshots
 
-// The whole model on rank 0, assembled from the stages of pipeline 0:
-// each stage sends its part (gpt_stage_owned) of the parameters and of
-// both AdamW moments to stage 0, which lays them out as 08's flat arrays.
-// The other pipelines hold the same numbers and send nothing. Every rank
-// of pipeline 0 calls it; rank 0 gets true and *whole.
+// The whole model on rank 0, assembled from the stages of pipeline 0
+// (and from their tp shards): every rank of it sends its parameters and
+// both AdamW moments to rank 0, which puts each tensor, or each tensor's
+// part, in its place in 08's flat arrays (gpt_shard_copy with the sender's
+// table). The other pipelines hold the same numbers and send nothing.
+// Every rank calls it; rank 0 gets true and *whole.
 static bool assemble_whole(model_t *m, pipeline_t *p, gpt_t *whole) {
     if (p->replica != 0) return false;
     model_to_host(m);
-    const gpt_t *h = &m->host;
+    gpt_t *h = &m->host;
     int arrays = h->adam_step > 0 ? 3 : 1; // the moments exist once a step was taken
-    const gpt_real *mine[3] = {h->params, h->adam_m, h->adam_v};
-    size_t at, here, n = gpt_stage_owned(&h->cfg, &h->stage, &at, &here);
-    if (!p->first) {
-        for (int k = 0; k < arrays; k++) host_pg(p->pp, p->device, HOST_SEND, (void *)(mine[k] + here), n, DTYPE_F32, 0);
+    gpt_real *mine[3] = {h->params, h->adam_m, h->adam_v};
+    if (pg_rank(p->world) != 0) {
+        for (int k = 0; k < arrays; k++) host_pg(p->world, p->device, HOST_SEND, mine[k], h->num_params, DTYPE_F32, 0);
         return false;
     }
     gpt_init(whole, h->cfg, 0); // every number of it is overwritten below
@@ -948,14 +969,21 @@ static bool assemble_whole(model_t *m, pipeline_t *p, gpt_t *whole) {
     if (arrays == 3) whole->adam_m = xmalloc(sizeof(gpt_real) * whole->num_params);
     if (arrays == 3) whole->adam_v = xmalloc(sizeof(gpt_real) * whole->num_params);
     gpt_real *dst[3] = {whole->params, whole->adam_m, whole->adam_v};
-    for (int stage = 0; stage < p->stages; stage++) {
-        gpt_stage st = gpt_stage_of(&h->cfg, stage, p->stages);
-        n = gpt_stage_owned(&h->cfg, &st, &at, &here);
-        for (int k = 0; k < arrays; k++) {
-            if (stage == 0) memcpy(dst[k] + at, mine[k] + here, sizeof(gpt_real) * n);
-            else host_pg(p->pp, p->device, HOST_RECV, dst[k] + at, n, DTYPE_F32, stage);
+    for (int stage = 0; stage < p->stages; stage++)
+        for (int shard = 0; shard < p->shards; shard++) {
+            int from = stage * p->replicas * p->shards + shard; // its rank in the mesh, pipeline 0
+            gpt_t part; // the sender's table: where each of its tensors lies in what it sends
+            memset(&part, 0, sizeof part);
+            part.cfg = h->cfg, part.stage = gpt_stage_of(&h->cfg, stage, p->stages), part.tp = h->tp;
+            gpt_build_table(&part);
+            gpt_real *buf = from == 0 ? NULL : xmalloc(sizeof(gpt_real) * part.num_params);
+            for (int k = 0; k < arrays; k++) {
+                if (from > 0) host_pg(p->world, p->device, HOST_RECV, buf, part.num_params, DTYPE_F32, from);
+                gpt_shard_copy(&part, shard, dst[k], from == 0 ? mine[k] : buf, false);
+            }
+            free(buf);
+            free(part.tensors);
         }
-    }
     return true;
 }
 
@@ -1040,21 +1068,16 @@ static int resume(gpt_t *m, const options *o, dist_t *d, int *step) {
     return (int)where[0];
 }
 
-// This rank's stage of the whole model, on its device: its tensors, and
-// AdamW's moments when the run resumes.
+// This rank's stage of the whole model, on its device: its tensors (with
+// --tp, its shard of them: chapter 10's gpt_init_shard), and AdamW's
+// moments when the run resumes.
 static void make_stage(model_t *model, const gpt_t *whole, const pipeline_t *p, const device_t *d, bool bf16,
                        const options *o) {
     gpt_t stage;
-    gpt_init_stage(&stage, whole, gpt_stage_of(&whole->cfg, p->stage, p->stages));
-    if (whole->adam_step > 0) {
-        stage.adam_m = xmalloc(sizeof(gpt_real) * stage.num_params);
-        stage.adam_v = xmalloc(sizeof(gpt_real) * stage.num_params);
-        gpt_stage_from_whole(&stage, stage.adam_m, whole->adam_m);
-        gpt_stage_from_whole(&stage, stage.adam_v, whole->adam_v);
-        stage.adam_step = whole->adam_step;
-    }
+    gpt_init_part(&stage, whole, gpt_stage_of(&whole->cfg, p->stage, p->stages), p->shards, p->shard);
     model_create(model, stage, d, bf16, o->batch_size, o->block_size);
     if (stage.adam_step > 0) model_to_device(model); // the moments too
+    if (p->tp) model_tensor_parallel(model, p->tp);   // its blocks' all-reduces: chapter 10
 }
 
 static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr, int first_epoch, int step) {
@@ -1178,7 +1201,7 @@ int main(int argc, char **argv) {
     // Started by a launcher, or one rank: this process is the rank.
     // Otherwise --nprocs N spawns N ranks (mp.spawn style, chapter 04): by
     // default one pipeline, a rank per stage.
-    int ranks = o.nprocs ? o.nprocs : o.pp;
+    int ranks = o.nprocs ? o.nprocs : o.pp * o.tp;
     if (launch_env_read().launched || ranks == 1) return run_rank(0, 1, &o);
     return spawn(ranks, run_rank, &o);
 }

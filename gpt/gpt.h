@@ -14,6 +14,7 @@
 //      is the training loop's: 08_gpt_wikitext.c)
 //   7. sampling text
 //   8. saving and loading in the safetensors format
+//   9. tensor parallelism: a rank's shard of each block (chapter 10)
 //
 // Every parameter lives in ONE flat array and every gradient in another,
 // laid out as gpt_layout.h says (the GPU model, gpt_cuda.cu, reads the same
@@ -110,14 +111,23 @@ typedef struct {
     size_t tokens_capacity;       // of inputs and targets
     gpt_slot *slots;              // pipeline stages: the slots not in use (gpt_use_slot); NULL otherwise
     int num_slots, slot;
+
+    // Tensor parallelism (chapter 10, section 9): this model is one rank's
+    // shard of each block, split over tp ranks (0 or 1: the whole model).
+    // Its blocks add up their partial results across the ranks by calling
+    // tp_all_reduce (a sum over the tp ranks, in place), which the training
+    // program provides.
+    int tp;
+    void (*tp_all_reduce)(void *user, gpt_real *buf, size_t count);
+    void *tp_user;
 } gpt_t;
 
-// The table of gpt_layout.h, for this model's configuration and stage
-// (a pipeline stage's tensors only; those it lacks are empty).
+// The table of gpt_layout.h, for this model's configuration, stage (a
+// pipeline stage's tensors only; those it lacks are empty) and shard.
 static inline void gpt_build_table(gpt_t *m) {
     m->num_tensors = gpt_num_tensors(&m->cfg);
     m->tensors = xcalloc((size_t)m->num_tensors, sizeof(gpt_tensor));
-    m->num_params = gpt_layout_stage_params(&m->cfg, &m->stage, m->tensors);
+    m->num_params = gpt_layout_stage_params(&m->cfg, &m->stage, m->tp, m->tensors);
 }
 
 // The block's tensors inside `base`, which is m->params or m->grads.
@@ -649,8 +659,8 @@ static inline void gpt_init(gpt_t *m, gpt_config cfg, uint64_t seed) {
 // blocks (embeddings, scratch, ln_f, losses), then each block's, then the
 // logits (N, V). The CPU keeps both kinds of gpt_layout.h (ACT and STAT) in
 // this one buffer, and the attention probabilities (no flash attention).
-static inline size_t gpt_cpu_block_acts(const gpt_config *c, size_t B, size_t T) {
-    return gpt_block_acts_size(c, GPT_ACT, false, B, T) + gpt_block_acts_size(c, GPT_STAT, false, B, T);
+static inline size_t gpt_cpu_block_acts(const gpt_config *c, int tp, size_t B, size_t T) {
+    return gpt_block_acts_size_tp(c, tp, GPT_ACT, false, B, T) + gpt_block_acts_size_tp(c, tp, GPT_STAT, false, B, T);
 }
 static inline size_t gpt_cpu_head_acts(const gpt_config *c, size_t B, size_t T) {
     return gpt_head_acts_size(c, GPT_ACT, B, T) + gpt_head_acts_size(c, GPT_STAT, B, T);
@@ -663,11 +673,11 @@ static inline gpt_block_acts gpt_block_acts_view(const gpt_t *m, int layer) {
     gpt_real **slot[GPT_BLOCK_ACTS] = {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.att, NULL, &a.atty, &a.res2,
                                        &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.fch, &a.fch_gelu, &a.res3};
     gpt_real *cur = m->acts + gpt_cpu_head_acts(&m->cfg, B, T) +
-                    (size_t)(layer - m->stage.first) * gpt_cpu_block_acts(&m->cfg, B, T);
+                    (size_t)(layer - m->stage.first) * gpt_cpu_block_acts(&m->cfg, m->tp, B, T);
     for (int i = 0; i < GPT_BLOCK_ACTS; i++) {
         if (!gpt_block_act_kept(i, false)) continue;
         *slot[i] = cur;
-        cur += gpt_block_act_size(&m->cfg, i, B, T);
+        cur += gpt_block_act_size_tp(&m->cfg, m->tp, i, B, T);
     }
     return a;
 }
@@ -683,7 +693,7 @@ static inline gpt_head_acts gpt_head_acts_view(const gpt_t *m) {
         *slot[i] = cur;
         cur += gpt_head_act_size(&m->cfg, i, B, T);
     }
-    h.logits = cur + (size_t)(m->stage.last - m->stage.first) * gpt_cpu_block_acts(&m->cfg, B, T);
+    h.logits = cur + (size_t)(m->stage.last - m->stage.first) * gpt_cpu_block_acts(&m->cfg, m->tp, B, T);
     return h;
 }
 
@@ -696,7 +706,7 @@ static inline gpt_grad_acts gpt_grad_acts_view(const gpt_t *m) {
     gpt_real *cur = m->grad_acts;
     for (int i = 0; i < GPT_GRAD_ACTS; i++) {
         *slot[i] = cur;
-        cur += (size_t)gpt_grad_acts_channels[i] * m->B * m->T * m->cfg.n_embd;
+        cur += gpt_grad_act_size_tp(&m->cfg, m->tp, i, (size_t)m->B, (size_t)m->T);
     }
     return g;
 }
@@ -705,9 +715,9 @@ static inline gpt_grad_acts gpt_grad_acts_view(const gpt_t *m) {
 // Only the last stage of a pipeline computes logits.
 static inline void gpt_ensure_acts(gpt_t *m, int B, int T) {
     size_t N = (size_t)B * T, L = (size_t)(m->stage.last - m->stage.first);
-    size_t acts = gpt_cpu_head_acts(&m->cfg, B, T) + L * gpt_cpu_block_acts(&m->cfg, B, T) +
+    size_t acts = gpt_cpu_head_acts(&m->cfg, B, T) + L * gpt_cpu_block_acts(&m->cfg, m->tp, B, T) +
                   (m->stage.head ? N * (size_t)m->cfg.vocab_size : 0);
-    size_t grad_acts = gpt_grad_acts_size(&m->cfg, B, T);
+    size_t grad_acts = gpt_grad_acts_size_tp(&m->cfg, m->tp, B, T);
     if (acts > m->acts_capacity) {
         free(m->acts);
         m->acts = xmalloc(sizeof(gpt_real) * acts);
@@ -728,10 +738,18 @@ static inline void gpt_ensure_acts(gpt_t *m, int B, int T) {
     m->B = B, m->T = T;
 }
 
+// A shard of a block, split over tensor-parallel ranks (section 9).
+static inline void gpt_tp_block_forward(gpt_t *m, int layer, const gpt_real *x, gpt_real *scratch);
+static inline void gpt_tp_block_backward(gpt_t *m, int layer);
+
 // One transformer block, pre-LayerNorm (as GPT-2):
 //     res2 = x    + attn(ln_1(x))
 //     res3 = res2 + mlp(ln_2(res2)),   mlp(z) = c_proj(gelu(c_fc(z)))
 static inline void gpt_block_forward(gpt_t *m, int layer, const gpt_real *x, gpt_real *scratch) {
+    if (m->tp > 1) { // this model holds a shard of the block (chapter 10)
+        gpt_tp_block_forward(m, layer, x, scratch);
+        return;
+    }
     int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T;
     gpt_block p = gpt_block_view(m, m->params, layer);
     gpt_block_acts a = gpt_block_acts_view(m, layer);
@@ -806,6 +824,10 @@ static inline const gpt_real *gpt_logits(const gpt_t *m, int b, int t) {
 // The block's backward pass, in the reverse order of its forward pass.
 // On entry g.dres is d(loss)/d(res3); on return d(loss)/d(x).
 static inline void gpt_block_backward(gpt_t *m, int layer) {
+    if (m->tp > 1) {
+        gpt_tp_block_backward(m, layer);
+        return;
+    }
     int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T;
     gpt_block p = gpt_block_view(m, m->params, layer), d = gpt_block_view(m, m->grads, layer);
     gpt_block_acts a = gpt_block_acts_view(m, layer);
@@ -867,28 +889,13 @@ static inline void gpt_free(gpt_t *m) {
 
 // --- a pipeline stage (chapter 11)
 //
-// A gpt_t may hold one stage of a pipeline (gpt_layout.h, section 5): the
+// A gpt_t may hold one stage of a pipeline (gpt_layout.h, section 6): the
 // table, the flat arrays and the loops cover its blocks and ends only, and
 // block numbers stay the whole model's.
 
-// The stage's part of a whole model's flat array (parameters or AdamW's
-// moments) into the stage's array `local`, the last stage's copy of wte too.
-static inline void gpt_stage_from_whole(const gpt_t *m, gpt_real *local, const gpt_real *whole) {
-    size_t at, here, n = gpt_stage_owned(&m->cfg, &m->stage, &at, &here);
-    memcpy(local + here, whole + at, sizeof(gpt_real) * n);
-    if (here > 0) memcpy(local, whole, sizeof(gpt_real) * here); // that copy: wte, first in both arrays
-}
-
-// Stage `stage` of the whole model `whole`: its tensors, copied; zero gradients.
-static inline void gpt_init_stage(gpt_t *m, const gpt_t *whole, gpt_stage stage) {
-    memset(m, 0, sizeof *m);
-    m->cfg = whole->cfg;
-    m->stage = stage;
-    gpt_build_table(m);
-    m->params = xmalloc(sizeof(gpt_real) * m->num_params);
-    m->grads = xcalloc(m->num_params, sizeof(gpt_real));
-    gpt_stage_from_whole(m, m->params, whole->params);
-}
+// A stage is made from the whole model by gpt_init_part (section 9: a
+// stage of tensor-parallel shards too), and its arrays go back into the
+// whole model's with gpt_shard_copy, tensor by tensor.
 
 // A stage keeps the activations of several micro-batches at once: slot k
 // holds one micro-batch's forward pass until its backward pass has used
@@ -916,7 +923,7 @@ static inline void gpt_use_slot(gpt_t *m, int k) {
 
 // Bytes of activations allocated, in every slot: what the micro-batches in
 // flight cost a stage.
-static inline size_t gpt_activation_bytes(const gpt_t *m) {
+static inline size_t gpt_slot_bytes(const gpt_t *m) {
     size_t bytes = m->acts_capacity * sizeof(gpt_real) + 2 * m->tokens_capacity * sizeof(uint16_t);
     for (int k = 0; k < m->num_slots; k++)
         if (k != m->slot)
@@ -939,11 +946,23 @@ static inline gpt_real *gpt_stage_grad(const gpt_t *m) { return gpt_grad_acts_vi
 
 // ===================================================================== 6. optimizer
 
-// The sum of the squares of the gradients [from, num_params).
-static inline double gpt_grad_square_sum(const gpt_t *m, size_t from) {
+// The sum of the squares of the gradients [from, num_params). In a
+// tensor-parallel shard: those of the split tensors, plus those of the
+// replicated ones when `replicated` (the ranks of the tp group hold the
+// same replicated gradients: one of them counts them).
+static inline double gpt_grad_square_sum(const gpt_t *m, size_t from, bool replicated) {
     double sum = 0;
+    if (gpt_tp_ways(m->tp) == 1) {
 #pragma omp parallel for reduction(+ : sum)
-    for (size_t i = from; i < m->num_params; i++) sum += (double)m->grads[i] * m->grads[i];
+        for (size_t i = from; i < m->num_params; i++) sum += (double)m->grads[i] * m->grads[i];
+        return sum;
+    }
+    for (int t = 0; t < m->num_tensors; t++) {
+        const gpt_tensor *ten = &m->tensors[t];
+        if (ten->offset < from || (!replicated && ten->split == GPT_REPLICATED)) continue;
+#pragma omp parallel for reduction(+ : sum)
+        for (size_t i = ten->offset; i < ten->offset + ten->count; i++) sum += (double)m->grads[i] * m->grads[i];
+    }
     return sum;
 }
 
@@ -965,7 +984,7 @@ static inline float gpt_clip_grads(gpt_t *m, double square_sum, float max_norm) 
 // then cannot throw the weights far. With data parallelism call it after
 // the all-reduce, so every rank clips the same averaged gradient.
 static inline float gpt_clip_grad_norm(gpt_t *m, float max_norm) {
-    return gpt_clip_grads(m, gpt_grad_square_sum(m, 0), max_norm);
+    return gpt_clip_grads(m, gpt_grad_square_sum(m, 0, true), max_norm);
 }
 
 // AdamW (Loshchilov & Hutter), as torch.optim.AdamW:
@@ -1162,6 +1181,152 @@ static inline bool gpt_load_safetensors(gpt_t *m, const char *path, char *err, s
     safetensors_release(&f);
     if (!ok) return gpt_fail(err, errlen, path, why);
     return true;
+}
+
+// ===================================================================== 9. tensor parallelism
+//
+// Chapter 10 splits every block over tp ranks (gpt_layout.h, section 5,
+// says how and why): each rank's model is a gpt_t with m->tp = tp whose
+// table (gpt_layout_params_tp) holds the rank's shard of each split tensor
+// and all of each replicated one. Everything else - the flat arrays,
+// zero_grad, AdamW, the buckets - works on the shard as on a whole model;
+// only a block's two passes and the gradient norm differ, below.
+
+// Copies between an array of the whole model (`full`: parameters, or an
+// AdamW moment) and the same array of rank `rank`'s shard (`shard`, laid
+// out as m's table): into the shard when to_shard, else the shard's part
+// of `full` from it. Called for every rank of the group with its shard,
+// the second way assembles the whole model. (A pipeline stage's table
+// leaves out the tensors of the other stages: empty, they are skipped.)
+static inline void gpt_shard_copy(const gpt_t *m, int rank, gpt_real *full, gpt_real *shard, bool to_shard) {
+    gpt_tensor *whole = xcalloc((size_t)m->num_tensors, sizeof(gpt_tensor));
+    gpt_layout_params(&m->cfg, whole);
+    for (int t = 0; t < m->num_tensors; t++)
+        if (m->tensors[t].count > 0)
+            gpt_tensor_shard_copy(&whole[t], &m->tensors[t], m->cfg.n_embd, m->tp, rank, full, shard, sizeof(gpt_real),
+                              to_shard);
+    free(whole);
+}
+
+// The part of `full` (a whole model: its parameters and, when it has
+// them, its AdamW moments and step) that rank `rank` of tp holds of
+// pipeline stage `stage` (chapter 11; gpt_stage_of(c, 0, 1): all blocks).
+static inline void gpt_init_part(gpt_t *m, const gpt_t *full, gpt_stage stage, int tp, int rank) {
+    const char *problem = gpt_tp_problem(&full->cfg, tp);
+    if (problem) die("cannot split the model over %d ranks: %s (n_head %d)", tp, problem, full->cfg.n_head);
+    if (rank < 0 || rank >= gpt_tp_ways(tp)) die("gpt_init_part: rank %d of %d", rank, tp);
+    memset(m, 0, sizeof *m);
+    m->cfg = full->cfg;
+    m->stage = stage;
+    m->tp = tp;
+    gpt_build_table(m);
+    m->params = xmalloc(sizeof(gpt_real) * m->num_params);
+    m->grads = xcalloc(m->num_params, sizeof(gpt_real));
+    gpt_shard_copy(m, rank, full->params, m->params, true);
+    m->adam_step = full->adam_step;
+    if (full->adam_m) {
+        m->adam_m = xmalloc(sizeof(gpt_real) * m->num_params);
+        m->adam_v = xmalloc(sizeof(gpt_real) * m->num_params);
+        gpt_shard_copy(m, rank, full->adam_m, m->adam_m, true);
+        gpt_shard_copy(m, rank, full->adam_v, m->adam_v, true);
+    }
+}
+
+// The shard of `full` that rank `rank` of tp holds: every block's part.
+static inline void gpt_init_shard(gpt_t *m, const gpt_t *full, int tp, int rank) {
+    gpt_init_part(m, full, gpt_stage_of(&full->cfg, 0, 1), tp, rank);
+}
+
+// The sum over the tp ranks, in place: the training program's all-reduce.
+static inline void gpt_tp_sum(gpt_t *m, gpt_real *buf, size_t count) {
+    if (!m->tp_all_reduce) die("a tensor-parallel model (tp %d) needs tp_all_reduce, the all-reduce over its ranks", m->tp);
+    m->tp_all_reduce(m->tp_user, buf, count);
+}
+
+// out = a + (b + bias): the residual add, with the row-parallel layer's
+// bias added once to the all-reduced sum b.
+static inline void residual_bias_forward(gpt_real *out, const gpt_real *a, const gpt_real *b, const gpt_real *bias,
+                                         int N, int C) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const gpt_real *an = a + (size_t)n * C, *bn = b + (size_t)n * C;
+        gpt_real *o = out + (size_t)n * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = an[c] + (bn[c] + bias[c]);
+    }
+}
+
+// The block of gpt_block_forward on this rank's shard. Cs = C/tp channels
+// of heads (NH/tp heads of C/NH channels), H = 4C/tp hidden units. The
+// replicated layers run whole on every rank, on the same numbers; the two
+// row-parallel layers write partial sums, which the ranks add up (g).
+static inline void gpt_tp_block_forward(gpt_t *m, int layer, const gpt_real *x, gpt_real *scratch) {
+    int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T, Cs = C / m->tp, H = 4 * C / m->tp;
+    gpt_block p = gpt_block_view(m, m->params, layer);
+    gpt_block_acts a = gpt_block_acts_view(m, layer);
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, N, C);
+    matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * Cs);      // column-parallel: my heads' q, k, v
+    attention_forward(a.atty, a.att, a.qkv, B, T, Cs, m->cfg.n_head / m->tp);
+    matmul_forward(scratch, a.atty, p.attproj_w, NULL, N, Cs, C);       // row-parallel: a partial sum
+    gpt_tp_sum(m, scratch, (size_t)N * C);                              // g: all-reduce
+    residual_bias_forward(a.res2, x, scratch, p.attproj_b, N, C);
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, N, C);
+    matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, H);              // column-parallel: my hidden units
+    gelu_forward(a.fch_gelu, a.fch, (size_t)N * H);
+    matmul_forward(scratch, a.fch_gelu, p.fcproj_w, NULL, N, H, C);     // row-parallel
+    gpt_tp_sum(m, scratch, (size_t)N * C);                              // g
+    residual_bias_forward(a.res3, a.res2, scratch, p.fcproj_b, N, C);
+}
+
+// The block of gpt_block_backward on this rank's shard. dres, the residual
+// stream's gradient, is the same on every rank, so the replicated
+// parameters' gradients (the LayerNorms', the row-parallel biases') come
+// out the same everywhere. A column-parallel layer's input gradient is
+// only this rank's part (through its own heads or units): the ranks add
+// them up (f) before the LayerNorm below it.
+static inline void gpt_tp_block_backward(gpt_t *m, int layer) {
+    int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T, Cs = C / m->tp, H = 4 * C / m->tp;
+    gpt_block p = gpt_block_view(m, m->params, layer), d = gpt_block_view(m, m->grads, layer);
+    gpt_block_acts a = gpt_block_acts_view(m, layer);
+    gpt_grad_acts g = gpt_grad_acts_view(m);
+    const gpt_real *x = gpt_block_input(m, layer);
+
+    matmul_backward(g.dhidden, d.fcproj_w, d.fcproj_b, g.dres, a.fch_gelu, p.fcproj_w, N, H, C);
+    gelu_backward(g.dhidden, a.fch, g.dhidden, (size_t)N * H);
+    matmul_backward(g.dtmp, d.fc_w, d.fc_b, g.dhidden, a.ln2, p.fc_w, N, C, H);
+    gpt_tp_sum(m, g.dtmp, (size_t)N * C);                               // f: all-reduce
+    layernorm_backward(g.dres, d.ln2_w, d.ln2_b, g.dtmp, a.res2, p.ln2_w, a.ln2_mean, a.ln2_rstd, N, C);
+
+    matmul_backward(g.dtmp, d.attproj_w, d.attproj_b, g.dres, a.atty, p.attproj_w, N, Cs, C);
+    attention_backward(g.dqkv, g.dtmp, a.qkv, a.att, B, T, Cs, m->cfg.n_head / m->tp);
+    matmul_backward(g.dtmp, d.qkv_w, d.qkv_b, g.dqkv, a.ln1, p.qkv_w, N, C, 3 * Cs);
+    gpt_tp_sum(m, g.dtmp, (size_t)N * C);                               // f
+    layernorm_backward(g.dres, d.ln1_w, d.ln1_b, g.dtmp, x, p.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
+}
+
+// gpt_clip_grad_norm for a shard: the model's norm adds the squares of
+// every rank's split tensors (sum_over_tp: the sum of one double over the
+// tp ranks, in place) and those of the replicated ones once (every rank
+// holds the same). Every rank gets the same norm and clips the same way.
+static inline float gpt_clip_grad_norm_tp(gpt_t *m, float max_norm, void (*sum_over_tp)(void *user, double *value),
+                                          void *user) {
+    double split = 0, replicated = 0;
+    for (int t = 0; t < m->num_tensors; t++) {
+        const gpt_tensor *ten = &m->tensors[t];
+        double sum = 0;
+#pragma omp parallel for reduction(+ : sum)
+        for (size_t i = ten->offset; i < ten->offset + ten->count; i++) sum += (double)m->grads[i] * m->grads[i];
+        if (ten->split == GPT_REPLICATED) replicated += sum;
+        else split += sum;
+    }
+    sum_over_tp(user, &split);
+    double norm = sqrt(split + replicated);
+    if (max_norm > 0 && norm > max_norm) {
+        gpt_real s = (gpt_real)(max_norm / (norm + 1e-6));
+#pragma omp parallel for
+        for (size_t i = 0; i < m->num_params; i++) m->grads[i] *= s;
+    }
+    return (float)norm;
 }
 
 #endif

@@ -13,6 +13,7 @@
 //   6. the model: memory plan, forward, backward with bucket callbacks
 //   7. the optimizer: gradient norm, clipping, AdamW
 //   8. copies to and from the host, and one-layer entry points for tests
+//   9. tensor parallelism: a shard of each block (chapter 10)
 //
 // Precision. Templates take the activation type Act: float (fp32 mode,
 // the reference) or __nv_bfloat16 (bf16 mode). Whatever Act is:
@@ -1000,7 +1001,7 @@ typedef struct {
 
 struct gpt_cuda {
     gpt_config cfg;
-    gpt_stage stage;  // the blocks and ends held here (gpt_layout.h, section 5)
+    gpt_stage stage;  // the blocks and ends held here (gpt_layout.h, section 6)
     bool bf16_mode;
     bool flash;       // the attention path (use_flash)
     int max_B, max_T; // what the buffers were sized for
@@ -1039,6 +1040,15 @@ struct gpt_cuda {
     bool have_targets, have_loss, have_norm;
     size_t allocated;
 
+    // Tensor parallelism (section 9): this model is a shard of each block
+    // over tp ranks (1: the whole model), and adds up partial sums across
+    // them with the caller's tp_all_reduce.
+    int tp;
+    gpt_cuda_tp_fn tp_all_reduce;
+    void *tp_user;
+    unsigned char *chunk_split; // device, per AdamW chunk: 1 if its tensor is split (gradient norm)
+    double *tp_norm;            // device: 2 partial sums per norm block, then the two sums
+
     cuda_slot *slots; // pipeline stages: the slots not in use; NULL otherwise
     int num_slots, slot;
     size_t slot_bytes; // the device memory of one slot
@@ -1053,24 +1063,25 @@ typedef struct {
 static const int NORM_BLOCKS = 264; // two per SM of an H100: enough to fill it, few partials to add
 
 // A pipeline stage (s) plans for its blocks only, and only the last stage
-// for the logits and the LM head's padding.
-static memory_plan plan_memory(const gpt_config *c, const gpt_stage *s, int B, int T, bool use_bf16, bool flash,
+// for the logits and the LM head's padding; a tensor-parallel shard (tp)
+// for its part of each block.
+static memory_plan plan_memory(const gpt_config *c, const gpt_stage *s, int tp, int B, int T, bool use_bf16, bool flash,
                                size_t num_params) {
     size_t N = (size_t)B * T, Vp = s->head ? (size_t)padded_vocab(c->vocab_size) : 0;
     size_t L = (size_t)(s->last - s->first), act = use_bf16 ? 2 : 4;
-    size_t att = flash ? 0 : gpt_block_act_size(c, A_ATT, (size_t)B, (size_t)T);
+    size_t att = flash ? 0 : gpt_block_act_size_tp(c, tp, A_ATT, (size_t)B, (size_t)T);
     size_t padded = num_params + (s->head ? head_pad(c) : 0);
     memory_plan p;
     p.params = p.grads = padded * 4;
     p.adam = 2 * num_params * 4;
     p.params_lp = use_bf16 ? padded * 2 : 0;
-    p.acts = (gpt_head_acts_size(c, GPT_ACT, N, 1) + L * gpt_block_acts_size(c, GPT_ACT, flash, (size_t)B, (size_t)T)) * act;
-    p.stats = (head_stats(c, N) + L * gpt_block_acts_size(c, GPT_STAT, flash, (size_t)B, (size_t)T)) * 4;
+    p.acts = (gpt_head_acts_size(c, GPT_ACT, N, 1) + L * gpt_block_acts_size_tp(c, tp, GPT_ACT, flash, (size_t)B, (size_t)T)) * act;
+    p.stats = (head_stats(c, N) + L * gpt_block_acts_size_tp(c, tp, GPT_STAT, flash, (size_t)B, (size_t)T)) * 4;
     p.logits = N * Vp * 4;
     p.dlogits = use_bf16 ? N * Vp * 2 : 0;
-    p.scores = flash ? (size_t)c->n_head * N * 4 : use_bf16 ? att * 4 : 0;
+    p.scores = flash ? gpt_block_act_size_tp(c, tp, A_ATT_LSE, (size_t)B, (size_t)T) * 4 : use_bf16 ? att * 4 : 0;
     p.dscores = att * act;
-    p.grad_acts = gpt_grad_acts_size(c, (size_t)B, (size_t)T) * act;
+    p.grad_acts = gpt_grad_acts_size_tp(c, tp, (size_t)B, (size_t)T) * act;
     p.tokens = 2 * N * sizeof(uint16_t);
     p.partials = NORM_BLOCKS * sizeof(double);
     p.scalars = sizeof(device_scalars);
@@ -1088,7 +1099,7 @@ static size_t plan_total(const memory_plan *p) {
 
 extern "C" size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool use_bf16) {
     gpt_stage whole = gpt_stage_of(cfg, 0, 1);
-    memory_plan p = plan_memory(cfg, &whole, B, T, use_bf16, use_flash(cfg), gpt_num_params(cfg));
+    memory_plan p = plan_memory(cfg, &whole, 1, B, T, use_bf16, use_flash(cfg), gpt_num_params(cfg));
     return plan_total(&p);
 }
 
@@ -1127,11 +1138,12 @@ template <typename Act> static block_acts<Act> block_view(const gpt_cuda_t *g, i
                                     &a.ln2_mean, &a.ln2_rstd, NULL, NULL, NULL};
     size_t index = (size_t)(layer - g->stage.first); // a pipeline stage keeps its own blocks only
     Act *next_act = (Act *)g->acts + gpt_head_acts_size(&g->cfg, GPT_ACT, N, 1) +
-                    index * gpt_block_acts_size(&g->cfg, GPT_ACT, g->flash, B, T);
-    float *next_stat = g->stats + head_stats(&g->cfg, N) + index * gpt_block_acts_size(&g->cfg, GPT_STAT, g->flash, B, T);
+                    index * gpt_block_acts_size_tp(&g->cfg, g->tp, GPT_ACT, g->flash, B, T);
+    float *next_stat = g->stats + head_stats(&g->cfg, N) +
+                       index * gpt_block_acts_size_tp(&g->cfg, g->tp, GPT_STAT, g->flash, B, T);
     for (int i = 0; i < GPT_BLOCK_ACTS; i++) {
         if (!gpt_block_act_kept(i, g->flash)) continue;
-        size_t n = gpt_block_act_size(&g->cfg, i, B, T);
+        size_t n = gpt_block_act_size_tp(&g->cfg, g->tp, i, B, T);
         if (gpt_block_acts_layout[i].kind == GPT_ACT) *act[i] = next_act, next_act += n;
         else *stat[i] = next_stat, next_stat += n;
     }
@@ -1160,7 +1172,7 @@ template <typename Act> static grad_acts<Act> grad_view(const gpt_cuda_t *g) {
     Act *next = (Act *)g->grad_acts;
     for (int i = 0; i < GPT_GRAD_ACTS; i++) {
         *slot[i] = next;
-        next += (size_t)gpt_grad_acts_channels[i] * g->B * g->T * g->cfg.n_embd;
+        next += gpt_grad_act_size_tp(&g->cfg, g->tp, i, (size_t)g->B, (size_t)g->T);
     }
     return v;
 }
@@ -1187,7 +1199,14 @@ template <typename Act> static float *scores_buffer(const gpt_cuda_t *g, Act *at
     return g->bf16_mode ? g->scores : (float *)(void *)att;
 }
 
+template <typename Act> static void block_forward_tp(gpt_cuda_t *g, int l);
+template <typename Act> static void block_backward_tp(gpt_cuda_t *g, int l);
+
 template <typename Act> static void block_forward(gpt_cuda_t *g, int l) {
+    if (g->tp > 1) { // this model holds a shard of the block (section 9)
+        block_forward_tp<Act>(g, l);
+        return;
+    }
     int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T;
     const gpu_ctx *x = &g->ctx;
     const float *p = g->params;
@@ -1320,6 +1339,10 @@ extern "C" void gpt_cuda_logits(gpt_cuda_t *g, int b, int t, float *out_host) {
 // The block's backward pass, in the reverse order of its forward pass,
 // exactly as gpt_block_backward. On entry dres = d(loss)/d(res3); on return d(loss)/d(x).
 template <typename Act> static void block_backward(gpt_cuda_t *g, int l) {
+    if (g->tp > 1) {
+        block_backward_tp<Act>(g, l);
+        return;
+    }
     int B = g->B, T = g->T, C = g->cfg.n_embd, NH = g->cfg.n_head, N = B * T;
     const gpu_ctx *x = &g->ctx;
     const float *p = g->params;
@@ -1466,35 +1489,46 @@ static void refresh_bf16_copy(gpt_cuda_t *g) {
     if (g->bf16_mode) convert(g->ctx.stream, g->params_lp, g->params, g->num_params);
 }
 
+static void tp_setup(gpt_cuda_t *g);
+
 extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *params_host, int B, int T, bool use_bf16) {
     gpt_stage whole = gpt_stage_of(cfg, 0, 1);
-    return gpt_cuda_create_stage(cfg, &whole, params_host, B, T, use_bf16);
+    return gpt_cuda_create_stage(cfg, &whole, 1, params_host, B, T, use_bf16);
 }
 
-extern "C" gpt_cuda_t *gpt_cuda_create_stage(const gpt_config *cfg, const gpt_stage *stage, const float *params_host,
-                                             int B, int T, bool use_bf16) {
+extern "C" gpt_cuda_t *gpt_cuda_create_tp(const gpt_config *cfg, int tp, const float *params_host, int B, int T,
+                                          bool use_bf16) {
+    gpt_stage whole = gpt_stage_of(cfg, 0, 1);
+    return gpt_cuda_create_stage(cfg, &whole, tp, params_host, B, T, use_bf16);
+}
+
+extern "C" gpt_cuda_t *gpt_cuda_create_stage(const gpt_config *cfg, const gpt_stage *stage, int tp,
+                                             const float *params_host, int B, int T, bool use_bf16) {
     check_config(cfg, B, T);
+    const char *problem = gpt_tp_problem(cfg, tp);
+    if (problem) die("gpt_cuda_create_tp: cannot split the model over %d ranks: %s", tp, problem);
     gpt_cuda_t *g = (gpt_cuda_t *)xcalloc(1, sizeof *g);
-    g->cfg = *cfg, g->stage = *stage, g->bf16_mode = use_bf16, g->max_B = g->B = B, g->max_T = g->T = T;
+    g->cfg = *cfg, g->stage = *stage, g->bf16_mode = use_bf16, g->max_B = g->B = B, g->max_T = g->T = T, g->tp = tp;
     g->num_tensors = gpt_num_tensors(cfg);
     g->tensors = (gpt_tensor *)xmalloc(sizeof(gpt_tensor) * (size_t)g->num_tensors);
-    g->num_params = gpt_layout_stage_params(cfg, stage, g->tensors);
+    g->num_params = gpt_layout_stage_params(cfg, stage, tp, g->tensors);
     g->Vp = padded_vocab(cfg->vocab_size), g->head_pad = stage->head ? head_pad(cfg) : 0;
     g->num_adam_chunks = build_adam_chunks(g->tensors, g->num_tensors, NULL);
     g->flash = use_flash(cfg);
-    memory_plan plan = plan_memory(cfg, stage, B, T, use_bf16, g->flash, g->num_params);
+    memory_plan plan = plan_memory(cfg, stage, tp, B, T, use_bf16, g->flash, g->num_params);
     check_fits(cfg, B, T, use_bf16, plan_total(&plan));
     CHECK_CUDA(cudaStreamCreateWithFlags(&g->ctx.stream, cudaStreamNonBlocking));
     allocate_buffers(g, &plan);
     CHECK_CUDA(cudaMallocHost(&g->tokens_host, plan.tokens));
     CHECK_CUDA(cudaEventCreateWithFlags(&g->tokens_copied, cudaEventDisableTiming));
-    g->num_buckets = gpt_layout_buckets(cfg, NULL, 0);
+    g->num_buckets = gpt_layout_buckets_tp(cfg, tp, NULL, 0);
     g->buckets = (gpt_bucket *)xmalloc(sizeof(gpt_bucket) * (size_t)g->num_buckets);
-    gpt_layout_buckets(cfg, g->buckets, g->num_buckets);
+    gpt_layout_buckets_tp(cfg, tp, g->buckets, g->num_buckets);
     g->bucket_events = (cudaEvent_t *)xmalloc(sizeof(cudaEvent_t) * (size_t)g->num_buckets);
     for (int i = 0; i < g->num_buckets; i++)
         CHECK_CUDA(cudaEventCreateWithFlags(&g->bucket_events[i], cudaEventDisableTiming));
     upload_adam_chunks(g);
+    if (tp > 1) tp_setup(g);
     zero_head_padding(g);
     gpt_cuda_set_params(g, params_host);
     CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->grads), 0, plan.grads, g->ctx.stream));
@@ -1523,6 +1557,8 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
     }
     free(g->slots);
     for (int i = 0; i < g->num_buckets; i++) CHECK_CUDA(cudaEventDestroy(g->bucket_events[i]));
+    if (g->chunk_split) CHECK_CUDA(cudaFree(g->chunk_split));
+    if (g->tp_norm) CHECK_CUDA(cudaFree(g->tp_norm));
     CHECK_CUDA(cudaStreamDestroy(g->ctx.stream));
     CHECK_CUDA(cudaEventDestroy(g->tokens_copied));
     CHECK_CUDA(cudaFreeHost(g->tokens_host));
@@ -1546,7 +1582,7 @@ extern "C" void gpt_cuda_use_slot(gpt_cuda_t *g, int k) {
     cuda_slot *next = &g->slots[k];
     g->slot = k;
     if (!next->inputs) { // its first use: allocate it, as large as the first slot
-        memory_plan plan = plan_memory(&g->cfg, &g->stage, g->max_B, g->max_T, g->bf16_mode, g->flash, g->num_params);
+        memory_plan plan = plan_memory(&g->cfg, &g->stage, g->tp, g->max_B, g->max_T, g->bf16_mode, g->flash, g->num_params);
         allocate_slot(g, &plan);
         g->have_targets = false;
         return;
@@ -1557,7 +1593,7 @@ extern "C" void gpt_cuda_use_slot(gpt_cuda_t *g, int k) {
     g->B = next->B, g->T = next->T, g->have_targets = next->have_targets;
 }
 
-extern "C" size_t gpt_cuda_activation_bytes(const gpt_cuda_t *g) {
+extern "C" size_t gpt_cuda_slot_bytes(const gpt_cuda_t *g) {
     int slots = 0;
     for (int k = 0; k < g->num_slots; k++) slots += k == g->slot || g->slots[k].inputs != NULL;
     return (size_t)(slots > 1 ? slots : 1) * g->slot_bytes;
@@ -1643,8 +1679,35 @@ static __global__ void square_sum_kernel(double *out, const double *partials, in
     if (threadIdx.x == 0) *out = s;
 }
 
-extern "C" double *gpt_cuda_grad_square_sum(gpt_cuda_t *g, size_t from) {
+static __global__ void tp_add_partials_kernel(double *sums, const double *partials, int blocks);
+static __global__ void tp_sum_squares_kernel(double *partials, const float *x, const adam_chunk *chunks,
+                                             const unsigned char *split, int count);
+
+// One double from the two sums of a shard's squares: split, and replicated when counted.
+static __global__ void shard_square_sum_kernel(double *out, const double *sums, bool replicated) {
+    *out = sums[0] + (replicated ? sums[1] : 0.0);
+}
+
+extern "C" double *gpt_cuda_grad_square_sum(gpt_cuda_t *g, size_t from, bool replicated) {
     cudaStream_t s = g->ctx.stream;
+    if (g->tp > 1) { // a shard: AdamW's chunks say which tensors are split (tp_setup)
+        int first = 0;
+        adam_chunk *table = (adam_chunk *)xmalloc(sizeof(adam_chunk) * (size_t)g->num_adam_chunks);
+        build_adam_chunks(g->tensors, g->num_tensors, table);
+        while (first < g->num_adam_chunks && table[first].offset < from) first++;
+        free(table);
+        int count = g->num_adam_chunks - first, blocks = count < NORM_BLOCKS ? (count > 0 ? count : 1) : NORM_BLOCKS;
+        double *sums = g->tp_norm + 2 * NORM_BLOCKS;
+        tp_sum_squares_kernel<<<blocks, 256, 0, s>>>(g->tp_norm, g->grads, g->adam_chunks + first,
+                                                      g->chunk_split + first, count);
+        launched("tp_sum_squares_kernel");
+        tp_add_partials_kernel<<<1, WARP, 0, s>>>(sums, g->tp_norm, blocks);
+        launched("tp_add_partials_kernel");
+        shard_square_sum_kernel<<<1, 1, 0, s>>>(&g->scalars->square_sum, sums, replicated);
+        launched("shard_square_sum_kernel");
+        return &g->scalars->square_sum;
+    }
+    (void)replicated; // the whole of each block: every tensor counts
     size_t n = from < g->num_params ? g->num_params - from : 0;
     int blocks = n ? (int)blocks_for(n, 256 * 16) : 1;
     if (blocks > NORM_BLOCKS) blocks = NORM_BLOCKS;
@@ -1960,4 +2023,174 @@ extern "C" float gpt_cuda_test_crossentropy(bool bf16_mode, int N, int V, int Vp
                                             const uint16_t *targets, float *losses, float dloss, float *dlogits) {
     if (bf16_mode) return test_crossentropy<bf16>(N, V, Vp, logits, targets, losses, dloss, dlogits);
     return test_crossentropy<float>(N, V, Vp, logits, targets, losses, dloss, dlogits);
+}
+
+// ===================================================================== 9. tensor parallelism
+//
+// gpt.h's section 9 on the GPU: with tp > 1 this model is one rank's shard
+// of each block (gpt_layout.h, section 5), every buffer sized for the shard.
+// A block calls the caller's tp_all_reduce twice in each pass (g after the
+// two row-parallel layers, f for the input gradients of the two
+// column-parallel ones). Those sums sit on the critical path: nothing in
+// the block can go on before they are done. The callback is given the
+// model's stream; what the course's callback does (gpt/model.h) is the
+// simplest correct thing - wait for the stream, then a blocking all-reduce
+// - so the GPU idles while the numbers travel. Megatron hides part of that
+// time by overlapping the all-reduce with other work; measuring what is
+// left to hide is for the benchmark.
+
+extern "C" void gpt_cuda_set_tp_all_reduce(gpt_cuda_t *g, gpt_cuda_tp_fn fn, void *user) {
+    g->tp_all_reduce = fn, g->tp_user = user;
+}
+
+extern "C" int gpt_cuda_tp(const gpt_cuda_t *g) { return g->tp; }
+
+// In place: buf (count numbers of the activation type) <- its sum over the tp ranks.
+static void tp_sum(gpt_cuda_t *g, void *buf, size_t count) {
+    if (!g->tp_all_reduce) die("a tensor-parallel GPU model (tp %d) needs gpt_cuda_set_tp_all_reduce", g->tp);
+    g->tp_all_reduce(g->tp_user, buf, count, g->bf16_mode ? GPT_CUDA_BF16 : GPT_CUDA_F32, g->ctx.stream);
+}
+
+// out = a + (b + bias): the residual add, the row-parallel bias added once to the all-reduced b.
+template <typename Act>
+static __global__ void residual_bias_forward_kernel(Act *out, const Act *a, const Act *b, const float *bias, int C,
+                                                    size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = from_f<Act>(to_f(a[i]) + (to_f(b[i]) + bias[i % C]));
+}
+
+template <typename Act>
+static void residual_bias_forward(const gpu_ctx *x, Act *out, const Act *a, const Act *b, const float *bias, int N,
+                                  int C) {
+    size_t n = (size_t)N * C;
+    if (n == 0) return;
+    residual_bias_forward_kernel<Act><<<blocks_for(n, 256), 256, 0, x->stream>>>(out, a, b, bias, C, n);
+    launched("residual_bias_forward_kernel");
+}
+
+// gpt_tp_block_forward: Cs = C/tp channels of NH/tp heads, H = 4C/tp hidden units.
+template <typename Act> static void block_forward_tp(gpt_cuda_t *g, int l) {
+    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T, Cs = C / g->tp, H = 4 * C / g->tp, NHs = g->cfg.n_head / g->tp;
+    const gpu_ctx *x = &g->ctx;
+    const float *p = g->params;
+    const Act *w = weights<Act>(g), *in = block_input<Act>(g, l);
+    block_acts<Act> a = block_view<Act>(g, l);
+    Act *scratch = head_view<Act>(g).scratch;
+    layernorm_forward(x, a.ln1, a.ln1_mean, a.ln1_rstd, in, p + off(g, l, B_LN1_W), p + off(g, l, B_LN1_B), N, C);
+    matmul_forward(x, a.qkv, a.ln1, w + off(g, l, B_QKV_W), p + off(g, l, B_QKV_B), N, C, 3 * Cs);
+    if (g->flash) flash_attention_forward(x, a.atty, a.att_lse, a.qkv, B, T, Cs, NHs);
+    else attention_forward(x, a.atty, a.att, scores_buffer(g, a.att), a.qkv, B, T, Cs, NHs);
+    matmul_forward<Act, Act>(x, scratch, a.atty, w + off(g, l, B_ATTPROJ_W), NULL, N, Cs, C); // partial sums
+    tp_sum(g, scratch, (size_t)N * C);                                                          // g
+    residual_bias_forward(x, a.res2, in, scratch, p + off(g, l, B_ATTPROJ_B), N, C);
+    layernorm_forward(x, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + off(g, l, B_LN2_W), p + off(g, l, B_LN2_B), N, C);
+    matmul_forward(x, a.fch, a.ln2, w + off(g, l, B_FC_W), p + off(g, l, B_FC_B), N, C, H);
+    gelu_forward(x, a.fch_gelu, a.fch, (size_t)N * H);
+    matmul_forward<Act, Act>(x, scratch, a.fch_gelu, w + off(g, l, B_FCPROJ_W), NULL, N, H, C);
+    tp_sum(g, scratch, (size_t)N * C);                                                          // g
+    residual_bias_forward(x, a.res3, a.res2, scratch, p + off(g, l, B_FCPROJ_B), N, C);
+}
+
+// gpt_tp_block_backward: dres is the same on every rank; the input
+// gradients of the column-parallel layers are summed over the ranks (f).
+template <typename Act> static void block_backward_tp(gpt_cuda_t *g, int l) {
+    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T, Cs = C / g->tp, H = 4 * C / g->tp, NHs = g->cfg.n_head / g->tp;
+    const gpu_ctx *x = &g->ctx;
+    const float *p = g->params;
+    float *d = g->grads;
+    const Act *w = weights<Act>(g);
+    block_acts<Act> a = block_view<Act>(g, l);
+    grad_acts<Act> ga = grad_view<Act>(g);
+    float *dp = g->bf16_mode ? g->scores : (float *)g->dscores;
+    Act *ds = (Act *)g->dscores;
+
+    matmul_backward(x, ga.dhidden, d + off(g, l, B_FCPROJ_W), d + off(g, l, B_FCPROJ_B), ga.dres, a.fch_gelu,
+                    w + off(g, l, B_FCPROJ_W), N, H, C);
+    gelu_backward(x, ga.dhidden, a.fch, ga.dhidden, (size_t)N * H);
+    matmul_backward(x, ga.dtmp, d + off(g, l, B_FC_W), d + off(g, l, B_FC_B), ga.dhidden, a.ln2, w + off(g, l, B_FC_W), N,
+                    C, H);
+    tp_sum(g, ga.dtmp, (size_t)N * C); // f
+    layernorm_backward(x, ga.dres, d + off(g, l, B_LN2_W), d + off(g, l, B_LN2_B), ga.dtmp, a.res2, p + off(g, l, B_LN2_W),
+                       a.ln2_mean, a.ln2_rstd, N, C);
+    matmul_backward(x, ga.dtmp, d + off(g, l, B_ATTPROJ_W), d + off(g, l, B_ATTPROJ_B), ga.dres, a.atty,
+                    w + off(g, l, B_ATTPROJ_W), N, Cs, C);
+    if (g->flash) flash_attention_backward(x, ga.dqkv, g->scores, ga.dtmp, a.qkv, a.atty, a.att_lse, B, T, Cs, NHs);
+    else attention_backward(x, ga.dqkv, dp, ds, ga.dtmp, a.qkv, a.att, B, T, Cs, NHs);
+    matmul_backward(x, ga.dtmp, d + off(g, l, B_QKV_W), d + off(g, l, B_QKV_B), ga.dqkv, a.ln1, w + off(g, l, B_QKV_W), N,
+                    C, 3 * Cs);
+    tp_sum(g, ga.dtmp, (size_t)N * C); // f
+    layernorm_backward(x, ga.dres, d + off(g, l, B_LN1_W), d + off(g, l, B_LN1_B), ga.dtmp, block_input<Act>(g, l),
+                       p + off(g, l, B_LN1_W), a.ln1_mean, a.ln1_rstd, N, C);
+}
+
+// --- the gradient norm of a shard (gpt_clip_grad_norm_tp): the squares of
+// the split tensors, summed over the tp ranks, plus those of the
+// replicated ones, once. AdamW's chunks never straddle two tensors, so
+// each chunk is all split or all replicated: chunk_split says which.
+static void tp_setup(gpt_cuda_t *g) {
+    int n = g->num_adam_chunks;
+    adam_chunk *chunks = (adam_chunk *)xmalloc(sizeof(adam_chunk) * (size_t)n);
+    unsigned char *split = (unsigned char *)xmalloc((size_t)n);
+    build_adam_chunks(g->tensors, g->num_tensors, chunks);
+    for (int c = 0, t = 0; c < n; c++) {
+        while (chunks[c].offset >= g->tensors[t].offset + g->tensors[t].count) t++;
+        split[c] = g->tensors[t].split != GPT_REPLICATED;
+    }
+    g->chunk_split = (unsigned char *)device_buffer(g, (size_t)n, "chunk kinds (tensor parallelism)");
+    g->tp_norm = (double *)device_buffer(g, sizeof(double) * (2 * NORM_BLOCKS + 2), "gradient-norm sums (tensor parallelism)");
+    CHECK_CUDA(cudaMemcpyAsync(g->chunk_split, split, (size_t)n, cudaMemcpyHostToDevice, g->ctx.stream));
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream)); // before the host buffers go
+    free(chunks), free(split);
+}
+
+// Block b sums the squares of chunks b, b + gridDim.x, ... into two
+// partials, split and replicated, in a fixed order (the same bits every run).
+static __global__ void tp_sum_squares_kernel(double *partials, const float *x, const adam_chunk *chunks,
+                                             const unsigned char *split, int count) {
+    double s_split = 0.0, s_repl = 0.0;
+    for (int c = blockIdx.x; c < count; c += gridDim.x) {
+        adam_chunk ch = chunks[c];
+        double s = 0.0;
+        for (unsigned k = threadIdx.x; k < ch.count; k += blockDim.x) s += (double)x[ch.offset + k] * x[ch.offset + k];
+        if (split[c]) s_split += s;
+        else s_repl += s;
+    }
+    s_split = block_sum_double(s_split);
+    s_repl = block_sum_double(s_repl);
+    if (threadIdx.x == 0) partials[2 * blockIdx.x] = s_split, partials[2 * blockIdx.x + 1] = s_repl;
+}
+
+// One warp adds the partials: sums[0] split, sums[1] replicated.
+static __global__ void tp_add_partials_kernel(double *sums, const double *partials, int blocks) {
+    double a = 0.0, b = 0.0;
+    for (int i = threadIdx.x; i < blocks; i += WARP) a += partials[2 * i], b += partials[2 * i + 1];
+    a = warp_sum_double(a), b = warp_sum_double(b);
+    if (threadIdx.x == 0) sums[0] = a, sums[1] = b;
+}
+
+// After sums[0] was summed over the tp ranks: the norm and the clip scale, as grad_norm_kernel.
+static __global__ void tp_grad_norm_kernel(device_scalars *out, const double *sums, float max_norm) {
+    double norm = sqrt(sums[0] + sums[1]);
+    out->grad_norm = (float)norm;
+    out->clip_scale = max_norm > 0 && norm > max_norm ? (float)(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
+extern "C" void gpt_cuda_clip_grad_norm_tp(gpt_cuda_t *g, float max_norm) {
+    if (g->tp <= 1) {
+        gpt_cuda_clip_grad_norm(g, max_norm);
+        return;
+    }
+    if (!g->tp_all_reduce) die("a tensor-parallel GPU model (tp %d) needs gpt_cuda_set_tp_all_reduce", g->tp);
+    cudaStream_t s = g->ctx.stream;
+    int blocks = g->num_adam_chunks < NORM_BLOCKS ? g->num_adam_chunks : NORM_BLOCKS;
+    double *sums = g->tp_norm + 2 * NORM_BLOCKS;
+    tp_sum_squares_kernel<<<blocks, 256, 0, s>>>(g->tp_norm, g->grads, g->adam_chunks, g->chunk_split,
+                                                  g->num_adam_chunks);
+    launched("tp_sum_squares_kernel");
+    tp_add_partials_kernel<<<1, WARP, 0, s>>>(sums, g->tp_norm, blocks);
+    launched("tp_add_partials_kernel");
+    g->tp_all_reduce(g->tp_user, sums, 1, GPT_CUDA_F64, s); // the split tensors' squares, over the tp ranks
+    tp_grad_norm_kernel<<<1, 1, 0, s>>>(g->scalars, sums, max_norm);
+    launched("tp_grad_norm_kernel");
+    g->clip_pending = true, g->have_norm = true;
 }

@@ -4,9 +4,9 @@
 # send and receive (the time a stage waited for a neighbour). White space
 # in a row is the bubble: that stage had nothing to compute.
 #
-# Reads runs/11_pipeline_parallel/timeline-SCHEDULE.csv (rank,stage,replica,
+# Reads runs/11_pipeline_parallel/timeline-SCHEDULE.csv (rank,stage,replica,shard,
 # kind,micro,start_ms,end_ms: the last training step of every rank, written
-# by ./11_pipeline_parallel) and draws pipeline 0 (replica 0). Run it from
+# by ./11_pipeline_parallel) and draws pipeline 0 (replica 0, shard 0). Run it from
 # the project root:
 #     gnuplot -e "infile='runs/11_pipeline_parallel/timeline-1f1b.csv'" plots/11_timeline.gp
 
@@ -42,9 +42,9 @@ set key outside bottom center horizontal
 set style fill solid 0.85 border rgb "black"
 set offsets graph 0.01, graph 0.01, 0, 0
 
-is(k) = strcol(4) eq k && column(3) == 0
-plot infile skip 1 using (is("F") ? ($6 + $7) / 2 : 1/0):2:(($7 - $6) / 2):(0.3) with boxxyerror lc rgb "#4a90d9" title "forward", \
-     infile skip 1 using (is("B") ? ($6 + $7) / 2 : 1/0):2:(($7 - $6) / 2):(0.3) with boxxyerror lc rgb "#5cb85c" title "backward", \
-     infile skip 1 using (is("S") || is("R") ? ($6 + $7) / 2 : 1/0):($2 + 0.4):(($7 - $6) / 2):(0.06) with boxxyerror lc rgb "#bbbbbb" title "send / receive (waiting included)", \
-     infile skip 1 using (is("F") || is("B") ? ($6 + $7) / 2 : 1/0):2:5 with labels notitle
+is(k) = strcol(5) eq k && column(3) == 0 && column(4) == 0
+plot infile skip 1 using (is("F") ? ($7 + $8) / 2 : 1/0):2:(($8 - $7) / 2):(0.3) with boxxyerror lc rgb "#4a90d9" title "forward", \
+     infile skip 1 using (is("B") ? ($7 + $8) / 2 : 1/0):2:(($8 - $7) / 2):(0.3) with boxxyerror lc rgb "#5cb85c" title "backward", \
+     infile skip 1 using (is("S") || is("R") ? ($7 + $8) / 2 : 1/0):($2 + 0.4):(($8 - $7) / 2):(0.06) with boxxyerror lc rgb "#bbbbbb" title "send / receive (waiting included)", \
+     infile skip 1 using (is("F") || is("B") ? ($7 + $8) / 2 : 1/0):2:6 with labels notitle
 print "11_timeline.gp: wrote " . outfile

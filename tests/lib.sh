@@ -93,6 +93,20 @@ field() {
         if [[ $all -eq 1 ]]; then cat; else tail -n 1; fi
 }
 
+# gpt_corpus DIR : a small corpus in WikiText's layout (train.txt, valid.txt,
+# test.txt of made-up sentences), for the GPT's tests: no real data needed.
+gpt_corpus() {
+    awk -v dir="$1" 'BEGIN { system("mkdir -p " dir); srand(11)
+    split("the a one every some my your this that no", D, " "); split("cat dog bird river city king song train", N, " ")
+    split("sees likes finds eats builds sings", V, " ")
+    for (f = 1; f <= 3; f++) {
+        file = dir "/" (f == 1 ? "train.txt" : f == 2 ? "valid.txt" : "test.txt")
+        for (i = 0; i < (f == 1 ? 2000 : 200); i++) {
+            if (i % 40 == 0) printf " \n = Article %d = \n \n", i > file
+            printf " %s %s %s %s %s . \n", D[int(rand() * 10) + 1], N[int(rand() * 8) + 1], V[int(rand() * 6) + 1],
+                D[int(rand() * 10) + 1], N[int(rand() * 8) + 1] > file } } }'
+}
+
 # has_real_gpu : true when nvidia-smi lists a GPU here.
 has_real_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
 
@@ -160,3 +174,52 @@ free_port() {
     done
     echo 29555
 }
+
+# ---------------------------------------------------------------- planted bugs
+# A check that cannot fail is no check. So a test keeps, beside a check, the
+# bug that check is for: it plants the bug in a copy of the course's
+# sources, builds the copy, and shows the check failing there, as the
+# emulated GPU's planted-bug programs do (tests/tools/test_emu.sh). A later
+# change that makes the check blind (a field that no longer matches, a
+# tolerance too wide, a case that no longer reaches the code) then fails
+# the suite instead of passing quietly.
+#   bin=$(plant bucket_offset common/ddp.h 'grads + first, grads + first' 'grads, grads' \
+#             04_ddp_spawn 04_ddp_spawn)
+#   [[ -n $bin ]] && ...the check, run with "$bin"... && ! equal
+#   verdict $? "04 planted: ..." "$(planted_why bucket_offset)"
+
+# plant NAME FILE OLD NEW DIR TARGET : copies the course's sources (common/,
+# gpt/, tools/, tests/unit/, each chapter's own files; no build outputs) to
+# $TMP/plant-NAME/, there replaces the text OLD in FILE (e.g. common/ddp.h)
+# by NEW, builds TARGET in the folder DIR of the copy, and prints the
+# program's path. The copy is built for the CPU (CUDA=0) whatever this
+# build's mode: the planted bugs live in host code, and one CPU program
+# builds in seconds. Prints nothing and fails when OLD does not occur
+# exactly once in FILE (the code changed: the planted bug must move with
+# it, never be dropped without a word) or the build fails; planted_why NAME
+# then says which.
+plant() {
+    local copy=$TMP/plant-$1 why=$TMP/plant-$1.why file=$2 old=$3 new=$4 text rest count
+    rm -rf "$copy" "$why" && mkdir -p "$copy" || return 1
+    (cd "$ROOT" && find common gpt tools tests/unit tests/Makefile [0-9][0-9]_*/ -maxdepth 1 -type f \
+        \( -name '*.[ch]' -o -name '*.cu' -o -name '*.mk' -o -name Makefile \) -print0 |
+        xargs -0 cp --parents -t "$copy") || { echo "could not copy the sources" >"$why"; return 1; }
+    text=$(cat "$copy/$file" && printf x) || { echo "no file $file" >"$why"; return 1; }
+    text=${text%x}
+    rest=${text//"$old"/}
+    count=$(( (${#text} - ${#rest}) / ${#old} ))
+    if [[ $count -ne 1 ]]; then
+        echo "the planted bug's text '$old' occurs $count times in $file, not once: the code changed; move the planted bug with it" >"$why"
+        return 1
+    fi
+    printf '%s' "${text/"$old"/"$new"}" >"$copy/$file"
+    if ! env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -s -C "$copy/$5" CUDA=0 ASAN=0 "$6" \
+            >"$copy/make.log" 2>&1; then
+        echo "the copy with the planted bug did not build: $(grep -m3 -E 'error|Error' "$copy/make.log" | tr '\n' '|')" >"$why"
+        return 1
+    fi
+    echo "$copy/$5/$6"
+}
+
+# planted_why NAME : why plant NAME gave no program (empty when it gave one).
+planted_why() { cat "$TMP/plant-$1.why" 2>/dev/null; }

@@ -24,16 +24,38 @@ verdict $? "04: 3 ranks learn weight 2, bias 3 ($w, $b)" "status $status, weight
 # (scaled back to L by the linear rule) against chapter 01 with batch N*16
 # and lr L, one epoch over the same global order. 9600 samples divide
 # evenly, so no rank's share is padded.
-for n in 1 2 3; do
-    lr=$(awk -v n=$n 'BEGIN { printf "%.10g", 0.03 / n }')
-    run_capture 300 "$TMP/ddp$n" "$bin" --nprocs $n --batch_size 16 --lr "$lr" --samples 9600 --epochs 1 --device cpu --features 4
-    run_capture 120 "$TMP/single$n" "$one" --batch_size $((16 * n)) --lr 0.03 --samples 9600 --epochs 1 --device cpu --features 4
-    # compare every parameter printed with full precision
-    d_w=$(final 1 "$TMP/ddp$n"); d_b=$(final 2 "$TMP/ddp$n")
+# ddp_equals_one PROGRAM N NAME : runs PROGRAM (chapter 04) with N ranks x
+# batch 16 and chapter 01 with batch 16N (once per N), into $TMP/NAME and
+# $TMP/singleN; sets d_w d_b (DDP's weight and bias) and s_w s_b (one
+# process's); true when they agree within 1e-5, every digit printed.
+ddp_equals_one() {
+    local prog=$1 n=$2 name=$3 lr
+    lr=$(awk -v n="$n" 'BEGIN { printf "%.10g", 0.03 / n }')
+    run_capture 300 "$TMP/$name" "$prog" --nprocs "$n" --batch_size 16 --lr "$lr" --samples 9600 --epochs 1 --device cpu --features 4
+    [[ -s $TMP/single$n ]] ||
+        run_capture 120 "$TMP/single$n" "$one" --batch_size $((16 * n)) --lr 0.03 --samples 9600 --epochs 1 --device cpu --features 4
+    d_w=$(final 1 "$TMP/$name"); d_b=$(final 2 "$TMP/$name")
     s_w=$(field "$TMP/single$n" '^learned weights: w\[0\] = ([-0-9.]*)'); s_b=$(field "$TMP/single$n" '^learned bias: ([-0-9.]*)')
     [[ -n "$d_w" && -n "$s_w" ]] && rel_near "$d_w" "$s_w" 1e-5 && rel_near "$d_b" "$s_b" 1e-5
+}
+for n in 1 2 3; do
+    ddp_equals_one "$bin" $n ddp$n
     verdict $? "04: $n rank(s) x batch 16 equal 1 process x batch $((16 * n)) within 1e-5 ($d_w/$s_w, $d_b/$s_b)" "DDP w=$d_w b=$d_b; single w=$s_w b=$s_b"
 done
+
+# Several buckets: the 5 parameters of --features 4 in buckets of 8 bytes
+# are averaged by three all-reduces (2, 2 and 1 floats), not one: a bucket
+# averaged at the wrong offset, or left out, ends elsewhere.
+COURSE_DDP_BUCKET_BYTES=8 ddp_equals_one "$bin" 3 buckets
+verdict $? "04: 3 ranks averaging in 3 buckets (8 bytes each) equal 1 process x batch 48 within 1e-5 ($d_w/$s_w, $d_b/$s_b)" "DDP w=$d_w b=$d_b; single w=$s_w b=$s_b"
+# Planted (tests/lib.sh, plant): every bucket all-reduced from the start of
+# the gradients, so that only the first two parameters are ever averaged.
+# The copy passes with one bucket (the default 25 MiB) and must fail with three.
+planted=$(plant bucket_offset common/ddp.h 'pg_all_reduce(pg, grads + first, grads + first, n,' \
+    'pg_all_reduce(pg, grads, grads, n,' 04_ddp_spawn 04_ddp_spawn)
+[[ -n $planted ]] && ddp_equals_one "$planted" 3 planted_one_bucket &&
+    ! COURSE_DDP_BUCKET_BYTES=8 ddp_equals_one "$planted" 3 planted_buckets && [[ -n $d_w ]]
+verdict $? "planted: buckets all-reduced at offset 0 pass with one bucket, fail with three ($d_w/$s_w, $d_b/$s_b)" "$(planted_why bucket_offset)DDP w=$d_w b=$d_b; single w=$s_w b=$s_b"
 
 # Replicas stay bit-identical: the check runs every 10 steps and passes (that
 # it catches a replica that drifts is tested where it lives, library/test_ddp).
@@ -45,6 +67,29 @@ gpus=$(gpu_count)
 run_capture 60 "$TMP/nccl" "$bin" --nprocs $((gpus + 1)) --backend nccl; status=$?
 [[ $status -ne 0 ]] && grep -q "needs one GPU per rank" "$TMP/nccl" && grep -q -- "--backend cpu" "$TMP/nccl"
 verdict $? "04: more ranks than GPUs with --backend nccl is one clear error" "status $status: $(head -n 2 "$TMP/nccl" | tr '\n' '|')"
+
+# A rank that fails at start-up: rank 0 writes the metrics CSV, and where
+# COURSE_RUNS_DIR is a file, not a folder, it cannot; it stops before the
+# first step, while the other ranks wait for it in the barrier that starts
+# training. spawn names it, stops the others and ends the job with status 1.
+touch "$TMP/not-a-folder"
+# startup_fails PROGRAM LOG: the run; true when it ended as described above.
+startup_fails() {
+    COURSE_RUNS_DIR=$TMP/not-a-folder run_capture 60 "$2" "$1" --nprocs 3 --device cpu; status=$?
+    [[ $status -eq 1 ]] && grep -q '^spawn: rank 0 exited with status 1; stopping the other 2 ranks$' "$2" &&
+        grep -q "^\[rank 0\] error: cannot create directory $TMP/not-a-folder/04_ddp_spawn: Not a directory" "$2" &&
+        ! grep -q 'Epoch' "$2"
+}
+startup_fails "$bin" "$TMP/startup"
+verdict $? "04: rank 0 failing at start-up (no folder for its CSV) is named by spawn, and the job exits 1" \
+    "status $status: $(tail -n 3 "$TMP/startup" | tr '\n' '|')"
+# Planted: spawn counting only deaths by a signal as failures (an exit
+# status of 1 passes for success).
+planted=$(plant exit_ignored common/spawn.h 'bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;' \
+    'bool failed = !WIFEXITED(status);' 04_ddp_spawn 04_ddp_spawn)
+[[ -n $planted ]] && ! startup_fails "$planted" "$TMP/planted_startup" && [[ -s $TMP/planted_startup ]]
+verdict $? "planted: spawn ignoring exit statuses fails the start-up failure check (status $status)" \
+    "$(planted_why exit_ignored)$(tail -n 3 "$TMP/planted_startup" 2>/dev/null | tr '\n' '|')"
 
 # Too large a learning rate (the linear rule makes it 8 x 0.2 = 1.6) is
 # caught and explained, not printed as a result of -nan.

@@ -60,4 +60,37 @@ verdict $? "05: replicas stay bit-identical under ddprun (checked every 10 steps
 run_capture 120 "$TMP/diverged" "$ddprun" --standalone --nproc_per_node=4 "$bin" --lr 0.3 --device cpu; status=$?
 [[ $status -ne 0 && $status -ne 124 ]] && grep -q "error: training diverged: the loss went from .* lr 1.2 (lr x world size, the linear scaling rule) is too large.*Use --lr 0.125 or less" "$TMP/diverged"
 verdict $? "05: a diverging run (lr 0.3 x 4 ranks) fails, saying which lr to use" "status $status: $(grep -m1 error "$TMP/diverged")"
+
+# A rank killed from outside while the job trains (as the kernel's OOM
+# killer would): ddprun names it, with its pid and the signal, stops the
+# others and ends the job with status 1.
+# killed_rank_named DDPRUN LOG: the run, rank 2 killed once rank 0 has
+# printed its first epoch; sets killed (its pid) and status. True when
+# ddprun named it as above, first and as the root cause.
+killed_rank_named() {
+    local launcher pid
+    killed=""
+    "$1" --standalone --nproc_per_node=3 "$bin" --epochs 100000 --device cpu >"$2" 2>&1 & launcher=$!
+    for _ in $(seq 300); do grep -q '^\[rank 0\]: epoch  0 | loss' "$2" && break; sleep 0.1; done
+    for pid in $(ours "05_env_launch/05_env_launch --epochs 100000"); do
+        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=2' && killed=$pid
+    done
+    [[ -n $killed ]] && kill -9 "$killed"
+    for _ in $(seq 300); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$launcher" 2>/dev/null; wait "$launcher"; status=$?
+    [[ -n $killed && $status -eq 1 ]] &&
+        [[ $(grep -m1 '^ddprun: rank [0-9]* ' "$2") == "ddprun: rank 2 (local 2, pid $killed) was killed by signal 9 (SIGKILL); stopping the other workers" ]] &&
+        grep -q "^ddprun: root cause (first failure): rank 2 (local 2, node 0, host .*, pid $killed) was killed by signal 9 (SIGKILL)" "$2"
+}
+killed_rank_named "$ddprun" "$TMP/killed"
+verdict $? "05: rank 2 killed while training: ddprun names it (pid $killed, SIGKILL) and the job exits 1" \
+    "status $status, killed '$killed': $(grep '^ddprun' "$TMP/killed" | tail -n 3 | tr '\n' '|')"
+# Planted (tests/lib.sh, plant): ddprun counting only non-zero exits as
+# failures, not deaths by a signal; the job then ends when the killed
+# rank's peers fail, and names one of them.
+planted=$(plant signal_ignored tools/ddprun.c 'bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;' \
+    'bool failed = WIFEXITED(status) && WEXITSTATUS(status) != 0;' tools ddprun)
+[[ -n $planted ]] && ! killed_rank_named "$planted" "$TMP/planted_killed" && [[ -n $killed ]]
+verdict $? "planted: ddprun ignoring deaths by a signal fails the killed-rank check" \
+    "$(planted_why signal_ignored)status $status: $(grep '^ddprun' "$TMP/planted_killed" 2>/dev/null | tail -n 3 | tr '\n' '|')"
 no_leftovers "05: no process left behind" "05_env_launch/05_env_launch"

@@ -7,15 +7,7 @@ ddprun="$ROOT/tools/ddprun"
 export OMP_NUM_THREADS=1
 
 # A small corpus in WikiText's layout (no real data needed).
-awk -v dir="$TMP/corpus" 'BEGIN { system("mkdir -p " dir); srand(11)
-    split("the a one every some my your this that no", D, " "); split("cat dog bird river city king song train", N, " ")
-    split("sees likes finds eats builds sings", V, " ")
-    for (f = 1; f <= 3; f++) {
-        file = dir "/" (f == 1 ? "train.txt" : f == 2 ? "valid.txt" : "test.txt")
-        for (i = 0; i < (f == 1 ? 2000 : 200); i++) {
-            if (i % 40 == 0) printf " \n = Article %d = \n \n", i > file
-            printf " %s %s %s %s %s . \n", D[int(rand() * 10) + 1], N[int(rand() * 8) + 1], V[int(rand() * 6) + 1],
-                D[int(rand() * 10) + 1], N[int(rand() * 8) + 1] > file } } }'
+gpt_corpus "$TMP/corpus"
 # On the CPU, whatever the build: what is tested here is data parallelism
 # and snapshots; the GPU cases follow at the end.
 common=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
@@ -28,14 +20,28 @@ l2='l2 norm ([0-9.e+-]*)' sum='checksum ([0-9a-f]*),' valid='validation after st
 # The gradients are averaged in 64 KiB buckets (the default 25 MiB would
 # hold the whole tiny model), so that every bucket has to arrive.
 run_capture 120 "$TMP/one" "$prog" "${common[@]}" --max_steps 15 --batch_size 8 --out_dir "$TMP/one.d"
-COURSE_DDP_BUCKET_BYTES=65536 run_capture 120 "$TMP/two" "$prog" "${common[@]}" --max_steps 15 --batch_size 4 --nprocs 2 \
-    --out_dir "$TMP/two.d"; status=$?
-a=$(field "$TMP/one" "$l2"); b=$(field "$TMP/two" "$l2"); va=$(field "$TMP/one" "$valid"); vb=$(field "$TMP/two" "$valid")
-# On the CPU a run adds in the same order every time: the printed
-# validation losses are compared exactly (unlike two GPU runs' below).
-[[ $status -eq 0 && -n "$a" && -n "$b" ]] && rel_near "$a" "$b" 1e-5 && [[ "$va" == "$vb" ]]
+# two_equal_one PROGRAM NAME: PROGRAM with 2 ranks x batch 4 into $TMP/NAME; sets
+# status, a b (the l2 norms of one rank and two) and va vb (their validation
+# losses); true when they agree. On the CPU a run adds in the same order
+# every time: the printed validation losses are compared exactly (unlike
+# two GPU runs' below).
+two_equal_one() {
+    run_capture 120 "$TMP/$2" "$1" "${common[@]}" --max_steps 15 --batch_size 4 --nprocs 2 --out_dir "$TMP/$2.d"; status=$?
+    a=$(field "$TMP/one" "$l2"); b=$(field "$TMP/$2" "$l2"); va=$(field "$TMP/one" "$valid"); vb=$(field "$TMP/$2" "$valid")
+    [[ $status -eq 0 && -n "$a" && -n "$b" ]] && rel_near "$a" "$b" 1e-5 && [[ "$va" == "$vb" ]]
+}
+COURSE_DDP_BUCKET_BYTES=65536 two_equal_one "$prog" two
 verdict $? "gpt ddp: 2 ranks x batch 4 (64 KiB buckets) equal 1 rank x batch 8 after 15 steps (l2 $a vs $b)" \
     "status $status, l2 '$a' vs '$b', valid $va vs $vb"
+# Planted (tests/lib.sh, plant): every bucket all-reduced from the start of
+# the gradients. The copy passes with one bucket (the default 25 MiB holds
+# the whole model) and must fail with the 8 buckets of 64 KiB.
+planted=$(plant bucket_offset common/ddp.h 'pg_all_reduce(pg, grads + first, grads + first, n,' \
+    'pg_all_reduce(pg, grads, grads, n,' 08_gpt_wikitext 08_gpt_wikitext)
+[[ -n $planted ]] && two_equal_one "$planted" planted_one_bucket &&
+    ! COURSE_DDP_BUCKET_BYTES=65536 two_equal_one "$planted" planted_buckets && [[ -n $b ]]
+verdict $? "planted: buckets all-reduced at offset 0 pass with one bucket, fail with 64 KiB buckets (l2 $a vs $b)" \
+    "$(planted_why bucket_offset)status $status, l2 '$a' vs '$b', valid $va vs $vb"
 lines=$(grep -c '^test: ' "$TMP/two")
 check "gpt ddp: rank 0 alone reports (one test line)" test "$lines" -eq 1
 

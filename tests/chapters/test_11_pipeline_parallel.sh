@@ -61,7 +61,7 @@ verdict $? "11: 2 pipelines x 2 stages (dp x pp, 4 ranks) equal one process (l2 
 # timeline of 4 stages x 4 micro-batches: GPipe runs every forward first;
 # 1F1B's stage s runs 3-s forwards, then alternates.
 order() { # CSV STAGE -> "F0 F1 ... B3", the stage's compute events by start time
-    awk -F, -v s="$2" '$2 == s && ($4 == "F" || $4 == "B") { print $6, $4 $5 }' "$1" | sort -n | cut -d' ' -f2 | paste -sd' '
+    awk -F, -v s="$2" '$2 == s && ($5 == "F" || $5 == "B") { print $7, $5 $6 }' "$1" | sort -n | cut -d' ' -f2 | paste -sd' '
 }
 declare -A want_order=(
     [gpipe0]="F0 F1 F2 F3 B0 B1 B2 B3" [gpipe3]="F0 F1 F2 F3 B0 B1 B2 B3"

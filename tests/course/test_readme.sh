@@ -150,12 +150,12 @@ run README.md 02_p2p 120 "make -n test" 'tests/run.sh p2p'
 run README.md . 60 "make 04_ddp_spawn" '^built 04_ddp_spawn/04_ddp_spawn; run it from here with \./04_ddp_spawn/04_ddp_spawn'
 exercise README.md . "make check-exercise EX=03/ring_allreduce"
 # Read the diff first: make diffs exits 0 (diff's 1 is not a failure) after
-# the five diffs, 01 -> 04 -> 05 -> 06 -> 07 and 08 -> 11, in that order.
+# the diffs, 01 -> 04 -> 05 -> 06 -> 07, then 08 -> 10 and 08 -> 11, in that order.
 run README.md . 60 "make diffs" '^\+\+\+ 11_pipeline_parallel/11_pipeline_parallel\.c$'
 order=$(grep '^+++ ' "$TMP/out" | cut -c5- | tr '\n' ' ')
 want="04_ddp_spawn/04_ddp_spawn.c 05_env_launch/05_env_launch.c 06_snapshot_resume/06_snapshot_resume.c 07_multinode/07_multinode.c "
-want+="11_pipeline_parallel/11_pipeline_parallel.c "
-[[ "$order" == "$want" ]]; verdict $? "README.md: make diffs prints the five diffs in order" "got: $order"
+want+="10_tensor_parallel/10_tensor_parallel.c 11_pipeline_parallel/11_pipeline_parallel.c "
+[[ "$order" == "$want" ]]; verdict $? "README.md: make diffs prints the diffs in order" "got: $order"
 run README.md . 60 "make help"
 # make help: every target of the top Makefile, and every chapter with its line.
 missing=""
@@ -182,7 +182,7 @@ exercise 02_p2p/README.md 02_p2p "make check-exercise EX=02/pingpong"
 
 fresh_copy 03_collectives/README.md
 run 03_collectives/README.md 03_collectives 120 "make 03_collectives && ./03_collectives" '^== 9\. barrier'
-run 03_collectives/README.bench.md 03_collectives 300 "./03_collectives --bench -b 8 -e 64M -f 4 -c 1" '^# Out of bounds values : 0 OK$'
+run 03_collectives/README.md 03_collectives 300 "./03_collectives --bench -b 8 -e 64M -f 4 -c 1" '^# Out of bounds values : 0 OK$'
 run 03_collectives/README.md 03_collectives 60 "./03_collectives --nprocs 2 --mismatch" 'rank 0 has 3, rank 1 has 2$'
 fails 03_collectives/README.md 03_collectives 60 "COURSE_DEBUG=DETAIL ./03_collectives --nprocs 2 --mismatch" \
     'error: COURSE_DEBUG=DETAIL: collective #0 differs across ranks: rank 0 called all_reduce\(1000 x f32, sum\), rank 1 called all_reduce\(1000 x f32, max\)'
@@ -280,6 +280,32 @@ if [[ -n "$wikitext" ]]; then
 else
     for c in "${tok_commands[@]}"; do not_here 08_gpt_wikitext/README.tokenizer.md "$c" "needs a tokenizer trained on WikiText-2, which is not here"; done
 fi
+
+fresh_copy 10_tensor_parallel/README.md
+run 10_tensor_parallel/README.md 10_tensor_parallel 300 "make 10_tensor_parallel"
+if [[ -n "$wikitext" ]]; then
+    student+=(WIKITEXT_DIR="$wikitext")
+    run 10_tensor_parallel/README.md 10_tensor_parallel 600 "./10_tensor_parallel --dp 2 --tp 2 --preset tiny --max_steps 50" \
+        '^mesh: dp 2 x tp 2 \(4 ranks'
+    mesh_valid=$(sed -n 's/^validation after step 50 .*: loss \([0-9.]*\) .*/\1/p' "$TMP/out")
+    run 10_tensor_parallel/README.md 10_tensor_parallel 600 "./10_tensor_parallel --preset tiny --max_steps 50 --batch_size 16" '^test: loss '
+    one_valid=$(sed -n 's/^validation after step 50 .*: loss \([0-9.]*\) .*/\1/p' "$TMP/out")
+    if [[ -n "$mesh_valid" && "$mesh_valid" == "$one_valid" ]]; then
+        pass "10_tensor_parallel/README.md: dp 2 x tp 2 and one process end with the same validation loss ($one_valid)"
+    else fail "10_tensor_parallel/README.md: dp 2 x tp 2 and one process end with the same validation loss" "'$mesh_valid' vs '$one_valid'"; fi
+    run 10_tensor_parallel/README.md 10_tensor_parallel 120 './10_tensor_parallel --generate --prompt "The king"' '^--- sample 1 '
+    unset 'student[${#student[@]}-1]'
+else
+    covered["10_tensor_parallel/README.md|./10_tensor_parallel --dp 2 --tp 2 --preset tiny --max_steps 50"]=1
+    (cd "$course/10_tensor_parallel" && timeout -k 5 60 "${student[@]}" ./10_tensor_parallel --dp 2 --tp 2 --preset tiny --max_steps 50) \
+        >"$TMP/out" 2>&1; status=$?
+    if [[ $status -ne 0 ]] && grep -q "error: WikiText-2 not found: .*make data" "$TMP/out"; then
+        pass "10_tensor_parallel/README.md: ./10_tensor_parallel --dp 2 --tp 2 --preset tiny --max_steps 50 (no WikiText-2 here: an error that says make data)"
+    else fail "10_tensor_parallel/README.md: ./10_tensor_parallel --dp 2 --tp 2 ..." "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+    not_here 10_tensor_parallel/README.md "./10_tensor_parallel --preset tiny --max_steps 50 --batch_size 16" "needs WikiText-2, which is not here"
+    not_here 10_tensor_parallel/README.md './10_tensor_parallel --generate --prompt "The king"' "needs the model of a run on WikiText-2, which is not here"
+fi
+exercise 10_tensor_parallel/README.md 10_tensor_parallel "make check-exercise EX=10/row_parallel"
 
 fresh_copy 11_pipeline_parallel/README.md
 run 11_pipeline_parallel/README.md 11_pipeline_parallel 300 "make"

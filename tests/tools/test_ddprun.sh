@@ -263,4 +263,90 @@ kill -TERM "$n0" "$n1" 2>/dev/null; wait_deadline $n0 10; wait_deadline $n1 10
 verdict $? "ddprun: a second launcher for a live node is refused" \
     "status $s2: $(tail -n 2 "$TMP/d2.log" | tr '\n' '|') node 0: $(tail -n 2 "$TMP/d0.log" | tr '\n' '|') first node 1: $(tail -n 2 "$TMP/d1.log" | tr '\n' '|')"
 no_leftovers "ddprun: no worker left after the replaced node" "$TAG"
+
+# ---------------------------------------------------------------- the restart budget across nodes (issue 33)
+# Node 1's launcher and workers are killed at once (a crashed host) while
+# node 0's worker runs on. Node 0 takes node 1 for dead after SILENCE s
+# without a heartbeat (--rdzv_timeout, under 30 s), checked once a second;
+# then it waits up to SILENCE s more for the failure records of the nodes
+# (node 1 will write none) and exits. The deadline is that, plus 6 s.
+SILENCE=4
+DEADLINE=$((2 * SILENCE + 1 + 6))
+# budget_node NODE_RANK MAX_RESTARTS [DDPRUN]: a launcher whose one worker prints its attempt and sleeps.
+budget_node() {
+    launcher=("${3:-$DDPRUN}" --nnodes=2 --node_rank="$1" --nproc_per_node=1 --master_port="$port"
+              --max_restarts="$2" --rdzv_timeout=$SILENCE /bin/sh -c 'echo "attempt $TORCHELASTIC_RESTART_COUNT"; sleep 60' "$TAG")
+}
+# kill_node PID: the launcher started with setsid, and every process of its session.
+kill_node() {
+    for p in $(ps -o pid= -s "$1"); do kill -9 "$p" 2>/dev/null; done
+    wait "$1" 2>/dev/null
+}
+# wait_for FILE REGEX: until FILE has a line matching REGEX (at most 10 s).
+wait_for() {
+    for _ in $(seq 100); do grep -Eq -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+    return 1
+}
+
+# budget_zero LOG [DDPRUN]: --max_restarts=0, node 1 killed once its worker runs;
+# sets s0 (node 0's status) and secs (from the kill to node 0's exit).
+budget_zero() {
+    port=$(free_port)
+    budget_node 0 0 "${2:-}"; "${launcher[@]}" >"$1" 2>&1 & n0=$!
+    budget_node 1 0 "${2:-}"; setsid "${launcher[@]}" >"$1.node1" 2>&1 & n1=$!
+    wait_for "$1" '^\[rank 0\]: attempt 0$'; wait_for "$1.node1" '^\[rank 1\]: attempt 0$'
+    local start=$(date +%s)
+    kill_node "$n1"
+    wait_deadline $n0 $DEADLINE; s0=$?
+    secs=$(( $(date +%s) - start ))
+}
+# What node 0 says when it gives up on node 1: no restart asked for, no wait for a new launcher.
+gave_up="^ddprun: node 1 (.*) has sent no heartbeat for $SILENCE s: its launcher died or the network between the nodes failed; stopping this node's workers$"
+budget_zero "$TMP/budget0.log"
+[[ $s0 -eq 1 ]] && grep -q "$gave_up" "$TMP/budget0.log"
+verdict $? "ddprun: --max_restarts=0, node 1's launcher killed: node 0 exits 1 naming node 1 (after ${secs}s, deadline ${DEADLINE}s)" \
+    "status $s0 after ${secs}s: $(grep ddprun "$TMP/budget0.log" | tail -n 4 | tr '\n' '|')"
+! grep -q 'restart' "$TMP/budget0.log"
+verdict $? "ddprun: --max_restarts=0, node 1's launcher killed: no restart is asked for" "$(grep restart "$TMP/budget0.log" | head -n 3 | tr '\n' '|')"
+no_leftovers "ddprun: no worker left after the budget of 0 restarts" "$TAG"
+
+# --max_restarts=1: node 1 is killed, a new launcher takes its place, and
+# both nodes restart (attempt 1); node 1 is killed again: no restart is left,
+# and node 0 exits 1 naming it.
+port=$(free_port)
+budget_node 0 1; "${launcher[@]}" >"$TMP/budget1.log" 2>&1 & n0=$!
+budget_node 1 1; setsid "${launcher[@]}" >"$TMP/budget1.node1" 2>&1 & n1=$!
+wait_for "$TMP/budget1.log" '^\[rank 0\]: attempt 0$'; wait_for "$TMP/budget1.node1" '^\[rank 1\]: attempt 0$'
+kill_node "$n1"
+setsid "${launcher[@]}" >"$TMP/budget1.node1b" 2>&1 & n1=$!
+# The new launcher watches the old one's heartbeat for 5 s before it takes over; node 0
+# waits SILENCE s for it, from when it finds node 1 silent (after SILENCE s).
+wait_for "$TMP/budget1.node1b" '^\[rank 1\]: attempt 1$' || wait_for "$TMP/budget1.node1b" '^\[rank 1\]: attempt 1$'
+wait_for "$TMP/budget1.log" '^\[rank 0\]: attempt 1$'
+start=$(date +%s)
+kill_node "$n1"
+wait_deadline $n0 $DEADLINE; s0=$?
+secs=$(( $(date +%s) - start ))
+restarts=$(grep -c '^ddprun: restarting workers' "$TMP/budget1.log")
+# What node 0 said after its restart: a second request, even one that no
+# new launcher answers (so that no 'restarting workers' follows), is one too many.
+sed -n '/^ddprun: restarting workers/,$p' "$TMP/budget1.log" | tail -n +2 >"$TMP/budget1.after"
+[[ $restarts -eq 1 ]] && grep -q '^ddprun: restarting workers (restart 1 of 1)$' "$TMP/budget1.log" &&
+   grep -q '^\[rank 0\]: attempt 1$' "$TMP/budget1.log" && ! grep -q 'restart' "$TMP/budget1.after"
+verdict $? "ddprun: --max_restarts=1, node 1 killed twice: exactly one restart (attempt 1 ran on node 0)" \
+    "$restarts restart(s): $(grep -E 'ddprun|attempt' "$TMP/budget1.log" | tail -n 6 | tr '\n' '|')"
+[[ $s0 -eq 1 ]] && grep -q "$gave_up" "$TMP/budget1.after"
+verdict $? "ddprun: --max_restarts=1, node 1 killed again after the restart: node 0 exits 1 naming node 1 (after ${secs}s, deadline ${DEADLINE}s)" \
+    "status $s0 after ${secs}s: $(grep ddprun "$TMP/budget1.log" | tail -n 4 | tr '\n' '|')"
+no_leftovers "ddprun: no worker left after the budget of 1 restart" "$TAG"
+
+# Planted (tests/lib.sh, plant): a silent node restarts the job while
+# generation <= max_restarts, one restart too many. With --max_restarts=0
+# node 0 then asks for a restart and waits for a new launcher of node 1.
+ddprun_planted=$(plant restart_budget tools/ddprun.c 'if (watch_restart && job->generation < job->opt.max_restarts) {' \
+    'if (watch_restart && job->generation <= job->opt.max_restarts) {' tools ddprun)
+[[ -n $ddprun_planted ]] && { budget_zero "$TMP/planted_budget.log" "$ddprun_planted"; grep -q 'restart' "$TMP/planted_budget.log"; }
+verdict $? "planted: a restart budget off by one (generation <= max_restarts) fails 'no restart is asked for'" \
+    "$(planted_why restart_budget)$(grep ddprun "$TMP/planted_budget.log" 2>/dev/null | tail -n 3 | tr '\n' '|')"
+no_leftovers "ddprun: no worker left after the planted restart budget" "$TAG"
 exit 0
