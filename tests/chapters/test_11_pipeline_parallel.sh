@@ -2,6 +2,8 @@
 # and 1F1B train the same model as chapter 08 with --grad_accum M in one
 # process; the schedules run in their order and hold the activations they
 # should; snapshots go both ways between 08 and 11; a killed stage resumes.
+# Two planted bugs (tests/lib.sh, plant) show that the checks see what they
+# are for.
 source "$(dirname "$0")/../lib.sh"
 prog="$ROOT/11_pipeline_parallel/11_pipeline_parallel"
 p08="$ROOT/08_gpt_wikitext/08_gpt_wikitext"
@@ -39,6 +41,17 @@ for M in 1 4; do
     done
 done
 
+# Planted: the tied embedding's all-reduce left out. Each end of the
+# pipeline then steps its copy of wte with half of its gradient (the
+# embedding's, or the LM head's); only the comparison with one process sees it.
+planted=$(plant tie_skipped 11_pipeline_parallel/11_pipeline_parallel.c 'if (p->tie) model_all_reduce_grads' \
+    'if (0 && p->tie) model_all_reduce_grads' 11_pipeline_parallel 11_pipeline_parallel)
+[[ -n $planted ]] && run_capture 120 "$TMP/planted_tie" "$planted" "${common[@]}" --pp 2 --micro_batches 4 \
+    --out_dir "$TMP/planted_tie.d" && got=$(field "$TMP/planted_tie" "$l2") && want=$(field "$TMP/one4" "$l2") &&
+    [[ -n $got && -n $want ]] && ! rel_near "$got" "$want" 1e-6
+verdict $? "planted: without the tied embedding's all-reduce, 2 stages differ from one process (l2 $got vs $want)" \
+    "$(planted_why tie_skipped)l2 '$got' vs '$want': $(grep -m1 error "$TMP/planted_tie" 2>/dev/null)"
+
 # Data parallel x pipeline: 2 pipelines of 2 stages, 2 micro-batches of 2,
 # against one process with 2 micro-batches of 4.
 run_capture 120 "$TMP/one_dp" "$p08" "${common[@]}" --batch_size 4 --grad_accum 2 --out_dir "$TMP/one_dp.d"
@@ -74,6 +87,19 @@ for schedule in gpipe 1f1b; do
     [[ "$got" == "$want" ]]
     verdict $? "11: $schedule holds $want micro-batches on stages 0-3" "it printed '$got'"
 done
+
+# Planted: 1F1B's warm-up as long on every stage as on the first (S - 1
+# forwards). The gradients stay the same - only the order and the memory
+# checks see that the later stages no longer alternate and hold every
+# micro-batch.
+planted=$(plant warmup_same 11_pipeline_parallel/11_pipeline_parallel.c 'int warmup = S - p->stage - 1 < M ? S - p->stage - 1 : M' \
+    'int warmup = S - 1 < M ? S - 1 : M' 11_pipeline_parallel 11_pipeline_parallel)
+[[ -n $planted ]] && run_capture 120 "$TMP/planted_w" "$planted" "${common[@]}" --pp 4 --micro_batches 4 --schedule 1f1b \
+    --out_dir "$TMP/planted_w.d" && got=$(order "$TMP/planted_w.d/timeline-1f1b.csv" 3) &&
+    held=$(field --all "$TMP/planted_w" '^  stage ([0-3]): ([0-9]*) micro-batch' '\2' | paste -sd' ') &&
+    [[ -n $got && $got != "${want_order[1f1b3]}" && -n $held && $held != "4 3 2 1" ]]
+verdict $? "planted: a warm-up of S - 1 on every stage is seen by the order ('$got') and memory ('$held') checks" \
+    "$(planted_why warmup_same)stage 3 ran '$got', held '$held': $(grep -m1 error "$TMP/planted_w" 2>/dev/null)"
 
 # The bubble is measured (not asserted: a timing) and printed beside the
 # formula, (S-1)/(M+S-1) = 3/7 for 4 stages x 4 micro-batches.

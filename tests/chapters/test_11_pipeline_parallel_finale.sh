@@ -3,7 +3,8 @@
 # tensor-parallel ranks - trains the model one process trains with the same
 # step, on CPU ranks and on 8 (emulated) GPUs with nccl; and the same run
 # on two hosts (11_pipeline_parallel/rehearsal.sh), one killed and
-# restarted, resumes from its snapshot and ends as one process.
+# restarted, resumes from its snapshot and ends as one process. One planted
+# bug (tests/lib.sh, plant) shows that the comparison sees a wrong norm.
 source "$(dirname "$0")/../lib.sh"
 prog="$ROOT/11_pipeline_parallel/11_pipeline_parallel"
 p08="$ROOT/08_gpt_wikitext/08_gpt_wikitext"
@@ -28,6 +29,16 @@ a=$(field "$TMP/one" "$l2") b=$(field "$TMP/mesh" "$l2") va=$(field "$TMP/one" "
 [[ $status -eq 0 && -n "$a" && "$va" == "$vb" ]] && rel_near "$a" "$b" 1e-6 && grep -q '^mesh: pp 2 x dp 2 x tp 2 (8 ranks' "$TMP/mesh"
 verdict $? "finale: dp x tp x pp = 2 x 2 x 2 on 8 CPU ranks equals one process (l2 $b vs $a)" \
     "status $status, l2 '$b' vs '$a', validation '$vb' vs '$va': $(grep -m1 error "$TMP/mesh")"
+
+# Planted: the gradient norm for clipping counts the tensors every tp rank
+# holds whole (embeddings, LayerNorms, row-parallel biases) once per tp
+# rank instead of once: the clipping, and so the run, differ from one process.
+planted=$(plant norm_twice gpt/model.h 'bool replicated = !m->tp_group || pg_rank(m->tp_group) == 0;' \
+    'bool replicated = true;' 11_pipeline_parallel 11_pipeline_parallel)
+[[ -n $planted ]] && run_capture 300 "$TMP/planted" "$planted" "${common[@]}" --device cpu --max_steps 8 "${mesh[@]}" \
+    --out_dir "$TMP/planted.d" && c=$(field "$TMP/planted" "$l2") && [[ -n $c && -n $a ]] && ! rel_near "$a" "$c" 1e-6
+verdict $? "planted: replicated tensors counted on every tp rank in the clipping norm: 2 x 2 x 2 differs from one process (l2 $c vs $a)" \
+    "$(planted_why norm_twice)l2 '$c' vs '$a': $(grep -m1 error "$TMP/planted" 2>/dev/null)"
 
 # ---------------------------------------------------------------- two hosts, one lost
 # As root, two network namespaces; otherwise two launchers on 127.0.0.1.

@@ -325,6 +325,9 @@ for schedule in 1f1b gpipe; do
             "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
     fi
 done
+# The finale: dp x tp x pp = 2 x 2 x 2 on two hosts, one killed (its own corpus: no WikiText-2 needed).
+run 11_pipeline_parallel/README.md 11_pipeline_parallel 400 "make -C ../08_gpt_wikitext 08_gpt_wikitext && ./rehearsal.sh" \
+    '^rehearsal: PASS \((netns|loopback)\): 4 \+ 4 workers on two hosts trained the same model as one process .*host 1 was killed, came back, and the job resumed'
 exercise 11_pipeline_parallel/README.md 11_pipeline_parallel "make check-exercise EX=11/one_f_one_b"
 
 fresh_copy tools/README.md
