@@ -266,6 +266,7 @@ static void group_all_reduce_host(pg_t *g, const device_t *dev, double *values, 
 // mine: count numbers of type t; all: the group's, rank r's at r * count.
 static void group_all_gather_host(pg_t *g, const device_t *dev, const void *mine, void *all, size_t count, dtype_t t) {
     size_t bytes = dtype_size(t) * count, world = (size_t)pg_world_size(g);
+    if (bytes == 0) return;
     void *send = device_alloc(dev, bytes), *recv = device_alloc(dev, bytes * world);
     device_from_host(dev, send, mine, bytes);
     pg_all_gather(g, send, recv, count, t);

@@ -1308,8 +1308,10 @@ static inline void gpt_tp_block_backward(gpt_t *m, int layer) {
 // every rank's split tensors (sum_over_tp: the sum of one double over the
 // tp ranks, in place) and those of the replicated ones once (every rank
 // holds the same). Every rank gets the same norm and clips the same way.
+// The whole model (tp 1) is gpt_clip_grad_norm's, to the bit.
 static inline float gpt_clip_grad_norm_tp(gpt_t *m, float max_norm, void (*sum_over_tp)(void *user, double *value),
                                           void *user) {
+    if (m->tp <= 1) return gpt_clip_grad_norm(m, max_norm);
     double split = 0, replicated = 0;
     for (int t = 0; t < m->num_tensors; t++) {
         const gpt_tensor *ten = &m->tensors[t];
