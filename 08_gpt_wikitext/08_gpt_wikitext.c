@@ -450,7 +450,7 @@ static void train_step(model_t *m, trainer_t *tr, const options *o, int step) {
     if (tr->graph) {
         // The same step - zero_grad, forward, backward, clip, AdamW - as ONE
         // launch of a CUDA graph captured at the first step (gpt_cuda.cu,
-        // section 9): the tokens and this step's learning rate are copied to
+        // section 10): the tokens and this step's learning rate are copied to
         // the GPU before it, and it computes what the calls below compute.
         const loader_batch_t *batch = loader_next(&tr->loader);
         model_graph_step(m, batch->inputs, batch->targets, o->batch_size, o->block_size, (float)o->grad_clip,

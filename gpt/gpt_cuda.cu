@@ -13,7 +13,8 @@
 //   6. the model: memory plan, forward, backward with bucket callbacks
 //   7. the optimizer: gradient norm, clipping, AdamW
 //   8. copies to and from the host, and one-layer entry points for tests
-//   9. the training step as one CUDA graph: captured once, replayed
+//   9. tensor parallelism: a shard of each block (chapter 10)
+//  10. the training step as one CUDA graph: captured once, replayed
 //
 // Precision. Templates take the activation type Act: float (fp32 mode,
 // the reference) or __nv_bfloat16 (bf16 mode). Whatever Act is:
@@ -952,7 +953,7 @@ static size_t head_pad(const gpt_config *c) {
 }
 
 // What changes from step to step but must not change a CUDA graph of the
-// step (section 9): the host writes it into device memory before each replay.
+// step (section 10): the host writes it into device memory before each replay.
 typedef struct {
     float lr, c1, c2; // AdamW's learning rate and bias corrections 1 - beta^t of this step
 } step_scalars;
@@ -968,6 +969,7 @@ typedef struct {
     float grad_norm;  // from the last gpt_cuda_clip_grad_norm
     float clip_scale; // 1, or max_norm / norm when clipping: the next AdamW multiplies the gradients by it
     step_scalars step; // graph steps: this step's AdamW scalars, copied in before the graph's launch
+    double square_sum; // a pipeline stage's sum of squared gradients (gpt_cuda_grad_square_sum)
 } device_scalars;
 
 // Which attention a model uses: the flash kernels (the default), or the
@@ -994,8 +996,20 @@ static bool use_flash(const gpt_config *c) {
 // depends on the path: the probabilities (cuBLAS) or the log-sum-exps (flash).
 static size_t head_stats(const gpt_config *c, size_t N) { return gpt_head_acts_size(c, GPT_STAT, N, 1) + N; }
 
+// A pipeline stage keeps the activations of several micro-batches, one
+// slot each (gpt_cuda_use_slot): the buffers of the slots not in use wait
+// here. The slot in use is acts, stats, logits, inputs and targets below.
+typedef struct {
+    void *acts;
+    float *stats, *logits;
+    uint16_t *inputs;
+    int B, T;
+    bool have_targets;
+} cuda_slot;
+
 struct gpt_cuda {
     gpt_config cfg;
+    gpt_stage stage;  // the blocks and ends held here (gpt_layout.h, section 6)
     bool bf16_mode;
     bool flash;       // the attention path (use_flash)
     int max_B, max_T; // what the buffers were sized for
@@ -1034,7 +1048,20 @@ struct gpt_cuda {
     int adam_step;
     bool have_targets, have_loss, have_norm;
     size_t allocated;
-    struct step_graph *graph; // section 9: the captured step (NULL until the first gpt_cuda_graph_step)
+    struct step_graph *graph; // section 10: the captured step (NULL until the first gpt_cuda_graph_step)
+
+    // Tensor parallelism (section 9): this model is a shard of each block
+    // over tp ranks (1: the whole model), and adds up partial sums across
+    // them with the caller's tp_all_reduce.
+    int tp;
+    gpt_cuda_tp_fn tp_all_reduce;
+    void *tp_user;
+    unsigned char *chunk_split; // device, per AdamW chunk: 1 if its tensor is split (gradient norm)
+    double *tp_norm;            // device: 2 partial sums per norm block, then the two sums
+
+    cuda_slot *slots; // pipeline stages: the slots not in use; NULL otherwise
+    int num_slots, slot;
+    size_t slot_bytes; // the device memory of one slot
 };
 
 // Section 9's graph of a training step, and what it was captured for.
@@ -1061,22 +1088,26 @@ typedef struct {
 
 static const int NORM_BLOCKS = 264; // two per SM of an H100: enough to fill it, few partials to add
 
-static memory_plan plan_memory(const gpt_config *c, int B, int T, bool use_bf16, bool flash, size_t num_params) {
-    size_t N = (size_t)B * T, Vp = (size_t)padded_vocab(c->vocab_size);
-    size_t L = (size_t)c->n_layer, act = use_bf16 ? 2 : 4;
-    size_t att = flash ? 0 : gpt_block_act_size(c, A_ATT, (size_t)B, (size_t)T);
-    size_t padded = num_params + head_pad(c);
+// A pipeline stage (s) plans for its blocks only, and only the last stage
+// for the logits and the LM head's padding; a tensor-parallel shard (tp)
+// for its part of each block.
+static memory_plan plan_memory(const gpt_config *c, const gpt_stage *s, int tp, int B, int T, bool use_bf16, bool flash,
+                               size_t num_params) {
+    size_t N = (size_t)B * T, Vp = s->head ? (size_t)padded_vocab(c->vocab_size) : 0;
+    size_t L = (size_t)(s->last - s->first), act = use_bf16 ? 2 : 4;
+    size_t att = flash ? 0 : gpt_block_act_size_tp(c, tp, A_ATT, (size_t)B, (size_t)T);
+    size_t padded = num_params + (s->head ? head_pad(c) : 0);
     memory_plan p;
     p.params = p.grads = padded * 4;
     p.adam = 2 * num_params * 4;
     p.params_lp = use_bf16 ? padded * 2 : 0;
-    p.acts = (gpt_head_acts_size(c, GPT_ACT, N, 1) + L * gpt_block_acts_size(c, GPT_ACT, flash, (size_t)B, (size_t)T)) * act;
-    p.stats = (head_stats(c, N) + L * gpt_block_acts_size(c, GPT_STAT, flash, (size_t)B, (size_t)T)) * 4;
+    p.acts = (gpt_head_acts_size(c, GPT_ACT, N, 1) + L * gpt_block_acts_size_tp(c, tp, GPT_ACT, flash, (size_t)B, (size_t)T)) * act;
+    p.stats = (head_stats(c, N) + L * gpt_block_acts_size_tp(c, tp, GPT_STAT, flash, (size_t)B, (size_t)T)) * 4;
     p.logits = N * Vp * 4;
     p.dlogits = use_bf16 ? N * Vp * 2 : 0;
-    p.scores = flash ? (size_t)c->n_head * N * 4 : use_bf16 ? att * 4 : 0;
+    p.scores = flash ? gpt_block_act_size_tp(c, tp, A_ATT_LSE, (size_t)B, (size_t)T) * 4 : use_bf16 ? att * 4 : 0;
     p.dscores = att * act;
-    p.grad_acts = gpt_grad_acts_size(c, (size_t)B, (size_t)T) * act;
+    p.grad_acts = gpt_grad_acts_size_tp(c, tp, (size_t)B, (size_t)T) * act;
     p.tokens = 2 * N * sizeof(uint16_t);
     p.partials = NORM_BLOCKS * sizeof(double);
     p.scalars = sizeof(device_scalars);
@@ -1093,7 +1124,8 @@ static size_t plan_total(const memory_plan *p) {
 }
 
 extern "C" size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool use_bf16) {
-    memory_plan p = plan_memory(cfg, B, T, use_bf16, use_flash(cfg), gpt_num_params(cfg));
+    gpt_stage whole = gpt_stage_of(cfg, 0, 1);
+    memory_plan p = plan_memory(cfg, &whole, 1, B, T, use_bf16, use_flash(cfg), gpt_num_params(cfg));
     return plan_total(&p);
 }
 
@@ -1130,12 +1162,14 @@ template <typename Act> static block_acts<Act> block_view(const gpt_cuda_t *g, i
                                  &a.fch, &a.fch_gelu, &a.res3};
     float **stat[GPT_BLOCK_ACTS] = {NULL, &a.ln1_mean, &a.ln1_rstd, NULL, NULL, &a.att_lse, NULL, NULL, NULL,
                                     &a.ln2_mean, &a.ln2_rstd, NULL, NULL, NULL};
+    size_t index = (size_t)(layer - g->stage.first); // a pipeline stage keeps its own blocks only
     Act *next_act = (Act *)g->acts + gpt_head_acts_size(&g->cfg, GPT_ACT, N, 1) +
-                    (size_t)layer * gpt_block_acts_size(&g->cfg, GPT_ACT, g->flash, B, T);
-    float *next_stat = g->stats + head_stats(&g->cfg, N) + (size_t)layer * gpt_block_acts_size(&g->cfg, GPT_STAT, g->flash, B, T);
+                    index * gpt_block_acts_size_tp(&g->cfg, g->tp, GPT_ACT, g->flash, B, T);
+    float *next_stat = g->stats + head_stats(&g->cfg, N) +
+                       index * gpt_block_acts_size_tp(&g->cfg, g->tp, GPT_STAT, g->flash, B, T);
     for (int i = 0; i < GPT_BLOCK_ACTS; i++) {
         if (!gpt_block_act_kept(i, g->flash)) continue;
-        size_t n = gpt_block_act_size(&g->cfg, i, B, T);
+        size_t n = gpt_block_act_size_tp(&g->cfg, g->tp, i, B, T);
         if (gpt_block_acts_layout[i].kind == GPT_ACT) *act[i] = next_act, next_act += n;
         else *stat[i] = next_stat, next_stat += n;
     }
@@ -1164,7 +1198,7 @@ template <typename Act> static grad_acts<Act> grad_view(const gpt_cuda_t *g) {
     Act *next = (Act *)g->grad_acts;
     for (int i = 0; i < GPT_GRAD_ACTS; i++) {
         *slot[i] = next;
-        next += (size_t)gpt_grad_acts_channels[i] * g->B * g->T * g->cfg.n_embd;
+        next += gpt_grad_act_size_tp(&g->cfg, g->tp, i, (size_t)g->B, (size_t)g->T);
     }
     return v;
 }
@@ -1180,8 +1214,10 @@ template <typename T> static T *lm_head(const gpt_cuda_t *g, T *flat) { return f
 
 static size_t off(const gpt_cuda_t *g, int layer, int i) { return g->tensors[gpt_block_tensor(layer, i)].offset; }
 
+// A pipeline stage's first block reads `encoded` too: the previous stage's
+// output is received there (gpt_cuda_stage_input).
 template <typename Act> static const Act *block_input(const gpt_cuda_t *g, int layer) {
-    return layer == 0 ? head_view<Act>(g).encoded : block_view<Act>(g, layer - 1).res3;
+    return layer == g->stage.first ? head_view<Act>(g).encoded : block_view<Act>(g, layer - 1).res3;
 }
 
 // fp32 mode computes the scores in place in att and needs no extra buffer.
@@ -1189,7 +1225,14 @@ template <typename Act> static float *scores_buffer(const gpt_cuda_t *g, Act *at
     return g->bf16_mode ? g->scores : (float *)(void *)att;
 }
 
+template <typename Act> static void block_forward_tp(gpt_cuda_t *g, int l);
+template <typename Act> static void block_backward_tp(gpt_cuda_t *g, int l);
+
 template <typename Act> static void block_forward(gpt_cuda_t *g, int l) {
+    if (g->tp > 1) { // this model holds a shard of the block (section 9)
+        block_forward_tp<Act>(g, l);
+        return;
+    }
     int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T;
     const gpu_ctx *x = &g->ctx;
     const float *p = g->params;
@@ -1209,14 +1252,17 @@ template <typename Act> static void block_forward(gpt_cuda_t *g, int l) {
     residual_forward(x, a.res3, a.res2, scratch, (size_t)N * C);
 }
 
+// A pipeline stage computes its part: the embeddings on the first stage
+// only, its own blocks, the head on the last stage only.
 template <typename Act> static void model_forward(gpt_cuda_t *g, bool with_targets) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->cfg.n_layer, N = B * T;
+    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->stage.last, N = B * T;
     const gpu_ctx *x = &g->ctx;
     head_acts<Act> h = head_view<Act>(g);
     const float *p = g->params;
     size_t wpe = g->tensors[1].offset, lnf = g->tensors[g->num_tensors - 2].offset;
-    encoder_forward(x, h.encoded, g->inputs, p, p + wpe, B, T, C);
-    for (int l = 0; l < L; l++) block_forward<Act>(g, l);
+    if (g->stage.embedding) encoder_forward(x, h.encoded, g->inputs, p, p + wpe, B, T, C);
+    for (int l = g->stage.first; l < L; l++) block_forward<Act>(g, l);
+    if (!g->stage.head) return;
     layernorm_forward(x, h.lnf, h.lnf_mean, h.lnf_rstd, block_input<Act>(g, L), p + lnf, p + lnf + C, N, C);
     matmul_forward<Act, float>(x, g->logits, h.lnf, lm_head(g, weights<Act>(g)), NULL, N, C, Vp); // tied: wte
     if (with_targets) crossentropy_forward(x, h.losses, h.lse, g->logits, g->targets, N, V, Vp);
@@ -1239,8 +1285,10 @@ static void upload_tokens(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t 
     cudaStream_t s = g->ctx.stream;
     uint16_t *in = g->tokens_host, *tg = g->tokens_host + (size_t)g->max_B * g->max_T;
     CHECK_CUDA(cudaEventSynchronize(g->tokens_copied));
-    memcpy(in, inputs, N * sizeof(uint16_t));
-    CHECK_CUDA(cudaMemcpyAsync(g->inputs, in, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
+    if (inputs) { // every stage but the first of a pipeline has none
+        memcpy(in, inputs, N * sizeof(uint16_t));
+        CHECK_CUDA(cudaMemcpyAsync(g->inputs, in, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
+    }
     if (targets) {
         memcpy(tg, targets, N * sizeof(uint16_t));
         CHECK_CUDA(cudaMemcpyAsync(g->targets, tg, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
@@ -1264,7 +1312,9 @@ static __global__ void mean_loss_kernel(device_scalars *out, const float *losses
 // The forward pass on the tokens already on the device (a graph step
 // captures this, without the copy of the tokens).
 static void queue_forward(gpt_cuda_t *g, int B, int T, bool with_targets) {
-    g->B = B, g->T = T, g->have_targets = with_targets;
+    // The last stage's backward pass starts from the targets; another
+    // stage's from the gradient the next stage sends (gpt_cuda_stage_grad).
+    g->B = B, g->T = T, g->have_targets = with_targets || !g->stage.head;
     if (g->bf16_mode) model_forward<bf16>(g, with_targets);
     else model_forward<float>(g, with_targets);
     if (!with_targets) return;
@@ -1278,8 +1328,11 @@ extern "C" void gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const ui
     if (B < 1 || T < 1 || B > g->max_B || T > g->max_T)
         die("gpt_cuda_forward: a batch of %d x %d tokens does not fit the %d x %d the GPU model was created for", B,
             T, g->max_B, g->max_T);
+    if ((inputs != NULL) != g->stage.embedding || (targets && !g->stage.head))
+        die("gpt_cuda_forward: stage %d of %d takes %s", g->stage.index, g->stage.count,
+            g->stage.embedding ? "input tokens" : "no input tokens, and targets only if it is the last");
     size_t N = (size_t)B * T;
-    check_tokens(g, inputs, N, "input");
+    if (inputs) check_tokens(g, inputs, N, "input");
     if (targets) check_tokens(g, targets, N, "target");
     upload_tokens(g, inputs, targets, N);
     queue_forward(g, B, T, targets != NULL);
@@ -1318,6 +1371,10 @@ extern "C" void gpt_cuda_logits(gpt_cuda_t *g, int b, int t, float *out_host) {
 // The block's backward pass, in the reverse order of its forward pass,
 // exactly as gpt_block_backward. On entry dres = d(loss)/d(res3); on return d(loss)/d(x).
 template <typename Act> static void block_backward(gpt_cuda_t *g, int l) {
+    if (g->tp > 1) {
+        block_backward_tp<Act>(g, l);
+        return;
+    }
     int B = g->B, T = g->T, C = g->cfg.n_embd, NH = g->cfg.n_head, N = B * T;
     const gpu_ctx *x = &g->ctx;
     const float *p = g->params;
@@ -1353,31 +1410,37 @@ static void bucket_done(gpt_cuda_t *g, int i, gpt_cuda_bucket_fn fn, void *user)
     fn(user, &g->buckets[i], g->bucket_events[i]);
 }
 
+// A pipeline stage other than the last starts from d(loss)/d(its output),
+// received into dres (gpt_cuda_stage_grad); one other than the first ends
+// with d(loss)/d(its input) there. The buckets are the whole model's.
 template <typename Act> static void model_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn fn, void *user) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->cfg.n_layer, N = B * T;
+    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->stage.last, N = B * T;
     const gpu_ctx *x = &g->ctx;
     head_acts<Act> h = head_view<Act>(g);
     grad_acts<Act> ga = grad_view<Act>(g);
     size_t wpe = g->tensors[1].offset, lnf = g->tensors[g->num_tensors - 2].offset;
     Act *dlogits = (Act *)g->dlogits;
 
-    crossentropy_backward(x, dlogits, g->logits, h.lse, g->targets, N, V, Vp, grad_scale / (float)N);
-    matmul_backward<Act>(x, ga.dtmp, lm_head(g, g->grads), NULL, dlogits, h.lnf, lm_head(g, weights<Act>(g)), N, C,
-                         Vp); // adds into dwte
-    CHECK_CUDA(cudaMemsetAsync(ga.dres, 0, sizeof(Act) * (size_t)N * C, x->stream));
-    layernorm_backward(x, ga.dres, g->grads + lnf, g->grads + lnf + C, ga.dtmp, block_input<Act>(g, L),
-                       g->params + lnf, h.lnf_mean, h.lnf_rstd, N, C);
+    if (g->stage.head) {
+        crossentropy_backward(x, dlogits, g->logits, h.lse, g->targets, N, V, Vp, grad_scale / (float)N);
+        matmul_backward<Act>(x, ga.dtmp, lm_head(g, g->grads), NULL, dlogits, h.lnf, lm_head(g, weights<Act>(g)), N,
+                             C, Vp); // adds into dwte
+        CHECK_CUDA(cudaMemsetAsync(ga.dres, 0, sizeof(Act) * (size_t)N * C, x->stream));
+        layernorm_backward(x, ga.dres, g->grads + lnf, g->grads + lnf + C, ga.dtmp, block_input<Act>(g, L),
+                           g->params + lnf, h.lnf_mean, h.lnf_rstd, N, C);
+    }
     bucket_done(g, 0, fn, user);
-    for (int l = L - 1; l >= 0; l--) {
+    for (int l = L - 1; l >= g->stage.first; l--) {
         block_backward<Act>(g, l);
         bucket_done(g, L - l, fn, user);
     }
-    encoder_backward(x, g->grads, g->grads + wpe, ga.dres, g->inputs, B, T, C);
+    if (g->stage.embedding) encoder_backward(x, g->grads, g->grads + wpe, ga.dres, g->inputs, B, T, C);
     bucket_done(g, L + 1, fn, user);
 }
 
 extern "C" void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn bucket_ready, void *user) {
     if (!g->have_targets) die("gpt_cuda_backward needs a gpt_cuda_forward with targets just before it");
+    if (bucket_ready && g->stage.count > 1) die("gpt_cuda_backward: a pipeline stage has no gradient buckets");
     g->have_targets = false; // in fp32 mode the logits have become dlogits
     if (g->bf16_mode) model_backward<bf16>(g, grad_scale, bucket_ready, user);
     else model_backward<float>(g, grad_scale, bucket_ready, user);
@@ -1426,21 +1489,28 @@ static void check_fits(const gpt_config *c, int B, int T, bool use_bf16, size_t 
             total_bytes / 1073741824.0, use_bf16 ? "" : ", or --dtype bf16");
 }
 
+// What one forward pass keeps: the slot in use (gpt_cuda_use_slot).
+static void allocate_slot(gpt_cuda_t *g, const memory_plan *p) {
+    g->acts = device_buffer(g, p->acts, "activations");
+    g->stats = (float *)device_buffer(g, p->stats, "LayerNorm statistics and losses");
+    g->logits = (float *)device_buffer(g, p->logits, "logits");
+    g->dlogits = g->bf16_mode ? g->dlogits : (void *)g->logits; // fp32 mode: the logits become their gradient
+    g->inputs = (uint16_t *)device_buffer(g, p->tokens, "tokens");
+    g->targets = g->inputs + (size_t)g->max_B * g->max_T;
+    g->slot_bytes = p->acts + p->stats + p->logits + p->tokens;
+}
+
 static void allocate_buffers(gpt_cuda_t *g, const memory_plan *p) {
+    if (g->bf16_mode) g->dlogits = device_buffer(g, p->dlogits, "logit gradients"); // scratch: one for all slots
     g->params = (float *)device_buffer(g, p->params, "parameters") + g->head_pad;
     g->grads = (float *)device_buffer(g, p->grads, "gradients") + g->head_pad;
     g->adam_m = (float *)device_buffer(g, p->adam / 2, "AdamW first moments");
     g->adam_v = (float *)device_buffer(g, p->adam / 2, "AdamW second moments");
     if (g->bf16_mode) g->params_lp = (bf16 *)device_buffer(g, p->params_lp, "bf16 weight copy") + g->head_pad;
-    g->acts = device_buffer(g, p->acts, "activations");
-    g->stats = (float *)device_buffer(g, p->stats, "LayerNorm statistics and losses");
-    g->logits = (float *)device_buffer(g, p->logits, "logits");
-    g->dlogits = g->bf16_mode ? device_buffer(g, p->dlogits, "logit gradients") : (void *)g->logits;
+    allocate_slot(g, p);
     g->scores = (float *)device_buffer(g, p->scores, "attention scores");
     g->dscores = device_buffer(g, p->dscores, "attention score gradients");
     g->grad_acts = device_buffer(g, p->grad_acts, "activation gradients");
-    g->inputs = (uint16_t *)device_buffer(g, p->tokens, "tokens");
-    g->targets = g->inputs + (size_t)g->max_B * g->max_T;
     g->norm_partials = (double *)device_buffer(g, p->partials, "gradient-norm partial sums");
     g->adam_chunks = (adam_chunk *)device_buffer(g, p->chunks, "AdamW chunk table");
     g->scalars = (device_scalars *)device_buffer(g, p->scalars, "loss and gradient norm");
@@ -1468,29 +1538,46 @@ static void refresh_bf16_copy(gpt_cuda_t *g) {
     if (g->bf16_mode) convert(g->ctx.stream, g->params_lp, g->params, g->num_params);
 }
 
+static void tp_setup(gpt_cuda_t *g);
+
 extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *params_host, int B, int T, bool use_bf16) {
+    gpt_stage whole = gpt_stage_of(cfg, 0, 1);
+    return gpt_cuda_create_stage(cfg, &whole, 1, params_host, B, T, use_bf16);
+}
+
+extern "C" gpt_cuda_t *gpt_cuda_create_tp(const gpt_config *cfg, int tp, const float *params_host, int B, int T,
+                                          bool use_bf16) {
+    gpt_stage whole = gpt_stage_of(cfg, 0, 1);
+    return gpt_cuda_create_stage(cfg, &whole, tp, params_host, B, T, use_bf16);
+}
+
+extern "C" gpt_cuda_t *gpt_cuda_create_stage(const gpt_config *cfg, const gpt_stage *stage, int tp,
+                                             const float *params_host, int B, int T, bool use_bf16) {
     check_config(cfg, B, T);
+    const char *problem = gpt_tp_problem(cfg, tp);
+    if (problem) die("gpt_cuda_create_tp: cannot split the model over %d ranks: %s", tp, problem);
     gpt_cuda_t *g = (gpt_cuda_t *)xcalloc(1, sizeof *g);
-    g->cfg = *cfg, g->bf16_mode = use_bf16, g->max_B = g->B = B, g->max_T = g->T = T;
+    g->cfg = *cfg, g->stage = *stage, g->bf16_mode = use_bf16, g->max_B = g->B = B, g->max_T = g->T = T, g->tp = tp;
     g->num_tensors = gpt_num_tensors(cfg);
     g->tensors = (gpt_tensor *)xmalloc(sizeof(gpt_tensor) * (size_t)g->num_tensors);
-    g->num_params = gpt_layout_params(cfg, g->tensors);
-    g->Vp = padded_vocab(cfg->vocab_size), g->head_pad = head_pad(cfg);
+    g->num_params = gpt_layout_stage_params(cfg, stage, tp, g->tensors);
+    g->Vp = padded_vocab(cfg->vocab_size), g->head_pad = stage->head ? head_pad(cfg) : 0;
     g->num_adam_chunks = build_adam_chunks(g->tensors, g->num_tensors, NULL);
     g->flash = use_flash(cfg);
-    memory_plan plan = plan_memory(cfg, B, T, use_bf16, g->flash, g->num_params);
+    memory_plan plan = plan_memory(cfg, stage, tp, B, T, use_bf16, g->flash, g->num_params);
     check_fits(cfg, B, T, use_bf16, plan_total(&plan));
     CHECK_CUDA(cudaStreamCreateWithFlags(&g->ctx.stream, cudaStreamNonBlocking));
     allocate_buffers(g, &plan);
     CHECK_CUDA(cudaMallocHost(&g->tokens_host, plan.tokens));
     CHECK_CUDA(cudaEventCreateWithFlags(&g->tokens_copied, cudaEventDisableTiming));
-    g->num_buckets = gpt_layout_buckets(cfg, NULL, 0);
+    g->num_buckets = gpt_layout_buckets_tp(cfg, tp, NULL, 0);
     g->buckets = (gpt_bucket *)xmalloc(sizeof(gpt_bucket) * (size_t)g->num_buckets);
-    gpt_layout_buckets(cfg, g->buckets, g->num_buckets);
+    gpt_layout_buckets_tp(cfg, tp, g->buckets, g->num_buckets);
     g->bucket_events = (cudaEvent_t *)xmalloc(sizeof(cudaEvent_t) * (size_t)g->num_buckets);
     for (int i = 0; i < g->num_buckets; i++)
         CHECK_CUDA(cudaEventCreateWithFlags(&g->bucket_events[i], cudaEventDisableTiming));
     upload_adam_chunks(g);
+    if (tp > 1) tp_setup(g);
     zero_head_padding(g);
     gpt_cuda_set_params(g, params_host);
     CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->grads), 0, plan.grads, g->ctx.stream));
@@ -1511,7 +1598,16 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
                     g->norm_partials, g->adam_chunks, g->scalars, g->ctx.workspace, g->grads_bf16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) CHECK_CUDA(cudaFree(bufs[i]));
+    for (int k = 0; k < g->num_slots; k++) {
+        cuda_slot *parked = &g->slots[k];
+        void *slot_bufs[] = {parked->acts, parked->stats, parked->logits, parked->inputs};
+        for (size_t i = 0; k != g->slot && i < sizeof slot_bufs / sizeof slot_bufs[0]; i++)
+            if (slot_bufs[i]) CHECK_CUDA(cudaFree(slot_bufs[i]));
+    }
+    free(g->slots);
     for (int i = 0; i < g->num_buckets; i++) CHECK_CUDA(cudaEventDestroy(g->bucket_events[i]));
+    if (g->chunk_split) CHECK_CUDA(cudaFree(g->chunk_split));
+    if (g->tp_norm) CHECK_CUDA(cudaFree(g->tp_norm));
     CHECK_CUDA(cudaStreamDestroy(g->ctx.stream));
     CHECK_CUDA(cudaEventDestroy(g->tokens_copied));
     CHECK_CUDA(cudaFreeHost(g->tokens_host));
@@ -1519,6 +1615,53 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
     free(g->bucket_events), free(g->buckets), free(g->tensors);
     free(g);
 }
+
+// --- a pipeline stage's activation slots and the buffers stages exchange
+
+extern "C" void gpt_cuda_use_slot(gpt_cuda_t *g, int k) {
+    if (k < 0 || k > 4096) die("gpt_cuda_use_slot: slot %d", k);
+    if (!g->slots) g->slots = (cuda_slot *)xcalloc(1, sizeof(cuda_slot)), g->num_slots = 1, g->slot = 0;
+    if (k >= g->num_slots) {
+        g->slots = (cuda_slot *)realloc(g->slots, sizeof(cuda_slot) * (size_t)(k + 1));
+        if (!g->slots) die("out of memory for %d activation slots", k + 1);
+        memset(g->slots + g->num_slots, 0, sizeof(cuda_slot) * (size_t)(k + 1 - g->num_slots));
+        g->num_slots = k + 1;
+    }
+    if (k == g->slot) return;
+    g->slots[g->slot] = cuda_slot{g->acts, g->stats, g->logits, g->inputs, g->B, g->T, g->have_targets};
+    cuda_slot *next = &g->slots[k];
+    g->slot = k;
+    if (!next->inputs) { // its first use: allocate it, as large as the first slot
+        memory_plan plan = plan_memory(&g->cfg, &g->stage, g->tp, g->max_B, g->max_T, g->bf16_mode, g->flash, g->num_params);
+        allocate_slot(g, &plan);
+        g->have_targets = false;
+        return;
+    }
+    g->acts = next->acts, g->stats = next->stats, g->logits = next->logits, g->inputs = next->inputs;
+    g->targets = g->inputs + (size_t)g->max_B * g->max_T;
+    if (!g->bf16_mode) g->dlogits = g->logits;
+    g->B = next->B, g->T = next->T, g->have_targets = next->have_targets;
+}
+
+extern "C" size_t gpt_cuda_slot_bytes(const gpt_cuda_t *g) {
+    int slots = 0;
+    for (int k = 0; k < g->num_slots; k++) slots += k == g->slot || g->slots[k].inputs != NULL;
+    return (size_t)(slots > 1 ? slots : 1) * g->slot_bytes;
+}
+
+extern "C" void *gpt_cuda_stage_input(gpt_cuda_t *g, int B, int T) {
+    if (B < 1 || T < 1 || B > g->max_B || T > g->max_T)
+        die("gpt_cuda_stage_input: a batch of %d x %d tokens does not fit the %d x %d the GPU model was created for", B,
+            T, g->max_B, g->max_T);
+    return g->acts; // `encoded`, the first of the activations, whatever the batch
+}
+
+extern "C" void *gpt_cuda_stage_output(gpt_cuda_t *g) {
+    int last = g->stage.last - 1;
+    return g->bf16_mode ? (void *)block_view<bf16>(g, last).res3 : (void *)block_view<float>(g, last).res3;
+}
+
+extern "C" void *gpt_cuda_stage_grad(gpt_cuda_t *g) { return g->grad_acts; } // dres, the first of them
 
 extern "C" cudaStream_t gpt_cuda_stream(const gpt_cuda_t *g) { return g->ctx.stream; }
 extern "C" size_t gpt_cuda_param_count(const gpt_cuda_t *g) { return g->num_params; }
@@ -1575,6 +1718,62 @@ extern "C" void gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm) {
     g->clip_pending = true, g->have_norm = true;
 }
 
+// Clipping over the stages of a pipeline, in three steps: each stage sums
+// the squares of its gradients [from, num_params) into a double on the
+// device (returned: queued, as everything here), the stages add up their
+// sums there (an all-reduce), then each clips with the total.
+static __global__ void square_sum_kernel(double *out, const double *partials, int count) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < count; i += WARP) s += partials[i];
+    s = warp_sum_double(s);
+    if (threadIdx.x == 0) *out = s;
+}
+
+static __global__ void tp_add_partials_kernel(double *sums, const double *partials, int blocks);
+static __global__ void tp_sum_squares_kernel(double *partials, const float *x, const adam_chunk *chunks,
+                                             const unsigned char *split, int count);
+
+// One double from the two sums of a shard's squares: split, and replicated when counted.
+static __global__ void shard_square_sum_kernel(double *out, const double *sums, bool replicated) {
+    *out = sums[0] + (replicated ? sums[1] : 0.0);
+}
+
+extern "C" double *gpt_cuda_grad_square_sum(gpt_cuda_t *g, size_t from, bool replicated) {
+    cudaStream_t s = g->ctx.stream;
+    if (g->tp > 1) { // a shard: AdamW's chunks say which tensors are split (tp_setup)
+        int first = 0;
+        adam_chunk *table = (adam_chunk *)xmalloc(sizeof(adam_chunk) * (size_t)g->num_adam_chunks);
+        build_adam_chunks(g->tensors, g->num_tensors, table);
+        while (first < g->num_adam_chunks && table[first].offset < from) first++;
+        free(table);
+        int count = g->num_adam_chunks - first, blocks = count < NORM_BLOCKS ? (count > 0 ? count : 1) : NORM_BLOCKS;
+        double *sums = g->tp_norm + 2 * NORM_BLOCKS;
+        tp_sum_squares_kernel<<<blocks, 256, 0, s>>>(g->tp_norm, g->grads, g->adam_chunks + first,
+                                                      g->chunk_split + first, count);
+        launched("tp_sum_squares_kernel");
+        tp_add_partials_kernel<<<1, WARP, 0, s>>>(sums, g->tp_norm, blocks);
+        launched("tp_add_partials_kernel");
+        shard_square_sum_kernel<<<1, 1, 0, s>>>(&g->scalars->square_sum, sums, replicated);
+        launched("shard_square_sum_kernel");
+        return &g->scalars->square_sum;
+    }
+    (void)replicated; // the whole of each block: every tensor counts
+    size_t n = from < g->num_params ? g->num_params - from : 0;
+    int blocks = n ? (int)blocks_for(n, 256 * 16) : 1;
+    if (blocks > NORM_BLOCKS) blocks = NORM_BLOCKS;
+    sum_squares_kernel<<<blocks, 256, 0, s>>>(g->norm_partials, g->grads + from, n);
+    launched("sum_squares_kernel");
+    square_sum_kernel<<<1, WARP, 0, s>>>(&g->scalars->square_sum, g->norm_partials, blocks);
+    launched("square_sum_kernel");
+    return &g->scalars->square_sum;
+}
+
+extern "C" void gpt_cuda_clip_grads(gpt_cuda_t *g, float max_norm) {
+    grad_norm_kernel<<<1, WARP, 0, g->ctx.stream>>>(g->scalars, &g->scalars->square_sum, 1, max_norm);
+    launched("grad_norm_kernel");
+    g->clip_pending = true, g->have_norm = true;
+}
+
 extern "C" float gpt_cuda_grad_norm(gpt_cuda_t *g) {
     if (!g->have_norm) die("gpt_cuda_grad_norm: no gpt_cuda_clip_grad_norm yet");
     return read_scalar(g, &g->scalars->grad_norm);
@@ -1583,7 +1782,7 @@ extern "C" float gpt_cuda_grad_norm(gpt_cuda_t *g) {
 // gpt_adamw_step's arithmetic in the same order, on the gradient times
 // the clip scale (NULL: no clipping). In bf16 mode it also writes the
 // parameter's bf16 copy, so the next forward pass reads the updated weights
-// without another pass over memory. With `step` (a graph step, section 9)
+// without another pass over memory. With `step` (a graph step, section 10)
 // lr, c1 and c2 are read from the device, not taken from the arguments.
 static __global__ void adamw_kernel(float *params, bf16 *params_lp, const float *grads, float *m, float *v,
                                     const adam_chunk *chunks, const float *clip_scale, const step_scalars *step,
@@ -1609,7 +1808,7 @@ extern "C" void gpt_cuda_adamw(gpt_cuda_t *g, float lr, float beta1, float beta2
     g->adam_step++;
     double c1 = 1 - pow((double)beta1, g->adam_step), c2 = 1 - pow((double)beta2, g->adam_step);
     const float *clip = g->clip_pending ? &g->scalars->clip_scale : NULL;
-    const step_scalars *from_device = g->graph && g->graph->capturing ? &g->scalars->step : NULL; // section 9
+    const step_scalars *from_device = g->graph && g->graph->capturing ? &g->scalars->step : NULL; // section 10
     adamw_kernel<<<g->num_adam_chunks, 256, 0, g->ctx.stream>>>(g->params, g->params_lp, g->grads, g->adam_m,
                                                                  g->adam_v, g->adam_chunks, clip, from_device, lr,
                                                                  beta1, beta2, (float)c1, (float)c2, eps, weight_decay);
@@ -1880,7 +2079,177 @@ extern "C" float gpt_cuda_test_crossentropy(bool bf16_mode, int N, int V, int Vp
     return test_crossentropy<float>(N, V, Vp, logits, targets, losses, dloss, dlogits);
 }
 
-// ===================================================================== 9. the training step as one CUDA graph
+// ===================================================================== 9. tensor parallelism
+//
+// gpt.h's section 9 on the GPU: with tp > 1 this model is one rank's shard
+// of each block (gpt_layout.h, section 5), every buffer sized for the shard.
+// A block calls the caller's tp_all_reduce twice in each pass (g after the
+// two row-parallel layers, f for the input gradients of the two
+// column-parallel ones). Those sums sit on the critical path: nothing in
+// the block can go on before they are done. The callback is given the
+// model's stream; what the course's callback does (gpt/model.h) is the
+// simplest correct thing - wait for the stream, then a blocking all-reduce
+// - so the GPU idles while the numbers travel. Megatron hides part of that
+// time by overlapping the all-reduce with other work; measuring what is
+// left to hide is for the benchmark.
+
+extern "C" void gpt_cuda_set_tp_all_reduce(gpt_cuda_t *g, gpt_cuda_tp_fn fn, void *user) {
+    g->tp_all_reduce = fn, g->tp_user = user;
+}
+
+extern "C" int gpt_cuda_tp(const gpt_cuda_t *g) { return g->tp; }
+
+// In place: buf (count numbers of the activation type) <- its sum over the tp ranks.
+static void tp_sum(gpt_cuda_t *g, void *buf, size_t count) {
+    if (!g->tp_all_reduce) die("a tensor-parallel GPU model (tp %d) needs gpt_cuda_set_tp_all_reduce", g->tp);
+    g->tp_all_reduce(g->tp_user, buf, count, g->bf16_mode ? GPT_CUDA_BF16 : GPT_CUDA_F32, g->ctx.stream);
+}
+
+// out = a + (b + bias): the residual add, the row-parallel bias added once to the all-reduced b.
+template <typename Act>
+static __global__ void residual_bias_forward_kernel(Act *out, const Act *a, const Act *b, const float *bias, int C,
+                                                    size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = from_f<Act>(to_f(a[i]) + (to_f(b[i]) + bias[i % C]));
+}
+
+template <typename Act>
+static void residual_bias_forward(const gpu_ctx *x, Act *out, const Act *a, const Act *b, const float *bias, int N,
+                                  int C) {
+    size_t n = (size_t)N * C;
+    if (n == 0) return;
+    residual_bias_forward_kernel<Act><<<blocks_for(n, 256), 256, 0, x->stream>>>(out, a, b, bias, C, n);
+    launched("residual_bias_forward_kernel");
+}
+
+// gpt_tp_block_forward: Cs = C/tp channels of NH/tp heads, H = 4C/tp hidden units.
+template <typename Act> static void block_forward_tp(gpt_cuda_t *g, int l) {
+    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T, Cs = C / g->tp, H = 4 * C / g->tp, NHs = g->cfg.n_head / g->tp;
+    const gpu_ctx *x = &g->ctx;
+    const float *p = g->params;
+    const Act *w = weights<Act>(g), *in = block_input<Act>(g, l);
+    block_acts<Act> a = block_view<Act>(g, l);
+    Act *scratch = head_view<Act>(g).scratch;
+    layernorm_forward(x, a.ln1, a.ln1_mean, a.ln1_rstd, in, p + off(g, l, B_LN1_W), p + off(g, l, B_LN1_B), N, C);
+    matmul_forward(x, a.qkv, a.ln1, w + off(g, l, B_QKV_W), p + off(g, l, B_QKV_B), N, C, 3 * Cs);
+    if (g->flash) flash_attention_forward(x, a.atty, a.att_lse, a.qkv, B, T, Cs, NHs);
+    else attention_forward(x, a.atty, a.att, scores_buffer(g, a.att), a.qkv, B, T, Cs, NHs);
+    matmul_forward<Act, Act>(x, scratch, a.atty, w + off(g, l, B_ATTPROJ_W), NULL, N, Cs, C); // partial sums
+    tp_sum(g, scratch, (size_t)N * C);                                                          // g
+    residual_bias_forward(x, a.res2, in, scratch, p + off(g, l, B_ATTPROJ_B), N, C);
+    layernorm_forward(x, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + off(g, l, B_LN2_W), p + off(g, l, B_LN2_B), N, C);
+    matmul_forward(x, a.fch, a.ln2, w + off(g, l, B_FC_W), p + off(g, l, B_FC_B), N, C, H);
+    gelu_forward(x, a.fch_gelu, a.fch, (size_t)N * H);
+    matmul_forward<Act, Act>(x, scratch, a.fch_gelu, w + off(g, l, B_FCPROJ_W), NULL, N, H, C);
+    tp_sum(g, scratch, (size_t)N * C);                                                          // g
+    residual_bias_forward(x, a.res3, a.res2, scratch, p + off(g, l, B_FCPROJ_B), N, C);
+}
+
+// gpt_tp_block_backward: dres is the same on every rank; the input
+// gradients of the column-parallel layers are summed over the ranks (f).
+template <typename Act> static void block_backward_tp(gpt_cuda_t *g, int l) {
+    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T, Cs = C / g->tp, H = 4 * C / g->tp, NHs = g->cfg.n_head / g->tp;
+    const gpu_ctx *x = &g->ctx;
+    const float *p = g->params;
+    float *d = g->grads;
+    const Act *w = weights<Act>(g);
+    block_acts<Act> a = block_view<Act>(g, l);
+    grad_acts<Act> ga = grad_view<Act>(g);
+    float *dp = g->bf16_mode ? g->scores : (float *)g->dscores;
+    Act *ds = (Act *)g->dscores;
+
+    matmul_backward(x, ga.dhidden, d + off(g, l, B_FCPROJ_W), d + off(g, l, B_FCPROJ_B), ga.dres, a.fch_gelu,
+                    w + off(g, l, B_FCPROJ_W), N, H, C);
+    gelu_backward(x, ga.dhidden, a.fch, ga.dhidden, (size_t)N * H);
+    matmul_backward(x, ga.dtmp, d + off(g, l, B_FC_W), d + off(g, l, B_FC_B), ga.dhidden, a.ln2, w + off(g, l, B_FC_W), N,
+                    C, H);
+    tp_sum(g, ga.dtmp, (size_t)N * C); // f
+    layernorm_backward(x, ga.dres, d + off(g, l, B_LN2_W), d + off(g, l, B_LN2_B), ga.dtmp, a.res2, p + off(g, l, B_LN2_W),
+                       a.ln2_mean, a.ln2_rstd, N, C);
+    matmul_backward(x, ga.dtmp, d + off(g, l, B_ATTPROJ_W), d + off(g, l, B_ATTPROJ_B), ga.dres, a.atty,
+                    w + off(g, l, B_ATTPROJ_W), N, Cs, C);
+    if (g->flash) flash_attention_backward(x, ga.dqkv, g->scores, ga.dtmp, a.qkv, a.atty, a.att_lse, B, T, Cs, NHs);
+    else attention_backward(x, ga.dqkv, dp, ds, ga.dtmp, a.qkv, a.att, B, T, Cs, NHs);
+    matmul_backward(x, ga.dtmp, d + off(g, l, B_QKV_W), d + off(g, l, B_QKV_B), ga.dqkv, a.ln1, w + off(g, l, B_QKV_W), N,
+                    C, 3 * Cs);
+    tp_sum(g, ga.dtmp, (size_t)N * C); // f
+    layernorm_backward(x, ga.dres, d + off(g, l, B_LN1_W), d + off(g, l, B_LN1_B), ga.dtmp, block_input<Act>(g, l),
+                       p + off(g, l, B_LN1_W), a.ln1_mean, a.ln1_rstd, N, C);
+}
+
+// --- the gradient norm of a shard (gpt_clip_grad_norm_tp): the squares of
+// the split tensors, summed over the tp ranks, plus those of the
+// replicated ones, once. AdamW's chunks never straddle two tensors, so
+// each chunk is all split or all replicated: chunk_split says which.
+static void tp_setup(gpt_cuda_t *g) {
+    int n = g->num_adam_chunks;
+    adam_chunk *chunks = (adam_chunk *)xmalloc(sizeof(adam_chunk) * (size_t)n);
+    unsigned char *split = (unsigned char *)xmalloc((size_t)n);
+    build_adam_chunks(g->tensors, g->num_tensors, chunks);
+    for (int c = 0, t = 0; c < n; c++) {
+        while (chunks[c].offset >= g->tensors[t].offset + g->tensors[t].count) t++;
+        split[c] = g->tensors[t].split != GPT_REPLICATED;
+    }
+    g->chunk_split = (unsigned char *)device_buffer(g, (size_t)n, "chunk kinds (tensor parallelism)");
+    g->tp_norm = (double *)device_buffer(g, sizeof(double) * (2 * NORM_BLOCKS + 2), "gradient-norm sums (tensor parallelism)");
+    CHECK_CUDA(cudaMemcpyAsync(g->chunk_split, split, (size_t)n, cudaMemcpyHostToDevice, g->ctx.stream));
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream)); // before the host buffers go
+    free(chunks), free(split);
+}
+
+// Block b sums the squares of chunks b, b + gridDim.x, ... into two
+// partials, split and replicated, in a fixed order (the same bits every run).
+static __global__ void tp_sum_squares_kernel(double *partials, const float *x, const adam_chunk *chunks,
+                                             const unsigned char *split, int count) {
+    double s_split = 0.0, s_repl = 0.0;
+    for (int c = blockIdx.x; c < count; c += gridDim.x) {
+        adam_chunk ch = chunks[c];
+        double s = 0.0;
+        for (unsigned k = threadIdx.x; k < ch.count; k += blockDim.x) s += (double)x[ch.offset + k] * x[ch.offset + k];
+        if (split[c]) s_split += s;
+        else s_repl += s;
+    }
+    s_split = block_sum_double(s_split);
+    s_repl = block_sum_double(s_repl);
+    if (threadIdx.x == 0) partials[2 * blockIdx.x] = s_split, partials[2 * blockIdx.x + 1] = s_repl;
+}
+
+// One warp adds the partials: sums[0] split, sums[1] replicated.
+static __global__ void tp_add_partials_kernel(double *sums, const double *partials, int blocks) {
+    double a = 0.0, b = 0.0;
+    for (int i = threadIdx.x; i < blocks; i += WARP) a += partials[2 * i], b += partials[2 * i + 1];
+    a = warp_sum_double(a), b = warp_sum_double(b);
+    if (threadIdx.x == 0) sums[0] = a, sums[1] = b;
+}
+
+// After sums[0] was summed over the tp ranks: the norm and the clip scale, as grad_norm_kernel.
+static __global__ void tp_grad_norm_kernel(device_scalars *out, const double *sums, float max_norm) {
+    double norm = sqrt(sums[0] + sums[1]);
+    out->grad_norm = (float)norm;
+    out->clip_scale = max_norm > 0 && norm > max_norm ? (float)(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
+extern "C" void gpt_cuda_clip_grad_norm_tp(gpt_cuda_t *g, float max_norm) {
+    if (g->tp <= 1) {
+        gpt_cuda_clip_grad_norm(g, max_norm);
+        return;
+    }
+    if (!g->tp_all_reduce) die("a tensor-parallel GPU model (tp %d) needs gpt_cuda_set_tp_all_reduce", g->tp);
+    cudaStream_t s = g->ctx.stream;
+    int blocks = g->num_adam_chunks < NORM_BLOCKS ? g->num_adam_chunks : NORM_BLOCKS;
+    double *sums = g->tp_norm + 2 * NORM_BLOCKS;
+    tp_sum_squares_kernel<<<blocks, 256, 0, s>>>(g->tp_norm, g->grads, g->adam_chunks, g->chunk_split,
+                                                  g->num_adam_chunks);
+    launched("tp_sum_squares_kernel");
+    tp_add_partials_kernel<<<1, WARP, 0, s>>>(sums, g->tp_norm, blocks);
+    launched("tp_add_partials_kernel");
+    g->tp_all_reduce(g->tp_user, sums, 1, GPT_CUDA_F64, s); // the split tensors' squares, over the tp ranks
+    tp_grad_norm_kernel<<<1, 1, 0, s>>>(g->scalars, sums, max_norm);
+    launched("tp_grad_norm_kernel");
+    g->clip_pending = true, g->have_norm = true;
+}
+
+// ===================================================================== 10. the training step as one CUDA graph
 //
 // A step of the chapter's default model is 149 launches (96 kernels, 51
 // cuBLAS calls, 2 memsets; the tiny preset's 83), each a few microseconds
