@@ -1225,31 +1225,46 @@ template <typename Act> static float *scores_buffer(const gpt_cuda_t *g, Act *at
     return g->bf16_mode ? g->scores : (float *)(void *)att;
 }
 
-template <typename Act> static void block_forward_tp(gpt_cuda_t *g, int l);
-template <typename Act> static void block_backward_tp(gpt_cuda_t *g, int l);
+static void tp_sum(gpt_cuda_t *g, void *buf, size_t count);
+template <typename Act>
+static void residual_bias_forward(const gpu_ctx *x, Act *out, const Act *a, const Act *b, const float *bias, int N, int C);
 
-template <typename Act> static void block_forward(gpt_cuda_t *g, int l) {
-    if (g->tp > 1) { // this model holds a shard of the block (section 9)
-        block_forward_tp<Act>(g, l);
+// A row-parallel layer's output (scratch) joins the residual stream: out =
+// a + scratch. With tp > 1 scratch holds this rank's partial sum without
+// the bias: the ranks add them up first (g), then the bias is added once.
+template <typename Act>
+static void residual_after_row_parallel(gpt_cuda_t *g, Act *out, const Act *a, Act *scratch, const float *bias, int N,
+                                        int C) {
+    if (g->tp == 1) {
+        residual_forward(&g->ctx, out, a, scratch, (size_t)N * C);
         return;
     }
-    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T;
+    tp_sum(g, scratch, (size_t)N * C); // g
+    residual_bias_forward(&g->ctx, out, a, scratch, bias, N, C);
+}
+
+// With tp > 1 (section 9) this is gpt_tp_block_forward: the same steps on
+// this rank's shard - Cs = C/tp channels of NH/tp heads, H = 4C/tp hidden
+// units - the row-parallel layers' biases left to residual_after_row_parallel.
+template <typename Act> static void block_forward(gpt_cuda_t *g, int l) {
+    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T, Cs = C / g->tp, H = 4 * C / g->tp, NHs = g->cfg.n_head / g->tp;
     const gpu_ctx *x = &g->ctx;
     const float *p = g->params;
     const Act *w = weights<Act>(g), *in = block_input<Act>(g, l);
     block_acts<Act> a = block_view<Act>(g, l);
     Act *scratch = head_view<Act>(g).scratch;
+    const float *attproj_b = p + off(g, l, B_ATTPROJ_B), *fcproj_b = p + off(g, l, B_FCPROJ_B);
     layernorm_forward(x, a.ln1, a.ln1_mean, a.ln1_rstd, in, p + off(g, l, B_LN1_W), p + off(g, l, B_LN1_B), N, C);
-    matmul_forward(x, a.qkv, a.ln1, w + off(g, l, B_QKV_W), p + off(g, l, B_QKV_B), N, C, 3 * C);
-    if (g->flash) flash_attention_forward(x, a.atty, a.att_lse, a.qkv, B, T, C, g->cfg.n_head);
-    else attention_forward(x, a.atty, a.att, scores_buffer(g, a.att), a.qkv, B, T, C, g->cfg.n_head);
-    matmul_forward(x, scratch, a.atty, w + off(g, l, B_ATTPROJ_W), p + off(g, l, B_ATTPROJ_B), N, C, C);
-    residual_forward(x, a.res2, in, scratch, (size_t)N * C);
+    matmul_forward(x, a.qkv, a.ln1, w + off(g, l, B_QKV_W), p + off(g, l, B_QKV_B), N, C, 3 * Cs);
+    if (g->flash) flash_attention_forward(x, a.atty, a.att_lse, a.qkv, B, T, Cs, NHs);
+    else attention_forward(x, a.atty, a.att, scores_buffer(g, a.att), a.qkv, B, T, Cs, NHs);
+    matmul_forward(x, scratch, a.atty, w + off(g, l, B_ATTPROJ_W), g->tp == 1 ? attproj_b : NULL, N, Cs, C);
+    residual_after_row_parallel(g, a.res2, in, scratch, attproj_b, N, C);
     layernorm_forward(x, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + off(g, l, B_LN2_W), p + off(g, l, B_LN2_B), N, C);
-    matmul_forward(x, a.fch, a.ln2, w + off(g, l, B_FC_W), p + off(g, l, B_FC_B), N, C, 4 * C);
-    gelu_forward(x, a.fch_gelu, a.fch, (size_t)N * 4 * C);
-    matmul_forward(x, scratch, a.fch_gelu, w + off(g, l, B_FCPROJ_W), p + off(g, l, B_FCPROJ_B), N, 4 * C, C);
-    residual_forward(x, a.res3, a.res2, scratch, (size_t)N * C);
+    matmul_forward(x, a.fch, a.ln2, w + off(g, l, B_FC_W), p + off(g, l, B_FC_B), N, C, H);
+    gelu_forward(x, a.fch_gelu, a.fch, (size_t)N * H);
+    matmul_forward(x, scratch, a.fch_gelu, w + off(g, l, B_FCPROJ_W), g->tp == 1 ? fcproj_b : NULL, N, H, C);
+    residual_after_row_parallel(g, a.res3, a.res2, scratch, fcproj_b, N, C);
 }
 
 // A pipeline stage computes its part: the embeddings on the first stage
@@ -1370,12 +1385,12 @@ extern "C" void gpt_cuda_logits(gpt_cuda_t *g, int b, int t, float *out_host) {
 
 // The block's backward pass, in the reverse order of its forward pass,
 // exactly as gpt_block_backward. On entry dres = d(loss)/d(res3); on return d(loss)/d(x).
+// With tp > 1 (section 9) it is gpt_tp_block_backward: the same steps on
+// this rank's shard - Cs = C/tp channels of NH/tp heads, H = 4C/tp hidden
+// units - and the input gradients of the two column-parallel layers summed
+// over the tp ranks (f). With tp 1 those are C, NH and 4C, and nothing is summed.
 template <typename Act> static void block_backward(gpt_cuda_t *g, int l) {
-    if (g->tp > 1) {
-        block_backward_tp<Act>(g, l);
-        return;
-    }
-    int B = g->B, T = g->T, C = g->cfg.n_embd, NH = g->cfg.n_head, N = B * T;
+    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T, Cs = C / g->tp, H = 4 * C / g->tp, NHs = g->cfg.n_head / g->tp;
     const gpu_ctx *x = &g->ctx;
     const float *p = g->params;
     float *d = g->grads;
@@ -1386,18 +1401,20 @@ template <typename Act> static void block_backward(gpt_cuda_t *g, int l) {
     Act *ds = (Act *)g->dscores;
 
     matmul_backward(x, ga.dhidden, d + off(g, l, B_FCPROJ_W), d + off(g, l, B_FCPROJ_B), ga.dres, a.fch_gelu,
-                    w + off(g, l, B_FCPROJ_W), N, 4 * C, C);
-    gelu_backward(x, ga.dhidden, a.fch, ga.dhidden, (size_t)N * 4 * C);
+                    w + off(g, l, B_FCPROJ_W), N, H, C);
+    gelu_backward(x, ga.dhidden, a.fch, ga.dhidden, (size_t)N * H);
     matmul_backward(x, ga.dtmp, d + off(g, l, B_FC_W), d + off(g, l, B_FC_B), ga.dhidden, a.ln2, w + off(g, l, B_FC_W), N,
-                    C, 4 * C);
+                    C, H);
+    if (g->tp > 1) tp_sum(g, ga.dtmp, (size_t)N * C); // f
     layernorm_backward(x, ga.dres, d + off(g, l, B_LN2_W), d + off(g, l, B_LN2_B), ga.dtmp, a.res2, p + off(g, l, B_LN2_W),
                        a.ln2_mean, a.ln2_rstd, N, C);
     matmul_backward(x, ga.dtmp, d + off(g, l, B_ATTPROJ_W), d + off(g, l, B_ATTPROJ_B), ga.dres, a.atty,
-                    w + off(g, l, B_ATTPROJ_W), N, C, C);
-    if (g->flash) flash_attention_backward(x, ga.dqkv, g->scores, ga.dtmp, a.qkv, a.atty, a.att_lse, B, T, C, NH);
-    else attention_backward(x, ga.dqkv, dp, ds, ga.dtmp, a.qkv, a.att, B, T, C, NH);
+                    w + off(g, l, B_ATTPROJ_W), N, Cs, C);
+    if (g->flash) flash_attention_backward(x, ga.dqkv, g->scores, ga.dtmp, a.qkv, a.atty, a.att_lse, B, T, Cs, NHs);
+    else attention_backward(x, ga.dqkv, dp, ds, ga.dtmp, a.qkv, a.att, B, T, Cs, NHs);
     matmul_backward(x, ga.dtmp, d + off(g, l, B_QKV_W), d + off(g, l, B_QKV_B), ga.dqkv, a.ln1, w + off(g, l, B_QKV_W), N,
-                    C, 3 * C);
+                    C, 3 * Cs);
+    if (g->tp > 1) tp_sum(g, ga.dtmp, (size_t)N * C); // f
     layernorm_backward(x, ga.dres, d + off(g, l, B_LN1_W), d + off(g, l, B_LN1_B), ga.dtmp, block_input<Act>(g, l),
                        p + off(g, l, B_LN1_W), a.ln1_mean, a.ln1_rstd, N, C);
 }
@@ -2083,8 +2100,9 @@ extern "C" float gpt_cuda_test_crossentropy(bool bf16_mode, int N, int V, int Vp
 //
 // gpt.h's section 9 on the GPU: with tp > 1 this model is one rank's shard
 // of each block (gpt_layout.h, section 5), every buffer sized for the shard.
-// A block calls the caller's tp_all_reduce twice in each pass (g after the
-// two row-parallel layers, f for the input gradients of the two
+// block_forward and block_backward (section 6) take the shard's sizes and
+// call the caller's tp_all_reduce twice in each pass (g after the two
+// row-parallel layers, f for the input gradients of the two
 // column-parallel ones). Those sums sit on the critical path: nothing in
 // the block can go on before they are done. The callback is given the
 // model's stream; what the course's callback does (gpt/model.h) is the
@@ -2120,61 +2138,6 @@ static void residual_bias_forward(const gpu_ctx *x, Act *out, const Act *a, cons
     if (n == 0) return;
     residual_bias_forward_kernel<Act><<<blocks_for(n, 256), 256, 0, x->stream>>>(out, a, b, bias, C, n);
     launched("residual_bias_forward_kernel");
-}
-
-// gpt_tp_block_forward: Cs = C/tp channels of NH/tp heads, H = 4C/tp hidden units.
-template <typename Act> static void block_forward_tp(gpt_cuda_t *g, int l) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T, Cs = C / g->tp, H = 4 * C / g->tp, NHs = g->cfg.n_head / g->tp;
-    const gpu_ctx *x = &g->ctx;
-    const float *p = g->params;
-    const Act *w = weights<Act>(g), *in = block_input<Act>(g, l);
-    block_acts<Act> a = block_view<Act>(g, l);
-    Act *scratch = head_view<Act>(g).scratch;
-    layernorm_forward(x, a.ln1, a.ln1_mean, a.ln1_rstd, in, p + off(g, l, B_LN1_W), p + off(g, l, B_LN1_B), N, C);
-    matmul_forward(x, a.qkv, a.ln1, w + off(g, l, B_QKV_W), p + off(g, l, B_QKV_B), N, C, 3 * Cs);
-    if (g->flash) flash_attention_forward(x, a.atty, a.att_lse, a.qkv, B, T, Cs, NHs);
-    else attention_forward(x, a.atty, a.att, scores_buffer(g, a.att), a.qkv, B, T, Cs, NHs);
-    matmul_forward<Act, Act>(x, scratch, a.atty, w + off(g, l, B_ATTPROJ_W), NULL, N, Cs, C); // partial sums
-    tp_sum(g, scratch, (size_t)N * C);                                                          // g
-    residual_bias_forward(x, a.res2, in, scratch, p + off(g, l, B_ATTPROJ_B), N, C);
-    layernorm_forward(x, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + off(g, l, B_LN2_W), p + off(g, l, B_LN2_B), N, C);
-    matmul_forward(x, a.fch, a.ln2, w + off(g, l, B_FC_W), p + off(g, l, B_FC_B), N, C, H);
-    gelu_forward(x, a.fch_gelu, a.fch, (size_t)N * H);
-    matmul_forward<Act, Act>(x, scratch, a.fch_gelu, w + off(g, l, B_FCPROJ_W), NULL, N, H, C);
-    tp_sum(g, scratch, (size_t)N * C);                                                          // g
-    residual_bias_forward(x, a.res3, a.res2, scratch, p + off(g, l, B_FCPROJ_B), N, C);
-}
-
-// gpt_tp_block_backward: dres is the same on every rank; the input
-// gradients of the column-parallel layers are summed over the ranks (f).
-template <typename Act> static void block_backward_tp(gpt_cuda_t *g, int l) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T, Cs = C / g->tp, H = 4 * C / g->tp, NHs = g->cfg.n_head / g->tp;
-    const gpu_ctx *x = &g->ctx;
-    const float *p = g->params;
-    float *d = g->grads;
-    const Act *w = weights<Act>(g);
-    block_acts<Act> a = block_view<Act>(g, l);
-    grad_acts<Act> ga = grad_view<Act>(g);
-    float *dp = g->bf16_mode ? g->scores : (float *)g->dscores;
-    Act *ds = (Act *)g->dscores;
-
-    matmul_backward(x, ga.dhidden, d + off(g, l, B_FCPROJ_W), d + off(g, l, B_FCPROJ_B), ga.dres, a.fch_gelu,
-                    w + off(g, l, B_FCPROJ_W), N, H, C);
-    gelu_backward(x, ga.dhidden, a.fch, ga.dhidden, (size_t)N * H);
-    matmul_backward(x, ga.dtmp, d + off(g, l, B_FC_W), d + off(g, l, B_FC_B), ga.dhidden, a.ln2, w + off(g, l, B_FC_W), N,
-                    C, H);
-    tp_sum(g, ga.dtmp, (size_t)N * C); // f
-    layernorm_backward(x, ga.dres, d + off(g, l, B_LN2_W), d + off(g, l, B_LN2_B), ga.dtmp, a.res2, p + off(g, l, B_LN2_W),
-                       a.ln2_mean, a.ln2_rstd, N, C);
-    matmul_backward(x, ga.dtmp, d + off(g, l, B_ATTPROJ_W), d + off(g, l, B_ATTPROJ_B), ga.dres, a.atty,
-                    w + off(g, l, B_ATTPROJ_W), N, Cs, C);
-    if (g->flash) flash_attention_backward(x, ga.dqkv, g->scores, ga.dtmp, a.qkv, a.atty, a.att_lse, B, T, Cs, NHs);
-    else attention_backward(x, ga.dqkv, dp, ds, ga.dtmp, a.qkv, a.att, B, T, Cs, NHs);
-    matmul_backward(x, ga.dtmp, d + off(g, l, B_QKV_W), d + off(g, l, B_QKV_B), ga.dqkv, a.ln1, w + off(g, l, B_QKV_W), N,
-                    C, 3 * Cs);
-    tp_sum(g, ga.dtmp, (size_t)N * C); // f
-    layernorm_backward(x, ga.dres, d + off(g, l, B_LN1_W), d + off(g, l, B_LN1_B), ga.dtmp, block_input<Act>(g, l),
-                       p + off(g, l, B_LN1_W), a.ln1_mean, a.ln1_rstd, N, C);
 }
 
 // --- the gradient norm of a shard (gpt_clip_grad_norm_tp): the squares of
