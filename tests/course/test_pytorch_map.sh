@@ -16,7 +16,7 @@ for readme in README.md [0-9][0-9]_*/README.md; do
         named=$((named + 1))
         grep -Eq "(^|[^a-z_])$name *\(" $sources || grep -Eq "^#define $name\b|\b$name[,=]|\b$name }|^typedef .*\b$name;|\b$name\[[A-Z_0-9]*\] =" $sources \
             || missing+=" $readme:$name"
-    done < <(table_rows "$readme" | awk -F'|' '{ print $3 }' | grep -o '`[^`]*`' | tr -d '`' | sed 's/[a-z_/]*\.[ch]\b//g' |
+    done < <(table_rows "$readme" | awk -F'|' '{ print $3 }' | grep -o '`[^`]*`' | tr -d '`' | sed -E 's/[a-z_/]*\.(cu|c|h)\b//g' |
              grep -oE '\b(pg|ddp|dist|sampler|snapshot|launch_env|device|rendezvous|spawn|log|rng|model|linreg|mesh|gpt)_[a-z_]+|\bspawn\b|\bOP_[A-Z]+' | sort -u)
 done
 [[ $named -ge 30 && -z "$missing" ]]
