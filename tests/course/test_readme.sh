@@ -164,7 +164,7 @@ for target in test asan bench bench-gpt speedup plots data diffs check-exercise 
 done
 for chapter in "$course"/[0-9][0-9]_*/; do
     chapter=$(basename "$chapter")
-    grep -Eq "^  $chapter +[a-z]" "$TMP/out" || missing+=" $chapter (with its description)"
+    grep -Eq "^  $chapter +[^ ]" "$TMP/out" || missing+=" $chapter (with its description)"
 done
 [[ -z "$missing" ]]; verdict $? "README.md: make help lists every target and every chapter with its description" "missing:$missing"
 
