@@ -78,6 +78,12 @@ typedef struct {
     gpt_real *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *res3;
 } gpt_block_acts;
 
+// Where a bucket's parameters and gradients are (gpt_layout.h, section 3):
+// the hook is given the model's own (NULL where the model has none) and
+// may point them elsewhere, at arrays laid out as the bucket's part of the
+// flat array. Chapter 09 gathers a block's parameters here.
+typedef void (*gpt_bucket_hook)(void *user, gpt_bucket_event event, int bucket, gpt_real **params, gpt_real **grads);
+
 typedef struct {
     gpt_config cfg;
     gpt_real *params, *grads;     // num_params each, laid out as tensors[]
@@ -95,6 +101,9 @@ typedef struct {
     uint16_t *inputs, *targets;   // copies of the last batch
     bool have_targets;
     float last_loss;
+
+    gpt_bucket_hook hook;         // NULL: every bucket lives in params and grads
+    void *hook_user;
 } gpt_t;
 
 // The table of gpt_layout.h, for this model's configuration.
@@ -104,19 +113,25 @@ static inline void gpt_build_table(gpt_t *m) {
     m->num_params = gpt_layout_params(&m->cfg, m->tensors);
 }
 
-// The block's tensors inside `base`, which is m->params or m->grads.
+// The block's tensors inside `base`, the block's part of the parameters or
+// of the gradients: m->params + gpt_block_offset(layer), or what a bucket
+// hook gave instead.
 static inline gpt_block gpt_block_view(const gpt_t *m, gpt_real *base, int layer) {
     gpt_real *p[GPT_BLOCK_TENSORS];
+    size_t start = gpt_block_offset(&m->cfg, layer);
     for (int i = 0; i < GPT_BLOCK_TENSORS; i++)
-        p[i] = base + m->tensors[gpt_block_tensor(layer, i)].offset;
+        p[i] = base + (m->tensors[gpt_block_tensor(layer, i)].offset - start);
     gpt_block b = {p[B_LN1_W], p[B_LN1_B], p[B_QKV_W], p[B_QKV_B], p[B_ATTPROJ_W], p[B_ATTPROJ_B],
                    p[B_LN2_W], p[B_LN2_B], p[B_FC_W], p[B_FC_B], p[B_FCPROJ_W], p[B_FCPROJ_B]};
     return b;
 }
 
-static inline gpt_real *gpt_tensor_ptr(const gpt_t *m, gpt_real *base, int index) {
-    return base + m->tensors[index].offset;
+// Tensor `index` inside the arrays of bucket `bucket`, which start where
+// the bucket starts in the flat array (see gpt_bucket_begin).
+static inline gpt_real *gpt_tensor_in(const gpt_t *m, gpt_real *bucket_base, int bucket, int index) {
+    return bucket_base + (m->tensors[index].offset - gpt_layout_bucket(&m->cfg, bucket).offset);
 }
+
 
 // ===================================================================== 3. matrix products
 //
@@ -709,9 +724,10 @@ static inline void gpt_ensure_acts(gpt_t *m, int B, int T) {
 // One transformer block, pre-LayerNorm (as GPT-2):
 //     res2 = x    + attn(ln_1(x))
 //     res3 = res2 + mlp(ln_2(res2)),   mlp(z) = c_proj(gelu(c_fc(z)))
-static inline void gpt_block_forward(gpt_t *m, int layer, const gpt_real *x, gpt_real *scratch) {
+// `params` is the block's part of the parameters (gpt_block_view).
+static inline void gpt_block_forward(gpt_t *m, int layer, gpt_real *params, const gpt_real *x, gpt_real *scratch) {
     int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T;
-    gpt_block p = gpt_block_view(m, m->params, layer);
+    gpt_block p = gpt_block_view(m, params, layer);
     gpt_block_acts a = gpt_block_acts_view(m, layer);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, N, C);
     matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C);
@@ -732,6 +748,21 @@ static inline void gpt_check_tokens(const gpt_t *m, const uint16_t *tokens, size
                 "was the model built for another tokenizer?", what, tokens[i], i, m->cfg.vocab_size);
 }
 
+// Bucket `bucket`'s parameters (and, with grads, its gradients): the
+// model's flat arrays from where the bucket starts, unless the hook points
+// them elsewhere (gpt_layout.h, section 3).
+static inline void gpt_bucket_begin(gpt_t *m, gpt_bucket_event event, int bucket, gpt_real **params, gpt_real **grads) {
+    size_t start = gpt_layout_bucket(&m->cfg, bucket).offset;
+    *params = m->params ? m->params + start : NULL;
+    if (grads) *grads = m->grads ? m->grads + start : NULL;
+    if (m->hook) m->hook(m->hook_user, event, bucket, params, grads);
+}
+
+// The pass is done with the bucket (FORWARD_END, BACKWARD_END).
+static inline void gpt_bucket_end(gpt_t *m, gpt_bucket_event event, int bucket) {
+    if (m->hook) m->hook(m->hook_user, event, bucket, NULL, NULL);
+}
+
 // The residual input of block `layer`: the embeddings, or the previous block's output.
 static inline gpt_real *gpt_block_input(const gpt_t *m, int layer) {
     return layer == 0 ? gpt_head_acts_view(m).encoded : gpt_block_acts_view(m, layer - 1).res3;
@@ -750,16 +781,25 @@ static inline float gpt_forward(gpt_t *m, const uint16_t *inputs, const uint16_t
     if (targets) memcpy(m->targets, targets, sizeof(uint16_t) * N);
     m->have_targets = targets != NULL;
 
-    int C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->cfg.n_layer;
+    int C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->cfg.n_layer, emb = gpt_bucket_embeddings(&m->cfg);
     gpt_head_acts h = gpt_head_acts_view(m);
-    gpt_real *wte = m->params + m->tensors[0].offset, *wpe = m->params + m->tensors[1].offset;
+    gpt_real *embeddings, *block, *ln_f;
+    gpt_bucket_begin(m, GPT_FORWARD_BEGIN, emb, &embeddings, NULL);
+    gpt_real *wte = gpt_tensor_in(m, embeddings, emb, 0), *wpe = gpt_tensor_in(m, embeddings, emb, 1);
     encoder_forward(h.encoded, m->inputs, wte, wpe, B, T, C);
-    for (int l = 0; l < L; l++) gpt_block_forward(m, l, gpt_block_input(m, l), h.scratch);
+    for (int l = 0; l < L; l++) {
+        gpt_bucket_begin(m, GPT_FORWARD_BEGIN, gpt_bucket_of_block(&m->cfg, l), &block, NULL);
+        gpt_block_forward(m, l, block, gpt_block_input(m, l), h.scratch);
+        gpt_bucket_end(m, GPT_FORWARD_END, gpt_bucket_of_block(&m->cfg, l));
+    }
     int lnf = gpt_ln_f_tensor(&m->cfg);
-    layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, gpt_block_input(m, L),
-                      gpt_tensor_ptr(m, m->params, lnf), gpt_tensor_ptr(m, m->params, lnf + 1), (int)N, C);
+    gpt_bucket_begin(m, GPT_FORWARD_BEGIN, GPT_BUCKET_LN_F, &ln_f, NULL);
+    layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, gpt_block_input(m, L), gpt_tensor_in(m, ln_f, GPT_BUCKET_LN_F, lnf),
+                      gpt_tensor_in(m, ln_f, GPT_BUCKET_LN_F, lnf + 1), (int)N, C);
     matmul_forward(h.logits, h.lnf, wte, NULL, (int)N, C, V); // the LM head is wte: tied weights
     m->last_loss = targets ? crossentropy_forward(h.losses, h.logits, m->targets, (int)N, V) : -1.0f;
+    gpt_bucket_end(m, GPT_FORWARD_END, GPT_BUCKET_LN_F);
+    gpt_bucket_end(m, GPT_FORWARD_END, emb);
     return m->last_loss;
 }
 
@@ -769,10 +809,11 @@ static inline const gpt_real *gpt_logits(const gpt_t *m, int b, int t) {
 }
 
 // The block's backward pass, in the reverse order of its forward pass.
-// On entry g.dres is d(loss)/d(res3); on return d(loss)/d(x).
-static inline void gpt_block_backward(gpt_t *m, int layer) {
+// On entry g.dres is d(loss)/d(res3); on return d(loss)/d(x). params and
+// grads are the block's parts of the parameters and gradients.
+static inline void gpt_block_backward(gpt_t *m, int layer, gpt_real *params, gpt_real *grads) {
     int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T;
-    gpt_block p = gpt_block_view(m, m->params, layer), d = gpt_block_view(m, m->grads, layer);
+    gpt_block p = gpt_block_view(m, params, layer), d = gpt_block_view(m, grads, layer);
     gpt_block_acts a = gpt_block_acts_view(m, layer);
     gpt_grad_acts g = gpt_grad_acts_view(m);
     const gpt_real *x = gpt_block_input(m, layer);
@@ -798,19 +839,27 @@ static inline void gpt_backward(gpt_t *m, float grad_scale) {
     if (!m->have_targets) die("gpt_backward needs a gpt_forward with targets just before it");
     m->have_targets = false;
     int B = m->B, T = m->T, C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->cfg.n_layer, N = B * T;
+    int emb = gpt_bucket_embeddings(&m->cfg), lnf = gpt_ln_f_tensor(&m->cfg), F = GPT_BUCKET_LN_F;
     gpt_head_acts h = gpt_head_acts_view(m);
     gpt_grad_acts g = gpt_grad_acts_view(m);
-    gpt_real *wte = m->params + m->tensors[0].offset, *dwte = m->grads + m->tensors[0].offset;
-    int lnf = gpt_ln_f_tensor(&m->cfg);
+    gpt_real *embeddings, *dembeddings, *ln_f, *dln_f, *block, *dblock;
+    gpt_bucket_begin(m, GPT_BACKWARD_BEGIN, F, &ln_f, &dln_f);
+    gpt_bucket_begin(m, GPT_BACKWARD_BEGIN, emb, &embeddings, &dembeddings);
+    gpt_real *wte = gpt_tensor_in(m, embeddings, emb, 0), *dwte = gpt_tensor_in(m, dembeddings, emb, 0);
 
     crossentropy_backward(h.logits, m->targets, N, V, (gpt_real)grad_scale / N);
     matmul_backward(g.dtmp, dwte, NULL, h.logits, h.lnf, wte, N, C, V); // LM head: adds into dwte
     memset(g.dres, 0, sizeof(gpt_real) * (size_t)N * C);
-    layernorm_backward(g.dres, gpt_tensor_ptr(m, m->grads, lnf), gpt_tensor_ptr(m, m->grads, lnf + 1),
-                       g.dtmp, gpt_block_input(m, L), gpt_tensor_ptr(m, m->params, lnf),
-                       h.lnf_mean, h.lnf_rstd, N, C);
-    for (int l = L - 1; l >= 0; l--) gpt_block_backward(m, l);
-    encoder_backward(dwte, m->grads + m->tensors[1].offset, g.dres, m->inputs, B, T, C);
+    layernorm_backward(g.dres, gpt_tensor_in(m, dln_f, F, lnf), gpt_tensor_in(m, dln_f, F, lnf + 1), g.dtmp,
+                       gpt_block_input(m, L), gpt_tensor_in(m, ln_f, F, lnf), h.lnf_mean, h.lnf_rstd, N, C);
+    gpt_bucket_end(m, GPT_BACKWARD_END, F);
+    for (int l = L - 1; l >= 0; l--) {
+        gpt_bucket_begin(m, GPT_BACKWARD_BEGIN, gpt_bucket_of_block(&m->cfg, l), &block, &dblock);
+        gpt_block_backward(m, l, block, dblock);
+        gpt_bucket_end(m, GPT_BACKWARD_END, gpt_bucket_of_block(&m->cfg, l));
+    }
+    encoder_backward(dwte, gpt_tensor_in(m, dembeddings, emb, 1), g.dres, m->inputs, B, T, C);
+    gpt_bucket_end(m, GPT_BACKWARD_END, emb);
 }
 
 static inline void gpt_zero_grad(gpt_t *m) { memset(m->grads, 0, sizeof(gpt_real) * m->num_params); }
@@ -840,30 +889,44 @@ static inline float gpt_clip_grad_norm(gpt_t *m, float max_norm) {
     return (float)norm;
 }
 
-// AdamW (Loshchilov & Hutter), as torch.optim.AdamW:
+// AdamW (Loshchilov & Hutter), as torch.optim.AdamW, on the parameters
+// [first, first + count) of the flat array, whose values, gradients and
+// moments lie in params[0 .. count), grads[...], ...: the whole model
+// (gpt_adamw_step), or one rank's slice in arrays of its own (chapter 09).
+// The table says which tensors decay; step counts from 1:
 //     m = b1 m + (1-b1) g,  v = b2 v + (1-b2) g^2        running moments
 //     p -= lr * wd * p                                     decoupled weight decay (matrices only)
 //     p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+static inline void gpt_adamw_range(const gpt_tensor *tensors, int num_tensors, size_t first, size_t count,
+                                   gpt_real *params, const gpt_real *grads, gpt_real *adam_m, gpt_real *adam_v,
+                                   int step, float lr, float beta1, float beta2, float eps, float weight_decay) {
+    double c1 = 1 - pow((double)beta1, step), c2 = 1 - pow((double)beta2, step);
+    for (int t = 0; t < num_tensors; t++) {
+        const gpt_tensor *ten = &tensors[t];
+        size_t begin = ten->offset > first ? ten->offset : first;
+        size_t end = ten->offset + ten->count < first + count ? ten->offset + ten->count : first + count;
+        if (begin >= end) continue;
+        gpt_real decay = ten->decay ? (gpt_real)(lr * weight_decay) : 0;
+#pragma omp parallel for simd
+        for (size_t k = begin - first; k < end - first; k++) { // k: the position in this slice's arrays
+            gpt_real g = grads[k];
+            adam_m[k] = beta1 * adam_m[k] + (1 - beta1) * g;
+            adam_v[k] = beta2 * adam_v[k] + (1 - beta2) * g * g;
+            gpt_real mhat = adam_m[k] / (gpt_real)c1, vhat = adam_v[k] / (gpt_real)c2;
+            params[k] -= decay * params[k];
+            params[k] -= lr * mhat / (sqrt(vhat) + eps);
+        }
+    }
+}
+
 static inline void gpt_adamw_step(gpt_t *m, float lr, float beta1, float beta2, float eps, float weight_decay) {
     if (!m->adam_m) {
         m->adam_m = xcalloc(m->num_params, sizeof(gpt_real));
         m->adam_v = xcalloc(m->num_params, sizeof(gpt_real));
     }
     m->adam_step++;
-    double c1 = 1 - pow((double)beta1, m->adam_step), c2 = 1 - pow((double)beta2, m->adam_step);
-    for (int t = 0; t < m->num_tensors; t++) {
-        const gpt_tensor *ten = &m->tensors[t];
-        gpt_real decay = ten->decay ? (gpt_real)(lr * weight_decay) : 0;
-#pragma omp parallel for simd
-        for (size_t i = ten->offset; i < ten->offset + ten->count; i++) {
-            gpt_real g = m->grads[i];
-            m->adam_m[i] = beta1 * m->adam_m[i] + (1 - beta1) * g;
-            m->adam_v[i] = beta2 * m->adam_v[i] + (1 - beta2) * g * g;
-            gpt_real mhat = m->adam_m[i] / (gpt_real)c1, vhat = m->adam_v[i] / (gpt_real)c2;
-            m->params[i] -= decay * m->params[i];
-            m->params[i] -= lr * mhat / (sqrt(vhat) + eps);
-        }
-    }
+    gpt_adamw_range(m->tensors, m->num_tensors, 0, m->num_params, m->params, m->grads, m->adam_m, m->adam_v,
+                    m->adam_step, lr, beta1, beta2, eps, weight_decay);
 }
 
 // ===================================================================== 7. sampling
