@@ -37,6 +37,15 @@
 
 typedef struct model model_t;
 
+// What the model keeps of the training state. 08's keeps all of it;
+// chapter 09's sharded stages keep less, and the rest in slices of their
+// own: the model then has no AdamW moments, no gradient array (the bucket
+// hook gives it one bucket at a time), or no parameter array on the
+// device (the same).
+typedef struct {
+    bool params, grads, adam;
+} model_keeps;
+
 // What a device's model does; every entry is required.
 typedef struct {
     // Takes m->host (initialised or loaded) to the device, with room for
@@ -69,6 +78,7 @@ struct model {
     int loss_count;
     struct gpt_cuda *gpu;   // GPU runs: the model on the device
     pg_t *averaging;        // GPU runs, during backward: the group the buckets are averaged over
+    model_keeps keeps;
 };
 
 static inline const model_ops *model_cpu_ops(void);
@@ -124,14 +134,22 @@ static inline void model_to_device(model_t *m) { m->ops->to_device(m); }
 static inline const float *model_logits(model_t *m, int t, float *scratch) { return m->ops->logits(m, t, scratch); }
 
 // Takes over `host` (initialised or loaded); on a GPU, copies it there and
-// sizes the GPU's buffers for batches of up to B x T tokens.
-static inline void model_create(model_t *m, gpt_t host, const device_t *d, bool bf16, int B, int T) {
+// sizes the GPU's buffers for batches of up to B x T tokens. It keeps what
+// `keeps` says of the training state (model_create: all of it).
+static inline void model_create_keeping(model_t *m, gpt_t host, const device_t *d, bool bf16, int B, int T,
+                                        model_keeps keeps) {
     memset(m, 0, sizeof *m);
     m->host = host;
     m->on_gpu = device_is_cuda(d) && model_gpu_ops();
     m->bf16 = m->on_gpu && bf16;
+    m->keeps = keeps;
     m->ops = m->on_gpu ? model_gpu_ops() : model_cpu_ops();
     m->ops->create(m, B, T);
+}
+
+static inline void model_create(model_t *m, gpt_t host, const device_t *d, bool bf16, int B, int T) {
+    model_keeps all = {true, true, true};
+    model_create_keeping(m, host, d, bf16, B, T, all);
 }
 
 static inline void model_free(model_t *m) {
@@ -200,7 +218,13 @@ static inline void model_cpu_adamw(model_t *m, float lr, float beta1, float beta
 
 // Nothing to move or free: the CPU model's state is the host copy itself.
 static inline void model_cpu_nothing(model_t *m) { (void)m; }
-static inline void model_cpu_create(model_t *m, int B, int T) { (void)m, (void)B, (void)T; }
+static inline void model_cpu_create(model_t *m, int B, int T) {
+    (void)B, (void)T;
+    if (!m->keeps.grads) { // the bucket hook gives the backward pass a bucket's gradients at a time
+        free(m->host.grads);
+        m->host.grads = NULL;
+    }
+}
 
 static inline const float *model_cpu_logits(model_t *m, int t, float *scratch) {
     (void)scratch;

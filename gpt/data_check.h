@@ -1,4 +1,4 @@
-// data_check.h - chapter 08 across several nodes: the same data on every node.
+// data_check.h - the GPT of chapters 08-11 across several nodes: the same data on every node.
 //
 // On one machine every rank reads the same files. Across machines that is
 // not given: a node may hold another copy of the corpus, or train another

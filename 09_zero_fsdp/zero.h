@@ -1,0 +1,626 @@
+// zero.h - chapter 09's sharding of the GPT: which slice each rank owns,
+// the collectives that move slices, and what each rank holds and sends.
+//
+// 09_zero_fsdp.c says WHAT each ZeRO stage does in its training step; this
+// file holds the machinery it calls, in this order:
+//   1. who owns what: the buckets of gpt_layout.h, each cut in N slices
+//   2. counting: the bytes each rank holds, by kind, and sends, by collective
+//   3. the sharded state and the collectives on slices
+//   4. the bucket hook: ZeRO-2's gradients and ZeRO-3's parameters, bucket
+//      by bucket, while the model computes
+//   5. the optimizer step on this rank's slices
+//   6. the devices: the CPU, and a GPU (its stream, its kernels)
+//   7. the tables the program prints
+#ifndef ZERO_H
+#define ZERO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist.h"
+#include "gpt.h"
+#include "log.h"
+#include "model.h"
+#include "pg.h"
+
+// ===================================================================== 1. who owns what
+//
+// The flat parameter array is cut where gpt_layout.h cuts it into buckets:
+// ln_f, each block, the embeddings. Each bucket of `count` parameters is
+// padded to a multiple of N, N x S, and rank r owns slice r of it: the
+// parameters [offset + r S, offset + r S + S). The padding (fewer than N
+// numbers, at the end of the last slices) is never updated and never saved.
+//
+// Why each bucket, and not the whole array once (which is what DeepSpeed
+// does for ZeRO-1 and 2)? ZeRO-3 gathers one block at a time, and a
+// collective moves equal pieces from every rank: so every block must be cut
+// in N equal slices. PyTorch's FSDP does the same: each wrapped module's
+// parameters form one flat array, padded to a multiple of N and cut in N.
+// The stages share one cut, so a snapshot of any stage resumes in any other.
+typedef struct {
+    size_t offset, count; // the bucket in the flat array
+    size_t slice;         // S: parameters per rank, padding included (count <= N S < count + N)
+    size_t first, owned;  // this rank's slice: its first parameter, and how many are real (0..S)
+    size_t at;            // where this rank's slice starts in its shard arrays
+} zero_bucket;
+
+static inline size_t zero_slice_size(size_t count, int world) { return (count + (size_t)world - 1) / (size_t)world; }
+
+// Real (not padding) parameters of slice `rank`.
+static inline size_t zero_owned(size_t count, int world, int rank) {
+    size_t s = zero_slice_size(count, world), start = (size_t)rank * s;
+    return start >= count ? 0 : count - start < s ? count - start : s;
+}
+
+// ===================================================================== 2. counting
+
+// What a rank holds, by kind. The model's own buffers are counted from the
+// sizes it allocated; the chapter's go through zero_alloc.
+typedef enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER, MEM_GATHERED, MEM_ACTIVATIONS, MEM_OTHER, MEM_KINDS } mem_kind;
+static const char *const mem_kind_names[MEM_KINDS] = {"parameters", "gradients", "optimizer state",
+                                                      "gathered buffers", "activations", "other (workspace)"};
+
+// What a rank sends, by collective: counted from the calls it makes, at
+// what a ring algorithm sends for each (NCCL's and our cpu backend's
+// large-message algorithm): an all-reduce of B bytes sends 2 (N-1)/N B, a
+// reduce-scatter or all-gather of B bytes in all (N-1)/N B.
+typedef enum { COMM_ALL_REDUCE, COMM_REDUCE_SCATTER, COMM_ALL_GATHER, COMM_KINDS } comm_kind;
+static const char *const comm_kind_names[COMM_KINDS] = {"all_reduce", "reduce_scatter", "all_gather"};
+
+// ===================================================================== 3. the sharded state
+
+typedef struct zero zero_t;
+
+// What a device does for the sharding (section 6): a table per device, as model.h's.
+typedef struct {
+    void (*copy)(zero_t *z, float *dst, const float *src, size_t n);
+    void (*fill_zero)(zero_t *z, float *dst, size_t n);
+    void (*add)(zero_t *z, float *dst, const float *src, size_t n);
+    void (*finish)(zero_t *z); // the model's queued work is done: a blocking collective may read its results
+    double (*sum_squares)(zero_t *z, const float *x, size_t n);
+    // AdamW on this rank's slices, each gradient times grad_scale (the clipping).
+    void (*adamw)(zero_t *z, float grad_scale, float lr, float beta1, float beta2, float eps, float weight_decay);
+    void (*params_changed)(zero_t *z); // the full parameters were gathered (a GPU refreshes its bf16 copy)
+    void (*attach)(zero_t *z);         // sets the model's bucket hook (section 4)
+    float *(*model_params)(zero_t *z); // the model's full parameters and gradients (ZeRO-1, 2), on its device
+    float *(*model_grads)(zero_t *z);
+    size_t (*front)(zero_t *z);        // zeros the model needs in front of the embeddings' buffers
+    void (*model_memory)(zero_t *z, size_t bytes[MEM_KINDS]); // what the model itself allocated, by kind
+} zero_device_ops;
+
+struct zero {
+    int stage, rank, world;
+    dist_t *dist;
+    model_t *model;
+    const zero_device_ops *ops;
+    int num_buckets;
+    zero_bucket *buckets;
+    size_t shard_len;                // sum of the slices: the length of each shard array
+    size_t num_params;               // of the model, without padding
+    // This rank's slices, on the model's device, S per bucket (padding included, zeros):
+    float *params;                   // ZeRO-3: the parameters (the only copy: fp32 master weights on a GPU)
+    float *grads;                    // ZeRO-1, 2, 3: the averaged gradients
+    float *adam_m, *adam_v;          // ZeRO-1, 2, 3: AdamW's moments
+    int adam_step;
+    float *staging;                  // ZeRO-1, 2: one padded bucket, N S, for the collectives
+    float *scratch;                  // ZeRO-2, 3 with micro-batches: one slice, a reduce-scatter's result before it is added
+    // ZeRO-2 and 3: the buffers a bucket uses while the model computes it (section 4).
+    float *bucket_grads[3];          // the embeddings, ln_f, and the blocks' (one at a time)
+    float *gathered[3];              // ZeRO-3: the same three, for the gathered parameters
+    int holds[3];                    // which bucket each gathered buffer holds now (-1: none)
+    size_t front;                    // zeros a GPU model needs in front of the embeddings (its LM head's padding)
+    bool training;                   // inside a training step: keep the embeddings and ln_f gathered until backward
+    bool first_micro;                // the first micro-batch of the step: the gradient shard starts from zero
+    size_t mem[MEM_KINDS];           // bytes the chapter allocated, by kind
+    double sent[COMM_KINDS];         // bytes sent in training steps, by collective
+    long calls[COMM_KINDS];
+    int steps_counted;
+};
+
+static inline const zero_device_ops *zero_cpu_ops(void);
+static inline const zero_device_ops *zero_gpu_ops(void); // NULL in a CPU-only build
+
+static inline const char *zero_stage_name(int stage) {
+    static const char *const names[4] = {"DDP (no sharding)", "ZeRO-1 (optimizer state sharded)",
+                                         "ZeRO-2 (optimizer state and gradients sharded)",
+                                         "ZeRO-3 / FSDP (optimizer state, gradients and parameters sharded)"};
+    return names[stage];
+}
+
+// Device memory of the model's device, counted by kind.
+static inline float *zero_alloc(zero_t *z, mem_kind kind, size_t floats) {
+    if (floats == 0) return NULL;
+    float *p = device_alloc(&z->dist->device, floats * sizeof(float));
+    z->ops->fill_zero(z, p, floats);
+    z->mem[kind] += floats * sizeof(float);
+    return p;
+}
+
+static inline void zero_count(zero_t *z, comm_kind kind, double bytes_sent) {
+    if (!z->training) return; // evaluation and sampling are not training steps
+    z->sent[kind] += bytes_sent;
+    z->calls[kind]++;
+}
+
+// The collectives, counted. Every rank calls them with the same sizes, so
+// the count is the same on every rank.
+static inline void zero_all_gather(zero_t *z, const float *send, float *recv, size_t count) {
+    zero_count(z, COMM_ALL_GATHER, (double)(z->world - 1) * (double)count * sizeof(float));
+    pg_all_gather(z->dist->pg, send, recv, count, DTYPE_F32);
+}
+
+static inline void zero_reduce_scatter(zero_t *z, const float *send, float *recv, size_t count) {
+    zero_count(z, COMM_REDUCE_SCATTER, (double)(z->world - 1) * (double)count * sizeof(float));
+    pg_reduce_scatter(z->dist->pg, send, recv, count, DTYPE_F32, OP_AVG);
+}
+
+// Stage 0 (08's DDP) averages all gradients with all-reduces: counted here.
+static inline void zero_count_all_reduce(zero_t *z, size_t count) {
+    zero_count(z, COMM_ALL_REDUCE, 2.0 * (z->world - 1) / z->world * (double)count * sizeof(float));
+}
+
+static inline bool zero_is_head(const zero_t *z, int bucket) {
+    return bucket == GPT_BUCKET_LN_F || bucket == gpt_bucket_embeddings(&z->model->host.cfg);
+}
+
+// Which of the three bucket buffers bucket k uses: the embeddings 0, ln_f 1, a block 2.
+static inline int zero_slot(const zero_t *z, int bucket) {
+    return bucket == gpt_bucket_embeddings(&z->model->host.cfg) ? 0 : bucket == GPT_BUCKET_LN_F ? 1 : 2;
+}
+
+// The largest bucket of a kind (the embeddings, ln_f, a block), padded.
+static inline size_t zero_slot_size(const zero_t *z, int slot) {
+    size_t most = 0;
+    for (int k = 0; k < z->num_buckets; k++)
+        if (zero_slot(z, k) == slot && z->buckets[k].slice * (size_t)z->world > most) most = z->buckets[k].slice * (size_t)z->world;
+    return most + (slot == 0 ? z->front : 0);
+}
+
+// This rank's slices of a full array on the host (`full`, num_params
+// floats) into a shard array on the device, padding zero.
+static inline void zero_scatter_host(zero_t *z, const float *full, float *shard) {
+    float *host = xcalloc(z->shard_len, sizeof(float));
+    for (int k = 0; k < z->num_buckets; k++)
+        memcpy(host + z->buckets[k].at, full + z->buckets[k].first, z->buckets[k].owned * sizeof(float));
+    device_from_host(&z->dist->device, shard, host, z->shard_len * sizeof(float));
+    free(host);
+}
+
+// Cuts the model in slices and allocates this rank's state for the stage.
+// The model was created keeping what the stage does not shard
+// (zero_model_keeps); ZeRO-3 takes its slices of the model's initial
+// parameters (the host copy), which then go. With grad_accum micro-batches
+// per step, ZeRO-2 and 3 need a slice of scratch to add each one's slice.
+static inline void zero_setup(zero_t *z, int stage, dist_t *d, model_t *m, int grad_accum) {
+    memset(z, 0, sizeof *z);
+    z->stage = stage, z->dist = d, z->model = m, z->rank = d->rank, z->world = d->world_size;
+    z->ops = m->on_gpu ? zero_gpu_ops() : zero_cpu_ops();
+    if (!z->ops) die("TODO: sharding on a GPU");
+    z->front = z->ops->front(z);
+    const gpt_config *c = &m->host.cfg;
+    z->num_params = m->host.num_params;
+    z->num_buckets = gpt_layout_buckets(c, NULL, 0);
+    z->buckets = xcalloc((size_t)z->num_buckets, sizeof *z->buckets);
+    for (int k = 0; k < z->num_buckets; k++) {
+        gpt_bucket b = gpt_layout_bucket(c, k);
+        zero_bucket *s = &z->buckets[k];
+        s->offset = b.offset, s->count = b.count, s->slice = zero_slice_size(b.count, z->world);
+        s->first = b.offset + (size_t)z->rank * s->slice, s->owned = zero_owned(b.count, z->world, z->rank);
+        s->at = z->shard_len;
+        z->shard_len += s->slice;
+    }
+    for (int i = 0; i < 3; i++) z->holds[i] = -1;
+    if (stage == 0) return;
+    z->grads = zero_alloc(z, MEM_GRADS, z->shard_len);
+    z->adam_m = zero_alloc(z, MEM_OPTIMIZER, z->shard_len);
+    z->adam_v = zero_alloc(z, MEM_OPTIMIZER, z->shard_len);
+    size_t most = 0;
+    for (int k = 0; k < z->num_buckets; k++) most = z->buckets[k].slice > most ? z->buckets[k].slice : most;
+    if (stage < 3) z->staging = zero_alloc(z, MEM_OTHER, most * (size_t)z->world);
+    if (stage >= 2) {
+        if (grad_accum > 1) z->scratch = zero_alloc(z, MEM_GRADS, most);
+        for (int i = 0; i < 3; i++) z->bucket_grads[i] = zero_alloc(z, MEM_GRADS, zero_slot_size(z, i));
+    }
+    if (stage == 3) { // the slices of the initial parameters stay; the full array goes
+        z->params = zero_alloc(z, MEM_PARAMS, z->shard_len);
+        zero_scatter_host(z, m->host.params, z->params);
+        free(m->host.params);
+        m->host.params = NULL;
+        for (int i = 0; i < 3; i++) z->gathered[i] = zero_alloc(z, MEM_GATHERED, zero_slot_size(z, i));
+    }
+    if (stage >= 2) z->ops->attach(z);
+}
+
+// What the model keeps of the state itself: 08's model keeps everything;
+// ZeRO-1 keeps AdamW's moments in slices instead, ZeRO-2 the gradients
+// too, ZeRO-3 the parameters too.
+static inline model_keeps zero_model_keeps(int stage) {
+    model_keeps k = {.params = stage < 3, .grads = stage < 2, .adam = stage == 0};
+    return k;
+}
+
+// The step is over: the next forward passes (evaluation, sampling) are not
+// counted, and do not keep the embeddings gathered.
+static inline void zero_end_step(zero_t *z) {
+    z->training = false;
+    z->steps_counted++;
+}
+
+static inline void zero_free(zero_t *z) {
+    const device_t *d = &z->dist->device;
+    float *all[] = {z->params, z->grads, z->adam_m, z->adam_v, z->staging, z->scratch, z->bucket_grads[0],
+                    z->bucket_grads[1], z->bucket_grads[2], z->gathered[0], z->gathered[1], z->gathered[2]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]) device_free(d, all[i]);
+    free(z->buckets);
+}
+
+// ===================================================================== 4. the bucket hook
+//
+// ZeRO-2 and 3 act while the model computes: the model asks, bucket by
+// bucket, where the parameters and the gradients are (gpt_layout.h,
+// section 3), and the hook answers with one of three buffers - the
+// embeddings', ln_f's, and one for whichever block computes now.
+
+// ZeRO-3: bucket k's parameters, gathered from every rank's slice, unless
+// its buffer holds them already (the embeddings and ln_f between the
+// forward and the backward pass of a training step).
+static inline float *zero_gathered(zero_t *z, int k) {
+    int slot = zero_slot(z, k);
+    float *buf = z->gathered[slot] + (slot == 0 ? z->front : 0);
+    if (z->holds[slot] != k) {
+        z->ops->finish(z); // the buffer's last reader is done, and so is the optimizer step that wrote the slices
+        zero_all_gather(z, z->params + z->buckets[k].at, buf, z->buckets[k].slice);
+        z->holds[slot] = k;
+    }
+    return buf;
+}
+
+// ZeRO-2 and 3: bucket k's gradients are added to zeros in a bucket
+// buffer; once final, they are averaged and scattered: each rank receives
+// the mean of its own slice and adds it to its gradient shard (micro-batches
+// accumulate there). The bucket buffer is then free for the next bucket.
+static inline float *zero_bucket_grads(zero_t *z, int k) {
+    int slot = zero_slot(z, k);
+    z->ops->fill_zero(z, z->bucket_grads[slot], zero_slot_size(z, slot));
+    return z->bucket_grads[slot] + (slot == 0 ? z->front : 0);
+}
+
+static inline void zero_scatter_bucket(zero_t *z, int k) {
+    const zero_bucket *b = &z->buckets[k];
+    int slot = zero_slot(z, k);
+    z->ops->finish(z); // the bucket's gradients are computed
+    float *mine = z->grads + b->at;
+    if (z->first_micro) zero_reduce_scatter(z, z->bucket_grads[slot] + (slot == 0 ? z->front : 0), mine, b->slice);
+    else {
+        zero_reduce_scatter(z, z->bucket_grads[slot] + (slot == 0 ? z->front : 0), z->scratch, b->slice);
+        z->ops->add(z, mine, z->scratch, b->slice);
+    }
+}
+
+static inline void zero_on_bucket(zero_t *z, gpt_bucket_event event, int k, float **params, float **grads) {
+    bool keep = z->training && zero_is_head(z, k); // used again at once by the backward pass
+    switch (event) {
+    case GPT_FORWARD_BEGIN:
+        if (z->stage == 3) *params = zero_gathered(z, k);
+        break;
+    case GPT_FORWARD_END:
+        if (z->stage == 3 && !keep) z->holds[zero_slot(z, k)] = -1;
+        break;
+    case GPT_BACKWARD_BEGIN:
+        if (z->stage == 3) *params = zero_gathered(z, k);
+        *grads = zero_bucket_grads(z, k);
+        break;
+    case GPT_BACKWARD_END:
+        zero_scatter_bucket(z, k);
+        if (z->stage == 3) z->holds[zero_slot(z, k)] = -1;
+        break;
+    }
+}
+
+// ===================================================================== 5. the step on this rank's slices
+
+// The training step begins: the gradient shard starts from zero (ZeRO-2
+// and 3 add each micro-batch's averaged slice to it).
+static inline void zero_begin_step(zero_t *z) {
+    z->training = true;
+    z->first_micro = true;
+    if (z->stage >= 2) z->ops->fill_zero(z, z->grads, z->shard_len);
+}
+
+// ZeRO-1, after the backward pass: each bucket's gradients are averaged
+// and scattered; this rank keeps the mean of its slices. The padded
+// staging buffer holds the bucket and N S - count zeros after it.
+static inline void zero_reduce_scatter_gradients(zero_t *z) {
+    const float *grads = z->ops->model_grads(z);
+    z->ops->finish(z);
+    for (int k = 0; k < z->num_buckets; k++) {
+        const zero_bucket *b = &z->buckets[k];
+        z->ops->copy(z, z->staging, grads + b->offset, b->count);
+        z->ops->fill_zero(z, z->staging + b->count, b->slice * (size_t)z->world - b->count);
+        z->ops->finish(z);
+        zero_reduce_scatter(z, z->staging, z->grads + b->at, b->slice);
+    }
+}
+
+// The norm of the whole averaged gradient, from the slices: each rank's
+// sum of squares, added up over the ranks. Every rank gets the same number,
+// so every rank clips its slices by the same factor. Returns that factor.
+static inline float zero_clip_scale(zero_t *z, float max_norm) {
+    double sum = 0;
+    for (int k = 0; k < z->num_buckets; k++) sum += z->ops->sum_squares(z, z->grads + z->buckets[k].at, z->buckets[k].owned);
+    zero_count(z, COMM_ALL_REDUCE, 2.0 * (z->world - 1) / z->world * sizeof(double));
+    dist_all_reduce_host(z->dist, &sum, 1, OP_SUM);
+    double norm = sqrt(sum);
+    return max_norm > 0 && norm > max_norm ? (float)(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
+// ZeRO-1 and 2, after the optimizer step: every rank's updated slices are
+// gathered into every rank's full parameters, bucket by bucket: this rank's
+// slice goes into its place in the padded staging buffer, the all-gather
+// fills the others' in place, and the real parameters go back to the model.
+static inline void zero_all_gather_params(zero_t *z) {
+    float *params = z->ops->model_params(z);
+    for (int k = 0; k < z->num_buckets; k++) {
+        const zero_bucket *b = &z->buckets[k];
+        float *mine = z->staging + (size_t)z->rank * b->slice;
+        z->ops->copy(z, mine, params + b->first, b->owned);
+        z->ops->fill_zero(z, mine + b->owned, b->slice - b->owned);
+        z->ops->finish(z);
+        zero_all_gather(z, mine, z->staging, b->slice);
+        z->ops->copy(z, params + b->offset, z->staging, b->count);
+    }
+    z->ops->params_changed(z);
+}
+
+// The whole model's parameters in the model's host copy, on every rank:
+// ZeRO-3 gathers them bucket by bucket (FSDP's full state dict); the other
+// stages hold them already. For saving the model and its checksum.
+static inline void zero_full_params(zero_t *z) {
+    model_t *m = z->model;
+    if (z->stage < 3) {
+        model_to_host(m);
+        return;
+    }
+    if (!m->host.params) m->host.params = xmalloc(z->num_params * sizeof(float));
+    for (int k = 0; k < z->num_buckets; k++) {
+        device_to_host(&z->dist->device, m->host.params + z->buckets[k].offset, zero_gathered(z, k),
+                       z->buckets[k].count * sizeof(float));
+        z->holds[zero_slot(z, k)] = -1;
+    }
+}
+
+// ---------------------------------------------------------------- the state on the host (snapshots)
+
+static inline size_t zero_owned_total(const zero_t *z) {
+    size_t n = 0;
+    for (int k = 0; k < z->num_buckets; k++) n += z->buckets[k].owned;
+    return n;
+}
+
+// A shard array from the device (ZeRO-1, 2, 3), into host memory.
+static inline float *zero_shard_to_host(zero_t *z, const float *shard) {
+    float *host = xmalloc(z->shard_len * sizeof(float));
+    device_to_host(&z->dist->device, host, shard, z->shard_len * sizeof(float));
+    return host;
+}
+
+// This rank's slices of the state, padding left out, the buckets in order:
+// out[0] the parameters, out[1] and out[2] AdamW's moments
+// (zero_owned_total floats each). Returns AdamW's step count. In DDP the
+// slices come from the whole state every rank holds.
+static inline int zero_slices_to_host(zero_t *z, float *out[3]) {
+    gpt_t *h = &z->model->host;
+    z->ops->finish(z);
+    model_to_host(z->model); // the whole parameters (ZeRO-1, 2), and AdamW's moments (DDP)
+    float *shard[3] = {NULL, NULL, NULL};
+    if (z->stage == 3) shard[0] = zero_shard_to_host(z, z->params);
+    if (z->stage >= 1) shard[1] = zero_shard_to_host(z, z->adam_m), shard[2] = zero_shard_to_host(z, z->adam_v);
+    const float *whole[3] = {h->params, h->adam_m, h->adam_v};
+    size_t pos = 0;
+    for (int k = 0; k < z->num_buckets; k++) {
+        const zero_bucket *b = &z->buckets[k];
+        for (int i = 0; i < 3; i++) {
+            const float *from = shard[i] ? shard[i] + b->at : whole[i] ? whole[i] + b->first : NULL;
+            if (from) memcpy(out[i] + pos, from, b->owned * sizeof(float));
+            else memset(out[i] + pos, 0, b->owned * sizeof(float)); // no AdamW step yet
+        }
+        pos += b->owned;
+    }
+    for (int i = 0; i < 3; i++) free(shard[i]);
+    return z->stage == 0 ? h->adam_step : z->adam_step;
+}
+
+// After a resume filled the model's host copy (what the stage keeps whole)
+// and `slices` (shard arrays on the host, for what it keeps in slices;
+// NULL where it has none): everything to its device, and the step count.
+static inline void zero_slices_from_host(zero_t *z, float *slices[3], int adam_step) {
+    float *shard[3] = {z->params, z->adam_m, z->adam_v};
+    for (int i = 0; i < 3; i++)
+        if (slices[i] && shard[i]) device_from_host(&z->dist->device, shard[i], slices[i], z->shard_len * sizeof(float));
+    if (z->stage == 0) z->model->host.adam_step = adam_step;
+    else z->adam_step = adam_step;
+    if (z->stage < 3) model_to_device(z->model);
+}
+
+// ===================================================================== 6. the devices
+
+// --- the CPU: plain loops; every call has finished when it returns.
+static inline void zero_cpu_copy(zero_t *z, float *dst, const float *src, size_t n) {
+    (void)z;
+    if (n) memmove(dst, src, n * sizeof(float));
+}
+static inline void zero_cpu_fill_zero(zero_t *z, float *dst, size_t n) {
+    (void)z;
+    if (n) memset(dst, 0, n * sizeof(float));
+}
+static inline void zero_cpu_add(zero_t *z, float *dst, const float *src, size_t n) {
+    (void)z;
+    for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+static inline void zero_cpu_finish(zero_t *z) { (void)z; }
+static inline double zero_cpu_sum_squares(zero_t *z, const float *x, size_t n) {
+    (void)z;
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) sum += (double)x[i] * x[i];
+    return sum;
+}
+
+// gpt.h's AdamW on each slice: the parameters are the model's flat array
+// (ZeRO-1, 2) or the parameter shard (ZeRO-3); the gradients and moments
+// are the shard's. Clipping first scales the gradient slices, as
+// gpt_clip_grad_norm scales the whole gradient.
+static inline void zero_cpu_adamw(zero_t *z, float grad_scale, float lr, float beta1, float beta2, float eps,
+                                  float weight_decay) {
+    const gpt_t *h = &z->model->host;
+    z->adam_step++;
+    for (int k = 0; k < z->num_buckets; k++) {
+        const zero_bucket *b = &z->buckets[k];
+        float *g = z->grads + b->at, *p = z->stage == 3 ? z->params + b->at : h->params + b->first;
+        if (grad_scale != 1.0f)
+            for (size_t i = 0; i < b->owned; i++) g[i] *= grad_scale;
+        gpt_adamw_range(h->tensors, h->num_tensors, b->first, b->owned, p, g, z->adam_m + b->at, z->adam_v + b->at,
+                        z->adam_step, lr, beta1, beta2, eps, weight_decay);
+    }
+}
+
+static inline void zero_cpu_params_changed(zero_t *z) { (void)z; }
+
+static inline void zero_cpu_hook(void *user, gpt_bucket_event event, int bucket, gpt_real **params, gpt_real **grads) {
+    zero_on_bucket(user, event, bucket, params, grads);
+}
+
+static inline void zero_cpu_attach(zero_t *z) {
+    z->model->host.hook = zero_cpu_hook;
+    z->model->host.hook_user = z;
+}
+
+static inline float *zero_cpu_model_params(zero_t *z) { return z->model->host.params; }
+static inline float *zero_cpu_model_grads(zero_t *z) { return z->model->host.grads; }
+static inline size_t zero_cpu_front(zero_t *z) { (void)z; return 0; }
+
+// The CPU model's arrays, from the sizes it allocated them with.
+static inline void zero_cpu_model_memory(zero_t *z, size_t bytes[MEM_KINDS]) {
+    const gpt_t *h = &z->model->host;
+    size_t p = h->num_params * sizeof(gpt_real);
+    bytes[MEM_PARAMS] += h->params ? p : 0;
+    bytes[MEM_GRADS] += h->grads ? p : 0;
+    bytes[MEM_OPTIMIZER] += (h->adam_m ? p : 0) + (h->adam_v ? p : 0);
+    bytes[MEM_ACTIVATIONS] += (h->acts_capacity + h->grads_capacity) * sizeof(gpt_real);
+}
+
+static inline const zero_device_ops *zero_cpu_ops(void) {
+    static const zero_device_ops ops = {zero_cpu_copy,          zero_cpu_fill_zero,      zero_cpu_add,
+                                        zero_cpu_finish,        zero_cpu_sum_squares,    zero_cpu_adamw,
+                                        zero_cpu_params_changed, zero_cpu_attach,        zero_cpu_model_params,
+                                        zero_cpu_model_grads,   zero_cpu_front,          zero_cpu_model_memory};
+    return &ops;
+}
+
+static inline const zero_device_ops *zero_gpu_ops(void) { return NULL; } // TODO GPU
+
+// ===================================================================== 7. the tables
+
+// "(4+4+8)P/N": the ZeRO paper's formula with this run's bytes per
+// parameter, each term over N where the stage shards it.
+static inline void zero_formula(char *out, size_t size, const double *bytes, const bool *sharded, int n) {
+    int used = 0;
+    bool all = true, none = true;
+    for (int i = 0; i < n; i++) all = all && sharded[i], none = none && !sharded[i];
+    if (n == 1 || all || none) {
+        used += snprintf(out + used, size - (size_t)used, n > 1 ? "(" : "");
+        for (int i = 0; i < n; i++) used += snprintf(out + used, size - (size_t)used, "%s%g", i ? "+" : "", bytes[i]);
+        snprintf(out + used, size - (size_t)used, "%sP%s", n > 1 ? ")" : "", all ? "/N" : "");
+        return;
+    }
+    double whole = 0, part = 0; // some terms whole, the others over N
+    for (int i = 0; i < n; i++) *(sharded[i] ? &part : &whole) += bytes[i];
+    snprintf(out, size, "%gP + %gP/N", whole, part);
+}
+
+static inline double zero_kib(double bytes) { return bytes / 1024.0; }
+
+// What every rank holds, by kind, beside the ZeRO paper's formula: with P
+// parameters and N ranks, DDP holds (p+g+k)P, ZeRO-1 (p+g)P + kP/N, ZeRO-2
+// pP + (g+k)P/N, ZeRO-3 (p+g+k)P/N, where p, g, k are the bytes per
+// parameter of the parameters, the gradients and the optimizer state.
+static inline void zero_report_memory(zero_t *z) {
+    int N = z->world, cols = N < 8 ? N : 8;
+    size_t mine[MEM_KINDS];
+    memcpy(mine, z->mem, sizeof mine);
+    z->ops->model_memory(z, mine);
+    double *all = xcalloc((size_t)N * MEM_KINDS, sizeof(double));
+    for (int i = 0; i < MEM_KINDS; i++) all[(size_t)z->rank * MEM_KINDS + i] = (double)mine[i];
+    dist_all_reduce_host(z->dist, all, N * MEM_KINDS, OP_SUM);
+    // p: fp32 parameters, and on a GPU in bf16 their bf16 copy too (ZeRO-3
+    // keeps only fp32 slices, and makes bf16 copies of a gathered bucket).
+    double P = (double)z->num_params, p = z->model->bf16 && z->stage < 3 ? 6 : 4, g = 4, k = 8;
+    double per[3] = {p, g, k};
+    bool sharded[3] = {z->stage == 3, z->stage >= 2, z->stage >= 1};
+    log_main("memory per rank, KiB (%s, N = %d, P = %zu parameters; %s):\n", zero_stage_name(z->stage), N, z->num_params,
+             z->model->on_gpu ? (z->model->bf16 ? "GPU, bf16 copies of fp32 weights" : "GPU, fp32") : "CPU, fp32");
+    char line[400];
+    int used = snprintf(line, sizeof line, "  %-20s", "");
+    for (int r = 0; r < cols; r++) used += snprintf(line + used, sizeof line - (size_t)used, "   rank %-3d", r);
+    log_main("%s%s   the ZeRO paper's formula\n", line, N > cols ? "  ..." : "");
+    double states[8] = {0};
+    for (int i = 0; i < MEM_KINDS; i++) {
+        used = snprintf(line, sizeof line, "  %-20s", mem_kind_names[i]);
+        for (int r = 0; r < cols; r++) {
+            double b = all[(size_t)r * MEM_KINDS + i];
+            used += snprintf(line + used, sizeof line - (size_t)used, " %10.1f", zero_kib(b));
+            if (i <= MEM_OPTIMIZER) states[r] += b;
+        }
+        char formula[80] = "(no formula)";
+        if (i <= MEM_OPTIMIZER) {
+            char f[60];
+            zero_formula(f, sizeof f, &per[i], &sharded[i], 1);
+            snprintf(formula, sizeof formula, "%-13s = %10.1f", f, zero_kib(per[i] * P / (sharded[i] ? N : 1)));
+        }
+        log_main("%s%s   %s\n", line, N > cols ? "  ..." : "", formula);
+    }
+    used = snprintf(line, sizeof line, "  %-20s", "model states (1-3)");
+    for (int r = 0; r < cols; r++) used += snprintf(line + used, sizeof line - (size_t)used, " %10.1f", zero_kib(states[r]));
+    char f[60];
+    zero_formula(f, sizeof f, per, sharded, 3);
+    double total = 0;
+    for (int i = 0; i < 3; i++) total += per[i] * P / (sharded[i] ? N : 1);
+    log_main("%s%s   %-13s = %10.1f\n", line, N > cols ? "  ..." : "", f, zero_kib(total));
+    free(all);
+}
+
+// What every rank sent per training step, by collective, beside the
+// theory: with B = 4P bytes (the gradients and gathered parameters travel
+// in fp32), DDP's all-reduce and ZeRO-1's and 2's reduce-scatter plus
+// all-gather each send 2(N-1)/N B; ZeRO-3 gathers twice (forward and
+// backward) and sends 3(N-1)/N B. ZeRO-2 and 3 reduce-scatter on every
+// micro-batch, and ZeRO-3 gathers on every one.
+static inline void zero_report_traffic(zero_t *z, int grad_accum) {
+    int N = z->world, S = z->stage, steps = z->steps_counted > 0 ? z->steps_counted : 1;
+    double B = 4.0 * (double)z->num_params, f = (N - 1.0) / N, A = grad_accum;
+    double theory[COMM_KINDS] = {S == 0 ? 2 * f * B : 0, S == 0 ? 0 : S == 1 ? f * B : A * f * B,
+                                 S == 0 ? 0 : S < 3 ? f * B : 2 * A * f * B};
+    const char *says[COMM_KINDS] = {S == 0 ? "2(N-1)/N B" : "(the gradient norm)", S == 0 ? "-" : S == 1 ? "(N-1)/N B" : "(N-1)/N B per micro-batch",
+                                    S == 0 ? "-" : S < 3 ? "(N-1)/N B" : "2(N-1)/N B per micro-batch"};
+    log_main("sent per training step by each rank, KiB (mean of %d step(s); B = 4P bytes, counted from the calls at what a ring "
+             "sends):\n", z->steps_counted);
+    log_main("  %-16s %8s %12s   theory\n", "collective", "calls", "KiB");
+    double total = 0, total_theory = 0;
+    for (int i = 0; i < COMM_KINDS; i++) {
+        total += z->sent[i] / steps, total_theory += theory[i];
+        log_main("  %-16s %8.1f %12.1f   %-28s = %10.1f\n", comm_kind_names[i], (double)z->calls[i] / steps,
+                 zero_kib(z->sent[i] / steps), says[i], zero_kib(theory[i]));
+    }
+    log_main("  %-16s %8s %12.1f   %-28s = %10.1f\n", "total", "", zero_kib(total),
+             S == 3 ? "3(N-1)/N B (one micro-batch)" : "2(N-1)/N B (one micro-batch)", zero_kib(total_theory));
+}
+
+static inline void zero_report(zero_t *z, int grad_accum) {
+    zero_report_memory(z);
+    zero_report_traffic(z, grad_accum);
+}
+
+#endif
