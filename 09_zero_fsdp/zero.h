@@ -135,6 +135,7 @@ static inline float *zero_alloc(zero_t *z, mem_kind kind, size_t floats) {
     if (floats == 0) return NULL;
     float *p = device_alloc(&z->dist->device, floats * sizeof(float));
     z->ops->fill_zero(z, p, floats);
+    z->ops->finish(z); // zeros before anything else writes it (a copy from the host is not on the model's stream)
     z->mem[kind] += floats * sizeof(float);
     return p;
 }
@@ -198,7 +199,6 @@ static inline void zero_setup(zero_t *z, int stage, dist_t *d, model_t *m, int g
     memset(z, 0, sizeof *z);
     z->stage = stage, z->dist = d, z->model = m, z->rank = d->rank, z->world = d->world_size;
     z->ops = m->on_gpu ? zero_gpu_ops() : zero_cpu_ops();
-    if (!z->ops) die("TODO: sharding on a GPU");
     z->front = z->ops->front(z);
     const gpt_config *c = &m->host.cfg;
     z->num_params = m->host.num_params;
@@ -439,6 +439,7 @@ static inline int zero_slices_to_host(zero_t *z, float *out[3]) {
 // NULL where it has none): everything to its device, and the step count.
 static inline void zero_slices_from_host(zero_t *z, float *slices[3], int adam_step) {
     float *shard[3] = {z->params, z->adam_m, z->adam_v};
+    z->ops->finish(z);
     for (int i = 0; i < 3; i++)
         if (slices[i] && shard[i]) device_from_host(&z->dist->device, shard[i], slices[i], z->shard_len * sizeof(float));
     if (z->stage == 0) z->model->host.adam_step = adam_step;
@@ -520,7 +521,73 @@ static inline const zero_device_ops *zero_cpu_ops(void) {
     return &ops;
 }
 
-static inline const zero_device_ops *zero_gpu_ops(void) { return NULL; } // TODO GPU
+#ifdef COURSE_CUDA
+// --- a GPU: the model's stream (gpt_cuda_stream) runs the copies and the
+// kernels in order; the collectives are blocking calls of pg.h, so before
+// one reads what the model computed, or writes what it may still read,
+// the host waits for that stream (finish). Simple, and correct on every
+// backend; the price is that communication and computation take turns.
+static inline cudaStream_t zero_stream(zero_t *z) { return gpt_cuda_stream(z->model->gpu); }
+
+static inline void zero_gpu_copy(zero_t *z, float *dst, const float *src, size_t n) {
+    if (n) CHECK_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, zero_stream(z)));
+}
+static inline void zero_gpu_fill_zero(zero_t *z, float *dst, size_t n) {
+    if (n) CHECK_CUDA(cudaMemsetAsync(dst, 0, n * sizeof(float), zero_stream(z)));
+}
+static inline void zero_gpu_add(zero_t *z, float *dst, const float *src, size_t n) { gpt_cuda_add(z->model->gpu, dst, src, n); }
+static inline void zero_gpu_finish(zero_t *z) { CHECK_CUDA(cudaStreamSynchronize(zero_stream(z))); }
+static inline double zero_gpu_sum_squares(zero_t *z, const float *x, size_t n) {
+    return gpt_cuda_sum_squares(z->model->gpu, x, n);
+}
+
+// One launch for every slice: the model's kernel with a table of slices.
+static inline void zero_gpu_adamw(zero_t *z, float grad_scale, float lr, float beta1, float beta2, float eps,
+                                  float weight_decay) {
+    gpt_cuda_slice *slices = xcalloc((size_t)z->num_buckets, sizeof *slices);
+    float *params = z->stage == 3 ? z->params : gpt_cuda_params_device(z->model->gpu);
+    for (int k = 0; k < z->num_buckets; k++) {
+        const zero_bucket *b = &z->buckets[k];
+        slices[k] = (gpt_cuda_slice){b->first, b->owned, z->stage == 3 ? params + b->at : params + b->first,
+                                     z->grads + b->at, z->adam_m + b->at, z->adam_v + b->at};
+    }
+    gpt_cuda_adamw_slices(z->model->gpu, slices, z->num_buckets, ++z->adam_step, grad_scale, lr, beta1, beta2, eps,
+                          weight_decay);
+    free(slices);
+}
+
+static inline void zero_gpu_params_changed(zero_t *z) { gpt_cuda_params_changed(z->model->gpu); }
+
+static inline void zero_gpu_hook(void *user, gpt_bucket_event event, int bucket, float **params, float **grads,
+                                 cudaEvent_t done) {
+    (void)done; // finish() waits for the whole stream instead
+    zero_on_bucket(user, event, bucket, params, grads);
+}
+
+static inline void zero_gpu_attach(zero_t *z) { gpt_cuda_set_bucket_hook(z->model->gpu, zero_gpu_hook, z); }
+static inline float *zero_gpu_model_params(zero_t *z) { return gpt_cuda_params_device(z->model->gpu); }
+static inline float *zero_gpu_model_grads(zero_t *z) { return gpt_cuda_grads_device(z->model->gpu); }
+static inline size_t zero_gpu_front(zero_t *z) {
+    return gpt_cuda_bucket_front(z->model->gpu, gpt_bucket_embeddings(&z->model->host.cfg));
+}
+
+static inline void zero_gpu_model_memory(zero_t *z, size_t bytes[MEM_KINDS]) {
+    size_t parts[5];
+    gpt_cuda_memory_parts(z->model->gpu, parts);
+    bytes[MEM_PARAMS] += parts[0], bytes[MEM_GRADS] += parts[1], bytes[MEM_OPTIMIZER] += parts[2];
+    bytes[MEM_ACTIVATIONS] += parts[3], bytes[MEM_OTHER] += parts[4];
+}
+
+static inline const zero_device_ops *zero_gpu_ops(void) {
+    static const zero_device_ops ops = {zero_gpu_copy,           zero_gpu_fill_zero, zero_gpu_add,
+                                        zero_gpu_finish,         zero_gpu_sum_squares, zero_gpu_adamw,
+                                        zero_gpu_params_changed, zero_gpu_attach,    zero_gpu_model_params,
+                                        zero_gpu_model_grads,    zero_gpu_front,     zero_gpu_model_memory};
+    return &ops;
+}
+#else
+static inline const zero_device_ops *zero_gpu_ops(void) { return NULL; }
+#endif
 
 // ===================================================================== 7. the tables
 

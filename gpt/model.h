@@ -244,7 +244,8 @@ static inline const model_ops *model_cpu_ops(void) {
 // the file that asks.
 #ifdef COURSE_CUDA
 static inline void model_gpu_create(model_t *m, int B, int T) {
-    m->gpu = gpt_cuda_create(&m->host.cfg, m->host.params, B, T, m->bf16);
+    m->gpu = gpt_cuda_create_keeping(&m->host.cfg, m->host.params, B, T, m->bf16, m->keeps.params, m->keeps.grads,
+                                     m->keeps.adam);
 }
 
 static inline float model_gpu_forward(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T, bool wait) {
@@ -279,9 +280,10 @@ static inline void model_gpu_adamw(model_t *m, float lr, float beta1, float beta
     m->host.adam_step++; // the step count is known on the host; the moments stay on the GPU
 }
 
+// What the model keeps (model_keeps); a sharded stage moves its slices itself.
 static inline void model_gpu_to_host(model_t *m) {
-    gpt_cuda_get_params(m->gpu, m->host.params);
-    if (m->host.adam_step > 0) {
+    if (m->keeps.params) gpt_cuda_get_params(m->gpu, m->host.params);
+    if (m->host.adam_step > 0 && m->keeps.adam) {
         if (!m->host.adam_m) m->host.adam_m = xcalloc(m->host.num_params, sizeof(gpt_real));
         if (!m->host.adam_v) m->host.adam_v = xcalloc(m->host.num_params, sizeof(gpt_real));
         int step;
@@ -290,8 +292,8 @@ static inline void model_gpu_to_host(model_t *m) {
 }
 
 static inline void model_gpu_to_device(model_t *m) {
-    gpt_cuda_set_params(m->gpu, m->host.params);
-    if (m->host.adam_m && m->host.adam_v)
+    if (m->keeps.params) gpt_cuda_set_params(m->gpu, m->host.params);
+    if (m->keeps.adam && m->host.adam_m && m->host.adam_v)
         gpt_cuda_set_adam(m->gpu, m->host.adam_m, m->host.adam_v, m->host.adam_step);
 }
 
