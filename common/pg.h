@@ -600,6 +600,45 @@ static inline void pg_all_reduce_after(pg_t *pg, void *buf, size_t count, dtype_
     pg_all_reduce(pg, buf, buf, count, t, op);
 }
 
+// The same for a reduce-scatter and an all-gather of GPU buffers (ZeRO-2
+// and 3, chapter 09), queued behind `ready` (NULL: behind nothing) and,
+// when `done` is not NULL, recorded into it once the result is there: a
+// stream that waits for `done` (cudaStreamWaitEvent) can use the result
+// without the host waiting for anything. cpu: waits for `ready`, runs now,
+// and records `done` on the legacy stream, after the result.
+static inline void pg_after_done(pg_t *pg, cudaEvent_t done) {
+    if (done) CHECK_CUDA(cudaEventRecord(done, pg->nccl ? nccl_stream(pg->nccl) : cudaStreamLegacy));
+}
+
+static inline void pg_reduce_scatter_after(pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
+                                           redop_t op, cudaEvent_t ready, cudaEvent_t done) {
+    if (pg->nccl && !redop_is_bitwise(op)) {
+        pg_announce(pg, "reduce_scatter", count, t, (int)op, -1);
+        pg_bytes(pg, count, t, (size_t)pg->world_size, "reduce_scatter");
+        pg_check_reduction(t, op, "reduce_scatter");
+        if (count > 0) nccl_reduce_scatter_after(pg->nccl, send, recv, count, t, op, ready);
+        pg_after_done(pg, done);
+        return;
+    }
+    if (ready) CHECK_CUDA(cudaEventSynchronize(ready));
+    pg_reduce_scatter(pg, send, recv, count, t, op);
+    pg_after_done(pg, done);
+}
+
+static inline void pg_all_gather_after(pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
+                                       cudaEvent_t ready, cudaEvent_t done) {
+    if (pg->nccl) {
+        pg_announce(pg, "all_gather", count, t, -1, -1);
+        pg_bytes(pg, count, t, (size_t)pg->world_size, "all_gather");
+        if (count > 0) nccl_all_gather_after(pg->nccl, send, recv, count, t, ready);
+        pg_after_done(pg, done);
+        return;
+    }
+    if (ready) CHECK_CUDA(cudaEventSynchronize(ready));
+    pg_all_gather(pg, send, recv, count, t);
+    pg_after_done(pg, done);
+}
+
 static inline void pg_wait_queued(pg_t *pg) {
     if (pg->nccl) nccl_wait_queued(pg->nccl);
 }

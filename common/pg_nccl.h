@@ -456,8 +456,25 @@ static inline void nccl_all_reduce_after(nccl_pg_t *pg, void *buf, size_t count,
                "ncclAllReduce");
 }
 
+static inline void nccl_reduce_scatter_after(nccl_pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
+                                             redop_t op, cudaEvent_t ready) {
+    nccl_begin(pg, "reduce_scatter (overlapped)");
+    if (ready) CHECK_CUDA(cudaStreamWaitEvent(pg->stream, ready, 0));
+    nccl_check(pg, ncclReduceScatter(send, recv, count, nccl_type(t), nccl_op(op), pg->comm, pg->stream),
+               "ncclReduceScatter");
+}
+
+static inline void nccl_all_gather_after(nccl_pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
+                                         cudaEvent_t ready) {
+    nccl_begin(pg, "all_gather (overlapped)");
+    if (ready) CHECK_CUDA(cudaStreamWaitEvent(pg->stream, ready, 0));
+    nccl_check(pg, ncclAllGather(send, recv, count, nccl_type(t), pg->comm, pg->stream), "ncclAllGather");
+}
+
+static inline cudaStream_t nccl_stream(const nccl_pg_t *pg) { return pg->stream; }
+
 static inline void nccl_wait_queued(nccl_pg_t *pg) {
-    pg->op = "all_reduce (overlapped)";
+    pg->op = "the overlapped collectives";
     nccl_wait(pg, NULL);
 }
 
