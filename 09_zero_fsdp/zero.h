@@ -89,6 +89,15 @@ typedef struct {
     float *(*model_grads)(zero_t *z);
     size_t (*front)(zero_t *z);        // zeros the model needs in front of the embeddings' buffers
     void (*model_memory)(zero_t *z, size_t bytes[MEM_KINDS]); // what the model itself allocated, by kind
+    // The bucket hook's collectives (section 4): gather bucket k's slices
+    // into a buffer; make the model wait for a gathered buffer before it
+    // reads it; reduce-scatter a bucket's gradients once the model has
+    // computed them; make the model wait before it writes gradients into a
+    // buffer that a reduce-scatter may still read.
+    void (*gather)(zero_t *z, int k, int slot, float *dst);
+    void (*use_gathered)(zero_t *z, int slot);
+    void (*scatter)(zero_t *z, int slot, const float *grads, float *mine, size_t slice);
+    void (*before_grads)(zero_t *z, int slot);
 } zero_device_ops;
 
 struct zero {
@@ -108,9 +117,15 @@ struct zero {
     float *staging;                  // ZeRO-1, 2: one padded bucket, N S, for the collectives
     float *scratch;                  // ZeRO-2, 3 with micro-batches: one slice, a reduce-scatter's result before it is added
     // ZeRO-2 and 3: the buffers a bucket uses while the model computes it (section 4).
-    float *bucket_grads[3];          // the embeddings, ln_f, and the blocks' (one at a time)
-    float *gathered[3];              // ZeRO-3: the same three, for the gathered parameters
-    int holds[3];                    // which bucket each gathered buffer holds now (-1: none)
+    int block_slots;                 // buffers for the blocks: 1 on the CPU, 2 on a GPU (one computes, one moves)
+    float *bucket_grads[4];          // the embeddings', ln_f's, and the blocks'
+    float *gathered[4];              // ZeRO-3: the same, for the gathered parameters
+    int holds[4];                    // which bucket each gathered buffer holds, or is being gathered into (-1: none)
+#ifdef COURSE_CUDA
+    cudaEvent_t gathered_ev[4];      // recorded after the last gather into each buffer
+    cudaEvent_t scattered_ev[4];     // recorded after the last reduce-scatter from each gradient buffer
+    cudaEvent_t now_ev, done_ev;     // the model's stream now; the hook's `done` (section 6)
+#endif
     size_t front;                    // zeros a GPU model needs in front of the embeddings (its LM head's padding)
     bool training;                   // inside a training step: keep the embeddings and ln_f gathered until backward
     bool first_micro;                // the first micro-batch of the step: the gradient shard starts from zero
@@ -167,9 +182,11 @@ static inline bool zero_is_head(const zero_t *z, int bucket) {
     return bucket == GPT_BUCKET_LN_F || bucket == gpt_bucket_embeddings(&z->model->host.cfg);
 }
 
-// Which of the three bucket buffers bucket k uses: the embeddings 0, ln_f 1, a block 2.
+// Which bucket buffer bucket k uses: the embeddings 0, ln_f 1, block l 2
+// (on a GPU, 2 and 3 in turn).
 static inline int zero_slot(const zero_t *z, int bucket) {
-    return bucket == gpt_bucket_embeddings(&z->model->host.cfg) ? 0 : bucket == GPT_BUCKET_LN_F ? 1 : 2;
+    if (bucket == gpt_bucket_embeddings(&z->model->host.cfg)) return 0;
+    return bucket == GPT_BUCKET_LN_F ? 1 : 2 + bucket % z->block_slots;
 }
 
 // The largest bucket of a kind (the embeddings, ln_f, a block), padded.
@@ -212,7 +229,8 @@ static inline void zero_setup(zero_t *z, int stage, dist_t *d, model_t *m, int g
         s->at = z->shard_len;
         z->shard_len += s->slice;
     }
-    for (int i = 0; i < 3; i++) z->holds[i] = -1;
+    for (int i = 0; i < 4; i++) z->holds[i] = -1;
+    z->block_slots = m->on_gpu ? 2 : 1;
     if (stage == 0) return;
     z->grads = zero_alloc(z, MEM_GRADS, z->shard_len);
     z->adam_m = zero_alloc(z, MEM_OPTIMIZER, z->shard_len);
@@ -222,14 +240,14 @@ static inline void zero_setup(zero_t *z, int stage, dist_t *d, model_t *m, int g
     if (stage < 3) z->staging = zero_alloc(z, MEM_OTHER, most * (size_t)z->world);
     if (stage >= 2) {
         if (grad_accum > 1) z->scratch = zero_alloc(z, MEM_GRADS, most);
-        for (int i = 0; i < 3; i++) z->bucket_grads[i] = zero_alloc(z, MEM_GRADS, zero_slot_size(z, i));
+        for (int i = 0; i < 2 + z->block_slots; i++) z->bucket_grads[i] = zero_alloc(z, MEM_GRADS, zero_slot_size(z, i));
     }
     if (stage == 3) { // the slices of the initial parameters stay; the full array goes
         z->params = zero_alloc(z, MEM_PARAMS, z->shard_len);
         zero_scatter_host(z, m->host.params, z->params);
         free(m->host.params);
         m->host.params = NULL;
-        for (int i = 0; i < 3; i++) z->gathered[i] = zero_alloc(z, MEM_GATHERED, zero_slot_size(z, i));
+        for (int i = 0; i < 2 + z->block_slots; i++) z->gathered[i] = zero_alloc(z, MEM_GATHERED, zero_slot_size(z, i));
     }
     if (stage >= 2) z->ops->attach(z);
 }
@@ -251,10 +269,20 @@ static inline void zero_end_step(zero_t *z) {
 
 static inline void zero_free(zero_t *z) {
     const device_t *d = &z->dist->device;
-    float *all[] = {z->params, z->grads, z->adam_m, z->adam_v, z->staging, z->scratch, z->bucket_grads[0],
-                    z->bucket_grads[1], z->bucket_grads[2], z->gathered[0], z->gathered[1], z->gathered[2]};
+    if (z->ops) z->ops->finish(z); // nothing queued still uses the buffers
+    float *all[] = {z->params,          z->grads,           z->adam_m,          z->adam_v,
+                    z->staging,         z->scratch,         z->bucket_grads[0], z->bucket_grads[1],
+                    z->bucket_grads[2], z->bucket_grads[3], z->gathered[0],     z->gathered[1],
+                    z->gathered[2],     z->gathered[3]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) device_free(d, all[i]);
+#ifdef COURSE_CUDA
+    cudaEvent_t events[] = {z->now_ev,          z->gathered_ev[0],  z->gathered_ev[1],  z->gathered_ev[2],
+                            z->gathered_ev[3],  z->scattered_ev[0], z->scattered_ev[1], z->scattered_ev[2],
+                            z->scattered_ev[3]};
+    for (size_t i = 0; i < sizeof events / sizeof events[0]; i++)
+        if (events[i]) CHECK_CUDA(cudaEventDestroy(events[i]));
+#endif
     free(z->buckets);
 }
 
@@ -262,29 +290,49 @@ static inline void zero_free(zero_t *z) {
 //
 // ZeRO-2 and 3 act while the model computes: the model asks, bucket by
 // bucket, where the parameters and the gradients are (gpt_layout.h,
-// section 3), and the hook answers with one of three buffers - the
-// embeddings', ln_f's, and one for whichever block computes now.
+// section 3), and the hook answers with a bucket buffer: the embeddings',
+// ln_f's, or a block's. On a GPU there are two for the blocks, so that the
+// next block's parameters can be gathered, or the last block's gradients
+// reduce-scattered, while the model computes this one (section 6); the
+// device's gather, scatter and wait calls say when a buffer may be used.
 
-// ZeRO-3: bucket k's parameters, gathered from every rank's slice, unless
-// its buffer holds them already (the embeddings and ln_f between the
-// forward and the backward pass of a training step).
+// ZeRO-3: bucket k's parameters, gathered from every rank's slice into its
+// buffer, unless the buffer holds them already: the embeddings and ln_f
+// between the forward and the backward pass of a training step, or a block
+// gathered early (prefetched).
+static inline void zero_prefetch(zero_t *z, int k) {
+    if (k < 0) return;
+    int slot = zero_slot(z, k);
+    if (z->holds[slot] == k) return;
+    z->ops->gather(z, k, slot, z->gathered[slot] + (slot == 0 ? z->front : 0));
+    z->holds[slot] = k;
+}
+
 static inline float *zero_gathered(zero_t *z, int k) {
     int slot = zero_slot(z, k);
-    float *buf = z->gathered[slot] + (slot == 0 ? z->front : 0);
-    if (z->holds[slot] != k) {
-        z->ops->finish(z); // the buffer's last reader is done, and so is the optimizer step that wrote the slices
-        zero_all_gather(z, z->params + z->buckets[k].at, buf, z->buckets[k].slice);
-        z->holds[slot] = k;
-    }
-    return buf;
+    zero_prefetch(z, k);
+    z->ops->use_gathered(z, slot);
+    return z->gathered[slot] + (slot == 0 ? z->front : 0);
+}
+
+// The bucket whose parameters the pass needs next, for prefetching: the
+// forward pass goes from the embeddings through the blocks to ln_f (bucket
+// L+1, L, ..., 0), the backward pass from the last block to the first (1,
+// 2, ..., L; the embeddings and ln_f are still there). -1: none.
+static inline int zero_next_bucket(const zero_t *z, gpt_bucket_event event, int k) {
+    int L = z->num_buckets - 2;
+    if (event == GPT_FORWARD_BEGIN) return k - 1;
+    if (k == L + 1) return L >= 1 ? 1 : -1;
+    return k >= 1 && k < L ? k + 1 : -1;
 }
 
 // ZeRO-2 and 3: bucket k's gradients are added to zeros in a bucket
 // buffer; once final, they are averaged and scattered: each rank receives
-// the mean of its own slice and adds it to its gradient shard (micro-batches
-// accumulate there). The bucket buffer is then free for the next bucket.
+// the mean of its own slice in its gradient shard (micro-batches after the
+// first are received apart and added). The buffer is then free again.
 static inline float *zero_bucket_grads(zero_t *z, int k) {
     int slot = zero_slot(z, k);
+    z->ops->before_grads(z, slot); // the buffer's last reduce-scatter has read it
     z->ops->fill_zero(z, z->bucket_grads[slot], zero_slot_size(z, slot));
     return z->bucket_grads[slot] + (slot == 0 ? z->front : 0);
 }
@@ -292,27 +340,28 @@ static inline float *zero_bucket_grads(zero_t *z, int k) {
 static inline void zero_scatter_bucket(zero_t *z, int k) {
     const zero_bucket *b = &z->buckets[k];
     int slot = zero_slot(z, k);
-    z->ops->finish(z); // the bucket's gradients are computed
-    float *mine = z->grads + b->at;
-    if (z->first_micro) zero_reduce_scatter(z, z->bucket_grads[slot] + (slot == 0 ? z->front : 0), mine, b->slice);
-    else {
-        zero_reduce_scatter(z, z->bucket_grads[slot] + (slot == 0 ? z->front : 0), z->scratch, b->slice);
-        z->ops->add(z, mine, z->scratch, b->slice);
+    float *grads = z->bucket_grads[slot] + (slot == 0 ? z->front : 0), *mine = z->grads + b->at;
+    if (z->first_micro) {
+        z->ops->scatter(z, slot, grads, mine, b->slice);
+        return;
     }
+    z->ops->finish(z); // simple and rare: the host waits, then the slice is added
+    zero_reduce_scatter(z, grads, z->scratch, b->slice);
+    z->ops->add(z, mine, z->scratch, b->slice);
 }
 
 static inline void zero_on_bucket(zero_t *z, gpt_bucket_event event, int k, float **params, float **grads) {
     bool keep = z->training && zero_is_head(z, k); // used again at once by the backward pass
+    bool prefetch = z->stage == 3 && z->block_slots == 2;
     switch (event) {
     case GPT_FORWARD_BEGIN:
+    case GPT_BACKWARD_BEGIN:
         if (z->stage == 3) *params = zero_gathered(z, k);
+        if (prefetch) zero_prefetch(z, zero_next_bucket(z, event, k));
+        if (event == GPT_BACKWARD_BEGIN) *grads = zero_bucket_grads(z, k);
         break;
     case GPT_FORWARD_END:
         if (z->stage == 3 && !keep) z->holds[zero_slot(z, k)] = -1;
-        break;
-    case GPT_BACKWARD_BEGIN:
-        if (z->stage == 3) *params = zero_gathered(z, k);
-        *grads = zero_bucket_grads(z, k);
         break;
     case GPT_BACKWARD_END:
         zero_scatter_bucket(z, k);
@@ -351,6 +400,7 @@ static inline void zero_reduce_scatter_gradients(zero_t *z) {
 // so every rank clips its slices by the same factor. Returns that factor.
 static inline float zero_clip_scale(zero_t *z, float max_norm) {
     double sum = 0;
+    z->ops->finish(z); // every reduce-scatter has arrived
     for (int k = 0; k < z->num_buckets; k++) sum += z->ops->sum_squares(z, z->grads + z->buckets[k].at, z->buckets[k].owned);
     zero_count(z, COMM_ALL_REDUCE, 2.0 * (z->world - 1) / z->world * sizeof(double));
     dist_all_reduce_host(z->dist, &sum, 1, OP_SUM);
@@ -387,8 +437,9 @@ static inline void zero_full_params(zero_t *z) {
     }
     if (!m->host.params) m->host.params = xmalloc(z->num_params * sizeof(float));
     for (int k = 0; k < z->num_buckets; k++) {
-        device_to_host(&z->dist->device, m->host.params + z->buckets[k].offset, zero_gathered(z, k),
-                       z->buckets[k].count * sizeof(float));
+        const float *gathered = zero_gathered(z, k);
+        z->ops->finish(z);
+        device_to_host(&z->dist->device, m->host.params + z->buckets[k].offset, gathered, z->buckets[k].count * sizeof(float));
         z->holds[zero_slot(z, k)] = -1;
     }
 }
@@ -513,20 +564,43 @@ static inline void zero_cpu_model_memory(zero_t *z, size_t bytes[MEM_KINDS]) {
     bytes[MEM_ACTIVATIONS] += (h->acts_capacity + h->grads_capacity) * sizeof(gpt_real);
 }
 
+// The collectives of the bucket hook, blocking: when they return, the
+// buffer is filled or read.
+static inline void zero_cpu_gather(zero_t *z, int k, int slot, float *dst) {
+    (void)slot;
+    zero_all_gather(z, z->params + z->buckets[k].at, dst, z->buckets[k].slice);
+}
+static inline void zero_cpu_scatter(zero_t *z, int slot, const float *grads, float *mine, size_t slice) {
+    (void)slot;
+    zero_reduce_scatter(z, grads, mine, slice);
+}
+static inline void zero_cpu_nothing(zero_t *z, int slot) { (void)z, (void)slot; }
+
 static inline const zero_device_ops *zero_cpu_ops(void) {
     static const zero_device_ops ops = {zero_cpu_copy,          zero_cpu_fill_zero,      zero_cpu_add,
                                         zero_cpu_finish,        zero_cpu_sum_squares,    zero_cpu_adamw,
                                         zero_cpu_params_changed, zero_cpu_attach,        zero_cpu_model_params,
-                                        zero_cpu_model_grads,   zero_cpu_front,          zero_cpu_model_memory};
+                                        zero_cpu_model_grads,   zero_cpu_front,          zero_cpu_model_memory,
+                                        zero_cpu_gather,        zero_cpu_nothing,        zero_cpu_scatter,
+                                        zero_cpu_nothing};
     return &ops;
 }
 
 #ifdef COURSE_CUDA
 // --- a GPU: the model's stream (gpt_cuda_stream) runs the copies and the
-// kernels in order; the collectives are blocking calls of pg.h, so before
-// one reads what the model computed, or writes what it may still read,
-// the host waits for that stream (finish). Simple, and correct on every
-// backend; the price is that communication and computation take turns.
+// kernels in order. The collectives of the training step (ZeRO-1's, the
+// optimizer's) are blocking calls of pg.h: before one reads what the model
+// computed, or writes what it may still read, the host waits for that
+// stream and for the collectives queued before (finish). The bucket hook's
+// collectives are queued instead, as 08's DDP queues its all-reduces: a
+// block's gradients are reduce-scattered behind the event that says they
+// are computed, while the model computes the next block, and ZeRO-3
+// gathers the next block's parameters while the model computes this one
+// (FSDP's forward and backward prefetch). Events tie the two streams: the
+// model waits for a gathered buffer before it reads it, and for a
+// reduce-scatter to have read a gradient buffer before it writes it again.
+// With NCCL the queued collectives run on the group's stream; the cpu
+// backend runs them at once (pg.h), and the same events keep the order.
 static inline cudaStream_t zero_stream(zero_t *z) { return gpt_cuda_stream(z->model->gpu); }
 
 static inline void zero_gpu_copy(zero_t *z, float *dst, const float *src, size_t n) {
@@ -536,7 +610,10 @@ static inline void zero_gpu_fill_zero(zero_t *z, float *dst, size_t n) {
     if (n) CHECK_CUDA(cudaMemsetAsync(dst, 0, n * sizeof(float), zero_stream(z)));
 }
 static inline void zero_gpu_add(zero_t *z, float *dst, const float *src, size_t n) { gpt_cuda_add(z->model->gpu, dst, src, n); }
-static inline void zero_gpu_finish(zero_t *z) { CHECK_CUDA(cudaStreamSynchronize(zero_stream(z))); }
+static inline void zero_gpu_finish(zero_t *z) {
+    CHECK_CUDA(cudaStreamSynchronize(zero_stream(z)));
+    pg_wait_queued(z->dist->pg);
+}
 static inline double zero_gpu_sum_squares(zero_t *z, const float *x, size_t n) {
     return gpt_cuda_sum_squares(z->model->gpu, x, n);
 }
@@ -560,11 +637,40 @@ static inline void zero_gpu_params_changed(zero_t *z) { gpt_cuda_params_changed(
 
 static inline void zero_gpu_hook(void *user, gpt_bucket_event event, int bucket, float **params, float **grads,
                                  cudaEvent_t done) {
-    (void)done; // finish() waits for the whole stream instead
-    zero_on_bucket(user, event, bucket, params, grads);
+    zero_t *z = user;
+    z->done_ev = done; // the reduce-scatter of BACKWARD_END waits for it
+    zero_on_bucket(z, event, bucket, params, grads);
 }
 
-static inline void zero_gpu_attach(zero_t *z) { gpt_cuda_set_bucket_hook(z->model->gpu, zero_gpu_hook, z); }
+static inline void zero_gpu_attach(zero_t *z) {
+    cudaEvent_t *all[] = {&z->now_ev, &z->gathered_ev[0], &z->gathered_ev[1], &z->gathered_ev[2], &z->gathered_ev[3],
+                          &z->scattered_ev[0], &z->scattered_ev[1], &z->scattered_ev[2], &z->scattered_ev[3]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        CHECK_CUDA(cudaEventCreateWithFlags(all[i], cudaEventDisableTiming));
+    gpt_cuda_set_bucket_hook(z->model->gpu, zero_gpu_hook, z);
+}
+
+// Queued behind everything the model has queued so far: the last reader
+// of the buffer, and the optimizer step that wrote the slices.
+static inline void zero_gpu_gather(zero_t *z, int k, int slot, float *dst) {
+    const zero_bucket *b = &z->buckets[k];
+    zero_count(z, COMM_ALL_GATHER, (double)(z->world - 1) * (double)b->slice * sizeof(float));
+    CHECK_CUDA(cudaEventRecord(z->now_ev, zero_stream(z)));
+    pg_all_gather_after(z->dist->pg, z->params + b->at, dst, b->slice, DTYPE_F32, z->now_ev, z->gathered_ev[slot]);
+}
+
+static inline void zero_gpu_use_gathered(zero_t *z, int slot) {
+    CHECK_CUDA(cudaStreamWaitEvent(zero_stream(z), z->gathered_ev[slot], 0));
+}
+
+static inline void zero_gpu_scatter(zero_t *z, int slot, const float *grads, float *mine, size_t slice) {
+    zero_count(z, COMM_REDUCE_SCATTER, (double)(z->world - 1) * (double)slice * sizeof(float));
+    pg_reduce_scatter_after(z->dist->pg, grads, mine, slice, DTYPE_F32, OP_AVG, z->done_ev, z->scattered_ev[slot]);
+}
+
+static inline void zero_gpu_before_grads(zero_t *z, int slot) {
+    CHECK_CUDA(cudaStreamWaitEvent(zero_stream(z), z->scattered_ev[slot], 0));
+}
 static inline float *zero_gpu_model_params(zero_t *z) { return gpt_cuda_params_device(z->model->gpu); }
 static inline float *zero_gpu_model_grads(zero_t *z) { return gpt_cuda_grads_device(z->model->gpu); }
 static inline size_t zero_gpu_front(zero_t *z) {
@@ -582,7 +688,9 @@ static inline const zero_device_ops *zero_gpu_ops(void) {
     static const zero_device_ops ops = {zero_gpu_copy,           zero_gpu_fill_zero, zero_gpu_add,
                                         zero_gpu_finish,         zero_gpu_sum_squares, zero_gpu_adamw,
                                         zero_gpu_params_changed, zero_gpu_attach,    zero_gpu_model_params,
-                                        zero_gpu_model_grads,    zero_gpu_front,     zero_gpu_model_memory};
+                                        zero_gpu_model_grads,    zero_gpu_front,     zero_gpu_model_memory,
+                                        zero_gpu_gather,         zero_gpu_use_gathered, zero_gpu_scatter,
+                                        zero_gpu_before_grads};
     return &ops;
 }
 #else
