@@ -853,7 +853,7 @@ static int run_rank(int rank, int world, void *arg) {
     trainer_t tr = make_trainer(o, &corpus, &dist, &zero);
     train(&model, &corpus, o, &tr);
     metrics_close(&tr.csv);
-    zero_report(&zero, o->grad_accum);
+    zero_report(&zero, o->grad_accum, o->out_dir);
 
     // --- Report: test perplexity, samples, the saved model (rank 0). With
     // ZeRO-3 each token sampled is a forward pass that gathers the blocks:
@@ -863,6 +863,8 @@ static int run_rank(int rank, int world, void *arg) {
     log_main("test: loss %.4f | perplexity %.2f over %zu tokens\n", test_loss, exp(test_loss), corpus.count[2]);
     if (dist.rank == 0 || zero.stage == 3) print_samples(&model, corpus.tokenizer, o);
     zero_full_params(&zero);
+    double moments[2];
+    zero_moment_norms(&zero, moments);
     if (dist.rank == 0) {
         save_model(&model, corpus.tokenizer, o);
         const gpt_t *h = &model.host; // up to date: save_model brought it back from the device
@@ -870,6 +872,7 @@ static int run_rank(int rank, int world, void *arg) {
         for (size_t i = 0; i < h->num_params; i++) l2 += (double)h->params[i] * h->params[i];
         log_main("final parameters checksum %016llx, l2 norm %.9g\n",
                  (unsigned long long)checksum_bytes(h->params, sizeof(gpt_real) * h->num_params), sqrt(l2));
+        log_main("final AdamW moments: l2 norm of m %.9g, of v %.9g\n", moments[0], moments[1]);
         log_main("metrics: %s (plot: gnuplot plots/08_gpt_loss.gp)\n", tr.csv.path);
     }
 

@@ -19,10 +19,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dist.h"
 #include "gpt.h"
 #include "log.h"
+#include "metrics.h"
 #include "model.h"
 #include "pg.h"
 
@@ -444,6 +446,28 @@ static inline void zero_full_params(zero_t *z) {
     }
 }
 
+// The norms of AdamW's two moments over the whole model, on every rank
+// (from the slices in ZeRO-1, 2, 3: a collective). Adam's step hardly
+// changes when every gradient is scaled by the same factor; its moments
+// do, so the tests compare these too.
+static inline void zero_moment_norms(zero_t *z, double norms[2]) {
+    gpt_t *h = &z->model->host;
+    norms[0] = norms[1] = 0;
+    if (z->stage == 0) {
+        model_to_host(z->model);
+        for (size_t i = 0; h->adam_m && i < h->num_params; i++)
+            norms[0] += (double)h->adam_m[i] * h->adam_m[i], norms[1] += (double)h->adam_v[i] * h->adam_v[i];
+    } else {
+        z->ops->finish(z);
+        for (int k = 0; k < z->num_buckets; k++) {
+            norms[0] += z->ops->sum_squares(z, z->adam_m + z->buckets[k].at, z->buckets[k].owned);
+            norms[1] += z->ops->sum_squares(z, z->adam_v + z->buckets[k].at, z->buckets[k].owned);
+        }
+        dist_all_reduce_host(z->dist, norms, 2, OP_SUM);
+    }
+    norms[0] = sqrt(norms[0]), norms[1] = sqrt(norms[1]);
+}
+
 // ---------------------------------------------------------------- the state on the host (snapshots)
 
 static inline size_t zero_owned_total(const zero_t *z) {
@@ -722,7 +746,8 @@ static inline double zero_kib(double bytes) { return bytes / 1024.0; }
 // parameters and N ranks, DDP holds (p+g+k)P, ZeRO-1 (p+g)P + kP/N, ZeRO-2
 // pP + (g+k)P/N, ZeRO-3 (p+g+k)P/N, where p, g, k are the bytes per
 // parameter of the parameters, the gradients and the optimizer state.
-static inline void zero_report_memory(zero_t *z) {
+// Rank 0 also writes its row to `csv` (make plots draws them).
+static inline void zero_report_memory(zero_t *z, metrics_csv *csv) {
     int N = z->world, cols = N < 8 ? N : 8;
     size_t mine[MEM_KINDS];
     memcpy(mine, z->mem, sizeof mine);
@@ -764,6 +789,8 @@ static inline void zero_report_memory(zero_t *z) {
     double total = 0;
     for (int i = 0; i < 3; i++) total += per[i] * P / (sharded[i] ? N : 1);
     log_main("%s%s   %-13s = %10.1f\n", line, N > cols ? "  ..." : "", f, zero_kib(total));
+    metrics_row(csv, "%d,%d,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f", z->stage, N, all[MEM_PARAMS], all[MEM_GRADS],
+                all[MEM_OPTIMIZER], all[MEM_GATHERED], all[MEM_ACTIVATIONS], all[MEM_OTHER], total);
     free(all);
 }
 
@@ -793,8 +820,18 @@ static inline void zero_report_traffic(zero_t *z, int grad_accum) {
              S == 3 ? "3(N-1)/N B (one micro-batch)" : "2(N-1)/N B (one micro-batch)", zero_kib(total_theory));
 }
 
-static inline void zero_report(zero_t *z, int grad_accum) {
-    zero_report_memory(z);
+// Both tables; rank 0 writes its memory row to <out_dir>/memory.csv.
+static inline void zero_report(zero_t *z, int grad_accum, const char *out_dir) {
+    metrics_csv csv = {0};
+    if (z->rank == 0) {
+        csv = metrics_open(out_dir, "memory", "stage,world,params,grads,optimizer,gathered,activations,other,formula");
+        char date[32];
+        time_t now = time(NULL);
+        strftime(date, sizeof date, "%Y-%m-%d", localtime(&now));
+        metrics_row(&csv, "# %s | backend %s | %s", z->dist->device.name, backend_name(pg_backend(z->dist->pg)), date);
+    }
+    zero_report_memory(z, &csv);
+    metrics_close(&csv);
     zero_report_traffic(z, grad_accum);
 }
 

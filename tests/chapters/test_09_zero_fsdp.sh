@@ -33,6 +33,14 @@ diff_of() {
         END { if (bad || NR == 0 || n == 0) print "unequal"; else printf "%.2g\n", sqrt(s / n) }'
 }
 below() { [[ "$1" =~ ^[0-9.e+-]+$ ]] && awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 <= b + 0) }'; }
+# same_moments A B TOL: the l2 norms of AdamW's moments agree. Adam's step
+# is nearly blind to gradients that are all N times too large (a sum where
+# the mean belongs); its moments are not.
+moments() { sed -n 's/^final AdamW moments: l2 norm of m \([0-9.e+-]*\), of v \([0-9.e+-]*\)$/\1 \2/p' "$1" | tail -n 1; }
+same_moments() {
+    local a b; a=($(moments "$1")); b=($(moments "$2"))
+    [[ ${#a[@]} -eq 2 && ${#b[@]} -eq 2 ]] && rel_near "${a[0]}" "${b[0]}" "$3" && rel_near "${a[1]}" "${b[1]}" "$3"
+}
 
 # train NAME ARGS...: a run, its output in $TMP/NAME, its model in $TMP/NAME.d
 train() { local name=$1; shift; run_capture 300 "$TMP/$name" "$prog" "$@" --out_dir "$TMP/$name.d"; }
@@ -53,15 +61,16 @@ for case in "2 4 one8" "3 2 one6" "4 2 one8"; do
         train "n${n}s$s" "${common[@]}" "${steps[@]}" --batch_size "$batch" --nprocs "$n" --shard "$s"; status=$?
         to_ddp=$(diff_of "$TMP/n${n}s0.d/model.safetensors" "$TMP/n${n}s$s.d/model.safetensors")
         to_one=$(diff_of "$TMP/$ref.d/model.safetensors" "$TMP/n${n}s$s.d/model.safetensors")
-        if [[ $status -eq 0 ]] && below "$to_ddp" 1e-6 && below "$to_one" 1e-6; then
-            pass "zero cpu: --shard $s, $n ranks x batch $batch equal DDP ($to_ddp) and one process x batch $((n * batch)) ($to_one)"
-        else fail "zero cpu: --shard $s with $n ranks equals DDP and one process" "status $status, differences $to_ddp (DDP), $to_one (one process): $(grep -m1 error "$TMP/n${n}s$s")"; fi
+        if [[ $status -eq 0 ]] && below "$to_ddp" 1e-6 && below "$to_one" 1e-6 && same_moments "$TMP/$ref" "$TMP/n${n}s$s" 1e-6 &&
+           same_moments "$TMP/n${n}s0" "$TMP/n${n}s$s" 1e-6; then
+            pass "zero cpu: --shard $s, $n ranks x batch $batch equal DDP ($to_ddp) and one process x batch $((n * batch)) ($to_one), AdamW's moments too"
+        else fail "zero cpu: --shard $s with $n ranks equals DDP and one process" "status $status, differences $to_ddp (DDP), $to_one (one process); moments $(moments "$TMP/n${n}s$s") against $(moments "$TMP/$ref"): $(grep -m1 error "$TMP/n${n}s$s")"; fi
     done
 done
 # Micro-batches: ZeRO-3 reduce-scatters every one and adds them up.
 train acc "${common[@]}" "${steps[@]}" --batch_size 2 --grad_accum 2 --nprocs 2 --shard 3; status=$?
 d=$(diff_of "$TMP/one8.d/model.safetensors" "$TMP/acc.d/model.safetensors")
-if [[ $status -eq 0 ]] && below "$d" 1e-6; then pass "zero cpu: --shard 3 with 2 micro-batches of 2 on 2 ranks equals one process x batch 8 ($d)"
+if [[ $status -eq 0 ]] && below "$d" 1e-6 && same_moments "$TMP/one8" "$TMP/acc" 1e-6; then pass "zero cpu: --shard 3 with 2 micro-batches of 2 on 2 ranks equals one process x batch 8 ($d)"
 else fail "zero cpu: --shard 3 with micro-batches equals one process" "status $status, difference $d"; fi
 
 # ---------------------------------------------------------------- memory and traffic, beside the formulas
@@ -166,15 +175,17 @@ if ! has_gpu; then
     no_leftovers "zero: no process left behind" "09_zero_fsdp/09_zero_fsdp"
     exit 0
 fi
+# Three blocks: the two block buffers are then reused within a pass (block
+# 2's while block 0 computes), which a missing wait between the streams breaks.
 gpu=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
-     --device cuda --block_size 16 "${steps[@]}")
+     --device cuda --block_size 16 --n_layer 3 "${steps[@]}")
 train g_one "${gpu[@]}" --precision fp32 --batch_size 8 --shard 0
 for case in "2 4 0" "2 4 1" "2 4 2" "2 4 3" "4 2 3"; do
     set -- $case
     train "g_n$1s$3" "${gpu[@]}" --precision fp32 --batch_size "$2" --nprocs "$1" --shard "$3"; status=$?
     d=$(diff_of "$TMP/g_one.d/model.safetensors" "$TMP/g_n$1s$3.d/model.safetensors")
-    if [[ $status -eq 0 ]] && below "$d" 1e-6; then
-        pass "zero gpu: --shard $3, $1 ranks x batch $2 equal one process x batch 8 in fp32 ($d; $(grep -m1 -o 'backend [a-z]*' "$TMP/g_n$1s$3"))"
+    if [[ $status -eq 0 ]] && below "$d" 1e-6 && same_moments "$TMP/g_one" "$TMP/g_n$1s$3" 1e-6; then
+        pass "zero gpu: --shard $3, $1 ranks x batch $2 equal one process x batch 8 in fp32 ($d, AdamW's moments too; $(grep -m1 -o 'backend [a-z]*' "$TMP/g_n$1s$3"))"
     else fail "zero gpu: --shard $3 on $1 ranks equals one process in fp32" "status $status, difference $d: $(grep -m1 error "$TMP/g_n$1s$3")"; fi
 done
 # bf16: 08's tolerance for DDP against one process (2e-2).

@@ -92,6 +92,8 @@ starter 07/global_rank "global_rank\(node 1, local rank 0\) = 0, expected 2 .*th
 solution 07/global_rank
 starter 08/layernorm_backward "dinp\[row 0, channel 0\]: got 0.5, .*dinp was not changed at all"
 solution 08/layernorm_backward
+starter 09/zero1_step "1 rank\(s\): rank 0, parameter 0 \(slice 0\): got 0, expected .*the parameters never changed"
+solution 09/zero1_step
 
 # The CUDA exercise: checked on a GPU; elsewhere compiled (CUDA build) or not
 # even that (CPU-only build), and skipped with the reason the check gives.
@@ -273,6 +275,12 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
 }
 EOF
 broken 08/layernorm_backward "an overwritten dinp" "$TMP/layernorm_backward.c" "it REPLACED dinp's old contents: add it"
+
+# ZeRO-1 with a sum where the mean belongs: Adam's step hides it, its moments do not.
+if $have_solutions; then
+    sed 's/OP_AVG/OP_SUM/' "$ROOT/solutions/09_zero_fsdp/zero1_step.c" >"$TMP/zero1_step.c"
+    broken 09/zero1_step "a sum instead of a mean" "$TMP/zero1_step.c" "N and N\^2 times too large, the moments of the SUM"
+fi
 
 # ---------------------------------------------------------------- the tool itself
 run_capture 30 "$TMP/bad_name" "$check_ex" 03/no_such_exercise; status=$?

@@ -101,12 +101,12 @@ run README.md 02_p2p 120 "make -n test" 'tests/run.sh p2p'
 run README.md . 60 "make 04_ddp_spawn" '^built 04_ddp_spawn/04_ddp_spawn; run it from here with \./04_ddp_spawn/04_ddp_spawn'
 exercise README.md . "make check-exercise EX=03/ring_allreduce"
 # Read the diff first: make diffs exits 0 (diff's 1 is not a failure) after
-# the four diffs, 01 -> 04 -> 05 -> 06 -> 07, in that order.
-run README.md . 60 "make diffs" '^\+\+\+ 07_multinode/07_multinode\.c$'
+# the five diffs, 01 -> 04 -> 05 -> 06 -> 07 and 08 -> 09, in that order.
+run README.md . 60 "make diffs" '^\+\+\+ 09_zero_fsdp/09_zero_fsdp\.c$'
 order=$(grep '^+++ ' "$TMP/out" | cut -c5- | tr '\n' ' ')
-want="04_ddp_spawn/04_ddp_spawn.c 05_env_launch/05_env_launch.c 06_snapshot_resume/06_snapshot_resume.c 07_multinode/07_multinode.c "
-if [[ "$order" == "$want" ]]; then pass "README.md: make diffs prints the four diffs in order"
-else fail "README.md: make diffs prints the four diffs in order" "got: $order"; fi
+want="04_ddp_spawn/04_ddp_spawn.c 05_env_launch/05_env_launch.c 06_snapshot_resume/06_snapshot_resume.c 07_multinode/07_multinode.c 09_zero_fsdp/09_zero_fsdp.c "
+if [[ "$order" == "$want" ]]; then pass "README.md: make diffs prints the five diffs in order"
+else fail "README.md: make diffs prints the five diffs in order" "got: $order"; fi
 run README.md . 60 "make help"
 # make help: every target of the top Makefile, and every chapter with its line.
 missing=""
@@ -242,7 +242,7 @@ else
     else fail "README.md: make speedup writes the median and range per world size, and how it measured" "$(head -n 3 "$course/runs/speedup/speedup_large.csv" 2>/dev/null | tr '\n' '|')"; fi
     run README.md . 600 "make plots"
     if command -v gnuplot >/dev/null; then
-        missing="" want="01_loss 02_p2p 03_collectives speedup"
+        missing="" want="01_loss 02_p2p 03_collectives speedup 09_zero_memory"
         [[ -n "$wikitext" ]] || expect_output "README.md: make plots says why 08's figures are skipped" "$TMP/out" '^plots: skipped 08_gpt_loss, 08_gpt_tokens: WikiText-2 is not here'
         for f in $want; do [[ -s "$course/runs/plots/$f.png" ]] || missing+=" $f"; done
         if [[ -z $missing ]]; then pass "README.md: make plots drew every figure ($want) in the fresh copy"
