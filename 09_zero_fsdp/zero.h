@@ -702,10 +702,10 @@ static inline size_t zero_gpu_front(zero_t *z) {
 }
 
 static inline void zero_gpu_model_memory(zero_t *z, size_t bytes[MEM_KINDS]) {
-    size_t parts[5];
+    size_t parts[6];
     gpt_cuda_memory_parts(z->model->gpu, parts);
     bytes[MEM_PARAMS] += parts[0], bytes[MEM_GRADS] += parts[1], bytes[MEM_OPTIMIZER] += parts[2];
-    bytes[MEM_ACTIVATIONS] += parts[3], bytes[MEM_OTHER] += parts[4];
+    bytes[MEM_ACTIVATIONS] += parts[3], bytes[MEM_OTHER] += parts[4], bytes[MEM_GATHERED] += parts[5];
 }
 
 static inline const zero_device_ops *zero_gpu_ops(void) {

@@ -1035,7 +1035,7 @@ struct gpt_cuda {
     gpt_cuda_bucket_hook hook;
     void *hook_user;
     bf16 *bucket_lp[2];
-    size_t allocated_parts[5];        // gpt_cuda_memory_parts: parameters, gradients, AdamW, activations, other
+    size_t allocated_parts[6];        // gpt_cuda_memory_parts
     struct slice_chunk *slice_chunks; // device: gpt_cuda_adamw_slices's table, for the slices in slices_key
     int num_slice_chunks, num_slices_key;
     gpt_cuda_slice *slices_key;
@@ -1478,10 +1478,10 @@ static void allocate_buffers(gpt_cuda_t *g, const memory_plan *p) {
         g->bucket_lp[0] = (bf16 *)device_buffer(g, p->bucket_lp, "bf16 copies of a bucket's weights");
         g->bucket_lp[1] = g->bucket_lp[0] + g->head_pad + (size_t)g->cfg.vocab_size * g->cfg.n_embd;
     }
-    g->allocated_parts[0] = p->params + p->params_lp + p->bucket_lp, g->allocated_parts[1] = p->grads;
+    g->allocated_parts[0] = p->params + p->params_lp, g->allocated_parts[1] = p->grads;
     g->allocated_parts[2] = p->adam;
     g->allocated_parts[3] = p->acts + p->stats + p->logits + p->dlogits + p->scores + p->dscores + p->grad_acts + p->tokens;
-    g->allocated_parts[4] = p->partials + p->chunks + p->scalars + p->workspace;
+    g->allocated_parts[4] = p->partials + p->chunks + p->scalars + p->workspace, g->allocated_parts[5] = p->bucket_lp;
     g->acts = device_buffer(g, p->acts, "activations");
     g->stats = (float *)device_buffer(g, p->stats, "LayerNorm statistics and losses");
     g->logits = (float *)device_buffer(g, p->logits, "logits");
@@ -1788,7 +1788,7 @@ extern "C" size_t gpt_cuda_bucket_front(const gpt_cuda_t *g, int bucket) {
     return bucket == gpt_bucket_embeddings(&g->cfg) ? g->head_pad : 0;
 }
 
-extern "C" void gpt_cuda_memory_parts(const gpt_cuda_t *g, size_t parts[5]) {
+extern "C" void gpt_cuda_memory_parts(const gpt_cuda_t *g, size_t parts[6]) {
     memcpy(parts, g->allocated_parts, sizeof g->allocated_parts);
 }
 

@@ -185,10 +185,11 @@ double gpt_cuda_sum_squares(gpt_cuda_t *g, const float *x, size_t n);
 void gpt_cuda_add(gpt_cuda_t *g, float *dst, const float *src, size_t n);
 // The caller wrote the flat fp32 parameters: the bf16 copy follows (queued).
 void gpt_cuda_params_changed(gpt_cuda_t *g);
-// Bytes allocated, by kind: parts[0] parameters (and bf16 copies), [1]
+// Bytes allocated, by kind: parts[0] parameters (and their bf16 copy), [1]
 // gradients, [2] AdamW's moments, [3] activations and their gradients,
-// logits, tokens, [4] the rest (cuBLAS workspace, small tables).
-void gpt_cuda_memory_parts(const gpt_cuda_t *g, size_t parts[5]);
+// logits, tokens, [4] the rest (cuBLAS workspace, small tables), [5] the
+// bf16 copies of the buckets the hook gives (a model without parameters).
+void gpt_cuda_memory_parts(const gpt_cuda_t *g, size_t parts[6]);
 
 // ---------------------------------------------------------------- one layer at a time, for the parity tests
 // Each takes host float arrays, runs the layer's forward then backward on

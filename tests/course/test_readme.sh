@@ -208,6 +208,29 @@ done
 not_here 08_gpt_wikitext/README.md "sbatch sbatch_gpt.sh" "needs a SLURM cluster (./rehearsal.sh above runs the same ddprun per node)"
 exercise 08_gpt_wikitext/README.md 08_gpt_wikitext "make check-exercise EX=08/layernorm_backward"
 
+run 09_zero_fsdp/README.md 09_zero_fsdp 300 "make 09_zero_fsdp"
+zero_snap="--preset tiny --max_steps 50 --save_every 1 --snapshot_path ../runs/zero/snapshot.safetensors"
+zero_cmds=("./09_zero_fsdp --shard 3 --nprocs 4 --preset tiny --max_steps 50"
+           "./09_zero_fsdp --shard 1 --nprocs 4 $zero_snap" "./09_zero_fsdp --shard 3 --nprocs 3 $zero_snap"
+           "./09_zero_fsdp --consolidate --snapshot_path ../runs/zero/snapshot.safetensors --out_dir ../runs/zero/model")
+if [[ -n "$wikitext" ]]; then
+    student+=(WIKITEXT_DIR="$wikitext")
+    run 09_zero_fsdp/README.md 09_zero_fsdp 600 "${zero_cmds[0]}" '^  model states \(1-3\) '
+    run 09_zero_fsdp/README.md 09_zero_fsdp 600 "${zero_cmds[1]}" '^snapshot saved: .*: 4 shard\(s\) and an index'
+    run 09_zero_fsdp/README.md 09_zero_fsdp 600 "${zero_cmds[2]}" "^resharded: the snapshot's 4 shard\(s\) loaded as 3"
+    run 09_zero_fsdp/README.md 09_zero_fsdp 120 "${zero_cmds[3]}" '^consolidated: 3 shard\(s\) of step 50'
+    unset 'student[${#student[@]}-1]'
+else
+    # Without WikiText-2 the first command says so, as 08's does; the others need its snapshot.
+    covered["09_zero_fsdp/README.md|${zero_cmds[0]}"]=1
+    (cd "$course/09_zero_fsdp" && timeout -k 5 60 "${student[@]}" bash -c "${zero_cmds[0]}") >"$TMP/out" 2>&1; status=$?
+    if [[ $status -ne 0 ]] && grep -q "error: WikiText-2 not found: .*make data" "$TMP/out"; then
+        pass "09_zero_fsdp/README.md: ${zero_cmds[0]} (no WikiText-2 here: an error line that says make data)"
+    else fail "09_zero_fsdp/README.md: ${zero_cmds[0]}" "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+    for c in "${zero_cmds[@]:1}"; do not_here 09_zero_fsdp/README.md "$c" "needs WikiText-2 (make data), which is not here"; done
+fi
+exercise 09_zero_fsdp/README.md 09_zero_fsdp "make check-exercise EX=09/zero1_step"
+
 run 08_gpt_wikitext/README.tokenizer.md 08_gpt_wikitext 120 "make -C ../tools bpe_tool"
 tok_commands=("../tools/bpe_tool wikitext --tokenizer ../runs/tokenizer.json --cache_dir ../runs/cache"
               "../tools/bpe_tool encode -t ../runs/tokenizer.json -i some.txt -o some.u16"
