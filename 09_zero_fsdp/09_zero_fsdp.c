@@ -144,7 +144,8 @@ static options parse_options(int argc, char **argv) {
     if (strlen(o.out_dir) > 900) flags_fail(&set, "--out_dir is too long (at most 900 characters)");
     if (!strcmp(o.device, "cpu") && !strcmp(o.precision, "bf16"))
         flags_fail(&set, "--precision bf16 needs a GPU: the CPU model computes in fp32 (use --device auto or cuda)");
-    if (o.consolidate && !o.snapshot_path) flags_fail(&set, "--consolidate needs --snapshot_path (the snapshots to consolidate)");
+    if (o.consolidate && !o.snapshot_path)
+        flags_fail(&set, "--consolidate needs --snapshot_path (the snapshots to consolidate)");
     return o;
 }
 
@@ -562,7 +563,8 @@ static safetensors_meta config_meta(const gpt_config *c) {
 }
 
 static safetensors_meta training_meta(const options *o) {
-    return safetensors_meta_of("training", "batch %d accum %d lr %.9g seed %d", o->batch_size, o->grad_accum, o->lr, o->seed);
+    return safetensors_meta_of("training", "batch %d accum %d lr %.9g seed %d", o->batch_size, o->grad_accum, o->lr,
+                               o->seed);
 }
 
 static void save_snapshot(model_t *model, zero_t *z, const options *o, int epochs_done, int step) {
@@ -581,7 +583,8 @@ static void save_snapshot(model_t *model, zero_t *z, const options *o, int epoch
     meta[n++] = safetensors_meta_of("shard", "%d of %d", z->rank, z->world);
     char path[FILES_PATH_MAX], err[1400];
     shard_path(o->snapshot_path, z->rank, z->world, path, sizeof path);
-    if (!snapshot_save_step(path, step, t, 3, meta, n, 2, err, sizeof err)) die("could not save this rank's shard: %s", err);
+    if (!snapshot_save_step(path, step, t, 3, meta, n, 2, err, sizeof err))
+        die("could not save this rank's shard: %s", err);
     for (int i = 0; i < 3; i++) free(slices[i]);
     pg_barrier(z->dist->pg); // every shard is durable
     if (z->rank == 0) {
@@ -621,12 +624,17 @@ static snapshot_where read_index(const char *snapshot_path, const gpt_config *c,
     if (report[0]) log_main("%s\n", report);
     if (found < 0) die("no valid snapshot for %s; remove the damaged files to start afresh", snapshot_path);
     if (found == 0) return w;
-    safetensors_meta want[2] = {config_meta(c), o ? training_meta(o) : config_meta(c)};
-    for (int i = 0; i < 2; i++)
-        if (!snapshot_expect_meta(&s, want[i].key, want[i].value, err, sizeof err)) die("cannot resume from %s: %s", s.path, err);
+    safetensors_meta config = config_meta(c);
+    bool ok = snapshot_expect_meta(&s, config.key, config.value, err, sizeof err);
+    if (ok && o) {
+        safetensors_meta training = training_meta(o);
+        ok = snapshot_expect_meta(&s, training.key, training.value, err, sizeof err);
+    }
+    if (!ok) die("cannot resume from %s: %s", s.path, err);
     w.epoch = snapshot_int(&s, "epoch"), w.step = snapshot_int(&s, "step");
     w.adam_step = snapshot_int(&s, "adam_step"), w.world = snapshot_int(&s, "world_size");
-    if (w.world < 1 || w.world > 65536) die("snapshot %s: world_size %lld is not a number of ranks", s.path, (long long)w.world);
+    if (w.world < 1 || w.world > 65536)
+        die("snapshot %s: world_size %lld is not a number of ranks", s.path, (long long)w.world);
     safetensors_release(&s);
     return w;
 }
@@ -658,7 +666,8 @@ static void load_shards(const char *snapshot_path, snapshot_where where, const g
         snprintf(who, sizeof who, "%d of %d", r, world);
         safetensors_t s;
         if (!snapshot_read(path, &s, err, sizeof err))
-            die("the snapshot of step %lld names %d shards, but shard %d is unusable: %s", (long long)where.step, world, r, err);
+            die("the snapshot of step %lld names %d shards, but shard %d is unusable: %s", (long long)where.step, world, r,
+                err);
         if (!snapshot_expect_meta(&s, config.key, config.value, err, sizeof err) ||
             !snapshot_expect_meta(&s, "shard", who, err, sizeof err))
             die("%s: %s", path, err);
@@ -671,11 +680,12 @@ static void load_shards(const char *snapshot_path, snapshot_where where, const g
         for (int k = 0; k < buckets; k++) {
             gpt_bucket b = gpt_layout_bucket(c, k);
             size_t first = b.offset + (size_t)r * zero_slice_size(b.count, world), n = zero_owned(b.count, world, r);
-            for (int q = 0; q < nwant; q++) {
-                size_t lo = first > want[q].first ? first : want[q].first;
-                size_t hi = first + n < want[q].first + want[q].count ? first + n : want[q].first + want[q].count;
+            for (int q = 0; q < nwant; q++) { // the overlap [lo, hi) of rank r's slice and range q
+                const state_range *w = &want[q];
+                size_t lo = first > w->first ? first : w->first;
+                size_t hi = first + n < w->first + w->count ? first + n : w->first + w->count;
                 for (int i = 0; i < 3 && lo < hi; i++)
-                    if (want[q].dst[i]) memcpy(want[q].dst[i] + (lo - want[q].first), data[i] + pos + (lo - first), (hi - lo) * sizeof(float));
+                    if (w->dst[i]) memcpy(w->dst[i] + (lo - w->first), data[i] + pos + (lo - first), (hi - lo) * sizeof(float));
             }
             pos += n;
         }
@@ -696,28 +706,31 @@ static int resume(model_t *model, zero_t *z, const options *o, dist_t *d, int *s
     dist_broadcast_host(d, &where, 4, DTYPE_I64, 0);
     *step = (int)where.step, *resharded = false;
     if (where.world == 0) return 0;
-    state_range want[300];
+    state_range *want = xcalloc((size_t)z->num_buckets + 1, sizeof *want);
     int n = 0;
     float *slices[3] = {NULL, NULL, NULL};
     if (z->stage == 0) {
         if (!m->adam_m) m->adam_m = xcalloc(m->num_params, sizeof(gpt_real));
         if (!m->adam_v) m->adam_v = xcalloc(m->num_params, sizeof(gpt_real));
     }
-    if (z->stage < 3) want[n++] = (state_range){0, m->num_params, {m->params, z->stage == 0 ? m->adam_m : NULL, z->stage == 0 ? m->adam_v : NULL}};
-    if (z->stage > 0) {
+    if (z->stage < 3) // the whole parameters, and in DDP the whole moments
+        want[n++] = (state_range){0, m->num_params, {m->params, m->adam_m, m->adam_v}};
+    if (z->stage > 0) { // this rank's slices, in shard arrays
         for (int i = 0; i < 3; i++) slices[i] = xcalloc(z->shard_len, sizeof(float));
-        if (z->num_buckets > 299) die("resume: %d buckets, at most 299", z->num_buckets);
         for (int k = 0; k < z->num_buckets; k++) {
             const zero_bucket *b = &z->buckets[k];
-            want[n++] = (state_range){b->first, b->owned, {z->stage == 3 ? slices[0] + b->at : NULL, slices[1] + b->at, slices[2] + b->at}};
+            float *p = z->stage == 3 ? slices[0] + b->at : NULL;
+            want[n++] = (state_range){b->first, b->owned, {p, slices[1] + b->at, slices[2] + b->at}};
         }
     }
     load_shards(o->snapshot_path, where, &m->cfg, want, n);
     zero_slices_from_host(z, slices, (int)where.adam_step);
     for (int i = 0; i < 3; i++) free(slices[i]);
+    free(want);
     *resharded = where.world != d->world_size;
     log_main("Resuming training from snapshot at Epoch %lld (step %lld)\n", (long long)where.epoch, (long long)where.step);
-    if (*resharded) log_main("resharded: the snapshot's %lld shard(s) loaded as %d\n", (long long)where.world, d->world_size);
+    if (*resharded)
+        log_main("resharded: the snapshot's %lld shard(s) loaded as %d\n", (long long)where.world, d->world_size);
     return (int)where.epoch;
 }
 
@@ -755,8 +768,8 @@ static int consolidate_only(const options *o) {
     snprintf(model, sizeof model, "%s/model.safetensors", o->out_dir);
     files_make_dirs_or_die(o->out_dir);
     if (!gpt_save_safetensors(&full, model, err, sizeof err)) die("saving the model: %s", err);
-    log_main("saved: %s (%zu parameters); ./%s --generate --out_dir %s samples from it, with the run's tokenizer.json beside it\n",
-             model, full.num_params, CHAPTER, o->out_dir);
+    log_main("saved: %s (%zu parameters); ./%s --generate --out_dir %s samples from it, with the run's "
+             "tokenizer.json beside it\n", model, full.num_params, CHAPTER, o->out_dir);
     gpt_free(&full);
     return 0;
 }

@@ -117,7 +117,7 @@ struct zero {
     float *adam_m, *adam_v;          // ZeRO-1, 2, 3: AdamW's moments
     int adam_step;
     float *staging;                  // ZeRO-1, 2: one padded bucket, N S, for the collectives
-    float *scratch;                  // ZeRO-2, 3 with micro-batches: one slice, a reduce-scatter's result before it is added
+    float *scratch;                  // ZeRO-2, 3 with micro-batches: one slice, received before it is added
     // ZeRO-2 and 3: the buffers a bucket uses while the model computes it (section 4).
     int block_slots;                 // buffers for the blocks: 1 on the CPU, 2 on a GPU (one computes, one moves)
     float *bucket_grads[4];          // the embeddings', ln_f's, and the blocks'
@@ -194,8 +194,10 @@ static inline int zero_slot(const zero_t *z, int bucket) {
 // The largest bucket of a kind (the embeddings, ln_f, a block), padded.
 static inline size_t zero_slot_size(const zero_t *z, int slot) {
     size_t most = 0;
-    for (int k = 0; k < z->num_buckets; k++)
-        if (zero_slot(z, k) == slot && z->buckets[k].slice * (size_t)z->world > most) most = z->buckets[k].slice * (size_t)z->world;
+    for (int k = 0; k < z->num_buckets; k++) {
+        size_t padded = z->buckets[k].slice * (size_t)z->world;
+        if (zero_slot(z, k) == slot && padded > most) most = padded;
+    }
     return most + (slot == 0 ? z->front : 0);
 }
 
@@ -403,7 +405,8 @@ static inline void zero_reduce_scatter_gradients(zero_t *z) {
 static inline float zero_clip_scale(zero_t *z, float max_norm) {
     double sum = 0;
     z->ops->finish(z); // every reduce-scatter has arrived
-    for (int k = 0; k < z->num_buckets; k++) sum += z->ops->sum_squares(z, z->grads + z->buckets[k].at, z->buckets[k].owned);
+    for (int k = 0; k < z->num_buckets; k++)
+        sum += z->ops->sum_squares(z, z->grads + z->buckets[k].at, z->buckets[k].owned);
     zero_count(z, COMM_ALL_REDUCE, 2.0 * (z->world - 1) / z->world * sizeof(double));
     dist_all_reduce_host(z->dist, &sum, 1, OP_SUM);
     double norm = sqrt(sum);
@@ -441,7 +444,8 @@ static inline void zero_full_params(zero_t *z) {
     for (int k = 0; k < z->num_buckets; k++) {
         const float *gathered = zero_gathered(z, k);
         z->ops->finish(z);
-        device_to_host(&z->dist->device, m->host.params + z->buckets[k].offset, gathered, z->buckets[k].count * sizeof(float));
+        device_to_host(&z->dist->device, m->host.params + z->buckets[k].offset, gathered,
+                       z->buckets[k].count * sizeof(float));
         z->holds[zero_slot(z, k)] = -1;
     }
 }
@@ -633,7 +637,9 @@ static inline void zero_gpu_copy(zero_t *z, float *dst, const float *src, size_t
 static inline void zero_gpu_fill_zero(zero_t *z, float *dst, size_t n) {
     if (n) CHECK_CUDA(cudaMemsetAsync(dst, 0, n * sizeof(float), zero_stream(z)));
 }
-static inline void zero_gpu_add(zero_t *z, float *dst, const float *src, size_t n) { gpt_cuda_add(z->model->gpu, dst, src, n); }
+static inline void zero_gpu_add(zero_t *z, float *dst, const float *src, size_t n) {
+    gpt_cuda_add(z->model->gpu, dst, src, n);
+}
 static inline void zero_gpu_finish(zero_t *z) {
     CHECK_CUDA(cudaStreamSynchronize(zero_stream(z)));
     pg_wait_queued(z->dist->pg);
@@ -783,7 +789,8 @@ static inline void zero_report_memory(zero_t *z, metrics_csv *csv) {
         log_main("%s%s   %s\n", line, N > cols ? "  ..." : "", formula);
     }
     used = snprintf(line, sizeof line, "  %-20s", "model states (1-3)");
-    for (int r = 0; r < cols; r++) used += snprintf(line + used, sizeof line - (size_t)used, " %10.1f", zero_kib(states[r]));
+    for (int r = 0; r < cols; r++)
+        used += snprintf(line + used, sizeof line - (size_t)used, " %10.1f", zero_kib(states[r]));
     char f[60];
     zero_formula(f, sizeof f, per, sharded, 3);
     double total = 0;
@@ -805,7 +812,8 @@ static inline void zero_report_traffic(zero_t *z, int grad_accum) {
     double B = 4.0 * (double)z->num_params, f = (N - 1.0) / N, A = grad_accum;
     double theory[COMM_KINDS] = {S == 0 ? 2 * f * B : 0, S == 0 ? 0 : S == 1 ? f * B : A * f * B,
                                  S == 0 ? 0 : S < 3 ? f * B : 2 * A * f * B};
-    const char *says[COMM_KINDS] = {S == 0 ? "2(N-1)/N B" : "(the gradient norm)", S == 0 ? "-" : S == 1 ? "(N-1)/N B" : "(N-1)/N B per micro-batch",
+    const char *says[COMM_KINDS] = {S == 0 ? "2(N-1)/N B" : "(the gradient norm)",
+                                    S == 0 ? "-" : S == 1 ? "(N-1)/N B" : "(N-1)/N B per micro-batch",
                                     S == 0 ? "-" : S < 3 ? "(N-1)/N B" : "2(N-1)/N B per micro-batch"};
     log_main("sent per training step by each rank, KiB (mean of %d step(s); B = 4P bytes, counted from the calls at what a ring "
              "sends):\n", z->steps_counted);
