@@ -9,8 +9,8 @@
 //   4. the bucket hook: ZeRO-2's gradients and ZeRO-3's parameters, bucket
 //      by bucket, while the model computes
 //   5. the optimizer step on this rank's slices
-//   6. the devices: the CPU, and a GPU (its stream, its kernels)
-//   7. the tables the program prints
+// and, in headers of their own, how the CPU and a GPU do it
+// (zero_devices.h) and the tables the program prints (zero_report.h).
 #ifndef ZERO_H
 #define ZERO_H
 
@@ -19,12 +19,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "dist.h"
 #include "gpt.h"
 #include "log.h"
-#include "metrics.h"
 #include "model.h"
 #include "pg.h"
 
@@ -76,7 +74,7 @@ static const char *const comm_kind_names[COMM_KINDS] = {"all_reduce", "reduce_sc
 
 typedef struct zero zero_t;
 
-// What a device does for the sharding (section 6): a table per device, as model.h's.
+// What a device does for the sharding (zero_devices.h): a table per device, as model.h's.
 typedef struct {
     void (*copy)(zero_t *z, float *dst, const float *src, size_t n);
     void (*fill_zero)(zero_t *z, float *dst, size_t n);
@@ -126,7 +124,7 @@ struct zero {
 #ifdef COURSE_CUDA
     cudaEvent_t gathered_ev[4];      // recorded after the last gather into each buffer
     cudaEvent_t scattered_ev[4];     // recorded after the last reduce-scatter from each gradient buffer
-    cudaEvent_t now_ev, done_ev;     // the model's stream now; the hook's `done` (section 6)
+    cudaEvent_t now_ev, done_ev;     // the model's stream now; the hook's `done` (zero_devices.h)
 #endif
     size_t front;                    // zeros a GPU model needs in front of the embeddings (its LM head's padding)
     bool training;                   // inside a training step: keep the embeddings and ln_f gathered until backward
@@ -297,7 +295,7 @@ static inline void zero_free(zero_t *z) {
 // section 3), and the hook answers with a bucket buffer: the embeddings',
 // ln_f's, or a block's. On a GPU there are two for the blocks, so that the
 // next block's parameters can be gathered, or the last block's gradients
-// reduce-scattered, while the model computes this one (section 6); the
+// reduce-scattered, while the model computes this one (zero_devices.h); the
 // device's gather, scatter and wait calls say when a buffer may be used.
 
 // ZeRO-3: bucket k's parameters, gathered from every rank's slice into its
@@ -526,321 +524,8 @@ static inline void zero_slices_from_host(zero_t *z, float *slices[3], int adam_s
     if (z->stage < 3) model_to_device(z->model);
 }
 
-// ===================================================================== 6. the devices
-
-// --- the CPU: plain loops; every call has finished when it returns.
-static inline void zero_cpu_copy(zero_t *z, float *dst, const float *src, size_t n) {
-    (void)z;
-    if (n) memmove(dst, src, n * sizeof(float));
-}
-static inline void zero_cpu_fill_zero(zero_t *z, float *dst, size_t n) {
-    (void)z;
-    if (n) memset(dst, 0, n * sizeof(float));
-}
-static inline void zero_cpu_add(zero_t *z, float *dst, const float *src, size_t n) {
-    (void)z;
-    for (size_t i = 0; i < n; i++) dst[i] += src[i];
-}
-static inline void zero_cpu_finish(zero_t *z) { (void)z; }
-static inline double zero_cpu_sum_squares(zero_t *z, const float *x, size_t n) {
-    (void)z;
-    double sum = 0;
-    for (size_t i = 0; i < n; i++) sum += (double)x[i] * x[i];
-    return sum;
-}
-
-// gpt.h's AdamW on each slice: the parameters are the model's flat array
-// (ZeRO-1, 2) or the parameter shard (ZeRO-3); the gradients and moments
-// are the shard's. Clipping first scales the gradient slices, as
-// gpt_clip_grad_norm scales the whole gradient.
-static inline void zero_cpu_adamw(zero_t *z, float grad_scale, float lr, float beta1, float beta2, float eps,
-                                  float weight_decay) {
-    const gpt_t *h = &z->model->host;
-    z->adam_step++;
-    for (int k = 0; k < z->num_buckets; k++) {
-        const zero_bucket *b = &z->buckets[k];
-        float *g = z->grads + b->at, *p = z->stage == 3 ? z->params + b->at : h->params + b->first;
-        if (grad_scale != 1.0f)
-            for (size_t i = 0; i < b->owned; i++) g[i] *= grad_scale;
-        gpt_adamw_range(h->tensors, h->num_tensors, b->first, b->owned, p, g, z->adam_m + b->at, z->adam_v + b->at,
-                        z->adam_step, lr, beta1, beta2, eps, weight_decay);
-    }
-}
-
-static inline void zero_cpu_params_changed(zero_t *z) { (void)z; }
-
-static inline void zero_cpu_hook(void *user, gpt_bucket_event event, int bucket, gpt_real **params, gpt_real **grads) {
-    zero_on_bucket(user, event, bucket, params, grads);
-}
-
-static inline void zero_cpu_attach(zero_t *z) {
-    z->model->host.hook = zero_cpu_hook;
-    z->model->host.hook_user = z;
-}
-
-static inline float *zero_cpu_model_params(zero_t *z) { return z->model->host.params; }
-static inline float *zero_cpu_model_grads(zero_t *z) { return z->model->host.grads; }
-static inline size_t zero_cpu_front(zero_t *z) { (void)z; return 0; }
-
-// The CPU model's arrays, from the sizes it allocated them with.
-static inline void zero_cpu_model_memory(zero_t *z, size_t bytes[MEM_KINDS]) {
-    const gpt_t *h = &z->model->host;
-    size_t p = h->num_params * sizeof(gpt_real);
-    bytes[MEM_PARAMS] += h->params ? p : 0;
-    bytes[MEM_GRADS] += h->grads ? p : 0;
-    bytes[MEM_OPTIMIZER] += (h->adam_m ? p : 0) + (h->adam_v ? p : 0);
-    bytes[MEM_ACTIVATIONS] += (h->acts_capacity + h->grads_capacity) * sizeof(gpt_real);
-}
-
-// The collectives of the bucket hook, blocking: when they return, the
-// buffer is filled or read.
-static inline void zero_cpu_gather(zero_t *z, int k, int slot, float *dst) {
-    (void)slot;
-    zero_all_gather(z, z->params + z->buckets[k].at, dst, z->buckets[k].slice);
-}
-static inline void zero_cpu_scatter(zero_t *z, int slot, const float *grads, float *mine, size_t slice) {
-    (void)slot;
-    zero_reduce_scatter(z, grads, mine, slice);
-}
-static inline void zero_cpu_nothing(zero_t *z, int slot) { (void)z, (void)slot; }
-
-static inline const zero_device_ops *zero_cpu_ops(void) {
-    static const zero_device_ops ops = {zero_cpu_copy,          zero_cpu_fill_zero,      zero_cpu_add,
-                                        zero_cpu_finish,        zero_cpu_sum_squares,    zero_cpu_adamw,
-                                        zero_cpu_params_changed, zero_cpu_attach,        zero_cpu_model_params,
-                                        zero_cpu_model_grads,   zero_cpu_front,          zero_cpu_model_memory,
-                                        zero_cpu_gather,        zero_cpu_nothing,        zero_cpu_scatter,
-                                        zero_cpu_nothing};
-    return &ops;
-}
-
-#ifdef COURSE_CUDA
-// --- a GPU: the model's stream (gpt_cuda_stream) runs the copies and the
-// kernels in order. The collectives of the training step (ZeRO-1's, the
-// optimizer's) are blocking calls of pg.h: before one reads what the model
-// computed, or writes what it may still read, the host waits for that
-// stream and for the collectives queued before (finish). The bucket hook's
-// collectives are queued instead, as 08's DDP queues its all-reduces: a
-// block's gradients are reduce-scattered behind the event that says they
-// are computed, while the model computes the next block, and ZeRO-3
-// gathers the next block's parameters while the model computes this one
-// (FSDP's forward and backward prefetch). Events tie the two streams: the
-// model waits for a gathered buffer before it reads it, and for a
-// reduce-scatter to have read a gradient buffer before it writes it again.
-// With NCCL the queued collectives run on the group's stream; the cpu
-// backend runs them at once (pg.h), and the same events keep the order.
-static inline cudaStream_t zero_stream(zero_t *z) { return gpt_cuda_stream(z->model->gpu); }
-
-static inline void zero_gpu_copy(zero_t *z, float *dst, const float *src, size_t n) {
-    if (n) CHECK_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, zero_stream(z)));
-}
-static inline void zero_gpu_fill_zero(zero_t *z, float *dst, size_t n) {
-    if (n) CHECK_CUDA(cudaMemsetAsync(dst, 0, n * sizeof(float), zero_stream(z)));
-}
-static inline void zero_gpu_add(zero_t *z, float *dst, const float *src, size_t n) {
-    gpt_cuda_add(z->model->gpu, dst, src, n);
-}
-static inline void zero_gpu_finish(zero_t *z) {
-    CHECK_CUDA(cudaStreamSynchronize(zero_stream(z)));
-    pg_wait_queued(z->dist->pg);
-}
-static inline double zero_gpu_sum_squares(zero_t *z, const float *x, size_t n) {
-    return gpt_cuda_sum_squares(z->model->gpu, x, n);
-}
-
-// One launch for every slice: the model's kernel with a table of slices.
-static inline void zero_gpu_adamw(zero_t *z, float grad_scale, float lr, float beta1, float beta2, float eps,
-                                  float weight_decay) {
-    gpt_cuda_slice *slices = xcalloc((size_t)z->num_buckets, sizeof *slices);
-    float *params = z->stage == 3 ? z->params : gpt_cuda_params_device(z->model->gpu);
-    for (int k = 0; k < z->num_buckets; k++) {
-        const zero_bucket *b = &z->buckets[k];
-        slices[k] = (gpt_cuda_slice){b->first, b->owned, z->stage == 3 ? params + b->at : params + b->first,
-                                     z->grads + b->at, z->adam_m + b->at, z->adam_v + b->at};
-    }
-    gpt_cuda_adamw_slices(z->model->gpu, slices, z->num_buckets, ++z->adam_step, grad_scale, lr, beta1, beta2, eps,
-                          weight_decay);
-    free(slices);
-}
-
-static inline void zero_gpu_params_changed(zero_t *z) { gpt_cuda_params_changed(z->model->gpu); }
-
-static inline void zero_gpu_hook(void *user, gpt_bucket_event event, int bucket, float **params, float **grads,
-                                 cudaEvent_t done) {
-    zero_t *z = user;
-    z->done_ev = done; // the reduce-scatter of BACKWARD_END waits for it
-    zero_on_bucket(z, event, bucket, params, grads);
-}
-
-static inline void zero_gpu_attach(zero_t *z) {
-    cudaEvent_t *all[] = {&z->now_ev, &z->gathered_ev[0], &z->gathered_ev[1], &z->gathered_ev[2], &z->gathered_ev[3],
-                          &z->scattered_ev[0], &z->scattered_ev[1], &z->scattered_ev[2], &z->scattered_ev[3]};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        CHECK_CUDA(cudaEventCreateWithFlags(all[i], cudaEventDisableTiming));
-    gpt_cuda_set_bucket_hook(z->model->gpu, zero_gpu_hook, z);
-}
-
-// Queued behind everything the model has queued so far: the last reader
-// of the buffer, and the optimizer step that wrote the slices.
-static inline void zero_gpu_gather(zero_t *z, int k, int slot, float *dst) {
-    const zero_bucket *b = &z->buckets[k];
-    zero_count(z, COMM_ALL_GATHER, (double)(z->world - 1) * (double)b->slice * sizeof(float));
-    CHECK_CUDA(cudaEventRecord(z->now_ev, zero_stream(z)));
-    pg_all_gather_after(z->dist->pg, z->params + b->at, dst, b->slice, DTYPE_F32, z->now_ev, z->gathered_ev[slot]);
-}
-
-static inline void zero_gpu_use_gathered(zero_t *z, int slot) {
-    CHECK_CUDA(cudaStreamWaitEvent(zero_stream(z), z->gathered_ev[slot], 0));
-}
-
-static inline void zero_gpu_scatter(zero_t *z, int slot, const float *grads, float *mine, size_t slice) {
-    zero_count(z, COMM_REDUCE_SCATTER, (double)(z->world - 1) * (double)slice * sizeof(float));
-    pg_reduce_scatter_after(z->dist->pg, grads, mine, slice, DTYPE_F32, OP_AVG, z->done_ev, z->scattered_ev[slot]);
-}
-
-static inline void zero_gpu_before_grads(zero_t *z, int slot) {
-    CHECK_CUDA(cudaStreamWaitEvent(zero_stream(z), z->scattered_ev[slot], 0));
-}
-static inline float *zero_gpu_model_params(zero_t *z) { return gpt_cuda_params_device(z->model->gpu); }
-static inline float *zero_gpu_model_grads(zero_t *z) { return gpt_cuda_grads_device(z->model->gpu); }
-static inline size_t zero_gpu_front(zero_t *z) {
-    return gpt_cuda_bucket_front(z->model->gpu, gpt_bucket_embeddings(&z->model->host.cfg));
-}
-
-static inline void zero_gpu_model_memory(zero_t *z, size_t bytes[MEM_KINDS]) {
-    size_t parts[6];
-    gpt_cuda_memory_parts(z->model->gpu, parts);
-    bytes[MEM_PARAMS] += parts[0], bytes[MEM_GRADS] += parts[1], bytes[MEM_OPTIMIZER] += parts[2];
-    bytes[MEM_ACTIVATIONS] += parts[3], bytes[MEM_OTHER] += parts[4], bytes[MEM_GATHERED] += parts[5];
-}
-
-static inline const zero_device_ops *zero_gpu_ops(void) {
-    static const zero_device_ops ops = {zero_gpu_copy,           zero_gpu_fill_zero, zero_gpu_add,
-                                        zero_gpu_finish,         zero_gpu_sum_squares, zero_gpu_adamw,
-                                        zero_gpu_params_changed, zero_gpu_attach,    zero_gpu_model_params,
-                                        zero_gpu_model_grads,    zero_gpu_front,     zero_gpu_model_memory,
-                                        zero_gpu_gather,         zero_gpu_use_gathered, zero_gpu_scatter,
-                                        zero_gpu_before_grads};
-    return &ops;
-}
-#else
-static inline const zero_device_ops *zero_gpu_ops(void) { return NULL; }
-#endif
-
-// ===================================================================== 7. the tables
-
-// "(4+4+8)P/N": the ZeRO paper's formula with this run's bytes per
-// parameter, each term over N where the stage shards it.
-static inline void zero_formula(char *out, size_t size, const double *bytes, const bool *sharded, int n) {
-    int used = 0;
-    bool all = true, none = true;
-    for (int i = 0; i < n; i++) all = all && sharded[i], none = none && !sharded[i];
-    if (n == 1 || all || none) {
-        used += snprintf(out + used, size - (size_t)used, n > 1 ? "(" : "");
-        for (int i = 0; i < n; i++) used += snprintf(out + used, size - (size_t)used, "%s%g", i ? "+" : "", bytes[i]);
-        snprintf(out + used, size - (size_t)used, "%sP%s", n > 1 ? ")" : "", all ? "/N" : "");
-        return;
-    }
-    double whole = 0, part = 0; // some terms whole, the others over N
-    for (int i = 0; i < n; i++) *(sharded[i] ? &part : &whole) += bytes[i];
-    snprintf(out, size, "%gP + %gP/N", whole, part);
-}
-
-static inline double zero_kib(double bytes) { return bytes / 1024.0; }
-
-// What every rank holds, by kind, beside the ZeRO paper's formula: with P
-// parameters and N ranks, DDP holds (p+g+k)P, ZeRO-1 (p+g)P + kP/N, ZeRO-2
-// pP + (g+k)P/N, ZeRO-3 (p+g+k)P/N, where p, g, k are the bytes per
-// parameter of the parameters, the gradients and the optimizer state.
-// Rank 0 also writes its row to `csv` (make plots draws them).
-static inline void zero_report_memory(zero_t *z, metrics_csv *csv) {
-    int N = z->world, cols = N < 8 ? N : 8;
-    size_t mine[MEM_KINDS];
-    memcpy(mine, z->mem, sizeof mine);
-    z->ops->model_memory(z, mine);
-    double *all = xcalloc((size_t)N * MEM_KINDS, sizeof(double));
-    for (int i = 0; i < MEM_KINDS; i++) all[(size_t)z->rank * MEM_KINDS + i] = (double)mine[i];
-    dist_all_reduce_host(z->dist, all, N * MEM_KINDS, OP_SUM);
-    // p: fp32 parameters, and on a GPU in bf16 their bf16 copy too (ZeRO-3
-    // keeps only fp32 slices, and makes bf16 copies of a gathered bucket).
-    double P = (double)z->num_params, p = z->model->bf16 && z->stage < 3 ? 6 : 4, g = 4, k = 8;
-    double per[3] = {p, g, k};
-    bool sharded[3] = {z->stage == 3, z->stage >= 2, z->stage >= 1};
-    log_main("memory per rank, KiB (%s, N = %d, P = %zu parameters; %s):\n", zero_stage_name(z->stage), N, z->num_params,
-             z->model->on_gpu ? (z->model->bf16 ? "GPU, bf16 copies of fp32 weights" : "GPU, fp32") : "CPU, fp32");
-    char line[400];
-    int used = snprintf(line, sizeof line, "  %-20s", "");
-    for (int r = 0; r < cols; r++) used += snprintf(line + used, sizeof line - (size_t)used, "   rank %-3d", r);
-    log_main("%s%s   the ZeRO paper's formula\n", line, N > cols ? "  ..." : "");
-    double states[8] = {0};
-    for (int i = 0; i < MEM_KINDS; i++) {
-        used = snprintf(line, sizeof line, "  %-20s", mem_kind_names[i]);
-        for (int r = 0; r < cols; r++) {
-            double b = all[(size_t)r * MEM_KINDS + i];
-            used += snprintf(line + used, sizeof line - (size_t)used, " %10.1f", zero_kib(b));
-            if (i <= MEM_OPTIMIZER) states[r] += b;
-        }
-        char formula[80] = "(no formula)";
-        if (i <= MEM_OPTIMIZER) {
-            char f[60];
-            zero_formula(f, sizeof f, &per[i], &sharded[i], 1);
-            snprintf(formula, sizeof formula, "%-13s = %10.1f", f, zero_kib(per[i] * P / (sharded[i] ? N : 1)));
-        }
-        log_main("%s%s   %s\n", line, N > cols ? "  ..." : "", formula);
-    }
-    used = snprintf(line, sizeof line, "  %-20s", "model states (1-3)");
-    for (int r = 0; r < cols; r++)
-        used += snprintf(line + used, sizeof line - (size_t)used, " %10.1f", zero_kib(states[r]));
-    char f[60];
-    zero_formula(f, sizeof f, per, sharded, 3);
-    double total = 0;
-    for (int i = 0; i < 3; i++) total += per[i] * P / (sharded[i] ? N : 1);
-    log_main("%s%s   %-13s = %10.1f\n", line, N > cols ? "  ..." : "", f, zero_kib(total));
-    metrics_row(csv, "%d,%d,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f", z->stage, N, all[MEM_PARAMS], all[MEM_GRADS],
-                all[MEM_OPTIMIZER], all[MEM_GATHERED], all[MEM_ACTIVATIONS], all[MEM_OTHER], total);
-    free(all);
-}
-
-// What every rank sent per training step, by collective, beside the
-// theory: with B = 4P bytes (the gradients and gathered parameters travel
-// in fp32), DDP's all-reduce and ZeRO-1's and 2's reduce-scatter plus
-// all-gather each send 2(N-1)/N B; ZeRO-3 gathers twice (forward and
-// backward) and sends 3(N-1)/N B. ZeRO-2 and 3 reduce-scatter on every
-// micro-batch, and ZeRO-3 gathers on every one.
-static inline void zero_report_traffic(zero_t *z, int grad_accum) {
-    int N = z->world, S = z->stage, steps = z->steps_counted > 0 ? z->steps_counted : 1;
-    double B = 4.0 * (double)z->num_params, f = (N - 1.0) / N, A = grad_accum;
-    double theory[COMM_KINDS] = {S == 0 ? 2 * f * B : 0, S == 0 ? 0 : S == 1 ? f * B : A * f * B,
-                                 S == 0 ? 0 : S < 3 ? f * B : 2 * A * f * B};
-    const char *says[COMM_KINDS] = {S == 0 ? "2(N-1)/N B" : "(the gradient norm)",
-                                    S == 0 ? "-" : S == 1 ? "(N-1)/N B" : "(N-1)/N B per micro-batch",
-                                    S == 0 ? "-" : S < 3 ? "(N-1)/N B" : "2(N-1)/N B per micro-batch"};
-    log_main("sent per training step by each rank, KiB (mean of %d step(s); B = 4P bytes, counted from the calls at what a ring "
-             "sends):\n", z->steps_counted);
-    log_main("  %-16s %8s %12s   theory\n", "collective", "calls", "KiB");
-    double total = 0, total_theory = 0;
-    for (int i = 0; i < COMM_KINDS; i++) {
-        total += z->sent[i] / steps, total_theory += theory[i];
-        log_main("  %-16s %8.1f %12.1f   %-28s = %10.1f\n", comm_kind_names[i], (double)z->calls[i] / steps,
-                 zero_kib(z->sent[i] / steps), says[i], zero_kib(theory[i]));
-    }
-    log_main("  %-16s %8s %12.1f   %-28s = %10.1f\n", "total", "", zero_kib(total),
-             S == 3 ? "3(N-1)/N B (one micro-batch)" : "2(N-1)/N B (one micro-batch)", zero_kib(total_theory));
-}
-
-// Both tables; rank 0 writes its memory row to <out_dir>/memory.csv.
-static inline void zero_report(zero_t *z, int grad_accum, const char *out_dir) {
-    metrics_csv csv = {0};
-    if (z->rank == 0) {
-        csv = metrics_open(out_dir, "memory", "stage,world,params,grads,optimizer,gathered,activations,other,formula");
-        char date[32];
-        time_t now = time(NULL);
-        strftime(date, sizeof date, "%Y-%m-%d", localtime(&now));
-        metrics_row(&csv, "# %s | backend %s | %s", z->dist->device.name, backend_name(pg_backend(z->dist->pg)), date);
-    }
-    zero_report_memory(z, &csv);
-    metrics_close(&csv);
-    zero_report_traffic(z, grad_accum);
-}
+// How the devices do it, and the tables.
+#include "zero_devices.h"
+#include "zero_report.h"
 
 #endif
