@@ -49,6 +49,21 @@ rel_near() {
         exit !(d <= t * m) }'
 }
 
+# small_corpus DIR : a small corpus in WikiText's layout in DIR (train.txt,
+# valid.txt, test.txt: 2000, 200 and 200 short sentences under article
+# headings), the same every time, for the GPT's tests (no real data needed).
+small_corpus() {
+    awk -v dir="$1" 'BEGIN { system("mkdir -p " dir); srand(11)
+        split("the a one every some my your this that no", D, " "); split("cat dog bird river city king song train", N, " ")
+        split("sees likes finds eats builds sings", V, " ")
+        for (f = 1; f <= 3; f++) {
+            file = dir "/" (f == 1 ? "train.txt" : f == 2 ? "valid.txt" : "test.txt")
+            for (i = 0; i < (f == 1 ? 2000 : 200); i++) {
+                if (i % 40 == 0) printf " \n = Article %d = \n \n", i > file
+                printf " %s %s %s %s %s . \n", D[int(rand() * 10) + 1], N[int(rand() * 8) + 1], V[int(rand() * 6) + 1],
+                    D[int(rand() * 10) + 1], N[int(rand() * 8) + 1] > file } } }'
+}
+
 # has_real_gpu : true when nvidia-smi lists a GPU here.
 has_real_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
 

@@ -7,15 +7,7 @@ ddprun="$ROOT/tools/ddprun"
 export OMP_NUM_THREADS=1
 
 # A small corpus in WikiText's layout (no real data needed).
-awk -v dir="$TMP/corpus" 'BEGIN { system("mkdir -p " dir); srand(11)
-    split("the a one every some my your this that no", D, " "); split("cat dog bird river city king song train", N, " ")
-    split("sees likes finds eats builds sings", V, " ")
-    for (f = 1; f <= 3; f++) {
-        file = dir "/" (f == 1 ? "train.txt" : f == 2 ? "valid.txt" : "test.txt")
-        for (i = 0; i < (f == 1 ? 2000 : 200); i++) {
-            if (i % 40 == 0) printf " \n = Article %d = \n \n", i > file
-            printf " %s %s %s %s %s . \n", D[int(rand() * 10) + 1], N[int(rand() * 8) + 1], V[int(rand() * 6) + 1],
-                D[int(rand() * 10) + 1], N[int(rand() * 8) + 1] > file } } }'
+small_corpus "$TMP/corpus"
 # On the CPU, whatever the build: what is tested here is data parallelism
 # and snapshots; the GPU cases follow at the end.
 common=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
