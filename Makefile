@@ -13,6 +13,16 @@ TOOLS := $(if $(wildcard tools/Makefile),tools)
 
 all: $(CHAPTERS) $(TOOLS)
 
+# The emulated GPU's library is built once, before the folders that link
+# it: each folder would otherwise build it too, and under make -j two such
+# builds at once write the same files.
+ifeq ($(CUDA),emu)
+$(CHAPTERS) tools unit-tests: | emu-library
+.PHONY: emu-library
+emu-library:
+	@$(MAKE) --no-print-directory -C emu ASAN=$(ASAN)
+endif
+
 # `make 04_ddp_spawn` here builds 04_ddp_spawn/04_ddp_spawn; ./04_ddp_spawn is
 # the folder, so the last line says how to run the program from here.
 $(CHAPTERS) tools:

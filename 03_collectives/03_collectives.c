@@ -8,7 +8,8 @@
 //
 // Without flags the program runs each collective once on a tiny buffer and
 // prints every rank's buffer before and after, so that you can see what
-// moved where: that is this file. With --bench it measures them in the
+// moved where, and ends with sub-groups: collectives among some of the
+// ranks. That is this file. With --bench it measures them in the
 // style of nccl-tests - time, algorithm bandwidth, bus bandwidth, and a
 // correctness check - which is bench_collectives.h. What each collective
 // is (root, reduction, buffer sizes, bandwidth formulas) is one table, in
@@ -201,6 +202,29 @@ static void demo_barrier(lesson_t *L) {
     device_free(L->dev, dev);
 }
 
+// Sub-groups: a collective need not involve every rank. pg_split (MPI's
+// MPI_Comm_split, NCCL's ncclCommSplit) makes a group of the ranks that pass
+// the same color; here the even ranks and the odd ranks, each group running
+// its own all_reduce at the same time. This is how data, tensor and
+// pipeline parallelism combine: each kind of parallelism talks inside its
+// own groups (common/mesh.h lays them out; chapters 09-11 use them).
+static void demo_subgroups(lesson_t *L) {
+    log_main("\n== 11. sub-groups: pg_split(color = rank %% 2) makes a group of the even ranks and one of the odd\n"
+             "  ranks; each all_reduces (sum) its [rank, group rank] on its own\n");
+    pg_t *half = pg_split(L->pg, L->rank % 2, L->rank);
+    float mine[2] = {(float)L->rank, (float)pg_rank(half)};
+    float *dev = device_alloc(L->dev, sizeof mine), *sum = device_alloc(L->dev, sizeof mine);
+    device_from_host(L->dev, dev, mine, sizeof mine);
+    show(L, "before", dev, 2);
+    pg_all_reduce(half, dev, sum, 2, DTYPE_F32, OP_SUM);   // only the ranks of this group take part
+    show(L, "after", sum, 2);
+    log_main("  the even ranks hold the sum over the even ranks, the odd ones over the odd ones; the two\n"
+             "  all_reduces ran side by side, each on its own connections.\n");
+    pg_destroy(half);
+    device_free(L->dev, dev);
+    device_free(L->dev, sum);
+}
+
 // A collective is a promise: every rank calls it with the same count, type,
 // reduction and root. --mismatch breaks it on purpose, as a bug in one rank's
 // code would: rank 1 reduces with max where the others sum. The bytes still
@@ -254,6 +278,7 @@ static void run_lesson(dist_t *d) {
          "(mixture-of-experts)");
     demo_barrier(&L);
     demo_flags(&L);
+    demo_subgroups(&L);
     free(L.host_slot);
     free(L.host_all);
     device_free(L.dev, L.dev_slot);

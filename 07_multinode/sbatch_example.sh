@@ -31,7 +31,7 @@ MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
 export MASTER_ADDR MASTER_PORT
 
-# NCCL between nodes (see the README's table). These reach every rank:
+# NCCL between nodes (see the table in TROUBLESHOOTING.md). These reach every rank:
 # srun passes the environment of this script to all tasks on all nodes.
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}    # INFO when something is wrong: on ALL nodes
 # export NCCL_SOCKET_IFNAME=ib0          # the interface between the nodes (eth0, ens, ^docker,lo ...)

@@ -50,7 +50,7 @@ run() { # config dtype batch vocab attention (flash: the fused kernel; cublas: t
 
 echo "=== bench/gpt_gpu.sh: GPT training step on one GPU ($steps timed steps per row)"
 # Both attention paths in bf16: which is faster on this GPU is measured,
-# not assumed (README.gpu.md, "Attention").
+# not assumed (README.gpu.md, "Flash attention").
 run default fp32 8 5000 flash
 run default bf16 8 5000 flash
 run default bf16 8 5000 cublas

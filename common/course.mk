@@ -49,8 +49,11 @@ EMU := $(COURSE_ROOT)/emu
 EMU_LIB := $(EMU)/build/$(if $(filter 1,$(ASAN)),asan,plain)/libcudaemu.a
 CU2EMU := $(EMU)/build/cu2emu
 CXX ?= g++
+# Outside ASan builds the compiler calls the emulator's race checker at every
+# load and store of a .cu file (ThreadSanitizer's hooks; emu/src/race.c).
+EMU_RACE_FLAGS := $(if $(filter 1,$(ASAN)),,-fsanitize=thread --param tsan-instrument-func-entry-exit=0)
 CXXFLAGS := $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -DCOURSE_CUDA -DCOURSE_EMU -D__CUDACC__ -I$(EMU)/include \
-            -include cuda_runtime.h
+            -include cuda_runtime.h $(EMU_RACE_FLAGS)
 CFLAGS += -DCOURSE_CUDA -DCOURSE_EMU -I$(EMU)/include
 LDLIBS += $(EMU_LIB) -lstdc++ -lrt -ldl
 CU_OBJS := $(patsubst %.cu,build/%.o,$(notdir $(CU_SRCS)))

@@ -21,6 +21,10 @@
 
 typedef enum { DEVICE_CPU, DEVICE_CUDA } device_kind;
 
+// A CUDA event: cudaEvent_t points to one. Named so that code which passes
+// events along compiles the same in a build without CUDA.
+struct CUevent_st;
+
 typedef struct {
     device_kind kind;
     int gpu;         // CUDA device index, when kind == DEVICE_CUDA
@@ -172,6 +176,32 @@ static inline void device_from_host(const device_t *d, void *dev, const void *ho
 #endif
     (void)d;
     if (bytes) memmove(dev, host, bytes);
+}
+
+// Waits on the host until a CUDA event has happened (on the CPU there are
+// no events, and NULL is no event: nothing to wait for). The event is a
+// cudaEvent_t.
+static inline void device_wait_event(const device_t *d, struct CUevent_st *event) {
+#ifdef COURSE_CUDA
+    if (device_is_cuda(d) && event) {
+        CHECK_CUDA(cudaEventSynchronize(event));
+        return;
+    }
+#endif
+    (void)d, (void)event;
+}
+
+// Records an event (unless NULL) on the legacy default stream: it happens
+// once the work queued there so far has, the copies of device_from_host
+// included.
+static inline void device_record_event(const device_t *d, struct CUevent_st *event) {
+#ifdef COURSE_CUDA
+    if (device_is_cuda(d) && event) {
+        CHECK_CUDA(cudaEventRecord(event, cudaStreamLegacy));
+        return;
+    }
+#endif
+    (void)d, (void)event;
 }
 
 static inline void device_synchronize(const device_t *d) {

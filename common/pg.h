@@ -4,8 +4,8 @@
 // between them, as in torch.distributed. Chapters call pg_all_reduce() and
 // friends and do not care how the bytes travel:
 //
-//   nccl  (pg_nccl.h) NCCL on GPU buffers, one rank per GPU. Built only in
-//         the CUDA build.
+//   nccl  (pg_nccl.h) NCCL on GPU buffers, one rank per GPU. Only a CUDA
+//         build has it.
 //   cpu   (pg_cpu.h)  our own implementation over TCP sockets, with shared
 //         memory between the ranks of one host. Works everywhere: on host
 //         buffers, and on GPU buffers too by copying them through host memory
@@ -40,10 +40,18 @@
 //     pg_all_reduce_after takes. When the call returns, its result is in
 //     the caller's buffer and visible to work on any stream.
 //
-// The types and the element-wise reduction kernels, which both backends
-// share, are in pg_types.h. This file holds the functions the chapters call,
-// which check their arguments, stage GPU buffers when needed and hand over
-// to a backend.
+// Sub-groups: pg_split(pg, color, key) makes a group of the ranks that pass
+// the same color (MPI_Comm_split, ncclCommSplit), pg_new_group(pg, ranks,
+// n) one of the ranks listed (torch.distributed.new_group); every rank of pg
+// calls them, and a rank of no group gets NULL. A sub-group is a process
+// group like any other: every call below works on it, and disjoint groups
+// run their collectives at the same time.
+//
+// The types and the element-wise reduction kernels, which every backend
+// shares, are in pg_types.h; the seam between this file and the backends,
+// one table of functions per backend, is pg_backend.h. This file holds the
+// functions the chapters call, which check their arguments, stage GPU
+// buffers when the backend works on the host, and call the backend's table.
 #ifndef COURSE_PG_H
 #define COURSE_PG_H
 
@@ -55,27 +63,27 @@
 
 #include "check.h"
 #include "device.h"
+#include "pg_backend.h"
 #include "pg_types.h"
 
-// The backends. Each defines its own struct and functions on host (cpu) or
-// device (nccl) buffers; the dispatch below picks one.
+// The backends: each file ends with its table (pg_backend.h).
 #include "pg_cpu.h"
 #include "pg_debug.h"
-#include "pg_nccl.h"
 #include "pg_mpi.h"   // mpi: under mpirun or srun (a build that found MPI)
+#include "pg_nccl.h"  // nccl: a CUDA build
 
 // ---------------------------------------------------------------- the process group
 
 struct pg {
-    backend_kind_t backend;          // the one in use: BACKEND_CPU or BACKEND_NCCL
-    int rank, world_size;
+    const pg_backend_t *backend;   // the table of the backend in use
+    backend_kind_t kind;           // BACKEND_CPU, BACKEND_NCCL or BACKEND_MPI
+    void *impl;                    // the backend's own state
+    pg_group_id_t id;              // store key prefix, rank, world size
     device_t device;               // a copy of the caller's device
-    bool stage;                    // cpu backend, GPU buffers: copy through host memory
-    cpu_pg_t *cpu;
-    mpi_pg_t *mpi;
-#ifdef COURSE_CUDA
-    nccl_pg_t *nccl;
-#endif
+    bool stage;                    // GPU buffers, host backend: copy through host memory
+    store_t *store;                // the rendezvous store (sub-groups meet through it)
+    double timeout_s;
+    int splits;                    // sub-groups made from this group so far
     void *host[2];                 // staging buffers, grown on demand and kept
     size_t host_bytes[2];
     char description[400];
@@ -84,32 +92,30 @@ struct pg {
 
 struct pg_request {
     pg_t *pg;
-    cpu_req_t *cpu;
-    mpi_req_t *mpi;
-#ifdef COURSE_CUDA
-    nccl_req_t *nccl;
-#endif
+    void *req;                     // the backend's request
     void *staged;                  // host copy of the caller's GPU buffer (staging only)
     void *device_dst;              // irecv with staging: where the bytes go at the end
     size_t bytes;
 };
 
-static inline backend_kind_t pg_backend(const pg_t *pg) { return pg->backend; }
+static inline backend_kind_t pg_backend(const pg_t *pg) { return pg->kind; }
 static inline const char *pg_describe(const pg_t *pg) { return pg->description; }
-static inline int pg_rank(const pg_t *pg) { return pg->rank; }
-static inline int pg_world_size(const pg_t *pg) { return pg->world_size; }
-static inline const device_t *pg_device(const pg_t *pg) { return &pg->device; }
+static inline int pg_rank(const pg_t *pg) { return pg->id.rank; }
+static inline int pg_world_size(const pg_t *pg) { return pg->id.world_size; }
+
+static inline const pg_backend_t *pg_backend_table(backend_kind_t kind) {
+    return kind == BACKEND_NCCL ? nccl_backend() : kind == BACKEND_MPI ? mpi_backend() : cpu_backend();
+}
 
 // ---------------------------------------------------------------- choosing the backend
 
 // Can this rank run NCCL? If not, *why says so in words.
 static inline bool pg_nccl_possible(const pg_config_t *cfg, char *why, size_t size) {
-#ifndef COURSE_CUDA
-    (void)cfg;
-    snprintf(why, size, "this is a CPU-only build, without NCCL");
-    return false;
-#else
     const device_t *d = cfg->device;
+    if (nccl_backend()->missing) {
+        snprintf(why, size, "%s", nccl_backend()->missing);
+        return false;
+    }
     if (!d || !device_is_cuda(d)) {
         snprintf(why, size, "the device is the CPU, and NCCL works on GPU buffers only");
         return false;
@@ -121,22 +127,20 @@ static inline bool pg_nccl_possible(const pg_config_t *cfg, char *why, size_t si
         return false;
     }
     return true;
-#endif
 }
 
 // auto: nccl only if every rank can; the ranks vote through the store, so that one host with too few GPUs makes the whole job use cpu
 // (a job whose ranks use different backends would hang).
-static inline backend_kind_t pg_vote_backend(const pg_config_t *cfg, bool possible, int generation,
+static inline backend_kind_t pg_vote_backend(const pg_config_t *cfg, bool possible, const char *group,
                                              double timeout_s) {
     if (cfg->world_size == 1) return possible ? BACKEND_NCCL : BACKEND_CPU;
-    char key[64];
-    snprintf(key, sizeof key, "pg%d/cannot_nccl", generation);
+    char key[96];
+    snprintf(key, sizeof key, "%s/cannot_nccl", group);
     return store_vote(cfg->store, key, cfg->rank, cfg->world_size, possible, timeout_s)
                ? BACKEND_NCCL : BACKEND_CPU;
 }
 
-static inline backend_kind_t pg_choose_backend(const pg_config_t *cfg, int generation,
-                                               double timeout_s) {
+static inline backend_kind_t pg_choose_backend(const pg_config_t *cfg, const char *group, double timeout_s) {
     char why[256];
     bool possible = pg_nccl_possible(cfg, why, sizeof why);
     if (cfg->backend == BACKEND_CPU || cfg->backend == BACKEND_MPI) return cfg->backend;
@@ -147,12 +151,9 @@ static inline backend_kind_t pg_choose_backend(const pg_config_t *cfg, int gener
                 "on the CPU", why);
         return BACKEND_NCCL;
     }
-#ifdef COURSE_CUDA
-    backend_kind_t vote = pg_vote_backend(cfg, possible, generation, timeout_s);
-#else
-    (void)generation, (void)timeout_s;
-    backend_kind_t vote = BACKEND_CPU;   // no rank of a CPU-only build can run NCCL
-#endif
+    // A build without NCCL has no rank that could run it: nothing to vote on.
+    backend_kind_t vote = nccl_backend()->missing ? BACKEND_CPU
+                                                  : pg_vote_backend(cfg, possible, group, timeout_s);
     // Under mpirun or srun (and an MPI build), MPI rather than our own cpu backend.
     return vote == BACKEND_CPU && pg_mpi_running() ? BACKEND_MPI : vote;
 }
@@ -167,64 +168,117 @@ static inline void pg_check_config(const pg_config_t *cfg) {
     if ((unsigned)cfg->backend > BACKEND_MPI) die("pg_create: unknown backend %d", (int)cfg->backend);
 }
 
-static inline void pg_describe_cpu(pg_t *pg, const pg_config_t *cfg) {
-    char staging[120] = "";
-    if (pg->stage && cfg->local_world_size > pg->device.gpu_count)
+// "cpu (2 ranks share 1 GPU: buffers staged through host memory; sockets + shared memory)"
+static inline void pg_describe_group(pg_t *pg, int local_world_size) {
+    char staging[120] = "", inner[300];
+    if (pg->stage && local_world_size > pg->device.gpu_count)
         snprintf(staging, sizeof staging, "%d ranks share %d GPU%s: buffers staged through "
-                 "host memory; ", cfg->local_world_size, pg->device.gpu_count,
+                 "host memory; ", local_world_size, pg->device.gpu_count,
                  pg->device.gpu_count == 1 ? "" : "s");
     else if (pg->stage)
         snprintf(staging, sizeof staging, "GPU buffers staged through host memory; ");
-    snprintf(pg->description, sizeof pg->description, "cpu (%s%s)", staging,
-             cpu_transport(pg->cpu));
+    pg->backend->describe(pg->impl, inner, sizeof inner);
+    snprintf(pg->description, sizeof pg->description, "%s (%s%s)", pg->backend->name, staging, inner);
 }
 
-static inline void pg_describe_mpi(pg_t *pg) {
-    char library[200];
-    mpi_library(library, sizeof library);
-    snprintf(pg->description, sizeof pg->description, "mpi (%s%s)",
-             pg->stage ? "GPU buffers staged through host memory; " : "", library);
+// A group object for a backend state that exists already.
+static inline pg_t *pg_wrap(const pg_backend_t *backend, backend_kind_t kind, const pg_group_id_t *id,
+                            const device_t *device, store_t *store, double timeout_s) {
+    pg_t *pg = xcalloc(1, sizeof *pg);
+    pg->backend = backend;
+    pg->kind = kind;
+    pg->id = *id;
+    if (device) pg->device = *device;
+    else device_cpu_name(&pg->device);   // kind 0 = DEVICE_CPU: host buffers
+    pg->stage = backend->host_buffers && device_is_cuda(&pg->device);
+    pg->store = store;
+    pg->timeout_s = timeout_s;
+    pg->debug = pg_debug_start(store, id->rank, id->world_size, id->key, timeout_s);
+    return pg;
 }
 
 static inline pg_t *pg_create(const pg_config_t *cfg) {
     pg_check_config(cfg);
-    pg_t *pg = xcalloc(1, sizeof *pg);
-    pg->rank = cfg->rank;
-    pg->world_size = cfg->world_size;
-    if (cfg->device) pg->device = *cfg->device;
-    else device_cpu_name(&pg->device);   // kind 0 = DEVICE_CPU: host buffers
     double timeout = cfg->timeout_s > 0 ? cfg->timeout_s : course_timeout_default();
-    int generation = pg_next_generation();
-    pg->debug = pg_debug_start(cfg->store, cfg->rank, cfg->world_size, generation, timeout);
-    pg->backend = pg_choose_backend(cfg, generation, timeout);
-#ifdef COURSE_CUDA
-    if (pg->backend == BACKEND_NCCL) {
-        pg->nccl = nccl_create(cfg, timeout, generation);
-        snprintf(pg->description, sizeof pg->description, "nccl (one GPU per rank)");
-        return pg;
-    }
-#endif
-    pg->stage = device_is_cuda(&pg->device);
-    if (pg->backend == BACKEND_MPI) {
-        pg->mpi = mpi_create(cfg);
-        pg_describe_mpi(pg);
-        return pg;
-    }
-    pg->cpu = cpu_create(cfg, timeout, generation);
-    pg_describe_cpu(pg, cfg);
+    pg_group_id_t id = {.rank = cfg->rank, .world_size = cfg->world_size};
+    snprintf(id.key, sizeof id.key, "pg%d", pg_next_generation());
+    backend_kind_t kind = pg_choose_backend(cfg, id.key, timeout);
+    const pg_backend_t *backend = pg_backend_table(kind);
+    if (backend->missing) die("--backend %s: %s", backend->name, backend->missing);
+    pg_t *pg = pg_wrap(backend, kind, &id, cfg->device, cfg->store, timeout);
+    pg->impl = backend->create(cfg, &id, timeout);
+    pg_describe_group(pg, cfg->local_world_size);
     return pg;
 }
 
 static inline void pg_destroy(pg_t *pg) {
     if (!pg) return;
-#ifdef COURSE_CUDA
-    if (pg->nccl) nccl_destroy(pg->nccl);
-#endif
-    if (pg->cpu) cpu_destroy(pg->cpu);
-    if (pg->mpi) mpi_destroy(pg->mpi);
+    pg->backend->destroy(pg->impl);
     free(pg->host[0]);
     free(pg->host[1]);
     free(pg);
+}
+
+// ---------------------------------------------------------------- sub-groups
+
+// The sub-group of the ranks that pass the same color, ranked by key (ties:
+// by their rank here), as MPI_Comm_split and ncclCommSplit rank them. Every
+// rank of pg calls it; a rank with color < 0 joins no group and gets NULL.
+// The ranks tell each other their color and key through the store; the
+// backend then builds the group (cpu: sockets and rings of its own; nccl:
+// ncclCommSplit; mpi: MPI_Comm_split).
+static inline pg_t *pg_split(pg_t *pg, int color, int key) {
+    int world = pg->id.world_size, me = pg->id.rank;
+    enum { TEXT = 32 };
+    char stem[96], mine[TEXT];
+    snprintf(stem, sizeof stem, "%s/split%d", pg->id.key, pg->splits++);
+    snprintf(mine, sizeof mine, "%d %d", color < 0 ? -1 : color, key);
+    int *colors = xcalloc((size_t)world, sizeof *colors), *keys = xcalloc((size_t)world, sizeof *keys);
+    if (world > 1) {
+        char *text = xmalloc((size_t)world * TEXT);
+        store_all_gather(pg->store, stem, me, world, mine, text, TEXT, pg->timeout_s);
+        for (int r = 0; r < world; r++)
+            if (sscanf(text + (size_t)r * TEXT, "%d %d", &colors[r], &keys[r]) != 2)
+                die("pg_split: rank %d published a malformed color and key", r);
+        free(text);
+    } else {
+        colors[0] = color < 0 ? -1 : color, keys[0] = key;
+    }
+    pg_group_id_t id = {.rank = 0, .world_size = 0};
+    char group_key[2 * sizeof id.key];
+    int len = snprintf(group_key, sizeof group_key, "%s.%d.%d", pg->id.key, pg->splits - 1, color < 0 ? 0 : color);
+    if (len < 0 || len >= (int)sizeof id.key)
+        die("pg_split: groups nested too deep (the store key '%s' is too long)", group_key);
+    memcpy(id.key, group_key, (size_t)len + 1);
+    for (int r = 0; r < world; r++) {
+        if (color < 0 || colors[r] != color) continue;
+        id.world_size++;
+        if (keys[r] < key || (keys[r] == key && r < me)) id.rank++;
+    }
+    free(colors), free(keys);
+    void *impl = pg->backend->split(pg->impl, color, key, &id, pg->store, pg->timeout_s);
+    if (color < 0) return NULL;
+    if (!impl) die("pg_split: the %s backend made no group for color %d", pg->backend->name, color);
+    pg_t *sub = pg_wrap(pg->backend, pg->kind, &id, &pg->device, pg->store, pg->timeout_s);
+    sub->impl = impl;
+    pg_describe_group(sub, id.world_size);
+    return sub;
+}
+
+// The group of the ranks listed (n of them, each once), ranked in the order
+// they have here, as torch.distributed.new_group does. Every rank of pg
+// calls it with the same list; a rank not in it gets NULL.
+static inline pg_t *pg_new_group(pg_t *pg, const int *ranks, int n) {
+    int me = -1;
+    if (n < 1 || !ranks) die("pg_new_group: a group needs at least one rank (got %d)", n);
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= pg->id.world_size)
+            die("pg_new_group: rank %d is not a rank of this group (ranks 0..%d)", ranks[i], pg->id.world_size - 1);
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i]) die("pg_new_group: rank %d is listed twice", ranks[i]);
+        if (ranks[i] == pg->id.rank) me = i;
+    }
+    return pg_split(pg, me >= 0 ? 0 : -1, pg->id.rank);
 }
 
 // ---------------------------------------------------------------- argument checks
@@ -238,19 +292,19 @@ static inline size_t pg_bytes(const pg_t *pg, size_t count, dtype_t t, size_t co
     size_t size = dtype_size(t);
     if (count > SIZE_MAX / size / copies)
         die("%s: %zu elements of %s on %d ranks do not fit in memory", what, count,
-            dtype_name(t), pg->world_size);
+            dtype_name(t), pg->id.world_size);
     return count * size * copies;
 }
 
 static inline void pg_check_rank(const pg_t *pg, int who, const char *role, const char *what) {
-    if (who < 0 || who >= pg->world_size)
+    if (who < 0 || who >= pg->id.world_size)
         die("%s: %s %d is not a rank of this group (ranks 0..%d)", what, role, who,
-            pg->world_size - 1);
+            pg->id.world_size - 1);
 }
 
 static inline void pg_check_peer(const pg_t *pg, int peer, const char *what) {
     pg_check_rank(pg, peer, "peer", what);
-    if (peer == pg->rank)
+    if (peer == pg->id.rank)
         die("%s: rank %d cannot send to or receive from itself; copy the buffer instead",
             what, peer);
 }
@@ -260,11 +314,12 @@ static inline void pg_check_buffer(const void *buf, size_t count, const char *na
     if (!buf && count > 0) die("%s: the %s buffer is NULL", what, name);
 }
 
-// ---------------------------------------------------------------- staging (cpu backend, GPU buffers)
+// ---------------------------------------------------------------- staging (host backends, GPU buffers)
 //
-// The cpu backend only touches host memory. When the caller's buffers are on
-// a GPU we copy inputs to a host buffer, communicate, and copy the result
-// back: slower than NCCL, but it works with any number of ranks per GPU.
+// The cpu and mpi backends only touch host memory. When the caller's
+// buffers are on a GPU we copy inputs to a host buffer, communicate, and
+// copy the result back: slower than NCCL, but it works with any number of
+// ranks per GPU.
 
 static inline void *pg_host_buffer(pg_t *pg, int slot, size_t bytes) {
     if (pg->host_bytes[slot] < bytes) {
@@ -296,27 +351,25 @@ static inline void pg_unstage(pg_t *pg, void *buf, const void *host, size_t byte
 
 // ---------------------------------------------------------------- point-to-point
 
+static inline pg_request_t *pg_new_request(pg_t *pg, size_t bytes) {
+    pg_request_t *req = xcalloc(1, sizeof *req);
+    req->pg = pg;
+    req->bytes = bytes;
+    return req;
+}
+
 static inline pg_request_t *pg_isend(pg_t *pg, const void *buf, size_t count, dtype_t t,
                                      int peer) {
     size_t bytes = pg_bytes(pg, count, t, 1, "isend");
     pg_check_peer(pg, peer, "isend");
     pg_check_buffer(buf, count, "send", "isend");
-    pg_request_t *req = xcalloc(1, sizeof *req);
-    req->pg = pg;
-    req->bytes = bytes;
-#ifdef COURSE_CUDA
-    if (pg->nccl) {
-        req->nccl = nccl_isend(pg->nccl, buf, count, t, peer);
-        return req;
-    }
-#endif
+    pg_request_t *req = pg_new_request(pg, bytes);
     if (pg->stage) {   // the copy is taken now: the caller may reuse buf at once
         req->staged = xmalloc(bytes);
         device_to_host(&pg->device, req->staged, buf, bytes);
         buf = req->staged;
     }
-    if (pg->mpi) req->mpi = mpi_isend(pg->mpi, buf, count, t, peer);
-    else req->cpu = cpu_isend(pg->cpu, buf, bytes, peer);
+    req->req = pg->backend->isend(pg->impl, buf, count, t, peer);
     return req;
 }
 
@@ -324,22 +377,13 @@ static inline pg_request_t *pg_irecv(pg_t *pg, void *buf, size_t count, dtype_t 
     size_t bytes = pg_bytes(pg, count, t, 1, "irecv");
     pg_check_peer(pg, peer, "irecv");
     pg_check_buffer(buf, count, "receive", "irecv");
-    pg_request_t *req = xcalloc(1, sizeof *req);
-    req->pg = pg;
-    req->bytes = bytes;
-#ifdef COURSE_CUDA
-    if (pg->nccl) {
-        req->nccl = nccl_irecv(pg->nccl, buf, count, t, peer);
-        return req;
-    }
-#endif
+    pg_request_t *req = pg_new_request(pg, bytes);
     if (pg->stage) {
         req->staged = xmalloc(bytes);
         req->device_dst = buf;
         buf = req->staged;
     }
-    if (pg->mpi) req->mpi = mpi_irecv(pg->mpi, buf, count, t, peer);
-    else req->cpu = cpu_irecv(pg->cpu, buf, bytes, peer);
+    req->req = pg->backend->irecv(pg->impl, buf, count, t, peer);
     return req;
 }
 
@@ -354,11 +398,7 @@ static inline void pg_request_unstage(pg_request_t *req) {
 // Has it completed? Never blocks (it does move data along, see pg_cpu.h).
 // A completed request must still be passed to pg_wait, which frees it.
 static inline bool pg_test(pg_request_t *req) {
-    bool done;
-#ifdef COURSE_CUDA
-    if (req->nccl) return nccl_test(req->pg->nccl, req->nccl);
-#endif
-    done = req->mpi ? mpi_test(req->mpi) : cpu_test(req->pg->cpu, req->cpu);
+    bool done = req->pg->backend->test(req->pg->impl, req->req);
     if (done) pg_request_unstage(req);
     return done;
 }
@@ -366,17 +406,8 @@ static inline bool pg_test(pg_request_t *req) {
 // Blocks until the request completes (or the pg's timeout ends the program),
 // then frees it.
 static inline void pg_wait(pg_request_t *req) {
-#ifdef COURSE_CUDA
-    if (req->nccl) nccl_wait_request(req->pg->nccl, req->nccl);
-#endif
-    if (req->cpu) {
-        cpu_wait_request(req->pg->cpu, req->cpu);
-        pg_request_unstage(req);
-    }
-    if (req->mpi) {
-        mpi_wait_request(req->mpi);
-        pg_request_unstage(req);
-    }
+    req->pg->backend->wait(req->pg->impl, req->req);
+    pg_request_unstage(req);
     free(req->staged);
     free(req);
 }
@@ -391,9 +422,11 @@ static inline void pg_recv(pg_t *pg, void *buf, size_t count, dtype_t t, int pee
 
 // ---------------------------------------------------------------- collectives
 //
-// Each function checks its arguments, returns at once for count 0 (every
-// rank passes the same count, so every rank returns), and then either calls
-// NCCL or stages the buffers and calls the cpu backend.
+// Every collective goes through pg_collective: it checks the arguments
+// (pg_backend.h's table says which buffers each collective reads and
+// writes, and how large they are), returns at once for count 0 (every rank
+// passes the same count, so every rank returns), stages the buffers of a
+// host backend, and calls the backend.
 
 // COURSE_DEBUG=INFO|DETAIL (pg_debug.h): name the call and everything the
 // ranks must agree on; root < 0 and op < 0 when the collective has none.
@@ -408,240 +441,147 @@ static inline void pg_announce(pg_t *pg, const char *name, size_t count, dtype_t
     pg_debug_collective(&pg->debug, what);
 }
 
-static inline void pg_broadcast(pg_t *pg, void *buf, size_t count, dtype_t t, int root) {
-    pg_announce(pg, "broadcast", count, t, -1, root);
-    size_t bytes = pg_bytes(pg, count, t, 1, "broadcast");
-    pg_check_rank(pg, root, "root", "broadcast");
-    pg_check_buffer(buf, count, "", "broadcast");
+// The checks every collective makes; the bytes it reads and writes in *in, *out.
+static inline void pg_check_collective(pg_t *pg, pg_coll_t c, const void *send, const void *recv, size_t count,
+                                       dtype_t t, redop_t op, int root, size_t *in, size_t *out) {
+    const pg_coll_shape_t *s = &pg_coll_shapes[c];
+    pg_announce(pg, s->name, count, t, s->has_op ? (int)op : -1, s->has_root ? root : -1);
+    size_t world = (size_t)pg->id.world_size;
+    *in = pg_bytes(pg, count, t, s->send_blocks == PG_BLOCKS ? world : 1, s->name);
+    *out = pg_bytes(pg, count, t, s->recv_blocks == PG_BLOCKS ? world : 1, s->name);
+    if (s->has_op) pg_check_reduction(t, op, s->name);
+    if (s->has_root) pg_check_rank(pg, root, "root", s->name);
+    if (pg_who_includes(s->send_who, pg->id.rank, root))
+        pg_check_buffer(send, count, c == PG_BROADCAST ? "" : "send", s->name);
+    if (pg_who_includes(s->recv_who, pg->id.rank, root))
+        pg_check_buffer(recv, count, c == PG_BROADCAST ? "" : "receive", s->name);
+}
+
+static inline void pg_collective(pg_t *pg, pg_coll_t c, const void *send, void *recv, size_t count, dtype_t t,
+                                 redop_t op, int root) {
+    const pg_coll_shape_t *s = &pg_coll_shapes[c];
+    size_t in, out;
+    pg_check_collective(pg, c, send, recv, count, t, op, root, &in, &out);
     if (count == 0) return;
-#ifdef COURSE_CUDA
-    if (pg->nccl) { nccl_broadcast(pg->nccl, buf, count, t, root); return; }
-#endif
-    void *host = pg_stage_out(pg, 0, buf, bytes);
-    if (pg->rank == root && host != buf) device_to_host(&pg->device, host, buf, bytes);
-    if (pg->mpi) mpi_broadcast(pg->mpi, host, count, t, root);
-    else cpu_broadcast(pg->cpu, host, bytes, root);
-    if (pg->rank != root) pg_unstage(pg, buf, host, bytes);
+    bool sends = pg_who_includes(s->send_who, pg->id.rank, root);
+    bool receives = pg_who_includes(s->recv_who, pg->id.rank, root);
+    if (!pg->stage) {
+        pg->backend->collective(pg->impl, c, send, recv, count, t, op, root);
+        return;
+    }
+    // In place (send == recv, as broadcast always is): one host buffer for both.
+    bool in_place = send == recv && in == out;
+    const void *hs = sends ? pg_stage_in(pg, 0, send, in) : NULL;
+    void *hr = NULL;
+    if (in_place) hr = sends ? (void *)hs : pg_stage_out(pg, 0, recv, out);
+    else if (receives) hr = pg_stage_out(pg, 1, recv, out);
+    pg->backend->collective(pg->impl, c, hs, hr, count, t, op, root);
+    if (receives) pg_unstage(pg, recv, hr, out);
+}
+
+// buf is the root's input and everyone else's output.
+static inline void pg_broadcast(pg_t *pg, void *buf, size_t count, dtype_t t, int root) {
+    pg_collective(pg, PG_BROADCAST, buf, buf, count, t, OP_SUM, root);
 }
 
 // recv is used at the root only (other ranks may pass NULL).
 static inline void pg_reduce(pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
                              redop_t op, int root) {
-    pg_announce(pg, "reduce", count, t, (int)op, root);
-    size_t bytes = pg_bytes(pg, count, t, 1, "reduce");
-    pg_check_reduction(t, op, "reduce");
-    pg_check_rank(pg, root, "root", "reduce");
-    pg_check_buffer(send, count, "send", "reduce");
-    if (pg->rank == root) pg_check_buffer(recv, count, "receive", "reduce");
-    if (count == 0) return;
-#ifdef COURSE_CUDA
-    if (pg->nccl) { nccl_reduce(pg->nccl, send, recv, count, t, op, root); return; }
-#endif
-    void *out = pg->rank == root ? recv : NULL;
-    const void *hs = pg_stage_in(pg, 0, send, bytes);
-    void *hr = pg_stage_out(pg, 1, out, bytes);
-    if (pg->mpi) mpi_reduce(pg->mpi, hs, hr, count, t, op, root);
-    else cpu_reduce(pg->cpu, hs, hr, count, t, op, root);
-    pg_unstage(pg, out, hr, bytes);
+    pg_collective(pg, PG_REDUCE, send, recv, count, t, op, root);
 }
 
 static inline void pg_all_reduce(pg_t *pg, const void *send, void *recv, size_t count,
                                  dtype_t t, redop_t op) {
-    pg_announce(pg, "all_reduce", count, t, (int)op, -1);
-    size_t bytes = pg_bytes(pg, count, t, 1, "all_reduce");
-    pg_check_reduction(t, op, "all_reduce");
-    pg_check_buffer(send, count, "send", "all_reduce");
-    pg_check_buffer(recv, count, "receive", "all_reduce");
-    if (count == 0) return;
-#ifdef COURSE_CUDA
-    if (pg->nccl) { nccl_all_reduce(pg->nccl, send, recv, count, t, op); return; }
-#endif
-    const void *hs = pg_stage_in(pg, 0, send, bytes);
-    void *hr = pg_stage_out(pg, 1, recv, bytes);
-    if (pg->mpi) mpi_all_reduce(pg->mpi, hs, hr, count, t, op);
-    else cpu_all_reduce(pg->cpu, hs, hr, count, t, op);
-    pg_unstage(pg, recv, hr, bytes);
+    pg_collective(pg, PG_ALL_REDUCE, send, recv, count, t, op, -1);
 }
 
 // recv holds world_size * count elements at the root (others may pass NULL).
 static inline void pg_gather(pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
                              int root) {
-    pg_announce(pg, "gather", count, t, -1, root);
-    size_t bytes = pg_bytes(pg, count, t, 1, "gather");
-    size_t all = pg_bytes(pg, count, t, (size_t)pg->world_size, "gather");
-    pg_check_rank(pg, root, "root", "gather");
-    pg_check_buffer(send, count, "send", "gather");
-    if (pg->rank == root) pg_check_buffer(recv, count, "receive", "gather");
-    if (count == 0) return;
-#ifdef COURSE_CUDA
-    if (pg->nccl) { nccl_gather(pg->nccl, send, recv, count, t, root); return; }
-#endif
-    void *out = pg->rank == root ? recv : NULL;
-    const void *hs = pg_stage_in(pg, 0, send, bytes);
-    void *hr = pg_stage_out(pg, 1, out, all);
-    if (pg->mpi) mpi_gather(pg->mpi, hs, hr, count, t, root);
-    else cpu_gather(pg->cpu, hs, hr, bytes, root);
-    pg_unstage(pg, out, hr, all);
+    pg_collective(pg, PG_GATHER, send, recv, count, t, OP_SUM, root);
 }
 
 // count elements per rank; recv holds world_size * count, rank r's part at r * count.
 static inline void pg_all_gather(pg_t *pg, const void *send, void *recv, size_t count,
                                  dtype_t t) {
-    pg_announce(pg, "all_gather", count, t, -1, -1);
-    size_t bytes = pg_bytes(pg, count, t, 1, "all_gather");
-    size_t all = pg_bytes(pg, count, t, (size_t)pg->world_size, "all_gather");
-    pg_check_buffer(send, count, "send", "all_gather");
-    pg_check_buffer(recv, count, "receive", "all_gather");
-    if (count == 0) return;
-#ifdef COURSE_CUDA
-    if (pg->nccl) { nccl_all_gather(pg->nccl, send, recv, count, t); return; }
-#endif
-    const void *hs = pg_stage_in(pg, 0, send, bytes);
-    void *hr = pg_stage_out(pg, 1, recv, all);
-    if (pg->mpi) mpi_all_gather(pg->mpi, hs, hr, count, t);
-    else cpu_all_gather(pg->cpu, hs, hr, bytes);
-    pg_unstage(pg, recv, hr, all);
+    pg_collective(pg, PG_ALL_GATHER, send, recv, count, t, OP_SUM, -1);
 }
 
 // send holds world_size * count elements at the root (others may pass NULL).
 static inline void pg_scatter(pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
                               int root) {
-    pg_announce(pg, "scatter", count, t, -1, root);
-    size_t bytes = pg_bytes(pg, count, t, 1, "scatter");
-    size_t all = pg_bytes(pg, count, t, (size_t)pg->world_size, "scatter");
-    pg_check_rank(pg, root, "root", "scatter");
-    if (pg->rank == root) pg_check_buffer(send, count, "send", "scatter");
-    pg_check_buffer(recv, count, "receive", "scatter");
-    if (count == 0) return;
-#ifdef COURSE_CUDA
-    if (pg->nccl) { nccl_scatter(pg->nccl, send, recv, count, t, root); return; }
-#endif
-    const void *in = pg->rank == root ? send : NULL;
-    const void *hs = pg_stage_in(pg, 0, in, all);
-    void *hr = pg_stage_out(pg, 1, recv, bytes);
-    if (pg->mpi) mpi_scatter(pg->mpi, hs, hr, count, t, root);
-    else cpu_scatter(pg->cpu, hs, hr, bytes, root);
-    pg_unstage(pg, recv, hr, bytes);
+    pg_collective(pg, PG_SCATTER, send, recv, count, t, OP_SUM, root);
 }
 
 // send holds world_size * count elements; rank r receives the reduction of block r.
 static inline void pg_reduce_scatter(pg_t *pg, const void *send, void *recv, size_t count,
                                      dtype_t t, redop_t op) {
-    pg_announce(pg, "reduce_scatter", count, t, (int)op, -1);
-    size_t bytes = pg_bytes(pg, count, t, 1, "reduce_scatter");
-    size_t all = pg_bytes(pg, count, t, (size_t)pg->world_size, "reduce_scatter");
-    pg_check_reduction(t, op, "reduce_scatter");
-    pg_check_buffer(send, count, "send", "reduce_scatter");
-    pg_check_buffer(recv, count, "receive", "reduce_scatter");
-    if (count == 0) return;
-#ifdef COURSE_CUDA
-    if (pg->nccl) { nccl_reduce_scatter(pg->nccl, send, recv, count, t, op); return; }
-#endif
-    const void *hs = pg_stage_in(pg, 0, send, all);
-    void *hr = pg_stage_out(pg, 1, recv, bytes);
-    if (pg->mpi) mpi_reduce_scatter(pg->mpi, hs, hr, count, t, op);
-    else cpu_reduce_scatter(pg->cpu, hs, hr, count, t, op);
-    pg_unstage(pg, recv, hr, bytes);
+    pg_collective(pg, PG_REDUCE_SCATTER, send, recv, count, t, op, -1);
 }
 
 // count elements per peer: block p of send goes to rank p, and block p of
 // recv comes from rank p.
 static inline void pg_all_to_all(pg_t *pg, const void *send, void *recv, size_t count,
                                  dtype_t t) {
-    pg_announce(pg, "all_to_all", count, t, -1, -1);
-    size_t bytes = pg_bytes(pg, count, t, 1, "all_to_all");
-    size_t all = pg_bytes(pg, count, t, (size_t)pg->world_size, "all_to_all");
-    pg_check_buffer(send, count, "send", "all_to_all");
-    pg_check_buffer(recv, count, "receive", "all_to_all");
-    if (count == 0) return;
-#ifdef COURSE_CUDA
-    if (pg->nccl) { nccl_all_to_all(pg->nccl, send, recv, count, t); return; }
-#endif
-    const void *hs = pg_stage_in(pg, 0, send, all);
-    void *hr = pg_stage_out(pg, 1, recv, all);
-    if (pg->mpi) mpi_all_to_all(pg->mpi, hs, hr, count, t);
-    else cpu_all_to_all(pg->cpu, hs, hr, bytes);
-    pg_unstage(pg, recv, hr, all);
+    pg_collective(pg, PG_ALL_TO_ALL, send, recv, count, t, OP_SUM, -1);
 }
 
 // Returns once every rank has called it.
 static inline void pg_barrier(pg_t *pg) {
     pg_debug_collective(&pg->debug, "barrier()");
-#ifdef COURSE_CUDA
-    if (pg->nccl) { nccl_barrier(pg->nccl); return; }
-#endif
-    if (pg->mpi) mpi_barrier(pg->mpi);
-    else cpu_barrier(pg->cpu);
+    pg->backend->barrier(pg->impl);
 }
 
-#ifdef COURSE_CUDA
 // ---------------------------------------------------------------- overlapping with the GPU
 //
 // Every call above returns when its result is ready. DDP on a GPU wants
 // more: to all-reduce one bucket of gradients while the GPU is still
 // computing the next, so that communication hides behind computation.
 // pg_all_reduce_after(pg, buf, ..., ready) all-reduces (in place) a GPU
-// buffer that becomes final when the event `ready` happens:
+// buffer that becomes final when the CUDA event `ready` (a cudaEvent_t)
+// happens:
 //   - nccl: queued on the group's stream behind `ready`; returns at once.
-//   - cpu (GPU buffers staged through host memory): waits for `ready`,
+//   - cpu, mpi (GPU buffers staged through host memory): waits for `ready`,
 //     then runs now; no overlap, the same result.
-// pg_wait_queued returns when everything queued so has finished (or stops
-// the job with a message, as the blocking calls do).
+// pg_reduce_scatter_after and pg_all_gather_after do the same for ZeRO's
+// collectives (chapter 09), and record the event `done` (unless NULL) once
+// their result is there: a stream that waits for `done`
+// (cudaStreamWaitEvent) uses the result without the host waiting. `ready`
+// may be NULL: behind nothing.
+// pg_wait_queued returns when everything queued so far has finished (or
+// stops the job with a message, as the blocking calls do).
+static inline void pg_collective_after(pg_t *pg, pg_coll_t c, const void *send, void *recv, size_t count,
+                                       dtype_t t, redop_t op, pg_event_t ready, pg_event_t done) {
+    if (!pg->backend->collective_after) {
+        device_wait_event(&pg->device, ready);
+        pg_collective(pg, c, send, recv, count, t, op, -1);
+        device_record_event(&pg->device, done);   // the result is in place already
+        return;
+    }
+    size_t in, out;
+    pg_check_collective(pg, c, send, recv, count, t, op, -1, &in, &out);
+    pg->backend->collective_after(pg->impl, c, send, recv, count, t, op, ready, done);
+}
+
 static inline void pg_all_reduce_after(pg_t *pg, void *buf, size_t count, dtype_t t, redop_t op,
-                                       cudaEvent_t ready) {
-    if (pg->nccl) {
-        pg_announce(pg, "all_reduce", count, t, (int)op, -1);
-        pg_bytes(pg, count, t, 1, "all_reduce");
-        pg_check_reduction(t, op, "all_reduce");
-        if (count > 0) nccl_all_reduce_after(pg->nccl, buf, count, t, op, ready);
-        return;
-    }
-    CHECK_CUDA(cudaEventSynchronize(ready));
-    pg_all_reduce(pg, buf, buf, count, t, op);
+                                       pg_event_t ready) {
+    pg_collective_after(pg, PG_ALL_REDUCE, buf, buf, count, t, op, ready, NULL);
 }
 
-// The same for a reduce-scatter and an all-gather of GPU buffers (ZeRO-2
-// and 3, chapter 09), queued behind `ready` (NULL: behind nothing) and,
-// when `done` is not NULL, recorded into it once the result is there: a
-// stream that waits for `done` (cudaStreamWaitEvent) can use the result
-// without the host waiting for anything. cpu: waits for `ready`, runs now,
-// and records `done` on the legacy stream, after the result.
-static inline void pg_after_done(pg_t *pg, cudaEvent_t done) {
-    if (done) CHECK_CUDA(cudaEventRecord(done, pg->nccl ? nccl_stream(pg->nccl) : cudaStreamLegacy));
-}
-
+// send holds world_size * count elements; rank r receives the reduction of block r.
 static inline void pg_reduce_scatter_after(pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
-                                           redop_t op, cudaEvent_t ready, cudaEvent_t done) {
-    if (pg->nccl && !redop_is_bitwise(op)) {
-        pg_announce(pg, "reduce_scatter", count, t, (int)op, -1);
-        pg_bytes(pg, count, t, (size_t)pg->world_size, "reduce_scatter");
-        pg_check_reduction(t, op, "reduce_scatter");
-        if (count > 0) nccl_reduce_scatter_after(pg->nccl, send, recv, count, t, op, ready);
-        pg_after_done(pg, done);
-        return;
-    }
-    if (ready) CHECK_CUDA(cudaEventSynchronize(ready));
-    pg_reduce_scatter(pg, send, recv, count, t, op);
-    pg_after_done(pg, done);
+                                           redop_t op, pg_event_t ready, pg_event_t done) {
+    pg_collective_after(pg, PG_REDUCE_SCATTER, send, recv, count, t, op, ready, done);
 }
 
+// recv holds world_size * count elements, rank r's part at r * count.
 static inline void pg_all_gather_after(pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
-                                       cudaEvent_t ready, cudaEvent_t done) {
-    if (pg->nccl) {
-        pg_announce(pg, "all_gather", count, t, -1, -1);
-        pg_bytes(pg, count, t, (size_t)pg->world_size, "all_gather");
-        if (count > 0) nccl_all_gather_after(pg->nccl, send, recv, count, t, ready);
-        pg_after_done(pg, done);
-        return;
-    }
-    if (ready) CHECK_CUDA(cudaEventSynchronize(ready));
-    pg_all_gather(pg, send, recv, count, t);
-    pg_after_done(pg, done);
+                                       pg_event_t ready, pg_event_t done) {
+    pg_collective_after(pg, PG_ALL_GATHER, send, recv, count, t, OP_SUM, ready, done);
 }
 
 static inline void pg_wait_queued(pg_t *pg) {
-    if (pg->nccl) nccl_wait_queued(pg->nccl);
+    if (pg->backend->wait_queued) pg->backend->wait_queued(pg->impl);
 }
-#endif
 
 #endif

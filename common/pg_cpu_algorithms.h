@@ -1,5 +1,5 @@
 // pg_cpu_algorithms.h - the cpu backend's collectives (layer 4 of pg_cpu.h),
-// each written with the transport's verbs (pg_cpu_transport.h): post a send,
+// each written with the transport's verbs (pg_cpu_progress.h): post a send,
 // post a receive (which may add what arrives to a buffer), wait, and
 // exchange with a peer.
 //
@@ -13,7 +13,7 @@
 #ifndef COURSE_PG_CPU_ALGORITHMS_H
 #define COURSE_PG_CPU_ALGORITHMS_H
 
-#include "pg_cpu_transport.h"
+#include "pg_cpu_progress.h"
 
 // ---------------------------------------------------------------- algorithms: helpers
 

@@ -1,13 +1,16 @@
 // pg_cpu_setup.h - how the ranks of the cpu backend (pg_cpu.h) connect:
 // each publishes a listening address through the store and connects to
 // every other rank over TCP; ranks of one host then also share a segment of
-// shared memory with a ring per ordered pair. cpu_create and cpu_destroy
-// are what pg.h calls.
+// shared memory with a ring per ordered pair. A sub-group (pg_split) is set
+// up the same way, with sockets and rings of its own, under store keys of
+// its own: its collectives never wait for another group's.
+// cpu_create and cpu_destroy are what pg_cpu.h's table calls.
 #ifndef COURSE_PG_CPU_SETUP_H
 #define COURSE_PG_CPU_SETUP_H
 
+#include "pg_backend.h"
 #include "pg_cpu_algorithms.h"
-#include "pg_cpu_transport.h"
+#include "pg_cpu_progress.h"
 
 // ---------------------------------------------------------------- setting up: TCP
 
@@ -74,12 +77,12 @@ static inline int cpu_listen(const char *ip, int backlog, int *port) {
 }
 
 // Every rank publishes where it listens ("ip port host") and reads everyone's.
-static inline void cpu_share_addresses(cpu_pg_t *pg, store_t *st, int generation, int port,
+static inline void cpu_share_addresses(cpu_pg_t *pg, store_t *st, const char *group, int port,
                                        const char *ip, cpu_address_t *all) {
     enum { TEXT = 320 };
-    char stem[64], mine[TEXT], host[200];
+    char stem[96], mine[TEXT], host[200];
     cpu_host_key(host, sizeof host);
-    snprintf(stem, sizeof stem, "pg%d/addr", generation);
+    snprintf(stem, sizeof stem, "%s/addr", group);
     snprintf(mine, sizeof mine, "%s %d %s", ip, port, host);
     char *text = xmalloc((size_t)pg->world * TEXT);
     store_all_gather(st, stem, pg->rank, pg->world, mine, text, TEXT, pg->timeout_s);
@@ -97,10 +100,10 @@ static inline void cpu_share_addresses(cpu_pg_t *pg, store_t *st, int generation
                 "tcp:// address)", r, all[r].ip);
 }
 
-static inline uint64_t cpu_share_nonce(cpu_pg_t *pg, store_t *st, int generation) {
-    char key[64];
+static inline uint64_t cpu_share_nonce(cpu_pg_t *pg, store_t *st, const char *group) {
+    char key[96];
     uint64_t nonce = store_random_u64();
-    snprintf(key, sizeof key, "pg%d/nonce", generation);
+    snprintf(key, sizeof key, "%s/nonce", group);
     if (store_broadcast(st, key, pg->rank, &nonce, sizeof nonce, sizeof nonce, pg->timeout_s) !=
         sizeof nonce)
         die("process group: the store holds a malformed group id");
@@ -183,12 +186,12 @@ static inline void cpu_accept_higher(cpu_pg_t *pg, int listen_fd, uint64_t nonce
 }
 
 // Every rank publishes where it listens, then connects to every other rank.
-static inline void cpu_connect_all(cpu_pg_t *pg, store_t *st, int generation, cpu_address_t *all,
+static inline void cpu_connect_all(cpu_pg_t *pg, store_t *st, const char *group, cpu_address_t *all,
                                    uint64_t *nonce) {
     double deadline = now_seconds() + pg->timeout_s;
     char ip[64];
     int port;
-    *nonce = cpu_share_nonce(pg, st, generation);
+    *nonce = cpu_share_nonce(pg, st, group);
     // COURSE_SOCKET_IFNAME (or GLOO_/NCCL_SOCKET_IFNAME) picks the interface,
     // as NCCL_SOCKET_IFNAME does for NCCL; otherwise the one that reaches the store.
     const char *variable;
@@ -196,7 +199,7 @@ static inline void cpu_connect_all(cpu_pg_t *pg, store_t *st, int generation, cp
     if (spec) snprintf(ip, sizeof ip, "%s", netif_choose(spec, variable, st->host).ip);
     else cpu_local_address(st, ip, sizeof ip);
     int listen_fd = cpu_listen(ip, pg->world, &port);
-    cpu_share_addresses(pg, st, generation, port, ip, all);
+    cpu_share_addresses(pg, st, group, port, ip, all);
     cpu_connect_lower(pg, all, *nonce, deadline);
     cpu_accept_higher(pg, listen_fd, *nonce, deadline);
     close(listen_fd);
@@ -212,8 +215,9 @@ typedef struct {
 
 static inline size_t cpu_page_round(size_t bytes) { return (bytes + 4095) & ~(size_t)4095; }
 
-static inline cpu_shm_layout_t cpu_shm_layout(int members) {
-    cpu_shm_layout_t l = {.members = members, .ring_bytes = CPU_RING_MAX};
+// Rings of at most max_ring bytes, halved until all of them fit the budget.
+static inline cpu_shm_layout_t cpu_shm_layout(int members, size_t max_ring) {
+    cpu_shm_layout_t l = {.members = members, .ring_bytes = max_ring};
     size_t pairs = (size_t)members * (size_t)(members - 1);
     while (l.ring_bytes > CPU_RING_MIN && l.ring_bytes * pairs > CPU_SHM_BUDGET) l.ring_bytes /= 2;
     l.bells = 4096;   // after the header
@@ -370,11 +374,12 @@ static inline void cpu_bind_to_cores(int me, int members) {
 
 // Point the peers of this host at their rings and doorbells.
 static inline void cpu_shm_wire(cpu_pg_t *pg, char *base, const int *members, int me,
-                                const cpu_shm_layout_t *l) {
+                                const cpu_shm_layout_t *l, const cpu_pg_t *parent) {
     cpu_shm_bell_t *bells = (cpu_shm_bell_t *)(base + l->bells);
     cpu_shm_ring_ctl_t *ctls = (cpu_shm_ring_ctl_t *)(base + l->rings);
     pg->shm_base = base;
     pg->shm_bytes = l->total;
+    pg->ring_bytes = l->ring_bytes;
     pg->bell = &bells[me];
     atomic_store(&pg->bell->core, sched_getcpu());
     for (int i = 0; i < l->members; i++) {
@@ -388,13 +393,22 @@ static inline void cpu_shm_wire(cpu_pg_t *pg, char *base, const int *members, in
         p->bell = &bells[i];
         p->shm = true;
     }
-    // Spin only if every local rank can have a core of its own.
+    // Spin only if every local rank can have a core of its own. A sub-group
+    // has fewer local ranks than the host runs: it keeps its parent's answer
+    // and its parent's binding.
+    if (parent) {
+        pg->spin = parent->spin;
+        return;
+    }
     pg->spin = cpu_usable_cores() >= l->members;
     cpu_bind_to_cores(me, l->members);
 }
 
+// A sub-group's rings are no larger than its parent's: however many groups a
+// rank belongs to, the host's shared memory stays within a few times the
+// first group's (CPU_SHM_BUDGET).
 static inline void cpu_setup_shm(cpu_pg_t *pg, const cpu_address_t *all, uint64_t nonce,
-                                 char *why, size_t size) {
+                                 const cpu_pg_t *parent, char *why, size_t size) {
     const char *env = getenv("COURSE_SHM");
     if (env && !strcmp(env, "0")) {
         snprintf(why, size, "turned off by COURSE_SHM=0");
@@ -407,15 +421,16 @@ static inline void cpu_setup_shm(cpu_pg_t *pg, const cpu_address_t *all, uint64_
         members[count++] = r;
     }
     if (count >= 2) {
-        cpu_shm_layout_t l = cpu_shm_layout(count);
+        size_t max_ring = !parent ? CPU_RING_MAX : parent->ring_bytes ? parent->ring_bytes : CPU_RING_MIN;
+        cpu_shm_layout_t l = cpu_shm_layout(count, max_ring);
         char *base = me == 0 ? cpu_shm_lead(pg, members, &l, nonce, why, size)
                              : cpu_shm_join(pg, members[0], &l, nonce, why, size);
-        if (base) cpu_shm_wire(pg, base, members, me, &l);
+        if (base) cpu_shm_wire(pg, base, members, me, &l, parent);
     }
     free(members);
 }
 
-// Single copy (see pg_cpu_transport.h) needs the right to read a peer's
+// Single copy (see pg_cpu_message.h) needs the right to read a peer's
 // memory, which Linux gives to a process that could ptrace the peer: the
 // same user, and where Yama's ptrace_scope is 1 (Ubuntu's default) only if
 // the peer allows it with prctl(PR_SET_PTRACER), which MPI also calls. Each
@@ -473,10 +488,13 @@ static inline void cpu_describe(cpu_pg_t *pg, const char *shm_why) {
         snprintf(pg->transport, sizeof pg->transport, "TCP sockets");
 }
 
-static inline cpu_pg_t *cpu_create(const pg_config_t *cfg, double timeout_s, int generation) {
+// A group of id->world_size ranks whose store keys start with id->key.
+// parent: the group a sub-group is split from (NULL for a job's first group).
+static inline cpu_pg_t *cpu_create(store_t *store, const pg_group_id_t *id, double timeout_s,
+                                   const cpu_pg_t *parent) {
     cpu_pg_t *pg = xcalloc(1, sizeof *pg);
-    pg->rank = cfg->rank;
-    pg->world = cfg->world_size;
+    pg->rank = id->rank;
+    pg->world = id->world_size;
     pg->timeout_s = timeout_s;
     pg->tag = CPU_TAG_SETUP;
     pg->peers = xcalloc((size_t)pg->world, sizeof *pg->peers);
@@ -493,9 +511,9 @@ static inline cpu_pg_t *cpu_create(const pg_config_t *cfg, double timeout_s, int
     cpu_address_t *all = xcalloc(n, sizeof *all);
     uint64_t nonce;
     char shm_why[160] = "";
-    cpu_connect_all(pg, cfg->store, generation, all, &nonce);
+    cpu_connect_all(pg, store, id->key, all, &nonce);
     cpu_sort_peers(pg);
-    cpu_setup_shm(pg, all, nonce, shm_why, sizeof shm_why);
+    cpu_setup_shm(pg, all, nonce, parent, shm_why, sizeof shm_why);
     cpu_sort_peers(pg);
     cpu_setup_single_copy(pg, nonce);
     cpu_describe(pg, shm_why);

@@ -33,7 +33,7 @@ typedef struct {
     pg_debug_level_t level;
     store_t *store;        // the rendezvous store (DETAIL only)
     int rank, world_size;
-    int generation;        // which process group: keys never collide across groups
+    char group[64];        // which process group: its store keys never meet another's
     unsigned long calls;   // collectives called so far by this rank
     double timeout_s;
 } pg_debug_t;
@@ -47,16 +47,17 @@ static inline pg_debug_level_t pg_debug_level_from_env(void) {
     return PG_DEBUG_OFF;
 }
 
-static inline pg_debug_t pg_debug_start(store_t *store, int rank, int world_size, int generation,
+static inline pg_debug_t pg_debug_start(store_t *store, int rank, int world_size, const char *group,
                                       double timeout_s) {
-    pg_debug_t d = {pg_debug_level_from_env(), store, rank, world_size, generation, 0, timeout_s};
+    pg_debug_t d = {pg_debug_level_from_env(), store, rank, world_size, "", 0, timeout_s};
+    snprintf(d.group, sizeof d.group, "%s", group);
     if (d.level == PG_DEBUG_DETAIL && (!store || world_size < 2)) d.level = PG_DEBUG_INFO;
     return d;
 }
 
 static inline void pg_debug_key(const pg_debug_t *d, unsigned long call, int rank, char *key,
                                 size_t size) {
-    snprintf(key, size, "debug/%d/%lu/%d", d->generation, call, rank);
+    snprintf(key, size, "%s/debug/%lu/%d", d->group, call, rank);
 }
 
 // Every rank publishes call n's description, then reads everyone's. A rank

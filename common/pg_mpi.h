@@ -31,14 +31,18 @@
 // <MPI_Error_string>". A rank that dies is noticed by mpirun, which ends
 // the others; MPI has no timeouts of its own, so --timeout does not apply.
 //
+//   sub-groups (pg_split)   MPI_Comm_split (MPI_UNDEFINED for no group)
+//
 // GPU buffers are staged through host memory by pg.h, as for the cpu backend.
+// pg.h calls this file through the table at its end (pg_backend.h).
 //
 // Start-up (pg_mpi_start, called by dist_init): MPI_Init, then rank 0 tells
 // the others, through MPI, the address of the rendezvous store it is about
 // to serve (MASTER_ADDR, MASTER_PORT, unless already set), so that the
 // course's start-up (rendezvous, version check) runs unchanged under mpirun.
 // The build defines COURSE_MPI when it finds MPI (common/detect.mk); without
-// it, --backend mpi says how to get it.
+// it, the table says why there is no mpi backend, and --backend mpi says how
+// to get one.
 #ifndef COURSE_PG_MPI_H
 #define COURSE_PG_MPI_H
 
@@ -48,6 +52,7 @@
 
 #include "check.h"
 #include "launch_env.h"
+#include "pg_backend.h"
 #include "pg_types.h"
 
 #define PG_MPI_HOW_TO_GET \
@@ -244,6 +249,20 @@ static inline mpi_pg_t *mpi_create(const pg_config_t *cfg) {
     return m;
 }
 
+// MPI_Comm_split: the ranks with our color, ordered by key (then by rank).
+static inline mpi_pg_t *mpi_split(mpi_pg_t *parent, int color, int key) {
+    MPI_Comm comm;
+    mpi_check(MPI_Comm_split(parent->comm, color < 0 ? MPI_UNDEFINED : color, key, &comm), "MPI_Comm_split",
+              "pg_split");
+    if (comm == MPI_COMM_NULL) return NULL;
+    mpi_pg_t *m = xcalloc(1, sizeof *m);
+    m->comm = comm;
+    mpi_check(MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", "pg_split");
+    MPI_Comm_rank(m->comm, &m->rank);
+    MPI_Comm_size(m->comm, &m->world_size);
+    return m;
+}
+
 static inline void mpi_destroy(mpi_pg_t *m) {
     mpi_check(MPI_Comm_free(&m->comm), "MPI_Comm_free", "pg_destroy");
     free(m);
@@ -385,35 +404,71 @@ static inline void mpi_barrier(mpi_pg_t *m) {
     mpi_check(MPI_Barrier(m->comm), "MPI_Barrier", "barrier");
 }
 
+// ---------------------------------------------------------------- the table pg.h calls
+
+static inline void *mpi_backend_create(const pg_config_t *cfg, const pg_group_id_t *id, double timeout_s) {
+    (void)id, (void)timeout_s; // MPI has its own ranks, and no timeouts (see above)
+    return mpi_create(cfg);
+}
+
+static inline void *mpi_backend_split(void *impl, int color, int key, const pg_group_id_t *id, store_t *store,
+                                      double timeout_s) {
+    (void)store, (void)timeout_s;
+    mpi_pg_t *m = mpi_split(impl, color, key);
+    if (m && (m->rank != id->rank || m->world_size != id->world_size))
+        die("pg_split: MPI ranked this process %d of %d, the course %d of %d", m->rank, m->world_size, id->rank,
+            id->world_size);
+    return m;
+}
+
+static inline void mpi_backend_destroy(void *impl) { mpi_destroy(impl); }
+static inline void mpi_backend_describe(void *impl, char *out, size_t size) { (void)impl, mpi_library(out, size); }
+static inline void *mpi_backend_isend(void *impl, const void *buf, size_t count, dtype_t t, int peer) {
+    return mpi_isend(impl, buf, count, t, peer);
+}
+static inline void *mpi_backend_irecv(void *impl, void *buf, size_t count, dtype_t t, int peer) {
+    return mpi_irecv(impl, buf, count, t, peer);
+}
+static inline bool mpi_backend_test(void *impl, void *req) { return (void)impl, mpi_test(req); }
+static inline void mpi_backend_wait(void *impl, void *req) { (void)impl, mpi_wait_request(req); }
+static inline void mpi_backend_barrier(void *impl) { mpi_barrier(impl); }
+
+static inline void mpi_backend_collective(void *impl, pg_coll_t c, const void *send, void *recv, size_t count,
+                                          dtype_t t, redop_t op, int root) {
+    mpi_pg_t *m = impl;
+    switch (c) {
+    case PG_BROADCAST: mpi_broadcast(m, recv, count, t, root); break;
+    case PG_REDUCE: mpi_reduce(m, send, recv, count, t, op, root); break;
+    case PG_ALL_REDUCE: mpi_all_reduce(m, send, recv, count, t, op); break;
+    case PG_GATHER: mpi_gather(m, send, recv, count, t, root); break;
+    case PG_ALL_GATHER: mpi_all_gather(m, send, recv, count, t); break;
+    case PG_SCATTER: mpi_scatter(m, send, recv, count, t, root); break;
+    case PG_REDUCE_SCATTER: mpi_reduce_scatter(m, send, recv, count, t, op); break;
+    case PG_ALL_TO_ALL: mpi_all_to_all(m, send, recv, count, t); break;
+    case PG_COLLECTIVES: break;
+    }
+}
+
+static inline const pg_backend_t *mpi_backend(void) {
+    static const pg_backend_t table = {
+        .name = "mpi", .host_buffers = true,
+        .create = mpi_backend_create, .split = mpi_backend_split, .destroy = mpi_backend_destroy,
+        .describe = mpi_backend_describe, .isend = mpi_backend_isend, .irecv = mpi_backend_irecv,
+        .test = mpi_backend_test, .wait = mpi_backend_wait, .collective = mpi_backend_collective,
+        .barrier = mpi_backend_barrier,
+    };
+    return &table;
+}
+
 #else   // ---------------------------------------------------------------- no MPI in this build
-//
-// pg->mpi is then always NULL and pg.h never reaches these; they exist so
-// that pg.h reads the same in every build.
-typedef struct mpi_pg mpi_pg_t;
-typedef struct mpi_req mpi_req_t;
 
 static inline bool pg_mpi_running(void) { return false; }
 static inline void pg_mpi_start(void) {}
 static inline void pg_mpi_finish(void) {}
 
-__attribute__((noreturn)) static inline void mpi_unbuilt(void) {
-    die("--backend mpi: this build has no MPI; " PG_MPI_HOW_TO_GET);
+static inline const pg_backend_t *mpi_backend(void) {
+    static const pg_backend_t table = PG_MISSING_BACKEND("mpi", "this build has no MPI; " PG_MPI_HOW_TO_GET);
+    return &table;
 }
-#define mpi_create(...) (mpi_unbuilt(), (mpi_pg_t *)NULL)
-#define mpi_destroy(...) mpi_unbuilt()
-#define mpi_library(...) mpi_unbuilt()
-#define mpi_isend(...) (mpi_unbuilt(), (mpi_req_t *)NULL)
-#define mpi_irecv(...) (mpi_unbuilt(), (mpi_req_t *)NULL)
-#define mpi_test(...) (mpi_unbuilt(), false)
-#define mpi_wait_request(...) mpi_unbuilt()
-#define mpi_broadcast(...) mpi_unbuilt()
-#define mpi_reduce(...) mpi_unbuilt()
-#define mpi_all_reduce(...) mpi_unbuilt()
-#define mpi_gather(...) mpi_unbuilt()
-#define mpi_all_gather(...) mpi_unbuilt()
-#define mpi_scatter(...) mpi_unbuilt()
-#define mpi_reduce_scatter(...) mpi_unbuilt()
-#define mpi_all_to_all(...) mpi_unbuilt()
-#define mpi_barrier(...) mpi_unbuilt()
 #endif
 #endif

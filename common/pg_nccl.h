@@ -27,9 +27,15 @@
 // a blocking pg_send completes only when the peer receives: an exchange
 // must post both isend and irecv before waiting (the cpu backend, which can
 // keep early messages aside, has no such limit).
+//
+// A sub-group (pg_split) is ncclCommSplit of the group's communicator: NCCL
+// builds it from what the parent knows, without a new unique id.
+// pg.h calls this file through the table at its end (pg_backend.h); in a
+// build without CUDA the table only says why there is no nccl backend.
 #ifndef COURSE_PG_NCCL_H
 #define COURSE_PG_NCCL_H
 
+#include "pg_backend.h"
 #include "pg_types.h"
 
 #ifdef COURSE_CUDA
@@ -130,10 +136,10 @@ static inline void nccl_wait(nccl_pg_t *pg, cudaEvent_t event) {
 
 // ---------------------------------------------------------------- create and destroy
 
-static inline ncclUniqueId nccl_share_id(nccl_pg_t *pg, store_t *st, int generation) {
+static inline ncclUniqueId nccl_share_id(nccl_pg_t *pg, store_t *st, const char *group) {
     ncclUniqueId id;
-    char key[64];
-    snprintf(key, sizeof key, "pg%d/nccl_id", generation);
+    char key[96];
+    snprintf(key, sizeof key, "%s/nccl_id", group);
     if (pg->rank == 0) CHECK_NCCL(ncclGetUniqueId(&id));
     if (pg->world > 1 &&
         store_broadcast(st, key, pg->rank, &id, sizeof id, sizeof id, pg->timeout_s) != sizeof id)
@@ -141,16 +147,10 @@ static inline ncclUniqueId nccl_share_id(nccl_pg_t *pg, store_t *st, int generat
     return id;
 }
 
-static inline nccl_pg_t *nccl_create(const pg_config_t *cfg, double timeout_s, int generation) {
-    nccl_pg_t *pg = xcalloc(1, sizeof *pg);
-    pg->rank = cfg->rank;
-    pg->world = cfg->world_size;
-    pg->gpu = cfg->device->gpu;
-    pg->timeout_s = timeout_s;
-    pg->op = "pg_create";
-    // NCCL binds a communicator to the device that is current when it is made.
-    CHECK_CUDA(cudaSetDevice(pg->gpu));
-    ncclUniqueId id = nccl_share_id(pg, cfg->store, generation);
+static inline void nccl_flush(nccl_pg_t *pg);
+
+// Our stream and the barrier's scratch int, on the group's GPU.
+static inline void nccl_make_stream(nccl_pg_t *pg) {
     // A stream with the default flags waits for the work the caller queued on
     // the legacy default stream: a collective never reads a buffer before a
     // kernel queued there to compute it has finished. A producer on a
@@ -159,14 +159,56 @@ static inline nccl_pg_t *nccl_create(const pg_config_t *cfg, double timeout_s, i
     CHECK_CUDA(cudaStreamCreate(&pg->stream));
     CHECK_CUDA(cudaMalloc((void **)&pg->scratch, sizeof(int)));
     CHECK_CUDA(cudaMemset(pg->scratch, 0, sizeof(int)));
+}
+
+static inline nccl_pg_t *nccl_new(int rank, int world, int gpu, double timeout_s, const char *op) {
+    nccl_pg_t *pg = xcalloc(1, sizeof *pg);
+    *pg = (nccl_pg_t){.rank = rank, .world = world, .gpu = gpu, .timeout_s = timeout_s, .op = op};
+    // NCCL binds a communicator to the device that is current when it is made.
+    CHECK_CUDA(cudaSetDevice(pg->gpu));
+    nccl_make_stream(pg);
+    return pg;
+}
+
+// A non-blocking communicator: NCCL never holds the host (see the top).
+static inline ncclConfig_t nccl_config(void) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
+    return config;
+}
+
+static inline nccl_pg_t *nccl_create(const pg_config_t *cfg, const pg_group_id_t *group, double timeout_s) {
+    nccl_pg_t *pg = nccl_new(group->rank, group->world_size, cfg->device->gpu, timeout_s, "pg_create");
+    ncclUniqueId id = nccl_share_id(pg, cfg->store, group->key);
+    ncclConfig_t config = nccl_config();
     ncclResult_t res = ncclCommInitRankConfig(&pg->comm, pg->world, id, pg->rank, &config);
     nccl_check(pg, res, "ncclCommInitRankConfig");
     return pg;
 }
 
-static inline void nccl_flush(nccl_pg_t *pg);
+// Every rank of the parent calls ncclCommSplit; one of no group passes
+// NCCL_SPLIT_NOCOLOR and gets no communicator.
+static inline nccl_pg_t *nccl_split(nccl_pg_t *parent, int color, int key, const pg_group_id_t *group) {
+    nccl_flush(parent);
+    parent->op = "pg_split";
+    ncclConfig_t config = nccl_config();
+    ncclComm_t comm = NULL;
+    ncclResult_t res = ncclCommSplit(parent->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &comm, &config);
+    if (color < 0 || !comm) {
+        nccl_check(parent, res, "ncclCommSplit");
+        return NULL;
+    }
+    nccl_pg_t *pg = nccl_new(group->rank, group->world_size, parent->gpu, parent->timeout_s, "pg_split");
+    pg->comm = comm;
+    nccl_check(pg, res, "ncclCommSplit");
+    int rank = -1, count = -1;
+    nccl_check(pg, ncclCommUserRank(comm, &rank), "ncclCommUserRank");
+    nccl_check(pg, ncclCommCount(comm, &count), "ncclCommCount");
+    if (rank != group->rank || count != group->world_size)
+        die("pg_split: NCCL ranked this process %d of %d, the course %d of %d", rank, count, group->rank,
+            group->world_size);
+    return pg;
+}
 
 static inline void nccl_destroy(nccl_pg_t *pg) {
     pg->op = "pg_destroy";
@@ -446,33 +488,6 @@ static inline void nccl_all_to_all(nccl_pg_t *pg, const void *send, void *recv, 
     if (copy) CHECK_CUDA(cudaFree(copy));
 }
 
-// Queued behind `ready` on our stream (which waits for the event, not for
-// the host); pg_wait_queued waits for it, polling as nccl_wait does.
-static inline void nccl_all_reduce_after(nccl_pg_t *pg, void *buf, size_t count, dtype_t t,
-                                         redop_t op, cudaEvent_t ready) {
-    nccl_begin(pg, "all_reduce (overlapped)");
-    CHECK_CUDA(cudaStreamWaitEvent(pg->stream, ready, 0));
-    nccl_check(pg, ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), pg->comm, pg->stream),
-               "ncclAllReduce");
-}
-
-static inline void nccl_reduce_scatter_after(nccl_pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
-                                             redop_t op, cudaEvent_t ready) {
-    nccl_begin(pg, "reduce_scatter (overlapped)");
-    if (ready) CHECK_CUDA(cudaStreamWaitEvent(pg->stream, ready, 0));
-    nccl_check(pg, ncclReduceScatter(send, recv, count, nccl_type(t), nccl_op(op), pg->comm, pg->stream),
-               "ncclReduceScatter");
-}
-
-static inline void nccl_all_gather_after(nccl_pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
-                                         cudaEvent_t ready) {
-    nccl_begin(pg, "all_gather (overlapped)");
-    if (ready) CHECK_CUDA(cudaStreamWaitEvent(pg->stream, ready, 0));
-    nccl_check(pg, ncclAllGather(send, recv, count, nccl_type(t), pg->comm, pg->stream), "ncclAllGather");
-}
-
-static inline cudaStream_t nccl_stream(const nccl_pg_t *pg) { return pg->stream; }
-
 static inline void nccl_wait_queued(nccl_pg_t *pg) {
     pg->op = "the overlapped collectives";
     nccl_wait(pg, NULL);
@@ -483,6 +498,109 @@ static inline void nccl_barrier(nccl_pg_t *pg) {
     nccl_check(pg, ncclAllReduce(pg->scratch, pg->scratch, 1, ncclInt32, ncclSum, pg->comm,
                                  pg->stream), "ncclAllReduce");
     nccl_wait(pg, NULL);
+}
+
+// ---------------------------------------------------------------- the table pg.h calls
+
+static inline void *nccl_backend_create(const pg_config_t *cfg, const pg_group_id_t *id, double timeout_s) {
+    return nccl_create(cfg, id, timeout_s);
+}
+
+static inline void *nccl_backend_split(void *impl, int color, int key, const pg_group_id_t *id, store_t *store,
+                                       double timeout_s) {
+    (void)store, (void)timeout_s; // NCCL builds the group from the parent's communicator
+    return nccl_split(impl, color, key, id);
+}
+
+static inline void nccl_backend_destroy(void *impl) { nccl_destroy(impl); }
+static inline void nccl_backend_describe(void *impl, char *out, size_t size) {
+    (void)impl;
+    snprintf(out, size, "one GPU per rank");
+}
+static inline void *nccl_backend_isend(void *impl, const void *buf, size_t count, dtype_t t, int peer) {
+    return nccl_isend(impl, buf, count, t, peer);
+}
+static inline void *nccl_backend_irecv(void *impl, void *buf, size_t count, dtype_t t, int peer) {
+    return nccl_irecv(impl, buf, count, t, peer);
+}
+static inline bool nccl_backend_test(void *impl, void *req) { return nccl_test(impl, req); }
+static inline void nccl_backend_wait(void *impl, void *req) { nccl_wait_request(impl, req); }
+static inline void nccl_backend_barrier(void *impl) { nccl_barrier(impl); }
+
+static inline void nccl_backend_collective(void *impl, pg_coll_t c, const void *send, void *recv, size_t count,
+                                           dtype_t t, redop_t op, int root) {
+    nccl_pg_t *pg = impl;
+    switch (c) {
+    case PG_BROADCAST: nccl_broadcast(pg, recv, count, t, root); break;
+    case PG_REDUCE: nccl_reduce(pg, send, recv, count, t, op, root); break;
+    case PG_ALL_REDUCE: nccl_all_reduce(pg, send, recv, count, t, op); break;
+    case PG_GATHER: nccl_gather(pg, send, recv, count, t, root); break;
+    case PG_ALL_GATHER: nccl_all_gather(pg, send, recv, count, t); break;
+    case PG_SCATTER: nccl_scatter(pg, send, recv, count, t, root); break;
+    case PG_REDUCE_SCATTER: nccl_reduce_scatter(pg, send, recv, count, t, op); break;
+    case PG_ALL_TO_ALL: nccl_all_to_all(pg, send, recv, count, t); break;
+    case PG_COLLECTIVES: break;
+    }
+}
+
+// Queued behind `ready` on our stream (which waits for the event, not for
+// the host), `done` recorded behind it; pg_wait_queued waits for it all,
+// polling as nccl_wait does. The reductions NCCL lacks (BAND, BOR, BXOR)
+// combine on the host: those wait for `ready` and run now.
+static inline void nccl_collective_after(nccl_pg_t *pg, pg_coll_t c, const void *send, void *recv, size_t count,
+                                         dtype_t t, redop_t op, cudaEvent_t ready, cudaEvent_t done) {
+    if (count > 0 && redop_is_bitwise(op) && c != PG_ALL_GATHER) {
+        if (ready) CHECK_CUDA(cudaEventSynchronize(ready));
+        nccl_backend_collective(pg, c, send, recv, count, t, op, -1);
+    } else if (count > 0) {
+        nccl_begin(pg, c == PG_ALL_REDUCE ? "all_reduce (overlapped)"
+                       : c == PG_REDUCE_SCATTER ? "reduce_scatter (overlapped)" : "all_gather (overlapped)");
+        if (ready) CHECK_CUDA(cudaStreamWaitEvent(pg->stream, ready, 0));
+        ncclDataType_t type = nccl_type(t);
+        switch (c) {
+        case PG_ALL_REDUCE:
+            nccl_check(pg, ncclAllReduce(send, recv, count, type, nccl_op(op), pg->comm, pg->stream), "ncclAllReduce");
+            break;
+        case PG_REDUCE_SCATTER:
+            nccl_check(pg, ncclReduceScatter(send, recv, count, type, nccl_op(op), pg->comm, pg->stream),
+                       "ncclReduceScatter");
+            break;
+        case PG_ALL_GATHER:
+            nccl_check(pg, ncclAllGather(send, recv, count, type, pg->comm, pg->stream), "ncclAllGather");
+            break;
+        default:
+            die("%s cannot be queued behind an event (all_reduce, reduce_scatter and all_gather can)",
+                pg_coll_shapes[c].name);
+        }
+    }
+    if (done) CHECK_CUDA(cudaEventRecord(done, pg->stream));
+}
+
+static inline void nccl_backend_collective_after(void *impl, pg_coll_t c, const void *send, void *recv,
+                                                 size_t count, dtype_t t, redop_t op, pg_event_t ready,
+                                                 pg_event_t done) {
+    nccl_collective_after(impl, c, send, recv, count, t, op, ready, done);
+}
+static inline void nccl_backend_wait_queued(void *impl) { nccl_wait_queued(impl); }
+
+static inline const pg_backend_t *nccl_backend(void) {
+    static const pg_backend_t table = {
+        .name = "nccl", .host_buffers = false,
+        .create = nccl_backend_create, .split = nccl_backend_split, .destroy = nccl_backend_destroy,
+        .describe = nccl_backend_describe, .isend = nccl_backend_isend, .irecv = nccl_backend_irecv,
+        .test = nccl_backend_test, .wait = nccl_backend_wait, .collective = nccl_backend_collective,
+        .barrier = nccl_backend_barrier, .collective_after = nccl_backend_collective_after,
+        .wait_queued = nccl_backend_wait_queued,
+    };
+    return &table;
+}
+
+#else  // ---------------------------------------------------------------- no CUDA in this build
+
+static inline const pg_backend_t *nccl_backend(void) {
+    static const pg_backend_t table =
+        PG_MISSING_BACKEND("nccl", "this is a CPU-only build, without NCCL");
+    return &table;
 }
 
 #endif  // COURSE_CUDA

@@ -10,12 +10,14 @@
 //   get   a key, waiting until some other rank has set it,
 //   add   to a counter atomically (how a barrier counts arrivals),
 //   check whether a key exists, or wait for it.
-// The same idea in plain C, in four headers, each read in one sitting:
-//   store_wire.h    what goes over the socket: frames, operations, limits
-//   store_server.h  the server: one thread, a poll() loop, a table of keys
-//   store_client.h  the client: set/get/add/..., a barrier, broadcast,
-//                   all-gather and vote
-//   rendezvous.h    rendezvous() for the env://, tcp:// and file:// init methods
+// The same idea in plain C, in five headers, each read in one sitting:
+//   store_wire.h      what goes over the socket: frames, operations, limits
+//   store_requests.h  the server's table of keys and its answer to each
+//                     request (the hello checks the job's token)
+//   store_server.h    the server: one thread, a poll() loop over the clients
+//   store_client.h    the client: set/get/add/..., a barrier, broadcast,
+//                     all-gather and vote
+//   rendezvous.h      rendezvous() for the env://, tcp:// and file:// init methods
 // This header includes them all, for programs that use every part (the
 // launcher, the tests); a header that needs only one part includes that one.
 #ifndef COURSE_STORE_H

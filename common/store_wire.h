@@ -180,6 +180,32 @@ static inline uint64_t store_random_u64(void) {
     return v;
 }
 
+// ---------------------------------------------------------------- the job token
+
+// True when the token a client presented (given_len bytes, any length) is
+// the job's (want_len bytes, at most STORE_MAX_TOKEN). The token is the
+// job's only lock, so the comparison must not say how close a guess came:
+// memcmp stops at the first byte that differs, and answers a little later
+// the more leading bytes are right, which a client that times many hellos
+// can use to find the token a byte at a time. This one compares
+// STORE_MAX_TOKEN pairs of bytes whatever the lengths (a missing byte reads
+// as 0), gathers every difference, the lengths' included, with OR, and
+// looks at the result once, at the end: its time depends on no byte of
+// either token. *compared (when not NULL) is set to the number of byte
+// pairs compared, which the tests check is always STORE_MAX_TOKEN.
+static inline bool store_token_equal(const uint8_t *given, size_t given_len, const char *want,
+                                     size_t want_len, size_t *compared) {
+    size_t diff = given_len ^ want_len, pairs = 0;
+    for (size_t i = 0; i < STORE_MAX_TOKEN; i++) {
+        uint8_t a = i < given_len ? given[i] : 0;
+        uint8_t b = i < want_len ? (uint8_t)want[i] : 0;
+        diff |= (size_t)(a ^ b);
+        pairs++;
+    }
+    if (compared) *compared = pairs;
+    return diff == 0;
+}
+
 // ---------------------------------------------------------------- addresses
 
 // A host name that only this machine can reach.

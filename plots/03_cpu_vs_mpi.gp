@@ -3,7 +3,7 @@
 # lowest to the highest ratio of a single round (chapter 03).
 #
 # Reads the CSV that `03_collectives/bench/compare_mpi.sh -o FILE` writes
-# (default docs/03-cpu-vs-mpi.csv, the measurement shown in 03's README)
+# (default docs/03-cpu-vs-mpi.csv, the measurement shown in 03_collectives/MEASUREMENTS.md)
 # and draws docs/03-cpu-vs-mpi.png. Run it from the project root:
 #     gnuplot plots/03_cpu_vs_mpi.gp
 #     gnuplot -e "csv='mine.csv'; out='mine.png'" plots/03_cpu_vs_mpi.gp

@@ -20,12 +20,6 @@ pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
 skip() { echo "SKIP $1: $2"; }
 
-# check NAME CONDITION-COMMAND... : PASS when the command succeeds.
-check() {
-    local name=$1; shift
-    if "$@"; then pass "$name"; else fail "$name" "check failed: $*"; fi
-}
-
 # run_capture SECONDS OUTFILE COMMAND... : run with a deadline, stdout and
 # stderr into OUTFILE; returns the command's exit status (124 on timeout).
 run_capture() {
@@ -33,20 +27,70 @@ run_capture() {
     timeout -k 5 "$secs" "$@" >"$out" 2>&1
 }
 
-# expect_output NAME FILE REGEX : PASS when FILE has a line matching REGEX.
-expect_output() {
-    if grep -Eq -- "$3" "$2"; then pass "$1"
-    else fail "$1" "output lacks /$3/; it was: $(tail -n 5 "$2" | tr '\n' '|')"; fi
+# ---------------------------------------------------------------- one line per case
+# A case is its condition, then its verdict, which names it once:
+#   [[ $status -eq 0 ]] && grep -q '^final weight' "$log"; verdict $? "05: 2 ranks train" "status $status"
+#   expect_near "01: weight within 0.05 of 2.0" "$w" 2.0 0.05
+#   w=$(field "$log" '^learned weight: ([-0-9.e+]*)')
+
+# verdict STATUS NAME DETAIL : PASS NAME when STATUS is 0, else FAIL NAME:
+# DETAIL. STATUS is the condition's exit status, $? written right after it,
+# and comes first: the $(...) in NAME or DETAIL run later and change $?
+# (they run on a PASS too: keep them cheap). Returns 0, as pass and fail do.
+verdict() {
+    if [[ ! ${1:-} =~ ^[0-9]+$ ]]; then
+        fail "${1:-verdict}" "verdict's first argument must be the condition's exit status (\$?), before the name"
+    elif [[ $1 -eq 0 ]]; then pass "$2"
+    else fail "$2" "${3:-the condition was false}"; fi
 }
 
-# near A B TOL : true when |A - B| <= TOL (numbers as text).
-near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= t) }'; }
+# check NAME COMMAND... : PASS NAME when COMMAND succeeds (FAIL shows it).
+check() {
+    local name=$1; shift
+    "$@"; verdict $? "$name" "check failed: $*"
+}
 
-# rel_near A B RTOL : true when |A - B| <= RTOL * max(|A|, |B|, 1e-30).
-rel_near() {
-    awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d;
-        m = a < 0 ? -a : a; n = b < 0 ? -b : b; if (n > m) m = n; if (m < 1e-30) m = 1e-30;
-        exit !(d <= t * m) }'
+# expect_output NAME FILE REGEX : PASS when FILE has a line matching REGEX.
+expect_output() {
+    grep -Eq -- "$3" "$2"; verdict $? "$1" "output lacks /$3/; it was: $(tail -n 5 "$2" | tr '\n' '|')"
+}
+
+# is_number TEXT : true when TEXT is a decimal number (1, -0.5, 3e-05), not
+# empty, nan or inf: a value missing from a program's output never passes.
+is_number() { [[ ${1:-} =~ ^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ ]]; }
+
+# near A B ATOL [RTOL] : true when A and B are numbers and
+# |A - B| <= ATOL + RTOL x max(|A|, |B|) (an absolute tolerance, a relative
+# one, or both: near "$w" 2 0.05; near "$a" "$b" 0 1e-5).
+near() {
+    is_number "$1" && is_number "$2" || return 1
+    awk -v a="$1" -v b="$2" -v t="$3" -v r="${4:-0}" 'BEGIN { d = a - b; if (d < 0) d = -d
+        m = a < 0 ? -a : a; n = b < 0 ? -b : b; if (n > m) m = n; exit !(d <= t + r * m) }'
+}
+
+# rel_near A B RTOL : true when |A - B| <= RTOL x max(|A|, |B|).
+rel_near() { near "$1" "$2" 0 "$3"; }
+
+# expect_near NAME GOT WANT ATOL [RTOL] : PASS NAME when near GOT WANT ATOL
+# RTOL, else FAIL NAME with what it got and what was wanted.
+expect_near() {
+    near "$2" "$3" "$4" "${5:-0}"
+    verdict $? "$1" "got '$2', wanted $3 within $4${5:+ + $5 x the larger}"
+}
+
+# field [--all] FILE REGEX [TEMPLATE] : from the last line of FILE (- for
+# stdin) that REGEX matches, what its groups matched, as TEMPLATE puts them
+# (default \1, the first group); with --all, from every such line, one per
+# line. Empty when no line matches. REGEX is extended, as in grep -E: ( )
+# make a group, \( \) \| \. \+ match the character.
+#   field "$log" '^learned weight: ([-0-9.e+]*)'                      -> 1.9987
+#   field "$log" 'final weight ([-0-9.]*)  bias ([-0-9.]*)' '\1 \2'   -> 1.9987 3.0012
+field() {
+    local all=0; [[ $1 == --all ]] && { all=1; shift; }
+    local sep=$'\001' template=${3:-'\1'}
+    # The match becomes "\nTEMPLATE\n" in its line; what lies between the newlines is printed.
+    sed -nE "s$sep$2$sep\n$template\n$sep; T; s/^.*\n(.*)\n.*$/\1/; p" "$1" |
+        if [[ $all -eq 1 ]]; then cat; else tail -n 1; fi
 }
 
 # small_corpus DIR : a small corpus in WikiText's layout in DIR (train.txt,
@@ -131,3 +175,52 @@ free_port() {
     done
     echo 29555
 }
+
+# ---------------------------------------------------------------- planted bugs
+# A check that cannot fail is no check. So a test keeps, beside a check, the
+# bug that check is for: it plants the bug in a copy of the course's
+# sources, builds the copy, and shows the check failing there, as the
+# emulated GPU's planted-bug programs do (tests/tools/test_emu.sh). A later
+# change that makes the check blind (a field that no longer matches, a
+# tolerance too wide, a case that no longer reaches the code) then fails
+# the suite instead of passing quietly.
+#   bin=$(plant bucket_offset common/ddp.h 'grads + first, grads + first' 'grads, grads' \
+#             04_ddp_spawn 04_ddp_spawn)
+#   [[ -n $bin ]] && ...the check, run with "$bin"... && ! equal
+#   verdict $? "04 planted: ..." "$(planted_why bucket_offset)"
+
+# plant NAME FILE OLD NEW DIR TARGET : copies the course's sources (common/,
+# gpt/, tools/, tests/unit/, each chapter's own files; no build outputs) to
+# $TMP/plant-NAME/, there replaces the text OLD in FILE (e.g. common/ddp.h)
+# by NEW, builds TARGET in the folder DIR of the copy, and prints the
+# program's path. The copy is built for the CPU (CUDA=0) whatever this
+# build's mode: the planted bugs live in host code, and one CPU program
+# builds in seconds. Prints nothing and fails when OLD does not occur
+# exactly once in FILE (the code changed: the planted bug must move with
+# it, never be dropped without a word) or the build fails; planted_why NAME
+# then says which.
+plant() {
+    local copy=$TMP/plant-$1 why=$TMP/plant-$1.why file=$2 old=$3 new=$4 text rest count
+    rm -rf "$copy" "$why" && mkdir -p "$copy" || return 1
+    (cd "$ROOT" && find common gpt tools tests/unit tests/Makefile [0-9][0-9]_*/ -maxdepth 1 -type f \
+        \( -name '*.[ch]' -o -name '*.cu' -o -name '*.mk' -o -name Makefile \) -print0 |
+        xargs -0 cp --parents -t "$copy") || { echo "could not copy the sources" >"$why"; return 1; }
+    text=$(cat "$copy/$file" && printf x) || { echo "no file $file" >"$why"; return 1; }
+    text=${text%x}
+    rest=${text//"$old"/}
+    count=$(( (${#text} - ${#rest}) / ${#old} ))
+    if [[ $count -ne 1 ]]; then
+        echo "the planted bug's text '$old' occurs $count times in $file, not once: the code changed; move the planted bug with it" >"$why"
+        return 1
+    fi
+    printf '%s' "${text/"$old"/"$new"}" >"$copy/$file"
+    if ! env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -s -C "$copy/$5" CUDA=0 ASAN=0 "$6" \
+            >"$copy/make.log" 2>&1; then
+        echo "the copy with the planted bug did not build: $(grep -m3 -E 'error|Error' "$copy/make.log" | tr '\n' '|')" >"$why"
+        return 1
+    fi
+    echo "$copy/$5/$6"
+}
+
+# planted_why NAME : why plant NAME gave no program (empty when it gave one).
+planted_why() { cat "$TMP/plant-$1.why" 2>/dev/null; }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench_torch.py - the same GPT in a straightforward PyTorch implementation,
-to compare training throughput with gpt.h on the CPU (README.md, "Speed") and
+to compare training throughput with gpt.h on the CPU (MEASUREMENTS.md, "Speed on the CPU") and
 with gpt_cuda.cu on a GPU (bench/gpt_gpu.sh, README.gpu.md).
 
 Not part of the course's tools: it needs python3 and torch (Debian: python3-torch).

@@ -1,6 +1,6 @@
 // gemm_peak.c - the roofline for bench_gpt: how fast this machine multiplies
 // matrices, and how long the matrix products of one training step take
-// alone (README.md, "Speed").
+// alone (MEASUREMENTS.md, "Speed on the CPU").
 //
 // Build and run from 08_gpt_wikitext/:  make gemm-peak
 //   build/gemm_peak [B] [repeats]

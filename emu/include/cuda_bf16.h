@@ -8,9 +8,13 @@
 // Arithmetic on bf16 values is done in float and rounded once.
 #ifndef EMU_CUDA_BF16_H
 #define EMU_CUDA_BF16_H
+#define __CUDA_BF16_TYPES_EXIST__ 1 // as NVIDIA's header says
 
 #include <stdint.h>
 #include <string.h>
+
+#include "emu_float16_ops.h"
+#include "emu_kernel_abi.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,12 +48,13 @@ struct __nv_bfloat16 {
     __nv_bfloat16(int i) : __x(emu_float_to_bf16_bits((float)i)) {}
     operator float() const { return emu_bf16_bits_to_float(__x); }
 };
-struct __nv_bfloat162 {
+// Aligned to 4 bytes, as on a GPU, where it is loaded as one 32-bit word.
+struct __attribute__((aligned(4))) __nv_bfloat162 {
     __nv_bfloat16 x, y;
 };
 #else
 typedef struct { unsigned short __x; } __nv_bfloat16;
-typedef struct { __nv_bfloat16 x, y; } __nv_bfloat162;
+typedef struct __attribute__((aligned(4))) { __nv_bfloat16 x, y; } __nv_bfloat162;
 #endif
 typedef __nv_bfloat16 nv_bfloat16;
 typedef __nv_bfloat162 nv_bfloat162;
@@ -61,6 +66,7 @@ static inline __nv_bfloat16 emu_bf16_from_bits(unsigned short bits) {
 }
 
 static inline __nv_bfloat16 __float2bfloat16(float f) { return emu_bf16_from_bits(emu_float_to_bf16_bits(f)); }
+static inline __nv_bfloat16 __double2bfloat16(double d) { return __float2bfloat16((float)d); } // (double rounding: rare ties differ)
 static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __float2bfloat16(f); }
 static inline __nv_bfloat16 __float2bfloat16_rz(float f) { // toward zero: drop the low bits
     uint32_t u;
@@ -77,29 +83,10 @@ static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
     return __nv_bfloat162{__float2bfloat16(a), __float2bfloat16(b)};
 }
 
-#define EMU_BF16_OP(op, fn)                                                                              \
-    static inline __nv_bfloat16 fn(__nv_bfloat16 a, __nv_bfloat16 b) {                                 \
-        return __float2bfloat16(__bfloat162float(a) op __bfloat162float(b));                           \
-    }                                                                                                  \
-    static inline __nv_bfloat16 operator op(__nv_bfloat16 a, __nv_bfloat16 b) { return fn(a, b); }     \
-    static inline __nv_bfloat16 &operator op##=(__nv_bfloat16 &a, __nv_bfloat16 b) { return a = fn(a, b); }
-EMU_BF16_OP(+, __hadd)
-EMU_BF16_OP(-, __hsub)
-EMU_BF16_OP(*, __hmul)
-EMU_BF16_OP(/, __hdiv)
-#undef EMU_BF16_OP
-static inline __nv_bfloat16 __hfma(__nv_bfloat16 a, __nv_bfloat16 b, __nv_bfloat16 c) {
-    return __float2bfloat16(__bfloat162float(a) * __bfloat162float(b) + __bfloat162float(c));
-}
-static inline __nv_bfloat16 __hneg(__nv_bfloat16 a) { return emu_bf16_from_bits((unsigned short)(a.__x ^ 0x8000u)); }
-static inline __nv_bfloat16 operator-(__nv_bfloat16 a) { return __hneg(a); }
-static inline bool operator==(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a == (float)b; }
-static inline bool operator!=(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a != (float)b; }
-static inline bool operator<(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a < (float)b; }
-static inline bool operator>(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a > (float)b; }
-static inline bool operator<=(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a <= (float)b; }
-static inline bool operator>=(__nv_bfloat16 a, __nv_bfloat16 b) { return (float)a >= (float)b; }
-static inline __nv_bfloat16 atomicAdd(__nv_bfloat16 *address, __nv_bfloat16 val) {
+EMU_FLOAT16_OPS(__nv_bfloat16, __bfloat162float, __float2bfloat16, emu_bf16_from_bits)
+__attribute__((no_sanitize_thread)) static inline __nv_bfloat16 atomicAdd(__nv_bfloat16 *address,
+                                                                          __nv_bfloat16 val) {
+    emu_race_atomic(address, sizeof *address);
     __nv_bfloat16 old = *address;
     *address = old + val;
     return old;

@@ -29,8 +29,11 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __noinline__ __attribute__((noinline))
-#define __launch_bounds__(...)
+// Empty: the standard C++ headers write __attribute__((__noinline__)), which
+// a definition as __attribute__((noinline)) would break; inlining is only a
+// hint here anyway.
+#define __noinline__
+#define __launch_bounds__(...) // cu2emu reads the bound; launches check it (emu_bounded)
 #define __align__(n) __attribute__((aligned(n)))
 // The build rewrites every __shared__ declaration (see emu/tools/cu2emu.c);
 // one it could not rewrite stops the compile here with this name.
@@ -73,6 +76,15 @@ static inline emu_thread_view *emu_view(const char *what) {
 
 // ---------------------------------------------------------------- barriers
 #define __syncthreads() emu_syncthreads(__FILE__, __LINE__)
+// The barrier, and how many threads of the block (all, any) brought a true predicate.
+#define __syncthreads_count(p) emu_syncthreads_count((p), "__syncthreads_count", __FILE__, __LINE__)
+#define __syncthreads_and(p) \
+    (emu_syncthreads_count((p), "__syncthreads_and", __FILE__, __LINE__) == emu_block_threads())
+#define __syncthreads_or(p) (emu_syncthreads_count((p), "__syncthreads_or", __FILE__, __LINE__) != 0)
+static inline int emu_block_threads(void) {
+    const emu_thread_view *v = emu_self;
+    return (int)(v->block_dim.x * v->block_dim.y * v->block_dim.z);
+}
 
 static inline void emu_syncwarp(const char *file, int line, unsigned mask = 0xffffffffu) {
     int nothing = 0;
@@ -159,8 +171,16 @@ static inline unsigned emu_ballot_sync(const char *file, int line, unsigned mask
 // ---------------------------------------------------------------- atomics
 // The threads of a block take turns on one core and switch only at
 // barriers and warp operations, so a read-modify-write cannot be torn.
+// They are not instrumented as plain accesses are: the race checker is
+// told that an atomic touched the address instead.
+#define EMU_ATOMIC_FN __attribute__((no_sanitize_thread)) static inline
 #define EMU_ATOMIC(name, T, expr) \
-    static inline T name(T *address, T val) { T old = *address; *address = (expr); return old; }
+    EMU_ATOMIC_FN T name(T *address, T val) { \
+        emu_race_atomic(address, sizeof(T)); \
+        T old = *address; \
+        *address = (expr); \
+        return old; \
+    }
 #define EMU_ATOMIC_ARITH(T) \
     EMU_ATOMIC(atomicAdd, T, old + val) \
     EMU_ATOMIC(atomicExch, T, val)
@@ -186,7 +206,12 @@ EMU_ATOMIC(atomicDec, unsigned int, (old == 0 || old > val) ? val : old - 1)
 #undef EMU_ATOMIC_ARITH
 #undef EMU_ATOMIC
 #define EMU_ATOMIC_CAS(T) \
-    static inline T atomicCAS(T *address, T compare, T val) { T old = *address; if (old == compare) *address = val; return old; }
+    EMU_ATOMIC_FN T atomicCAS(T *address, T compare, T val) { \
+        emu_race_atomic(address, sizeof(T)); \
+        T old = *address; \
+        if (old == compare) *address = val; \
+        return old; \
+    }
 EMU_ATOMIC_CAS(int)
 EMU_ATOMIC_CAS(unsigned int)
 EMU_ATOMIC_CAS(unsigned long long)
@@ -240,6 +265,12 @@ static inline unsigned __brev(unsigned x) {
     for (int i = 0; i < 32; i++) r |= ((x >> i) & 1u) << (31 - i);
     return r;
 }
+static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
+static inline int __mulhi(int a, int b) { return (int)(((long long)a * b) >> 32); }
+static inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
+    return (unsigned long long)(((unsigned __int128)a * b) >> 64);
+}
+static inline long long __mul64hi(long long a, long long b) { return (long long)(((__int128)a * b) >> 64); }
 template <typename T> static inline T __ldg(const T *p) { return *p; }
 static inline void __nanosleep(unsigned ns) { (void)ns; }
 
@@ -250,8 +281,27 @@ static inline void __nanosleep(unsigned ns) { (void)ns; }
 // now, as CUDA does at a launch; the kernel runs when its stream does.
 static inline emu_launch_config emu_config(dim3 grid, dim3 block, size_t shared = 0, cudaStream_t stream = 0) {
     emu_launch_config c;
-    c.grid = grid, c.block = block, c.shared_bytes = shared, c.stream = stream;
+    c.grid = grid, c.block = block, c.shared_bytes = shared, c.stream = stream, c.max_threads = 0;
     return c;
+}
+
+// A launch of a kernel declared with __launch_bounds__(max_threads) (cu2emu writes this).
+static inline emu_launch_config emu_bounded(emu_launch_config c, unsigned max_threads) {
+    c.max_threads = max_threads;
+    return c;
+}
+
+// Pointer arguments must point where a GPU can read (emu_check_kernel_pointer).
+template <typename T>
+static inline void emu_check_argument(const char *name, const char *file, int line, int index, const T &arg) {
+    if constexpr (std::is_pointer<T>::value && !std::is_function<typename std::remove_pointer<T>::type>::value)
+        emu_check_kernel_pointer(name, file, line, index, (const void *)arg);
+}
+
+template <typename Tuple, size_t... I>
+static inline void emu_check_arguments(const char *name, const char *file, int line, const Tuple &args,
+                                       std::index_sequence<I...>) {
+    (emu_check_argument(name, file, line, (int)I, std::get<I>(args)), ...);
 }
 
 template <typename... P> struct emu_kernel_call {
@@ -269,8 +319,59 @@ static inline cudaError_t emu_launch(void (*kernel)(P...), const char *name, con
                                      emu_launch_config cfg, A &&...args) {
     static_assert(sizeof...(P) == sizeof...(A), "a kernel launch passes a different number of arguments than the kernel takes");
     auto *call = new emu_kernel_call<P...>{kernel, std::tuple<typename std::decay<P>::type...>(std::forward<A>(args)...)};
+    emu_check_arguments(name, file, line, call->args, std::index_sequence_for<P...>{});
     return emu_launch_kernel(&cfg, (const void *)kernel, name, file, line, &emu_kernel_call<P...>::run,
                              &emu_kernel_call<P...>::destroy, call);
+}
+
+// CUDA 11's cudaGraphInstantiate, which CUDA 12's C++ header keeps.
+static inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, cudaGraphNode_t *error_node,
+                                               char *log, size_t log_size) {
+    if (error_node) *error_node = NULL;
+    if (log && log_size) log[0] = 0;
+    return cudaGraphInstantiate(exec, graph, 0ull);
+}
+
+// ---------------------------------------------------------------- cudaLaunchKernel
+// cudaLaunchKernel(kernel, grid, block, args, shared, stream) is given the
+// kernel's address and an array of pointers to its arguments, nothing of
+// their types. nvcc registers every kernel with the CUDA runtime; in the
+// emulated build cu2emu starts every kernel's body with
+// emu_kernel_registrar<&kernel>::done, whose initialization - once per
+// kernel (and per template instantiation) in the program, before main -
+// registers a launcher that knows the parameter types.
+template <typename... P> struct emu_kernel_entry {
+    template <size_t... I>
+    static cudaError_t call(void (*k)(P...), const char *name, const emu_launch_config *c, void **args,
+                            std::index_sequence<I...>) {
+        return emu_launch(k, name, "cudaLaunchKernel", 0, *c, *static_cast<typename std::decay<P>::type *>(args[I])...);
+    }
+    static cudaError_t launch(const void *kernel, const char *name, const emu_launch_config *c, void **args) {
+        return call(reinterpret_cast<void (*)(P...)>(const_cast<void *>(kernel)), name, c, args,
+                    std::index_sequence_for<P...>{});
+    }
+};
+
+template <typename... P> static inline bool emu_register(void (*k)(P...), const char *pretty) {
+    emu_register_kernel(reinterpret_cast<const void *>(k), pretty, &emu_kernel_entry<P...>::launch);
+    return true;
+}
+
+template <auto K> static inline const char *emu_kernel_pretty_name() { return __PRETTY_FUNCTION__; } // "... [with auto K = f<int>]"
+
+template <auto K> struct emu_kernel_registrar {
+    static const bool done;
+};
+template <auto K> const bool emu_kernel_registrar<K>::done = emu_register(K, emu_kernel_pretty_name<K>());
+
+static inline cudaError_t cudaLaunchKernel(const void *kernel, dim3 grid, dim3 block, void **args, size_t shared = 0,
+                                           cudaStream_t stream = 0) {
+    return emu_launch_untyped(kernel, emu_config(grid, block, shared, stream), args);
+}
+template <typename T>
+static inline cudaError_t cudaLaunchKernel(T *kernel, dim3 grid, dim3 block, void **args, size_t shared = 0,
+                                           cudaStream_t stream = 0) {
+    return cudaLaunchKernel(reinterpret_cast<const void *>(kernel), grid, block, args, shared, stream);
 }
 
 // __shared__ inside a function: cu2emu turns `__shared__ T name[N];` into a

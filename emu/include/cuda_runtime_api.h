@@ -33,6 +33,7 @@ typedef enum cudaError {
     cudaErrorInvalidPitchValue = 12,
     cudaErrorInvalidDevicePointer = 17,
     cudaErrorInvalidMemcpyDirection = 21,
+    cudaErrorInvalidDeviceFunction = 98,
     cudaErrorInsufficientDriver = 35,
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
@@ -52,11 +53,18 @@ typedef enum cudaError {
     cudaErrorNotPermitted = 800,
     cudaErrorNotSupported = 801,
     cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureIsolation = 905,
+    cudaErrorStreamCaptureImplicit = 906,
+    cudaErrorGraphExecUpdateFailure = 910,
     cudaErrorUnknown = 999
 } cudaError_t;
 
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUevent_st *cudaEvent_t;
+typedef struct CUgraph_st *cudaGraph_t;
+typedef struct CUgraphExec_st *cudaGraphExec_t;
+typedef struct CUgraphNode_st *cudaGraphNode_t;
 
 // The two special streams. 0 (NULL) is the legacy default stream too.
 #define cudaStreamLegacy ((cudaStream_t)0x1)
@@ -73,6 +81,33 @@ typedef struct CUevent_st *cudaEvent_t;
 #define cudaHostAllocPortable 0x01
 #define cudaHostAllocMapped 0x02
 #define cudaHostRegisterDefault 0x00
+
+// Stream capture and graphs.
+typedef enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+} cudaStreamCaptureMode;
+
+typedef enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2
+} cudaStreamCaptureStatus;
+
+typedef enum cudaGraphExecUpdateResult {
+    cudaGraphExecUpdateSuccess = 0,
+    cudaGraphExecUpdateError = 1,
+    cudaGraphExecUpdateErrorTopologyChanged = 2,
+    cudaGraphExecUpdateErrorNodeTypeChanged = 3,
+    cudaGraphExecUpdateErrorFunctionChanged = 4
+} cudaGraphExecUpdateResult;
+
+typedef struct cudaGraphExecUpdateResultInfo_st {
+    cudaGraphExecUpdateResult result;
+    cudaGraphNode_t errorNode;
+    cudaGraphNode_t errorFromNode;
+} cudaGraphExecUpdateResultInfo;
 
 typedef enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
@@ -185,8 +220,27 @@ cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 
+// ---------------------------------------------------------------- graphs
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus *pCaptureStatus);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph, unsigned long long flags);
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *pGraphExec, cudaGraph_t graph, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream);
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t hGraphExec, cudaGraph_t hGraph,
+                                cudaGraphExecUpdateResultInfo *resultInfo);
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *numNodes);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec);
+
 // ---------------------------------------------------------------- kernels (host side)
 cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int value);
+
+// ---------------------------------------------------------------- the emulator's own
+// How many launches the host has made: kernels (<<<...>>>) and graphs
+// (cudaGraphLaunch), not counting what a graph replays - what a GPU's
+// launch overhead is paid for. Not part of CUDA: guard with COURSE_EMU_GPU.
+unsigned long long emu_launch_count(void);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,5 +1,5 @@
 // emu_kernel_abi.h - what kernel code (C++, cuda_runtime.h) and the
-// emulator's library (C, emu/src/launch.c) agree on: the running thread's
+// emulator's library (C, emu/src/launch.c and core.c) agree on: the running thread's
 // coordinates, the barriers, the warp exchange, shared memory, launches.
 // Course code never includes this directly.
 #ifndef EMU_KERNEL_ABI_H
@@ -25,10 +25,13 @@ typedef struct uint3 { unsigned int x, y, z; } uint3;
 
 // What threadIdx, blockIdx, blockDim and gridDim read: the fields of the
 // thread that runs now.
+struct emu_block_info; // the running block, as the race checker sees it (emu/src)
 typedef struct emu_thread_view {
     uint3 thread_idx, block_idx, block_dim, grid_dim;
-    int linear; // thread index within the block: x + y*bx + z*bx*by
-    int lane;   // linear % 32
+    int linear;          // thread index within the block: x + y*bx + z*bx*by
+    int lane;            // linear % 32
+    unsigned warp_epoch; // warp operations this lane has completed
+    const struct emu_block_info *block;
 } emu_thread_view;
 
 extern __thread emu_thread_view *emu_self;
@@ -39,6 +42,8 @@ __attribute__((noreturn)) void emu_kernel_error(const char *what, const char *pr
 
 // __syncthreads(): every thread of the block that has not exited waits here.
 void emu_syncthreads(const char *file, int line);
+// __syncthreads_count(p): the same, and how many threads brought p != 0.
+int emu_syncthreads_count(int predicate, const char *what, const char *file, int line);
 
 // The warp exchange under every shuffle, vote and __syncwarp: this lane
 // puts `size` bytes of `value` in its slot; all lanes named in `mask` must
@@ -62,19 +67,29 @@ typedef struct emu_launch_config {
     uint3 grid, block;
     size_t shared_bytes;
     cudaStream_t stream;
+    unsigned max_threads; // the kernel's __launch_bounds__, 0 if it has none
 } emu_launch_config;
 
 // kernel_id: the kernel function's address (for cudaFuncSetAttribute).
-// body(closure) runs the kernel for the current thread; destroy(closure)
+// body(closure) runs the kernel for the current thread; free_closure(closure)
 // frees the copied arguments once the kernel has run (or failed to launch).
 cudaError_t emu_launch_kernel(const emu_launch_config *cfg, const void *kernel_id, const char *name,
                               const char *file, int line, void (*body)(void *closure),
-                              void (*destroy)(void *closure), void *closure);
+                              void (*free_closure)(void *closure), void *closure);
+// cudaLaunchKernel's side: a kernel registered (by its address) with a
+// launcher that knows its parameters, and a launch through it. `pretty`
+// holds its name after "K = " (__PRETTY_FUNCTION__ of a template).
+typedef cudaError_t (*emu_untyped_launcher)(const void *kernel, const char *name, const emu_launch_config *cfg,
+                                            void **args);
+void emu_register_kernel(const void *kernel, const char *pretty, emu_untyped_launcher launcher);
+cudaError_t emu_launch_untyped(const void *kernel, emu_launch_config cfg, void **args);
 
-// "kernel K, block (x,y,z), thread (x,y,z)" for messages.
-void emu_kernel_thread_name(char *buf, size_t size);
-bool emu_fiber_stack_guard(const void *addr);
+// Each pointer argument of a launch (index: its position, from 0).
+void emu_check_kernel_pointer(const char *kernel, const char *file, int line, int index, const void *p);
 
+// The race checker's side (race.c): an atomic operation touches `bytes`
+// at p; it is not instrumented as plain accesses are.
+void emu_race_atomic(const void *p, size_t bytes);
 #ifdef __cplusplus
 }
 #endif

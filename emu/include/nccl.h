@@ -9,7 +9,7 @@
 // Each rank is its own process with its own emulated GPU; the ranks meet in
 // a POSIX shared-memory segment named by the ncclUniqueId. How that works,
 // and what real NCCL does differently, is explained at the top of
-// emu/src/nccl.c.
+// emu/src/nccl_comm.c.
 #ifndef EMU_NCCL_H
 #define EMU_NCCL_H
 
@@ -17,14 +17,20 @@
 #include <stddef.h>
 
 #include "cuda_runtime_api.h"
+#include "cuda_fp16.h" // as NVIDIA's nccl.h, which programs rely on for half and __nv_bfloat16
+#include "cuda_bf16.h"
 
 // Code that wants to know whether it talks to the emulator can test this.
 #define COURSE_EMU_NCCL 1
 
-// The version the emulator reports: a recent NCCL, so version checks in the
-// course (non-blocking communicators need 2.14, ncclAvg 2.10) pass.
+// The version the emulator reports: the newest NCCL whose host API it
+// implements (ncclAvg came in 2.10, ncclRedOpCreatePreMulSum in 2.11,
+// non-blocking communicators in 2.14, ncclCommSplit in 2.18). Programs that
+// look at the version to choose what to call - NVIDIA's nccl-tests does -
+// then stay away from what came later and is not emulated (ncclMemAlloc and
+// buffer registration in 2.19, the device API in 2.28).
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 28
+#define NCCL_MINOR 18
 #define NCCL_PATCH 3
 #define NCCL_SUFFIX ""
 
@@ -97,6 +103,12 @@ typedef enum {
     ncclMaxRedOp = 0x7fffffff   // keeps the enum as wide as an int, as NVIDIA's is
 } ncclRedOp_t;
 
+// Where the scalar of ncclRedOpCreatePreMulSum lives.
+typedef enum {
+    ncclScalarDevice = 0,        // in device memory, read when the collective runs
+    ncclScalarHostImmediate = 1  // in host memory, read at the call
+} ncclScalarResidence_t;
+
 // Options for ncclCommInitRankConfig. Start from NCCL_CONFIG_INITIALIZER
 // and change what you need; the emulator honours `blocking` (0: every call
 // returns at once, possibly ncclInProgress) and ignores the tuning fields.
@@ -157,6 +169,11 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
 ncclResult_t ncclCommCount(const ncclComm_t comm, int *count);
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device);
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank);
+// Every rank of comm calls it: the ranks with the same color form a new
+// communicator, ranked by key (ties: by their rank in comm); a rank with
+// NCCL_SPLIT_NOCOLOR gets NULL. config NULL: the parent's blocking mode.
+#define NCCL_SPLIT_NOCOLOR -1
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config);
 
 // ---------------------------------------------------------------- collectives
 // Counts are in elements. Each call is queued on `stream` and happens when
@@ -177,6 +194,15 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
 ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream);
+
+// The reduction "sum of each rank's input times that rank's scalar": its
+// op, for the collectives of `comm` only, until ncclRedOpDestroy.
+ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
+                                      ncclScalarResidence_t residence, ncclComm_t comm);
+ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
+// NCCL 1's in-place broadcast.
+ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                       cudaStream_t stream);
 
 // ---------------------------------------------------------------- point-to-point
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,

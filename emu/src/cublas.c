@@ -166,6 +166,12 @@ static float dot(const float *x, const float *y, int n) {
     return sum;
 }
 
+// Tells the race checker which bytes of a column-major matrix the product touches.
+static void touch_matrix(const void *x, cudaDataType t, int rows, int cols, int ld, bool write) {
+    for (int j = 0; j < cols; j++)
+        emu_race_range((const char *)x + (size_t)j * (size_t)ld * type_size(t), (size_t)rows * type_size(t), write);
+}
+
 static emu_op_status run_gemm(void *state) {
     gemm *g = (gemm *)state;
     float alpha = g->alpha_device ? *g->alpha_device : g->alpha;
@@ -177,6 +183,10 @@ static emu_op_status run_gemm(void *state) {
         const char *A = (const char *)g->A + (size_t)(b * g->stride_a) * type_size(g->a_type);
         const char *B = (const char *)g->B + (size_t)(b * g->stride_b) * type_size(g->b_type);
         char *C = (char *)g->C + (size_t)(b * g->stride_c) * type_size(g->c_type);
+        touch_matrix(A, g->a_type, g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda, false);
+        touch_matrix(B, g->b_type, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb, false);
+        if (beta != 0.0f) touch_matrix(C, g->c_type, g->m, g->n, g->ldc, false);
+        touch_matrix(C, g->c_type, g->m, g->n, g->ldc, true);
         gather_rows(a, g->a_type, A, g->lda, g->trans_a, g->m, g->k);
         gather_rows(bt, g->b_type, B, g->ldb, !g->trans_b, g->n, g->k);
         for (int j = 0; j < g->n; j++)
@@ -244,7 +254,7 @@ static cublasStatus_t gemm_call(const char *call, cublasHandle_t h, cublasOperat
                 lda, ldb, ldc, sa, sb, sc};
     if (h->pointer_mode == CUBLAS_POINTER_MODE_HOST) g->alpha = *(const float *)alpha, g->beta = *(const float *)beta;
     else g->alpha_device = (const float *)alpha, g->beta_device = (const float *)beta;
-    if (emu_stream_enqueue(h->stream, call, run_gemm, g, free) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if (emu_stream_enqueue(h->stream, call, run_gemm, g, free, NULL, EMU_OP_REPLAYABLE) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
     return CUBLAS_STATUS_SUCCESS;
 }
 

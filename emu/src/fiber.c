@@ -20,7 +20,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "emu_fiber.h"
 #include "emu_internal.h"
 
 #ifdef __SANITIZE_ADDRESS__
@@ -181,6 +180,15 @@ emu_fiber *emu_fiber_for_thread(int index) {
     if (all_count < (int)(sizeof all_fibers / sizeof all_fibers[0])) all_fibers[all_count++] = f;
     emu_unlock();
     return f;
+}
+
+void emu_fiber_stacks(const char **lo, const char **hi) {
+#ifdef __SANITIZE_ADDRESS__
+    *lo = *hi = NULL; // one mapping per stack (and no race checking under ASan)
+#else
+    if (!stack_region) emu_fiber_for_thread(0);
+    *lo = stack_region, *hi = stack_region + (size_t)EMU_FIBER_MAX * stack_bytes();
+#endif
 }
 
 bool emu_fiber_stack_guard(const void *addr) {

@@ -15,23 +15,28 @@
 //     per call and say "not ready" while any was left at the call.
 // So a missing dependency gives stale data every time, in a test.
 //
+// That is the default schedule (EMU_SCHEDULE=lazy). eager runs work as
+// it is queued, random at random moments, one stream at a time, within
+// what the dependencies allow (order.c): a program must be right in all
+// three.
+//
 // Each stream is a queue of operations numbered 1, 2, ...; an operation
 // carries the (stream, number) pairs it must wait for, fixed when it was
 // queued, so "run stream S up to operation N" first runs what those pairs
-// name. The legacy stream of each device is made on first use.
+// name. It also carries its vector clock (order.c), which race.c reads to
+// tell whether two operations that touch the same memory are ordered. The
+// legacy stream of each device is made on first use.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 #include "emu_internal.h"
 
 #define STREAM_MAGIC 0x5354524dU
-#define EVENT_MAGIC 0x4556454eU
 #define MAX_DEVICES 64
 
-typedef struct CUstream_st stream;
+typedef emu_stream stream;
 
 typedef struct {
     stream *on;
@@ -40,6 +45,8 @@ typedef struct {
 
 typedef struct op {
     uint64_t seq;
+    uint32_t serial;      // its number among all operations of this process
+    emu_clock clock;      // what happens before it
     const char *what;
     emu_op_fn fn;
     void *state;
@@ -52,28 +59,25 @@ typedef struct op {
 struct CUstream_st {
     unsigned magic;
     int device;
+    int id;               // its number in this process: its entry in vector clocks
+    char name[64];        // for messages: "the legacy stream of device 0", "stream 3"
+    emu_clock clock;      // the clock of its last queued operation
     bool legacy, nonblocking, destroyed;
     op *head, *tail;
     uint64_t enqueued, completed;
     int refs;             // dependencies and events that point here
     bool failed;
     char why[800];        // why it failed
+    struct CUgraph_st *capture; // the graph its work goes to while it is captured (graph.c)
+    bool capture_failed;        // something that cannot be captured was attempted
     stream *next;         // the device's streams
 };
 
-struct CUevent_st {
-    unsigned magic;
-    unsigned flags;
-    stream *on;           // the stream of the latest record, and its position there
-    uint64_t seq;
-    unsigned long long generation;
-    double time;          // when the latest record ran (emulated time: host clock)
-    bool recorded, destroyed;
-    int refs;             // queued records that will write here, plus the owner
-};
 
 static stream *devices_streams[MAX_DEVICES];
 static stream *legacy_streams[MAX_DEVICES];
+static int streams_made, streams_created; // all (the legacy ones too); by cudaStreamCreate
+static uint32_t ops_queued;
 static __thread char fail_reason[600];
 
 // ================================================================ handles
@@ -83,6 +87,10 @@ static stream *new_stream(int device, bool legacy, bool nonblocking) {
     if (!s) emu_fatal("out of host memory for a stream");
     s->magic = STREAM_MAGIC;
     s->device = device, s->legacy = legacy, s->nonblocking = nonblocking;
+    s->id = streams_made++;
+    if (legacy) snprintf(s->name, sizeof s->name, "the legacy stream of device %d", device);
+    else snprintf(s->name, sizeof s->name, "stream %d (%s) of device %d", ++streams_created,
+                  nonblocking ? "non-blocking" : "blocking", device);
     s->next = devices_streams[device];
     devices_streams[device] = s;
     return s;
@@ -122,17 +130,20 @@ static void maybe_free(stream *s) {
             break;
         }
     s->magic = 0;
+    emu_clock_free(&s->clock);
     free(s);
 }
 
 // ================================================================ queueing
 
-static void add_dependency(op *o, stream *on, uint64_t seq) {
+// o waits for operation `seq` of stream `on`, whose clock is `clock`.
+static void add_dependency(op *o, stream *on, uint64_t seq, const emu_clock *clock) {
     dependency *d = realloc(o->deps, sizeof *d * (size_t)(o->dep_count + 1));
     if (!d) emu_fatal("out of host memory queueing GPU work");
     o->deps = d;
     d[o->dep_count++] = (dependency){on, seq};
     on->refs++;
+    emu_clock_join(&o->clock, clock);
 }
 
 // The legacy stream waits for all work queued so far on the device's
@@ -141,37 +152,159 @@ static void add_implicit_dependencies(op *o, stream *s) {
     if (s->nonblocking) return;
     if (s->legacy) {
         for (stream *b = devices_streams[s->device]; b; b = b->next)
-            if (b != s && !b->nonblocking && unfinished(b)) add_dependency(o, b, b->enqueued);
+            if (b != s && !b->nonblocking && b->enqueued) {
+                if (unfinished(b)) add_dependency(o, b, b->enqueued, &b->clock);
+                else emu_clock_join(&o->clock, &b->clock);
+            }
     } else {
         stream *l = legacy_streams[s->device];
-        if (l && unfinished(l)) add_dependency(o, l, l->enqueued);
+        if (l && unfinished(l)) add_dependency(o, l, l->enqueued, &l->clock);
+        else if (l) emu_clock_join(&o->clock, &l->clock);
     }
 }
 
-static op *append(stream *s, const char *what, emu_op_fn fn, void *state, void (*free_state)(void *)) {
+// Queue an operation on s, after what the host has seen complete, and
+// after operation after_seq of stream `after` when it is given (an event).
+static op *append(stream *s, const char *what, emu_op_fn fn, void *state, void (*free_state)(void *), stream *after,
+                  uint64_t after_seq, const emu_clock *after_clock) {
     op *o = calloc(1, sizeof *o);
     if (!o) emu_fatal("out of host memory queueing GPU work");
     o->what = what, o->fn = fn, o->state = state, o->free_state = free_state;
+    o->serial = ++ops_queued;
+    emu_clock_copy(&o->clock, &s->clock);
+    emu_clock_join(&o->clock, emu_host_clock());
     add_implicit_dependencies(o, s);
+    if (after) add_dependency(o, after, after_seq, after_clock);
     o->seq = ++s->enqueued;
+    emu_clock_set(&o->clock, s->id, o->seq);
+    emu_clock_copy(&s->clock, &o->clock);
     if (s->tail) s->tail->next = o;
     else s->head = o;
     s->tail = o;
     return o;
 }
 
-cudaError_t emu_stream_enqueue(cudaStream_t handle, const char *what, emu_op_fn fn, void *state,
-                               void (*free_state)(void *)) {
+static void settle(stream *s);
+
+// ================================================================ capture (the graphs of graph.c)
+
+static void invalidate_capture(stream *s, const char *why) {
+    if (!s->capture_failed) emu_warn("stream capture invalidated: %s", why);
+    s->capture_failed = true;
+}
+
+// The legacy stream orders itself with every blocking stream: while one
+// of them is captured, it may not be used (CUDA's cudaErrorStreamCaptureImplicit).
+static bool blocking_stream_captured(int device, const char *call) {
+    for (stream *b = devices_streams[device]; b; b = b->next)
+        if (b->capture && !b->nonblocking && !b->legacy) {
+            char why[160];
+            snprintf(why, sizeof why, "%s on the legacy stream while a blocking stream is captured", call);
+            invalidate_capture(b, why);
+            return true;
+        }
+    return false;
+}
+
+static void capture_op(stream *s, const char *what, emu_op_fn fn, void *state, void (*free_state)(void *)) {
+    struct CUgraph_st *g = s->capture;
+    emu_graph_node *n = calloc(1, sizeof *n);
+    if (!n) emu_fatal("out of host memory capturing GPU work");
+    *n = (emu_graph_node){1, what, fn, state, free_state};
+    if (g->count == g->cap) {
+        g->cap = g->cap ? 2 * g->cap : 64;
+        g->nodes = realloc(g->nodes, sizeof *g->nodes * (size_t)g->cap);
+        if (!g->nodes) emu_fatal("out of host memory capturing GPU work");
+    }
+    g->nodes[g->count++] = n;
+}
+
+void emu_graph_node_release(emu_graph_node *n) {
+    if (--n->refs > 0) return;
+    if (n->free_state) n->free_state(n->state);
+    free(n);
+}
+
+cudaError_t emu_stream_begin_capture(cudaStream_t handle, struct CUgraph_st *g) {
     emu_lock();
     stream *s = resolve(handle);
-    if (!s) {
+    cudaError_t err = cudaSuccess;
+    if (!s) err = cudaErrorInvalidResourceHandle;
+    else if (s->legacy) err = cudaErrorStreamCaptureUnsupported; // as in CUDA: the legacy stream cannot be captured
+    else if (s->capture) err = cudaErrorIllegalState;
+    else s->capture = g, s->capture_failed = false;
+    emu_unlock();
+    return err;
+}
+
+struct CUgraph_st *emu_stream_end_capture(cudaStream_t handle, bool *failed) {
+    emu_lock();
+    stream *s = resolve(handle);
+    struct CUgraph_st *g = s ? s->capture : NULL;
+    if (g) *failed = s->capture_failed, s->capture = NULL;
+    emu_unlock();
+    return g;
+}
+
+struct CUgraph_st *emu_stream_capture(cudaStream_t handle, bool *failed) {
+    emu_lock();
+    stream *s = resolve(handle);
+    struct CUgraph_st *g = s ? s->capture : NULL;
+    if (g && failed) *failed = s->capture_failed;
+    emu_unlock();
+    return g;
+}
+
+// ================================================================ queueing, for the other files
+
+cudaError_t emu_stream_enqueue(cudaStream_t handle, const char *what, emu_op_fn fn, void *state,
+                               void (*free_state)(void *), uint64_t *position, unsigned flags) {
+    emu_lock();
+    stream *s = resolve(handle);
+    cudaError_t err = !s ? cudaErrorInvalidResourceHandle
+                      : s->legacy && blocking_stream_captured(s->device, what) ? cudaErrorStreamCaptureImplicit
+                                                                                : cudaSuccess;
+    if (!err && s->capture && !(flags & EMU_OP_REPLAYABLE)) {
+        char why[160];
+        snprintf(why, sizeof why, "%s cannot be captured in a graph by the emulated GPU", what);
+        invalidate_capture(s, why);
+        err = cudaErrorStreamCaptureUnsupported;
+    }
+    if (err) {
         emu_unlock();
         if (free_state) free_state(state);
-        return cudaErrorInvalidResourceHandle;
+        return err;
     }
-    append(s, what, fn, state, free_state);
+    if (s->capture) {
+        capture_op(s, what, fn, state, free_state);
+        if (position) *position = 0;
+    } else {
+        op *o = append(s, what, fn, state, free_state, NULL, 0, NULL);
+        if (position) *position = o->seq;
+        settle(s);
+    }
     emu_unlock();
     return cudaSuccess;
+}
+
+emu_stream *emu_stream_of(cudaStream_t handle) { return resolve(handle); }
+
+uint64_t emu_stream_append(emu_stream *s, const char *what, emu_op_fn fn, void *state, void (*free_state)(void *),
+                           emu_stream *after, uint64_t after_seq, const emu_clock *after_clock, emu_clock *clock) {
+    op *o = append(s, what, fn, state, free_state, after, after_seq, after_clock);
+    uint64_t seq = o->seq; // (settle may run it, and free it)
+    if (clock) emu_clock_copy(clock, &o->clock);
+    settle(s);
+    return seq;
+}
+
+bool emu_stream_reached(const emu_stream *s, uint64_t seq) { return s->completed >= seq; }
+
+void emu_stream_hold(emu_stream *s) { s->refs++; }
+
+void emu_stream_release(emu_stream *s) {
+    s->refs--;
+    maybe_free(s);
 }
 
 void emu_op_fail_reason(const char *fmt, ...) {
@@ -181,7 +314,7 @@ void emu_op_fail_reason(const char *fmt, ...) {
     va_end(args);
 }
 
-static emu_op_status done_at_once(void *state) {
+emu_op_status emu_done_at_once(void *state) {
     (void)state;
     return EMU_OP_DONE;
 }
@@ -191,9 +324,9 @@ void emu_stream_discard_if(bool (*match)(void *state, void *owner), void *owner)
     for (int d = 0; d < MAX_DEVICES; d++)
         for (stream *s = devices_streams[d]; s; s = s->next)
             for (op *o = s->head; o; o = o->next)
-                if (o->fn != done_at_once && match(o->state, owner)) {
+                if (o->fn != emu_done_at_once && match(o->state, owner)) {
                     if (o->free_state) o->free_state(o->state);
-                    o->fn = done_at_once, o->state = NULL, o->free_state = NULL;
+                    o->fn = emu_done_at_once, o->state = NULL, o->free_state = NULL;
                 }
     emu_unlock();
 }
@@ -201,7 +334,7 @@ void emu_stream_discard_if(bool (*match)(void *state, void *owner), void *owner)
 // ================================================================ running
 
 // Stopped at a failed op (not one that was discarded since).
-static bool stuck(const stream *s) { return s->failed && s->head && s->head->fn != done_at_once; }
+static bool stuck(const stream *s) { return s->failed && s->head && s->head->fn != emu_done_at_once; }
 
 static void retire(stream *s) {
     op *o = s->head;
@@ -213,23 +346,28 @@ static void retire(stream *s) {
         maybe_free(o->deps[i].on);
     }
     if (o->free_state) o->free_state(o->state);
+    emu_clock_free(&o->clock);
     free(o->deps);
     free(o);
 }
 
 // Run stream s until operation `target` has completed, or at most
 // max_ops of its own operations (what it depends on runs in full).
-static emu_op_status run(stream *s, uint64_t target, int max_ops) {
+static emu_op_status run_stream(stream *s, uint64_t target, int max_ops) {
     while (s->completed < target && max_ops-- > 0) {
         op *o = s->head;
-        if (s->failed && o->fn != done_at_once) return EMU_OP_FAILED;
+        if (s->failed && o->fn != emu_done_at_once) return EMU_OP_FAILED;
         s->failed = false; // the failed op was discarded (ncclCommAbort): the stream runs on
         for (int i = 0; i < o->dep_count; i++) {
-            emu_op_status r = run(o->deps[i].on, o->deps[i].seq, 1 << 30);
+            emu_op_status r = run_stream(o->deps[i].on, o->deps[i].seq, 1 << 30);
             if (r != EMU_OP_DONE) return r;
         }
         fail_reason[0] = 0;
+        const emu_running_op *outer = emu_current_op();
+        emu_running_op self = {o->serial, s->id, o->seq, &o->clock, o->what, s->name};
+        emu_set_current_op(&self);
         emu_op_status r = o->fn(o->state);
+        emu_set_current_op(outer);
         if (r == EMU_OP_PENDING) return r;
         if (r == EMU_OP_FAILED) {
             s->failed = true;
@@ -246,15 +384,63 @@ static cudaError_t failed(stream *s, const char *call) {
     return emu_set_error(cudaErrorLaunchFailure);
 }
 
+// ================================================================ the schedule
+
+static __thread int settling;
+
+// EMU_SCHEDULE=random: a few steps (one on average) of streams picked at
+// random among those with queued work; each step first runs what it waits for.
+static void random_steps(void) {
+    while (emu_schedule_random() % 2) {
+        int candidates = 0;
+        for (int d = 0; d < MAX_DEVICES; d++)
+            for (stream *c = devices_streams[d]; c; c = c->next) candidates += unfinished(c) && !stuck(c);
+        if (!candidates) return;
+        int pick = (int)(emu_schedule_random() % (uint64_t)candidates);
+        for (int d = 0; d < MAX_DEVICES; d++)
+            for (stream *c = devices_streams[d]; c; c = c->next)
+                if (unfinished(c) && !stuck(c) && pick-- == 0) run_stream(c, c->completed + 1, 1);
+    }
+}
+
+// After an operation was queued on s: under EMU_SCHEDULE=eager, run it
+// now (an operation that waits for another process stays queued); under
+// random, maybe run something. Never from inside a running operation.
+static void settle(stream *s) {
+    emu_schedule_kind k = emu_schedule();
+    if (k == EMU_SCHEDULE_LAZY || settling || emu_current_op()) return;
+    if (k == EMU_SCHEDULE_RANDOM && emu_schedule_random() % 2) return; // (half the time, nothing runs)
+    settling++;
+    emu_device_access_begin();
+    if (k == EMU_SCHEDULE_EAGER) run_stream(s, s->enqueued, 1 << 30);
+    else random_steps();
+    emu_device_access_end();
+    settling--;
+}
+
+// ================================================================ the host waits
+
 // The host waits: run until `target`, sleeping while queued work waits
-// for another process. Called with the lock held once.
-static cudaError_t wait_for(stream *s, uint64_t target, const char *call) {
+// for another process. Called with the lock held once. On success the
+// host knows what `known` (target's clock, or NULL) says happened before.
+static cudaError_t wait_for(stream *s, uint64_t target, const char *call, const emu_clock *known) {
+    if (s->capture) { // nothing has been queued to wait for: the host would wait forever
+        char why[160];
+        snprintf(why, sizeof why, "%s of a stream that is being captured", call);
+        invalidate_capture(s, why);
+        return emu_set_error(cudaErrorStreamCaptureUnsupported);
+    }
     // A little later than the NCCL ops' own timeout, which names the missing rank.
     double start = emu_now(), limit = emu_timeout_s() + 2;
     long pause_ns = 20000;
     emu_device_access_begin();
+    if (emu_schedule() == EMU_SCHEDULE_RANDOM && !settling) {
+        settling++;
+        random_steps();
+        settling--;
+    }
     for (;;) {
-        emu_op_status r = run(s, target, 1 << 30);
+        emu_op_status r = run_stream(s, target, 1 << 30);
         if (r == EMU_OP_DONE) break;
         if (r == EMU_OP_FAILED) {
             emu_device_access_end();
@@ -275,26 +461,40 @@ static cudaError_t wait_for(stream *s, uint64_t target, const char *call) {
         emu_lock();
     }
     emu_device_access_end();
+    if (known) emu_clock_join(emu_host_clock(), known);
     return cudaSuccess;
 }
 
 static cudaError_t sync_device(int device, const char *call) {
+    for (stream *c = devices_streams[device]; c; c = c->next)
+        if (c->capture) return wait_for(c, c->enqueued, call, NULL); // (refused, and the capture invalidated)
     for (;;) {
         stream *pending = NULL;
         for (stream *s = devices_streams[device]; s && !pending; s = s->next)
             if (unfinished(s) || stuck(s)) pending = s;
         if (!pending) return cudaSuccess;
         if (stuck(pending)) return failed(pending, call);
-        cudaError_t err = wait_for(pending, pending->enqueued, call);
+        cudaError_t err = wait_for(pending, pending->enqueued, call, &pending->clock);
         if (err) return err;
         maybe_free(pending);
     }
 }
 
-void emu_stream_sync_device_for_free(int device) {
+cudaError_t emu_device_wait(int device, const char *call) {
     emu_lock();
-    sync_device(device, "cudaFree");
+    cudaError_t err = sync_device(device, call);
     emu_unlock();
+    return err;
+}
+
+cudaError_t emu_stream_wait(cudaStream_t handle, uint64_t position, const char *call) {
+    emu_lock();
+    stream *s = resolve(handle);
+    cudaError_t err = cudaErrorInvalidResourceHandle;
+    if (s && position >= s->enqueued) err = wait_for(s, s->enqueued, call, &s->clock);
+    else if (s) err = wait_for(s, position, call, NULL);
+    emu_unlock();
+    return err ? emu_set_error(err) : cudaSuccess;
 }
 
 // ================================================================ the stream API
@@ -331,7 +531,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t handle) {
 cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
     emu_lock();
     stream *s = resolve(handle);
-    cudaError_t err = s ? wait_for(s, s->enqueued, "cudaStreamSynchronize") : cudaErrorInvalidResourceHandle;
+    cudaError_t err =
+        s ? wait_for(s, s->enqueued, "cudaStreamSynchronize", &s->clock) : cudaErrorInvalidResourceHandle;
     emu_unlock();
     return err ? emu_set_error(err) : cudaSuccess;
 }
@@ -340,11 +541,15 @@ cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
 // queued when it asked, and the work moves on as it polls.
 // A query's answer: done, or run one more queued operation toward `target`
 // and say "not ready".
-static cudaError_t step_toward(stream *s, uint64_t target, const char *call) {
-    if (s->completed >= target) return cudaSuccess;
+static cudaError_t step_toward(stream *s, uint64_t target, const char *call, const emu_clock *known) {
+    if (s->capture) return wait_for(s, target, call, known); // (refused, and the capture invalidated)
+    if (s->completed >= target) {
+        emu_clock_join(emu_host_clock(), known);
+        return cudaSuccess;
+    }
     if (stuck(s)) return failed(s, call);
     emu_device_access_begin();
-    emu_op_status r = run(s, target, 1);
+    emu_op_status r = run_stream(s, target, 1);
     emu_device_access_end();
     return r == EMU_OP_FAILED ? failed(s, call) : cudaErrorNotReady;
 }
@@ -352,7 +557,8 @@ static cudaError_t step_toward(stream *s, uint64_t target, const char *call) {
 cudaError_t cudaStreamQuery(cudaStream_t handle) {
     emu_lock();
     stream *s = resolve(handle);
-    cudaError_t err = s ? step_toward(s, s->enqueued, "cudaStreamQuery") : emu_set_error(cudaErrorInvalidResourceHandle);
+    cudaError_t err = s ? step_toward(s, s->enqueued, "cudaStreamQuery", &s->clock)
+                        : emu_set_error(cudaErrorInvalidResourceHandle);
     emu_unlock();
     return err;
 }
@@ -369,288 +575,10 @@ cudaError_t cudaDeviceSynchronize(void) {
 
 cudaError_t cudaDeviceReset(void) { return cudaDeviceSynchronize(); }
 
-// ================================================================ events
-
-static struct CUevent_st *event_of(cudaEvent_t e) {
-    return e && e->magic == EVENT_MAGIC && !e->destroyed ? e : NULL;
+cudaError_t emu_stream_wait_for(emu_stream *s, uint64_t seq, const char *call, const emu_clock *known) {
+    return wait_for(s, seq, call, known);
 }
 
-static void event_release(struct CUevent_st *e) {
-    if (--e->refs > 0) return;
-    if (e->on) {
-        e->on->refs--;
-        maybe_free(e->on);
-    }
-    e->magic = 0;
-    free(e);
-}
-
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags) {
-    if (!out || (flags & ~7u)) return emu_set_error(cudaErrorInvalidValue);
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err) return err;
-    struct CUevent_st *e = calloc(1, sizeof *e);
-    if (!e) return emu_set_error(cudaErrorMemoryAllocation);
-    e->magic = EVENT_MAGIC, e->flags = flags, e->refs = 1;
-    *out = e;
-    return cudaSuccess;
-}
-
-cudaError_t cudaEventCreate(cudaEvent_t *out) { return cudaEventCreateWithFlags(out, cudaEventDefault); }
-
-cudaError_t cudaEventDestroy(cudaEvent_t handle) {
-    emu_lock();
-    struct CUevent_st *e = event_of(handle);
-    if (!e) {
-        emu_unlock();
-        return emu_set_error(cudaErrorInvalidResourceHandle);
-    }
-    e->destroyed = true;
-    event_release(e);
-    emu_unlock();
-    return cudaSuccess;
-}
-
-typedef struct {
-    struct CUevent_st *event;
-    unsigned long long generation;
-} record_state;
-
-static emu_op_status run_record(void *state) {
-    record_state *r = (record_state *)state;
-    if (r->generation == r->event->generation) r->event->time = emu_now();
-    return EMU_OP_DONE;
-}
-
-static void free_record(void *state) {
-    record_state *r = (record_state *)state;
-    event_release(r->event);
-    free(r);
-}
-
-cudaError_t cudaEventRecord(cudaEvent_t handle, cudaStream_t stream_handle) {
-    emu_lock();
-    struct CUevent_st *e = event_of(handle);
-    stream *s = resolve(stream_handle);
-    if (!e || !s) {
-        emu_unlock();
-        return emu_set_error(cudaErrorInvalidResourceHandle);
-    }
-    record_state *r = malloc(sizeof *r);
-    if (!r) emu_fatal("out of host memory recording an event");
-    r->event = e, r->generation = ++e->generation;
-    e->refs++;
-    op *o = append(s, "cudaEventRecord", run_record, r, free_record);
-    if (e->on) {
-        e->on->refs--;
-        maybe_free(e->on);
-    }
-    e->on = s, e->seq = o->seq, e->recorded = true;
-    s->refs++;
-    emu_unlock();
-    return cudaSuccess;
-}
-
-// A later operation on `stream` waits for the event's latest record as it
-// is now (CUDA semantics: a record made after this call does not count).
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream_handle, cudaEvent_t handle, unsigned int flags) {
-    if (flags != 0) return emu_set_error(cudaErrorInvalidValue);
-    emu_lock();
-    struct CUevent_st *e = event_of(handle);
-    stream *s = resolve(stream_handle);
-    if (!e || !s) {
-        emu_unlock();
-        return emu_set_error(cudaErrorInvalidResourceHandle);
-    }
-    if (e->recorded) {
-        op *o = append(s, "cudaStreamWaitEvent", done_at_once, NULL, NULL);
-        add_dependency(o, e->on, e->seq);
-    }
-    emu_unlock();
-    return cudaSuccess;
-}
-
-cudaError_t cudaEventQuery(cudaEvent_t handle) {
-    emu_lock();
-    struct CUevent_st *e = event_of(handle);
-    cudaError_t err = cudaSuccess;
-    if (!e) err = emu_set_error(cudaErrorInvalidResourceHandle);
-    else if (e->recorded) err = step_toward(e->on, e->seq, "cudaEventQuery");
-    emu_unlock();
-    return err;
-}
-
-cudaError_t cudaEventSynchronize(cudaEvent_t handle) {
-    emu_lock();
-    struct CUevent_st *e = event_of(handle);
-    cudaError_t err = cudaSuccess;
-    if (!e) err = emu_set_error(cudaErrorInvalidResourceHandle);
-    else if (e->recorded) err = wait_for(e->on, e->seq, "cudaEventSynchronize");
-    emu_unlock();
-    return err;
-}
-
-// Emulated time: the host clock when each record ran. It measures the
-// emulator, not a GPU, and says nothing about a GPU's speed.
-cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
-    if (!ms) return emu_set_error(cudaErrorInvalidValue);
-    emu_lock();
-    struct CUevent_st *a = event_of(start), *b = event_of(end);
-    cudaError_t err = cudaSuccess;
-    if (!a || !b || (a->flags & cudaEventDisableTiming) || (b->flags & cudaEventDisableTiming))
-        err = cudaErrorInvalidResourceHandle;
-    else if (!a->recorded || !b->recorded || a->on->completed < a->seq || b->on->completed < b->seq)
-        err = cudaErrorNotReady;
-    else
-        *ms = (float)((b->time - a->time) * 1000.0);
-    emu_unlock();
-    return err ? emu_set_error(err) : cudaSuccess;
-}
-
-// ================================================================ copies and fills
-//
-// When a copy happens, following CUDA's "API synchronization behavior":
-//   cudaMemcpy  host->device: the host's bytes are taken at the call (a
-//               pageable buffer is staged) and written when the legacy
-//               stream gets there; from pinned memory the call waits.
-//               device->host: returns when the copy is done.
-//               device->device: queued only.
-//   cudaMemcpyAsync  from pageable host memory: taken at the call; to
-//               pageable host memory: returns when done (CUDA must stage
-//               it); pinned host memory and device->device: queued - the
-//               host must synchronize before it reads the result.
-//   cudaMemset(Async): queued.
-
-typedef struct {
-    void *dst;
-    const void *src;
-    size_t bytes;
-    void *staged; // a copy of pageable host bytes taken at the call
-    int fill;
-} copy_state;
-
-static emu_op_status run_copy(void *state) {
-    copy_state *c = (copy_state *)state;
-    memmove(c->dst, c->staged ? c->staged : c->src, c->bytes);
-    return EMU_OP_DONE;
-}
-
-static emu_op_status run_fill(void *state) {
-    copy_state *c = (copy_state *)state;
-    memset(c->dst, c->fill, c->bytes);
-    return EMU_OP_DONE;
-}
-
-static void free_copy(void *state) {
-    copy_state *c = (copy_state *)state;
-    free(c->staged);
-    free(c);
-}
-
-static const char *kind_name(cudaMemcpyKind k) {
-    switch (k) {
-    case cudaMemcpyHostToHost: return "cudaMemcpyHostToHost";
-    case cudaMemcpyHostToDevice: return "cudaMemcpyHostToDevice";
-    case cudaMemcpyDeviceToHost: return "cudaMemcpyDeviceToHost";
-    case cudaMemcpyDeviceToDevice: return "cudaMemcpyDeviceToDevice";
-    case cudaMemcpyDefault: return "cudaMemcpyDefault";
-    }
-    return "an unknown cudaMemcpyKind";
-}
-
-// The direction the call says must be the direction the pointers have.
-static cudaError_t check_direction(const char *call, cudaMemcpyKind kind, bool dst_dev, bool src_dev) {
-    bool want_src_dev, want_dst_dev;
-    switch (kind) {
-    case cudaMemcpyHostToHost: want_src_dev = false, want_dst_dev = false; break;
-    case cudaMemcpyHostToDevice: want_src_dev = false, want_dst_dev = true; break;
-    case cudaMemcpyDeviceToHost: want_src_dev = true, want_dst_dev = false; break;
-    case cudaMemcpyDeviceToDevice: want_src_dev = true, want_dst_dev = true; break;
-    case cudaMemcpyDefault: return cudaSuccess;
-    default:
-        emu_warn("%s: %d is not a cudaMemcpyKind", call, (int)kind);
-        return cudaErrorInvalidMemcpyDirection;
-    }
-    if (want_src_dev != src_dev || want_dst_dev != dst_dev) {
-        emu_warn("%s(..., %s): the source is %s memory and the destination is %s memory", call, kind_name(kind),
-                 src_dev ? "device" : "host", dst_dev ? "device" : "host");
-        return cudaErrorInvalidValue;
-    }
-    return cudaSuccess;
-}
-
-static cudaError_t memcpy_common(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
-                                 cudaStream_t handle, bool async) {
-    const char *call = async ? "cudaMemcpyAsync" : "cudaMemcpy";
-    if (bytes == 0) return cudaSuccess;
-    if (!dst || !src) return emu_set_error(cudaErrorInvalidValue);
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err) return err;
-    emu_memory_kind dk = emu_memory_kind_of(dst, bytes, async ? "cudaMemcpyAsync destination" : "cudaMemcpy destination");
-    emu_memory_kind sk = emu_memory_kind_of(src, bytes, async ? "cudaMemcpyAsync source" : "cudaMemcpy source");
-    err = check_direction(call, kind, dk == EMU_DEVICE, sk == EMU_DEVICE);
-    if (err) return emu_set_error(err);
-    if (dk != EMU_DEVICE && sk != EMU_DEVICE) { // host to host: fully synchronous
-        memmove(dst, src, bytes);
-        return cudaSuccess;
-    }
-    emu_lock();
-    stream *s = resolve(async ? handle : 0);
-    if (!s) {
-        emu_unlock();
-        return emu_set_error(cudaErrorInvalidResourceHandle);
-    }
-    if (!async && sk != EMU_DEVICE) { // cudaMemcpy from the host first waits for the legacy stream
-        err = wait_for(s, s->enqueued, call);
-        if (err) {
-            emu_unlock();
-            return err;
-        }
-    }
-    copy_state *c = calloc(1, sizeof *c);
-    if (!c) emu_fatal("out of host memory queueing a copy");
-    c->dst = dst, c->src = src, c->bytes = bytes;
-    if (sk == EMU_HOST) { // pageable: staged now, the caller may reuse its buffer at once
-        c->staged = malloc(bytes);
-        if (!c->staged) emu_fatal("out of host memory staging a %zu-byte copy", bytes);
-        memcpy(c->staged, src, bytes);
-    }
-    op *o = append(s, call, run_copy, c, free_copy);
-    bool host_waits = (dk != EMU_DEVICE && (!async || dk == EMU_HOST)) || (!async && sk == EMU_HOST_PINNED);
-    if (host_waits) err = wait_for(s, o->seq, call);
-    emu_unlock();
-    return err;
-}
-
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
-    return memcpy_common(dst, src, bytes, kind, 0, false);
-}
-
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
-    return memcpy_common(dst, src, bytes, kind, stream, true);
-}
-
-static cudaError_t memset_common(void *dst, int value, size_t bytes, cudaStream_t handle, const char *call) {
-    if (bytes == 0) return cudaSuccess;
-    if (!dst) return emu_set_error(cudaErrorInvalidValue);
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err) return err;
-    if (emu_memory_kind_of(dst, bytes, call) != EMU_DEVICE) {
-        emu_warn("%s(%p, ...): the destination is host memory; it fills device memory only", call, dst);
-        return emu_set_error(cudaErrorInvalidValue);
-    }
-    copy_state *c = calloc(1, sizeof *c);
-    if (!c) emu_fatal("out of host memory queueing a memset");
-    c->dst = dst, c->bytes = bytes, c->fill = value;
-    err = emu_stream_enqueue(handle, call, run_fill, c, free);
-    return err ? emu_set_error(err) : cudaSuccess;
-}
-
-cudaError_t cudaMemset(void *dst, int value, size_t bytes) { return memset_common(dst, value, bytes, 0, "cudaMemset"); }
-
-cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t stream) {
-    return memset_common(dst, value, bytes, stream, "cudaMemsetAsync");
+cudaError_t emu_stream_poll(emu_stream *s, uint64_t seq, const char *call, const emu_clock *known) {
+    return step_toward(s, seq, call, known);
 }

@@ -20,26 +20,23 @@ after_of() {
 expect_after() {
     local what=$1 section=$2 rank=$3 want=$4 file=$5 label=${6:-after}
     local got; got=$(after_of "$section" "$rank" "$file" "$label")
-    if [[ "$got" == "$want" ]]; then pass "03: $what"
-    else fail "03: $what" "$section, rank $rank, $label: got '$got', expected '$want'"; fi
+    [[ "$got" == "$want" ]]; verdict $? "03: $what" "$section, rank $rank, $label: got '$got', expected '$want'"
 }
 
 # --- the lesson: 4 ranks on the CPU
 run_capture 90 "$TMP/lesson" "$bin" --device cpu; status=$?
 check "03: the lesson exits 0" test $status -eq 0
-if head -n 1 "$TMP/lesson" | grep -Eq '^03_collectives: 4 ranks \| device: .+ \(.+\) \| backend: .+'; then
-    pass "03: first line names 4 ranks, the device, why, and the backend"
-else fail "03: first line names 4 ranks, the device, why, and the backend" "first line: $(head -n 1 "$TMP/lesson")"; fi
+head -n 1 "$TMP/lesson" | grep -Eq '^03_collectives: 4 ranks \| device: .+ \(.+\) \| backend: .+'
+verdict $? "03: first line names 4 ranks, the device, why, and the backend" "first line: $(head -n 1 "$TMP/lesson")"
 sections=$(grep -Eo '^== [0-9]\. [a-z_]+' "$TMP/lesson" | awk '{ print $3 }' | tr '\n' ' ')
 want_sections="broadcast reduce all_reduce gather all_gather scatter reduce_scatter all_to_all barrier "
-if [[ "$sections" == "$want_sections" ]]; then pass "03: the nine collectives, in order"
-else fail "03: the nine collectives, in order" "got: $sections"; fi
+[[ "$sections" == "$want_sections" ]]; verdict $? "03: the nine collectives, in order" "got: $sections"
 # Each picture lists every rank in rank order, before and after.
-if awk '/^== [1-8]\. / { if (s && seen != "01230123") bad = 1; s = 1; seen = "" }
-        / rank [0-9]: / { r = $0; sub(/.* rank /, "", r); seen = seen substr(r, 1, 1) }
-        /^== 9\. / { if (seen != "01230123") bad = 1; exit }
-        END { exit bad }' "$TMP/lesson"; then pass "03: every picture shows ranks 0-3 before and after, in rank order"
-else fail "03: every picture shows ranks 0-3 before and after, in rank order" "see the lesson output"; fi
+awk '/^== [1-8]\. / { if (s && seen != "01230123") bad = 1; s = 1; seen = "" }
+     / rank [0-9]: / { r = $0; sub(/.* rank /, "", r); seen = seen substr(r, 1, 1) }
+     /^== 9\. / { if (seen != "01230123") bad = 1; exit }
+     END { exit bad }' "$TMP/lesson"
+verdict $? "03: every picture shows ranks 0-3 before and after, in rank order" "see the lesson output"
 
 expect_after "broadcast: rank 2 ends with the root's [0 1 2 3]" broadcast 2 "[0 1 2 3]" "$TMP/lesson"
 expect_after "reduce: the root holds the sum [600 604 608 612]" reduce 0 "[600 604 608 612]" "$TMP/lesson"
@@ -57,15 +54,18 @@ expect_after "all_to_all: rank 1 gets chunk 1 of every rank" all_to_all 1 \
 # 10: bitwise reductions on integers agree on flags.
 expect_after "all_reduce bor: every rank learns which ranks are ready (13: rank 1 is not)" all_reduce 2 "[13 15]" "$TMP/lesson" bor
 expect_after "all_reduce band: the features every rank supports (3)" all_reduce 1 "[0 3]" "$TMP/lesson" band
+# 11: sub-groups: the even ranks sum over the even ones, the odd over the odd.
+expect_after "sub-groups: rank 2 holds the sum over ranks 0 and 2, as group rank 1" sub-groups 2 "[2 1]" "$TMP/lesson"
+expect_after "sub-groups: rank 1 holds the sum over ranks 1 and 3" sub-groups 1 "[4 1]" "$TMP/lesson"
 # barrier: rank 3 arrives 300 ms late; nobody leaves before (50 ms slack for
 # the ranks' clocks starting a little apart).
 times=$(for r in 0 1 2 3; do after_of barrier $r "$TMP/lesson" times; done | tr -d '[]' | tr '\n' ';')
-if awk -v t="$times" 'BEGIN { n = split(t, rows, ";"); late = 0
+awk -v t="$times" 'BEGIN { n = split(t, rows, ";"); late = 0
         for (i = 1; i < n; i++) { split(rows[i], v, " "); if (v[1] > late) late = v[1] }
         ok = late >= 290
         for (i = 1; i < n; i++) { split(rows[i], v, " "); if (v[2] < late - 50) ok = 0 }
-        exit !(ok && n == 5) }'; then pass "03: barrier: no rank leaves before the last one arrives"
-else fail "03: barrier: no rank leaves before the last one arrives" "arrived, left per rank: $times"; fi
+        exit !(ok && n == 5) }'
+verdict $? "03: barrier: no rank leaves before the last one arrives" "arrived, left per rank: $times"
 
 run_capture 90 "$TMP/three" "$bin" --nprocs 3 --device cpu; status=$?
 check "03: --nprocs 3 exits 0" test $status -eq 0
@@ -101,22 +101,18 @@ check_table() {
 run_capture 120 "$TMP/bench" "$bin" --bench -b 8 -e 1M -f 8 -c 1 -n 5 -w 1 --nprocs 4; status=$?
 check "03: --bench (all collectives, 4 ranks) exits 0" test $status -eq 0
 result=$(check_table "$TMP/bench")
-if [[ "$result" == "|9 tables 8 OK" ]]; then
-    pass "03: --bench: 9 tables, #wrong 0 everywhere, busbw = algbw x factor, algbw = size / time"
-else fail "03: --bench: 9 tables, #wrong 0 everywhere, busbw = algbw x factor, algbw = size / time" "$result"; fi
+[[ "$result" == "|9 tables 8 OK" ]]; verdict $? "03: --bench: 9 tables, #wrong 0 everywhere, busbw = algbw x factor, algbw = size / time" "$result"
 for line in "all_reduce 64 16" "all_gather 64 4" "reduce_scatter 64 4" "all_to_all 64 4" "gather 512 32" "broadcast 512 128"; do
     set -- $line
-    if awk -v c="$1" -v s="$2" -v k="$3" '/^# [a-z_]+: (S = |no data)/ { n = $2; sub(/:$/, "", n) }
-            n == c && $1 == s && $2 == k { found = 1 } END { exit !found }' "$TMP/bench"; then
-        pass "03: $1 counts as nccl-tests does: size $2 B has count $3"
-    else fail "03: $1 counts as nccl-tests does: size $2 B has count $3" "no such row"; fi
+    awk -v c="$1" -v s="$2" -v k="$3" '/^# [a-z_]+: (S = |no data)/ { n = $2; sub(/:$/, "", n) }
+        n == c && $1 == s && $2 == k { found = 1 } END { exit !found }' "$TMP/bench"
+    verdict $? "03: $1 counts as nccl-tests does: size $2 B has count $3" "no such row"
 done
 expect_output "03: --bench preamble states the method" "$TMP/bench" '^# method: per size, [0-9]+ warm-up ops, a barrier, then a host timer'
 expect_output "03: --bench footer: average bus bandwidth" "$TMP/bench" '^# Avg bus bandwidth +: [0-9.e+-]+$'
-if [[ $(head -n 1 "$csv_dir/all_reduce.csv" 2>/dev/null) == "size_bytes,count,type,redop,root,time_us,algbw_GBps,busbw_GBps,wrong" ]] &&
-   [[ $(grep -c '^[0-9]' "$csv_dir/all_reduce.csv") -eq 6 ]]; then
-    pass "03: runs/03_collectives/all_reduce.csv has the columns and 6 rows"
-else fail "03: runs/03_collectives/all_reduce.csv has the columns and 6 rows" "$(head -n 3 "$csv_dir/all_reduce.csv" 2>/dev/null | tr '\n' '|')"; fi
+[[ $(head -n 1 "$csv_dir/all_reduce.csv" 2>/dev/null) == "size_bytes,count,type,redop,root,time_us,algbw_GBps,busbw_GBps,wrong" ]] &&
+   [[ $(grep -c '^[0-9]' "$csv_dir/all_reduce.csv") -eq 6 ]]
+verdict $? "03: runs/03_collectives/all_reduce.csv has the columns and 6 rows" "$(head -n 3 "$csv_dir/all_reduce.csv" 2>/dev/null | tr '\n' '|')"
 
 # The check itself: one wrong element on rank 1 per checked operation
 # (COURSE_BENCH_CORRUPT_RANK) must show as #wrong = the check rounds on every
@@ -125,11 +121,10 @@ corrupt_case() {
     local what=$1 want_rows=$2; shift 2
     COURSE_BENCH_CORRUPT_RANK=1 run_capture 60 "$TMP/corrupt" "$bin" --bench --nprocs 2 -b 64 -e 4K -f 8 -c 2 -n 2 -w 1 "$@"; local status=$?
     local wrongs; wrongs=$(awk '/^ +[0-9]+ +[0-9]+ / { printf "%s ", $9 }' "$TMP/corrupt")
-    if [[ $status -ne 0 && $status -ne 124 && "$wrongs" == "$want_rows" ]] &&
-       grep -q '^# Out of bounds values : 6 FAILED$' "$TMP/corrupt" && grep -q '^# FAILED: 6 wrong values in all$' "$TMP/corrupt"; then
-        pass "03: --bench $what: a wrong element on rank 1 is counted in #wrong, and the run fails"
-    else fail "03: --bench $what: a wrong element on rank 1 is counted in #wrong, and the run fails" \
-        "status $status, #wrong per row '$wrongs' (want '$want_rows'): $(grep -E 'Out of bounds|FAILED' "$TMP/corrupt" | tr '\n' '|')"; fi
+    [[ $status -ne 0 && $status -ne 124 && "$wrongs" == "$want_rows" ]] &&
+       grep -q '^# Out of bounds values : 6 FAILED$' "$TMP/corrupt" && grep -q '^# FAILED: 6 wrong values in all$' "$TMP/corrupt"
+    verdict $? "03: --bench $what: a wrong element on rank 1 is counted in #wrong, and the run fails" \
+        "status $status, #wrong per row '$wrongs' (want '$want_rows'): $(grep -E 'Out of bounds|FAILED' "$TMP/corrupt" | tr '\n' '|')"
 }
 corrupt_case "all_reduce" "2 2 2 " --collective all_reduce
 corrupt_case "all_to_all" "2 2 2 " --collective all_to_all
@@ -139,8 +134,7 @@ bench_case() {
     local what=$1; shift
     run_capture 60 "$TMP/case" "$bin" --bench -b 8 -e 64K -f 16 -c 2 -n 2 -w 1 "$@"; local status=$?
     local result; result=$(check_table "$TMP/case")
-    if [[ $status -eq 0 && "$result" == \|* ]] && ! grep -q FAILED "$TMP/case"; then pass "03: --bench $what: #wrong 0"
-    else fail "03: --bench $what: #wrong 0" "status $status: $result"; fi
+    [[ $status -eq 0 && "$result" == \|* ]] && ! grep -q FAILED "$TMP/case"; verdict $? "03: --bench $what: #wrong 0" "status $status: $result"
 }
 bench_case "-d bfloat16 -o avg, 3 ranks" -d bfloat16 -o avg --nprocs 3
 bench_case "-d uint8 -o prod, 2 ranks" -d uint8 -o prod --nprocs 2 --collective all_reduce
@@ -155,19 +149,17 @@ bench_case "-d int64 -o band -r 1, 3 ranks" -d int64 -o band -r 1 --nprocs 3 --c
 if has_gpu; then
     run_capture 120 "$TMP/gpu" "$bin" --device cuda --nprocs 4 --bench -b 8 -e 1M -f 8 -n 5 -w 1; status=$?
     result=$(check_table "$TMP/gpu")
-    if [[ $status -eq 0 && "$result" == "|9 tables 8 OK" ]]; then pass "03: --device cuda --bench: #wrong 0 everywhere"
-    else fail "03: --device cuda --bench: #wrong 0 everywhere" "status $status: $result"; fi
+    [[ $status -eq 0 && "$result" == "|9 tables 8 OK" ]]; verdict $? "03: --device cuda --bench: #wrong 0 everywhere" "status $status: $result"
     # Every type and reduction, 2 and 4 ranks: each on its own GPU with nccl
     # (the emulated GPU has 8), or sharing one with the cpu backend, staged.
     for n in 2 4; do
         run_capture 300 "$TMP/gpu_all$n" "$bin" --device cuda --nprocs $n --bench -b 8 -e 64K -f 32 -c 1 -n 1 -w 0 \
             -d all -o all; status=$?
         result=$(check_table "$TMP/gpu_all$n")
-        backend=$(head -n 1 "$TMP/gpu_all$n" | sed -n 's/.*| backend: \([a-z]*\).*/\1/p')
+        backend=$(head -n 1 "$TMP/gpu_all$n" | field - '\| backend: ([a-z]*)')
         rows=$(grep -cE '^ +[0-9]+ +[0-9]+ ' "$TMP/gpu_all$n")
-        if [[ $status -eq 0 && "$result" == "|9 tables 8 OK" && $rows -eq 442 ]]; then
-            pass "03: --device cuda --bench -d all -o all, $n ranks ($backend): $rows rows, #wrong 0 everywhere"
-        else fail "03: --device cuda --bench -d all -o all, $n ranks" "status $status, $rows rows: $result"; fi
+        [[ $status -eq 0 && "$result" == "|9 tables 8 OK" && $rows -eq 442 ]]
+        verdict $? "03: --device cuda --bench -d all -o all, $n ranks ($backend): $rows rows, #wrong 0 everywhere" "status $status, $rows rows: $result"
     done
 else
     skip "03: --device cuda --bench: #wrong 0 everywhere" "no GPU on this machine"
@@ -178,8 +170,7 @@ fi
 bad_flag() {
     local name=$1; shift
     run_capture 10 "$TMP/bad" "$bin" "$@"; local status=$?
-    if [[ $status -eq 2 ]] && grep -q "^03_collectives: error: " "$TMP/bad"; then pass "03: $name exits 2"
-    else fail "03: $name exits 2" "status $status: $(head -n 1 "$TMP/bad")"; fi
+    [[ $status -eq 2 ]] && grep -q "^03_collectives: error: " "$TMP/bad"; verdict $? "03: $name exits 2" "status $status: $(head -n 1 "$TMP/bad")"
 }
 bad_flag "-o xor" --bench -o xor
 bad_flag "-o band -d float (bitwise needs integers)" --bench -o band -d float

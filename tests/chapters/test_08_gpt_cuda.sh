@@ -45,11 +45,9 @@ elif ! has_gpu; then
 else
     run_capture 60 "$TMP/oom.log" "$bin" --mode oom
     status=$?
-    if [[ $status -eq 1 ]] && grep -Eq 'needs [0-9.]+ GiB, the GPU has [0-9.]+ GiB free' "$TMP/oom.log"; then
-        pass "gpt cuda out of memory: one line with the size asked for"
-    else
-        fail "gpt cuda out of memory" "wanted exit 1 and 'needs X GiB, the GPU has Y GiB free'; got status $status: $(tail -n 2 "$TMP/oom.log" | tr '\n' '|')"
-    fi
+    [[ $status -eq 1 ]] && grep -Eq 'needs [0-9.]+ GiB, the GPU has [0-9.]+ GiB free' "$TMP/oom.log"
+    verdict $? "gpt cuda out of memory: one line with the size asked for" \
+        "wanted exit 1 and 'needs X GiB, the GPU has Y GiB free'; got status $status: $(tail -n 2 "$TMP/oom.log" | tr '\n' '|')"
 fi
 
 # The benchmark's own code (make bench-gpt), at the tests' tiny size: on a
@@ -62,10 +60,9 @@ elif ! has_gpu; then
 else
     run_capture 300 "$TMP/bench.log" "$bin" --mode bench --config tiny --vocab_size 211 --batch_size 4 --steps 2 --warmup 1
     status=$?
-    row=$(sed -n 's/^BENCH //p' "$TMP/bench.log")
-    if [[ $status -eq 0 ]] && awk -F, '{ exit !(NF == 17 && $2 == "tiny" && $8 > 0 && $9 > 0) }' <<<"$row"; then
-        pass "gpt cuda bench mode runs and prints a row ($(cut -d, -f2-4,8 <<<"$row"))"
-    else fail "gpt cuda bench mode runs and prints a row" "status $status: $(tail -n 2 "$TMP/bench.log" | tr '\n' '|')"; fi
+    row=$(field --all "$TMP/bench.log" '^BENCH (.*)')
+    [[ $status -eq 0 ]] && awk -F, '{ exit !(NF == 17 && $2 == "tiny" && $8 > 0 && $9 > 0) }' <<<"$row"
+    verdict $? "gpt cuda bench mode runs and prints a row ($(cut -d, -f2-4,8 <<<"$row"))" "status $status: $(tail -n 2 "$TMP/bench.log" | tr '\n' '|')"
 fi
 
 sanitizer=$(command -v compute-sanitizer 2>/dev/null || true)
@@ -83,19 +80,15 @@ elif [[ -z "$sanitizer" ]]; then
 else
     run_capture 300 "$TMP/memcheck.log" "$sanitizer" --tool memcheck --error-exitcode 99 "$bin" --mode sanitize
     status=$?
-    if [[ $status -eq 0 ]] && grep -q 'ERROR SUMMARY: 0 errors' "$TMP/memcheck.log" &&
-       grep -q '^PASS gpt cuda model gradients' "$TMP/memcheck.log" && ! grep -q '^FAIL ' "$TMP/memcheck.log"; then
-        pass "gpt cuda compute-sanitizer memcheck: no errors in the parity checks"
-    else
-        fail "gpt cuda compute-sanitizer memcheck" "status $status: $(grep -m3 -E 'ERROR SUMMARY|Invalid|^FAIL|error' "$TMP/memcheck.log" | tr '\n' '|')"
-    fi
+    [[ $status -eq 0 ]] && grep -q 'ERROR SUMMARY: 0 errors' "$TMP/memcheck.log" &&
+       grep -q '^PASS gpt cuda model gradients' "$TMP/memcheck.log" && ! grep -q '^FAIL ' "$TMP/memcheck.log"
+    verdict $? "gpt cuda compute-sanitizer memcheck: no errors in the parity checks" \
+        "status $status: $(grep -m3 -E 'ERROR SUMMARY|Invalid|^FAIL|error' "$TMP/memcheck.log" | tr '\n' '|')"
     # racecheck: shared-memory hazards (a missing __syncthreads) in the kernels.
     run_capture 600 "$TMP/racecheck.log" "$sanitizer" --tool racecheck --error-exitcode 99 "$bin" --mode sanitize
     status=$?
-    if [[ $status -eq 0 ]] && grep -q 'ERROR SUMMARY: 0 ' "$TMP/racecheck.log" && ! grep -q '^FAIL ' "$TMP/racecheck.log"; then
-        pass "gpt cuda compute-sanitizer racecheck: no shared-memory hazards"
-    else
-        fail "gpt cuda compute-sanitizer racecheck" "status $status: $(grep -m3 -E 'ERROR SUMMARY|hazard|^FAIL|error' "$TMP/racecheck.log" | tr '\n' '|')"
-    fi
+    [[ $status -eq 0 ]] && grep -q 'ERROR SUMMARY: 0 ' "$TMP/racecheck.log" && ! grep -q '^FAIL ' "$TMP/racecheck.log"
+    verdict $? "gpt cuda compute-sanitizer racecheck: no shared-memory hazards" \
+        "status $status: $(grep -m3 -E 'ERROR SUMMARY|hazard|^FAIL|error' "$TMP/racecheck.log" | tr '\n' '|')"
 fi
 exit 0

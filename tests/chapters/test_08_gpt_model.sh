@@ -69,11 +69,7 @@ common=(--data_dir "$corpus" --verify_data=false --preset tiny --vocab_size 300 
 run_capture 120 "$TMP/train.out" env OMP_NUM_THREADS=2 "$prog" "${common[@]}" --max_steps 40 --eval_every 20 \
     --num_samples 2 --sample_tokens 16 --prompt " the cat"
 status=$?
-if [[ $status -ne 0 ]]; then
-    fail "gpt program trains" "exit status $status: $(tail -n 3 "$TMP/train.out" | tr '\n' '|')"
-else
-    pass "gpt program trains"
-fi
+[[ $status -eq 0 ]]; verdict $? "gpt program trains" "exit status $status: $(tail -n 3 "$TMP/train.out" | tr '\n' '|')"
 expect_output "gpt first line names the device" <(head -n 1 "$TMP/train.out") '^08_gpt_wikitext: running on .*; why: '
 expect_output "gpt progress line (step, loss, tokens/s, ETA)" "$TMP/train.out" \
     '^epoch 1 \| step 20/40 \| loss [0-9.]+ \| lr .* \| [0-9]+ tokens/s \| ETA '
@@ -87,26 +83,24 @@ expect_output "gpt samples continue the prompt" "$TMP/train.out" '^--- sample 2 
 # min_lr at the last step.
 run_capture 120 "$TMP/lr.out" env OMP_NUM_THREADS=2 "$prog" "${common[@]}" --max_steps 30 --log_every 1 \
     --eval_every 0 --num_samples 0 --lr 1e-3 --min_lr 1e-4 --warmup_steps 100
-if awk 'function expect(s,   p) { if (s < 6) return 1e-3 * (s + 1) / 6
+awk 'function expect(s,   p) { if (s < 6) return 1e-3 * (s + 1) / 6
                                   p = (s - 6) / (30 - 6); return 1e-4 + 0.5 * (1 + cos(3.141592653589793 * p)) * 9e-4 }
         /^epoch 1 \| step [0-9]+\/30 \| / { split($5, a, "/"); got = $11; want = expect(a[1] - 1); n++
             if (got < want * 0.995 || got > want * 1.005) { printf "step %d: lr %s, expected %.4e\n", a[1], got, want; bad = 1 } }
-        END { if (n != 30) { printf "%d progress lines, expected 30\n", n; bad = 1 }; exit bad }' "$TMP/lr.out" >"$TMP/lr.why"; then
-    pass "gpt learning rate: linear warm-up (capped at a fifth of the run), cosine to --min_lr, every step"
-else fail "gpt learning rate: linear warm-up, cosine to --min_lr" "$(head -n 3 "$TMP/lr.why" | tr '\n' '|')"; fi
+        END { if (n != 30) { printf "%d progress lines, expected 30\n", n; bad = 1 }; exit bad }' "$TMP/lr.out" >"$TMP/lr.why"
+verdict $? "gpt learning rate: linear warm-up (capped at a fifth of the run), cosine to --min_lr, every step" "$(head -n 3 "$TMP/lr.why" | tr '\n' '|')"
 
 # Learning, not just running: at the start every one of the 300 tokens is
 # about equally likely (perplexity ~300); 40 steps reach well under 100.
-ppl=$(sed -n 's/^validation after step 40 .*perplexity \([0-9.]*\).*/\1/p' "$TMP/train.out")
-if [[ -n "$ppl" ]] && awk -v p="$ppl" 'BEGIN { exit !(p < 100) }'; then pass "gpt validation perplexity falls (now $ppl)"
-else fail "gpt validation perplexity falls" "perplexity after 40 steps is '${ppl:-missing}', want < 100"; fi
+ppl=$(field "$TMP/train.out" '^validation after step 40 .*perplexity ([0-9.]*)')
+[[ -n "$ppl" ]] && awk -v p="$ppl" 'BEGIN { exit !(p < 100) }'
+verdict $? "gpt validation perplexity falls (now $ppl)" "perplexity after 40 steps is '${ppl:-missing}', want < 100"
 
-if [[ -s "$out/model.safetensors" && -s "$out/tokenizer.json" ]]; then pass "gpt saves model and tokenizer"
-else fail "gpt saves model and tokenizer" "missing $out/model.safetensors or tokenizer.json"; fi
+[[ -s "$out/model.safetensors" && -s "$out/tokenizer.json" ]]
+verdict $? "gpt saves model and tokenizer" "missing $out/model.safetensors or tokenizer.json"
 rows=$(grep -c '^[0-9]' "$out/metrics.csv" 2>/dev/null)
-if [[ "$(head -n 1 "$out/metrics.csv" 2>/dev/null)" == "step,epoch,train_loss,valid_loss,tokens_per_s" && ${rows:-0} -ge 6 ]]; then
-    pass "gpt metrics.csv"
-else fail "gpt metrics.csv" "header '$(head -n 1 "$out/metrics.csv" 2>/dev/null)', $rows rows"; fi
+[[ "$(head -n 1 "$out/metrics.csv" 2>/dev/null)" == "step,epoch,train_loss,valid_loss,tokens_per_s" && ${rows:-0} -ge 6 ]]
+verdict $? "gpt metrics.csv" "header '$(head -n 1 "$out/metrics.csv" 2>/dev/null)', $rows rows"
 
 # --- the tokenizer is trained once and then reused from the cache
 run_capture 60 "$TMP/again.out" env OMP_NUM_THREADS=2 "$prog" "${common[@]}" --max_steps 1 --num_samples 0
@@ -123,17 +117,15 @@ for i in 1 2 3; do
     gen_status+=($?)
 done
 text1=$(sample_text "$TMP/gen1.out"); text2=$(sample_text "$TMP/gen2.out"); text3=$(sample_text "$TMP/gen3.out")
-if [[ ${gen_status[0]} -eq 0 ]] && [[ "$text1" == " the dog"* && ${#text1} -gt 8 ]]; then
-    pass "gpt --generate loads and samples"
-else fail "gpt --generate loads and samples" "status ${gen_status[0]}, output: $(tail -n 3 "$TMP/gen1.out" | tr '\n' '|')"; fi
+[[ ${gen_status[0]} -eq 0 ]] && [[ "$text1" == " the dog"* && ${#text1} -gt 8 ]]
+verdict $? "gpt --generate loads and samples" "status ${gen_status[0]}, output: $(tail -n 3 "$TMP/gen1.out" | tr '\n' '|')"
 # The same seed twice: exit 0 both times and the same sample, word for word
 # (two identical error messages are not a reproducible sample).
-if [[ ${gen_status[0]} -eq 0 && ${gen_status[1]} -eq 0 && -n "$text1" && "$text1" == "$text2" ]]; then
-    pass "gpt sampling is reproducible with a seed"
-else fail "gpt sampling is reproducible with a seed" "statuses ${gen_status[0]} ${gen_status[1]}; samples '$text1' and '$text2'"; fi
+[[ ${gen_status[0]} -eq 0 && ${gen_status[1]} -eq 0 && -n "$text1" && "$text1" == "$text2" ]]
+verdict $? "gpt sampling is reproducible with a seed" "statuses ${gen_status[0]} ${gen_status[1]}; samples '$text1' and '$text2'"
 # ...and the seed is what decides it: another seed, another continuation.
-if [[ ${gen_status[2]} -eq 0 && -n "$text3" && "$text3" != "$text1" ]]; then pass "gpt sampling follows the seed (--seed 7 differs from 1337)"
-else fail "gpt sampling follows the seed (--seed 7 differs from 1337)" "status ${gen_status[2]}; both printed '$text3'"; fi
+[[ ${gen_status[2]} -eq 0 && -n "$text3" && "$text3" != "$text1" ]]
+verdict $? "gpt sampling follows the seed (--seed 7 differs from 1337)" "status ${gen_status[2]}; both printed '$text3'"
 
 # --- bad input: flags exit 2 with a one-line error; bad files exit 1
 bad_flag() {
@@ -141,8 +133,7 @@ bad_flag() {
     run_capture 20 "$TMP/bad.out" "$prog" "$@"
     local status=$? first
     first=$(head -n 1 "$TMP/bad.out")
-    if [[ $status -eq 2 && "$first" == *"error: "* ]]; then pass "gpt bad flag: $name"
-    else fail "gpt bad flag: $name" "exit status $status (want 2), said: $first"; fi
+    [[ $status -eq 2 && "$first" == *"error: "* ]]; verdict $? "gpt bad flag: $name" "exit status $status (want 2), said: $first"
 }
 bad_flag "unknown flag" --no_such_flag 1
 bad_flag "batch size 0" --batch_size 0
@@ -157,13 +148,12 @@ printf 'not a model' >"$TMP/broken/model.safetensors"
 cp "$out/tokenizer.json" "$TMP/broken/"
 run_capture 20 "$TMP/broken.out" "$prog" --generate --out_dir "$TMP/broken"
 status=$?
-if [[ $status -eq 1 ]] && grep -q '^error: loading the model: .*model.safetensors' "$TMP/broken.out"; then
-    pass "gpt --generate refuses a damaged model"
-else fail "gpt --generate refuses a damaged model" "exit status $status, said: $(tail -n 1 "$TMP/broken.out")"; fi
+[[ $status -eq 1 ]] && grep -q '^error: loading the model: .*model.safetensors' "$TMP/broken.out"
+verdict $? "gpt --generate refuses a damaged model" "exit status $status, said: $(tail -n 1 "$TMP/broken.out")"
 run_capture 20 "$TMP/nodata.out" "$prog" --data_dir "$TMP/nowhere" --verify_data=false --out_dir "$TMP/out2"
 status=$?
-if [[ $status -eq 1 ]] && grep -q '^error: .*nowhere/train.txt' "$TMP/nodata.out"; then pass "gpt missing data is named"
-else fail "gpt missing data is named" "exit status $status, said: $(tail -n 1 "$TMP/nodata.out")"; fi
+[[ $status -eq 1 ]] && grep -q '^error: .*nowhere/train.txt' "$TMP/nodata.out"
+verdict $? "gpt missing data is named" "exit status $status, said: $(tail -n 1 "$TMP/nodata.out")"
 
 # --- the benchmarks
 if make -C "$chapter" -s build/bench_gpt build/gemm_peak >"$TMP/make_bench.log" 2>&1; then
@@ -172,17 +162,15 @@ if make -C "$chapter" -s build/bench_gpt build/gemm_peak >"$TMP/make_bench.log" 
     # checks them and exits non-zero when they differ).
     run_capture 120 "$TMP/bench.out" env OMP_NUM_THREADS=1 "$chapter/build/bench_gpt" 2 3 tiny 2
     status=$?
-    step_ms=$(sed -n 's/^median step \([0-9.]*\) ms -> .*/\1/p' "$TMP/bench.out")
-    tokens=$(sed -n 's/^median step .* -> \([0-9]*\) tokens\/s$/\1/p' "$TMP/bench.out")
-    if [[ $status -eq 0 && -n $step_ms && -n $tokens ]] && grep -q '2 ranks x 1 thread' "$TMP/bench.out" &&
+    read -r step_ms tokens < <(field "$TMP/bench.out" '^median step ([0-9.]*) ms -> ([0-9]*) tokens/s$' '\1 \2')
+    [[ $status -eq 0 && -n $step_ms && -n $tokens ]] && grep -q '2 ranks x 1 thread' "$TMP/bench.out" &&
        grep -Eq '^profile \(rank 0, median ms\): forward [0-9.]+ \| backward [0-9.]+ \| all-reduce [0-9.]+ \| optimizer [0-9.]+$' "$TMP/bench.out" &&
-       rel_near "$tokens" "$(awk -v ms="$step_ms" 'BEGIN { print 2 * 2 * 32 / (ms / 1000) }')" 0.02; then
-        pass "gpt bench_gpt: 2 ranks, tokens/s of both, the profile"
-    else fail "gpt bench_gpt: 2 ranks, tokens/s of both, the profile" "exit status $status: $(tr '\n' '|' <"$TMP/bench.out")"; fi
+       rel_near "$tokens" "$(awk -v ms="$step_ms" 'BEGIN { print 2 * 2 * 32 / (ms / 1000) }')" 0.02
+    verdict $? "gpt bench_gpt: 2 ranks, tokens/s of both, the profile" "exit status $status: $(tr '\n' '|' <"$TMP/bench.out")"
     run_capture 20 "$TMP/bench_bad.out" "$chapter/build/bench_gpt" 8 10 huge
     status=$?
-    if [[ $status -eq 2 ]] && grep -q '^usage: bench_gpt' "$TMP/bench_bad.out"; then pass "gpt bench_gpt: an unknown preset is refused"
-    else fail "gpt bench_gpt: an unknown preset is refused" "exit status $status (want 2): $(head -n 1 "$TMP/bench_bad.out")"; fi
+    [[ $status -eq 2 ]] && grep -q '^usage: bench_gpt' "$TMP/bench_bad.out"
+    verdict $? "gpt bench_gpt: an unknown preset is refused" "exit status $status (want 2): $(head -n 1 "$TMP/bench_bad.out")"
     # FLOPs per token of the default model, counted by hand: 2 per
     # multiply-add, 3 passes (forward; backward: input and weight
     # gradients); per layer 12 C^2 (the four linear layers) + 2 T C (the
@@ -190,9 +178,8 @@ if make -C "$chapter" -s build/bench_gpt build/gemm_peak >"$TMP/make_bench.log" 
     want=$(awk 'BEGIN { C = 256; T = 128; L = 4; V = 5000; printf "%.1f", 6 * (L * (12 * C * C + 2 * T * C) + C * V) / 1e6 }')
     run_capture 120 "$TMP/gemm.out" env OMP_NUM_THREADS=1 "$chapter/build/gemm_peak" 1 1
     status=$?
-    if [[ $status -eq 0 ]] && grep -q "($want MFLOP per token) -> [0-9.]* GFLOP/s" "$TMP/gemm.out"; then
-        pass "gpt gemm_peak counts $want MFLOP per token"
-    else fail "gpt gemm_peak counts $want MFLOP per token" "exit status $status: $(tail -n 1 "$TMP/gemm.out")"; fi
+    [[ $status -eq 0 ]] && grep -q "($want MFLOP per token) -> [0-9.]* GFLOP/s" "$TMP/gemm.out"
+    verdict $? "gpt gemm_peak counts $want MFLOP per token" "exit status $status: $(tail -n 1 "$TMP/gemm.out")"
 else
     fail "gpt benchmarks build" "make build/bench_gpt build/gemm_peak failed: $(grep -m1 -i error "$TMP/make_bench.log")"
 fi

@@ -27,26 +27,24 @@ fi
 cat "$ROOT/tests/lib.sh" "$ROOT/gpt/sha256.h" >"$TMP/corpus.txt"
 head -c 3000 /dev/urandom >"$TMP/junk.bin"
 cat "$TMP/corpus.txt" "$TMP/junk.bin" >"$TMP/mixed.bin"
-if run_capture 60 "$TMP/train.out" "$tool" train --input "$TMP/corpus.txt" --vocab_size 400 --output "$TMP/tok.json" &&
+run_capture 60 "$TMP/train.out" "$tool" train --input "$TMP/corpus.txt" --vocab_size 400 --output "$TMP/tok.json" &&
    run_capture 60 "$TMP/enc.out" "$tool" encode -t "$TMP/tok.json" -i "$TMP/mixed.bin" -o "$TMP/mixed.u16" &&
    run_capture 60 "$TMP/dec.out" "$tool" decode -t "$TMP/tok.json" -i "$TMP/mixed.u16" -o "$TMP/mixed.back" &&
-   cmp -s "$TMP/mixed.bin" "$TMP/mixed.back"; then
-    pass "bpe_tool: train, encode, decode round-trip text and random bytes"
-else
-    fail "bpe_tool: train, encode, decode round-trip text and random bytes" \
-         "$(cat "$TMP"/train.out "$TMP"/enc.out "$TMP"/dec.out 2>/dev/null | tail -n 3 | tr '\n' '|')"
-fi
+   cmp -s "$TMP/mixed.bin" "$TMP/mixed.back"
+verdict $? "bpe_tool: train, encode, decode round-trip text and random bytes" \
+    "$(cat "$TMP"/train.out "$TMP"/enc.out "$TMP"/dec.out 2>/dev/null | tail -n 3 | tr '\n' '|')"
 expect_output "bpe_tool: train reports the vocabulary it learned" "$TMP/train.out" '^trained 400 tokens \([0-9]+ merges\)'
 
 # expect_error NAME STATUS REGEX COMMAND... : exits with STATUS and says REGEX on one stderr line.
 expect_error() {
     local name=$1 want_status=$2 regex=$3; shift 3
     run_capture 60 "$TMP/err.out" "$@"
-    local status=$?
-    if [[ $status -ne $want_status ]]; then fail "$name" "exit status $status, expected $want_status: $(head -c 300 "$TMP/err.out")"
-    elif [[ $(wc -l <"$TMP/err.out") -ne 1 ]] && [[ $want_status -ne 2 ]]; then fail "$name" "wanted one line, got: $(tr '\n' '|' <"$TMP/err.out")"
-    elif ! grep -Eq -- "$regex" "$TMP/err.out"; then fail "$name" "message lacks /$regex/: $(head -c 300 "$TMP/err.out")"
-    else pass "$name"; fi
+    local status=$? why=""
+    if [[ $status -ne $want_status ]]; then why="exit status $status, expected $want_status: $(head -c 300 "$TMP/err.out")"
+    elif [[ $(wc -l <"$TMP/err.out") -ne 1 ]] && [[ $want_status -ne 2 ]]; then why="wanted one line, got: $(tr '\n' '|' <"$TMP/err.out")"
+    elif ! grep -Eq -- "$regex" "$TMP/err.out"; then why="message lacks /$regex/: $(head -c 300 "$TMP/err.out")"
+    fi
+    [[ -z "$why" ]]; verdict $? "$name" "$why"
 }
 
 printf '{"model": {"type": "BPE"' >"$TMP/cut.json"
@@ -66,12 +64,9 @@ expect_error "data: a missing WIKITEXT_DIR says how to get WikiText-2" 1 \
 # failure with a message, and no partial files.
 run_capture 60 "$TMP/dl.out" env WIKITEXT_URL=http://127.0.0.1:9/wikitext-2 bash "$ROOT/tools/get_wikitext.sh" "$TMP/dl/wikitext-2"
 status=$?
-if [[ $status -ne 0 ]] && grep -q 'could not download .*WIKITEXT_DIR' "$TMP/dl.out" && [[ ! -e "$TMP/dl/wikitext-2" ]]; then
-    pass "get_wikitext.sh: offline, it fails cleanly and leaves nothing behind"
-else
-    fail "get_wikitext.sh: offline, it fails cleanly and leaves nothing behind" \
-         "status $status, left: $(ls -A "$TMP/dl/wikitext-2" 2>/dev/null | tr '\n' ' '), said: $(tail -n 2 "$TMP/dl.out" | tr '\n' '|')"
-fi
+[[ $status -ne 0 ]] && grep -q 'could not download .*WIKITEXT_DIR' "$TMP/dl.out" && [[ ! -e "$TMP/dl/wikitext-2" ]]
+verdict $? "get_wikitext.sh: offline, it fails cleanly and leaves nothing behind" \
+    "status $status, left: $(ls -A "$TMP/dl/wikitext-2" 2>/dev/null | tr '\n' ' '), said: $(tail -n 2 "$TMP/dl.out" | tr '\n' '|')"
 
 # The real data, where it lies beside the project.
 real="$ROOT/../shared/data/wikitext-2"

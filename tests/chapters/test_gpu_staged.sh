@@ -33,7 +33,7 @@ with_gpus() { local g=$1; shift; EMU_GPUS=$g CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(
 # chapter 01 on one GPU with batch N*16 (one epoch, the same global order;
 # 9600 samples divide evenly). Their kernels run on the legacy default
 # stream. (06 and 07 train with 05's text plus snapshots and nodes.)
-final() { sed -n "s/.*final weight \([-0-9.]*\)  bias \([-0-9.]*\).*/\\$1/p" "$2" | tail -n 1; }
+final() { field "$2" 'final weight ([-0-9.]*)  bias ([-0-9.]*)' "\\$1"; }
 linreg=(--batch_size 16 --lr 0.03 --scale_lr false --samples 9600 --epochs 1 --features 4 --device cuda)
 for chapter in 04 05; do
     for layout in "${layouts[@]}"; do
@@ -44,11 +44,10 @@ for chapter in 04 05; do
         status=$?
         run_capture 120 "$TMP/l1_$n" "$one" --batch_size $((16 * n)) --lr 0.03 --samples 9600 --epochs 1 --features 4 --device cuda
         d_w=$(final 1 "$TMP/l$g$n"); d_b=$(final 2 "$TMP/l$g$n")
-        s_w=$(sed -n 's/^learned weights: w\[0\] = \([-0-9.]*\).*/\1/p' "$TMP/l1_$n"); s_b=$(sed -n 's/^learned bias: \([-0-9.]*\).*/\1/p' "$TMP/l1_$n")
-        if [[ $status -eq 0 && -n "$d_w" && -n "$s_w" ]] && grep -q "staged through host memory" "$TMP/l$g$n" &&
-           rel_near "$d_w" "$s_w" 1e-5 && rel_near "$d_b" "$s_b" 1e-5; then
-            pass "staged: $chapter, $g GPU(s) x $n ranks equal one GPU with the whole batch ($d_w/$s_w, $d_b/$s_b)"
-        else fail "staged: $chapter, $g GPU(s) x $n ranks equal one GPU with the whole batch" "status $status, DDP w=$d_w b=$d_b; one w=$s_w b=$s_b: $(grep -m1 -E 'error|backend' "$TMP/l$g$n")"; fi
+        s_w=$(field "$TMP/l1_$n" '^learned weights: w\[0\] = ([-0-9.]*)'); s_b=$(field "$TMP/l1_$n" '^learned bias: ([-0-9.]*)')
+        [[ $status -eq 0 && -n "$d_w" && -n "$s_w" ]] && grep -q "staged through host memory" "$TMP/l$g$n" &&
+           rel_near "$d_w" "$s_w" 1e-5 && rel_near "$d_b" "$s_b" 1e-5
+        verdict $? "staged: $chapter, $g GPU(s) x $n ranks equal one GPU with the whole batch ($d_w/$s_w, $d_b/$s_b)" "status $status, DDP w=$d_w b=$d_b; one w=$s_w b=$s_b: $(grep -m1 -E 'error|backend' "$TMP/l$g$n")"
     done
 done
 
@@ -57,7 +56,7 @@ done
 small_corpus "$TMP/corpus"
 gpu=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
      --device cuda --block_size 16 --precision fp32 --max_steps 15)
-l2() { sed -n 's/.*l2 norm \([0-9.e+-]*\).*/\1/p' "$1" | tail -n 1; }
+l2() { field "$1" 'l2 norm ([0-9.e+-]*)'; }
 
 # One process with a batch of 6 sequences: the reference.
 run_capture 300 "$TMP/one" "$prog" "${gpu[@]}" --batch_size 6 --out_dir "$TMP/one.d"
@@ -74,9 +73,8 @@ for layout in "${layouts[@]}"; do
     with_gpus "$g" run_capture 300 "$TMP/s$g$n" "$prog" "${gpu[@]}" \
         --batch_size $((6 / n)) --nprocs "$n" --out_dir "$TMP/s$g$n.d"; status=$?
     got=$(l2 "$TMP/s$g$n")
-    if [[ $status -eq 0 && -n "$got" ]] && grep -q "staged through host memory" "$TMP/s$g$n" && rel_near "$ref" "$got" 1e-5; then
-        pass "staged: 08, $g GPU(s) x $n ranks (cpu backend through host memory) equal one process (l2 $got vs $ref)"
-    else fail "staged: 08, $g GPU(s) x $n ranks equal one process" "status $status, l2 '$got' vs '$ref' (one process): $(grep -m1 -E 'error|backend' "$TMP/s$g$n")"; fi
+    [[ $status -eq 0 && -n "$got" ]] && grep -q "staged through host memory" "$TMP/s$g$n" && rel_near "$ref" "$got" 1e-5
+    verdict $? "staged: 08, $g GPU(s) x $n ranks (cpu backend through host memory) equal one process (l2 $got vs $ref)" "status $status, l2 '$got' vs '$ref' (one process): $(grep -m1 -E 'error|backend' "$TMP/s$g$n")"
 done
 
 no_leftovers "staged: no process left behind" "(04_ddp_spawn|05_env_launch|08_gpt_wikitext)/"

@@ -44,12 +44,10 @@ starter() {
     mine_differs "$ex"
     run_capture 180 "$out" "$check_ex" "$ex" --file "$copy"; local status=$?
     if grep -q 'exercises/.*warning:' "$out"; then
-        fail "exercises: starter $ex compiles without warnings" "$(grep -m1 'exercises/.*warning:' "$out")"
-    elif [[ $status -eq 1 ]] && last_line "$out" | grep -q '^NOT YET: ' && grep -Eq -- "$regex" "$out"; then
-        pass "exercises: starter $ex fails its check and says why"
-    else
-        fail "exercises: starter $ex fails its check and says why" "status $status, wanted 1 and /$regex/; last line: $(last_line "$out")"
+        fail "exercises: starter $ex compiles without warnings" "$(grep -m1 'exercises/.*warning:' "$out")"; return
     fi
+    [[ $status -eq 1 ]] && last_line "$out" | grep -q '^NOT YET: ' && grep -Eq -- "$regex" "$out"
+    verdict $? "exercises: starter $ex fails its check and says why" "status $status, wanted 1 and /$regex/; last line: $(last_line "$out")"
 }
 
 # solution EX: the reference solution passes, warning-free.
@@ -57,22 +55,16 @@ solution() {
     local ex=$1 out="$TMP/solution_${1//\//_}"
     if ! $have_solutions; then skip "exercises: solution $ex passes" "solutions/ is absent (a student copy of the course)"; return; fi
     run_capture 180 "$out" "$check_ex" "$ex" --solution; local status=$?
-    if [[ $status -eq 0 ]] && last_line "$out" | grep -q '^PASSED: ' && ! grep -Eq '(exercises|solutions)/.*warning:' "$out"; then
-        pass "exercises: solution $ex passes"
-    else
-        fail "exercises: solution $ex passes" "status $status; $(grep -m1 -E 'WRONG|warning:|error' "$out") | last line: $(last_line "$out")"
-    fi
+    [[ $status -eq 0 ]] && last_line "$out" | grep -q '^PASSED: ' && ! grep -Eq '(exercises|solutions)/.*warning:' "$out"
+    verdict $? "exercises: solution $ex passes" "status $status; $(grep -m1 -E 'WRONG|warning:|error' "$out") | last line: $(last_line "$out")"
 }
 
 # broken EX NAME FILE REGEX: a broken version (FILE, written below) fails with REGEX.
 broken() {
     local ex=$1 name=$2 file=$3 regex=$4 out="$TMP/broken_$2"
     run_capture 120 "$out" "$check_ex" "$ex" --file "$file"; local status=$?
-    if [[ $status -eq 1 ]] && last_line "$out" | grep -q '^NOT YET: ' && grep -Eq -- "$regex" "$out"; then
-        pass "exercises: $ex catches $name"
-    else
-        fail "exercises: $ex catches $name" "status $status, wanted 1 and /$regex/; last line: $(last_line "$out")"
-    fi
+    [[ $status -eq 1 ]] && last_line "$out" | grep -q '^NOT YET: ' && grep -Eq -- "$regex" "$out"
+    verdict $? "exercises: $ex catches $name" "status $status, wanted 1 and /$regex/; last line: $(last_line "$out")"
 }
 
 # ---------------------------------------------------------------- starters and solutions
@@ -108,8 +100,9 @@ cuda_case() {
         if grep -q 'compiled with nvcc' "$out"; then pass "exercises: $variant 01/sgd_kernel compiles with nvcc"; fi
         if has_gpu && grep -q 'compiled with nvcc' "$out"; then fail "$name" "a GPU is here, but: $(last_line "$out")"
         else skip "$name" "$(last_line "$out" | sed 's/^CANNOT CHECK HERE: //')"; fi
-    elif [[ $status -eq $want ]]; then pass "$name"
-    else fail "$name" "status $status, wanted $want; last line: $(last_line "$out")"; fi
+    else
+        [[ $status -eq $want ]]; verdict $? "$name" "status $status, wanted $want; last line: $(last_line "$out")"
+    fi
 }
 mine_differs 01/sgd_kernel
 cuda_case starter 1 --file "$(starter_copy 01/sgd_kernel)"
@@ -150,8 +143,8 @@ EOF
 start=$(date +%s)
 EXERCISE_DEADLINE=2 broken 03/ring_allreduce "a deadlock" "$TMP/ring_allreduce.c" \
     "deadlock: no result after 2 s; rank\(s\) 0, 1 were still inside ring_all_reduce"
-if (( $(date +%s) - start < 60 )); then pass "exercises: a deadlock is reported within a minute"
-else fail "exercises: a deadlock is reported within a minute" "took $(( $(date +%s) - start )) s"; fi
+took=$(( $(date +%s) - start ))
+(( took < 60 )); verdict $? "exercises: a deadlock is reported within a minute" "took $took s"
 
 # The right sum, but every rank adds in its own order: not the same bytes.
 cat >"$TMP/ring_allreduce.c" <<'EOF'
@@ -284,9 +277,8 @@ fi
 
 # ---------------------------------------------------------------- the tool itself
 run_capture 30 "$TMP/bad_name" "$check_ex" 03/no_such_exercise; status=$?
-if [[ $status -eq 2 ]] && grep -q "there is no exercise '03/no_such_exercise'" "$TMP/bad_name" && grep -q '03/ring_allreduce' "$TMP/bad_name"; then
-    pass "exercises: an unknown exercise is refused with the list (exit 2)"
-else fail "exercises: an unknown exercise is refused with the list (exit 2)" "status $status: $(head -n 1 "$TMP/bad_name")"; fi
+[[ $status -eq 2 ]] && grep -q "there is no exercise '03/no_such_exercise'" "$TMP/bad_name" && grep -q '03/ring_allreduce' "$TMP/bad_name"
+verdict $? "exercises: an unknown exercise is refused with the list (exit 2)" "status $status: $(head -n 1 "$TMP/bad_name")"
 
 printf '#include "exercises.h"\nint global_rank(int node_rank) { return node_rank }\n' >"$TMP/global_rank.c"
 broken 07/global_rank "a compile error" "$TMP/global_rank.c" "NOT YET: global_rank.c does not compile; the compiler's messages are above"
@@ -322,9 +314,10 @@ broken 07/global_rank "a crash" "$TMP/global_rank.c" \
 
 run_capture 120 "$TMP/make_target" make -s -C "$ROOT" check-exercise EX=07/global_rank SOLUTION=1; status=$?
 if ! $have_solutions; then skip "exercises: make check-exercise EX=07/global_rank SOLUTION=1" "solutions/ is absent"
-elif [[ $status -eq 0 ]] && last_line "$TMP/make_target" | grep -q '^PASSED: '; then
-    pass "exercises: make check-exercise EX=07/global_rank SOLUTION=1 passes"
-else fail "exercises: make check-exercise EX=07/global_rank SOLUTION=1 passes" "status $status: $(last_line "$TMP/make_target")"; fi
+else
+    [[ $status -eq 0 ]] && last_line "$TMP/make_target" | grep -q '^PASSED: '
+    verdict $? "exercises: make check-exercise EX=07/global_rank SOLUTION=1 passes" "status $status: $(last_line "$TMP/make_target")"
+fi
 
 # ---------------------------------------------------------------- nothing left behind
 no_leftovers "exercises: no check process left behind" "check_[a-z_]+"

@@ -1,6 +1,9 @@
-# The READMEs' commands, as a new student types them: in a fresh copy of the
-# course with nothing beside it (no ../shared, so no WikiText-2), each from
-# the folder of the README that shows it, in the README's order.
+# The READMEs' commands, as a new student types them: each README's in a
+# fresh copy of the course in which nothing was built or run (two
+# exceptions, said where they are: the top README's figures, and its
+# emulated-GPU commands, which go first in emu/README.md's copy), with
+# nothing beside it (no ../shared, so no WikiText-2), each from the folder
+# of the README that shows it, in the README's order.
 #
 # Every command in a README's ```sh blocks must be run here (or skipped here
 # with the reason): a command that is added or changed in a README and not
@@ -8,20 +11,56 @@
 # commands from the text are run too (the chapter map, make help, ...).
 source "$(dirname "$0")/../lib.sh"
 
-# ---------------------------------------------------------------- the fresh copy
+# ---------------------------------------------------------------- the fresh copies
 # The files git would give a clone of this working tree (tracked and new,
-# not ignored: no builds, no runs/), or, outside git, a copy made clean.
+# not ignored: no builds, no runs/), or, outside git, a copy made clean:
+# packed once, unpacked anew for each README.
+pristine=$TMP/fresh/course.tar
 course=$TMP/fresh/course
 mkdir -p "$course"
 if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     (cd "$ROOT" && git ls-files -z -co --exclude-standard | while IFS= read -r -d '' f; do
-        [[ -e "$f" ]] && printf '%s\0' "$f"; done | tar --null -T - -cf -) | tar -C "$course" -xf -
+        [[ -e "$f" ]] && printf '%s\0' "$f"; done | tar --null -T - -cf "$pristine")
 else
-    cp -a "$ROOT"/. "$course"/ && make -s -C "$course" clean >/dev/null 2>&1
+    cp -a "$ROOT"/. "$course"/ && make -s -C "$course" clean >/dev/null 2>&1 && tar -C "$course" -cf "$pristine" .
 fi
-# The copy is built in the mode of the tree under test (CUDA=0, 1, ...).
+# The copies are built in the mode of the tree under test (CUDA=0, 1, ...).
 mode=${CUDA:-$(cat "$ROOT/build/mode" 2>/dev/null)}
-if [[ -n "$mode" && "${ASAN:-0}" != 1 ]]; then mkdir -p "$course/build" && echo "$mode" >"$course/build/mode"; fi
+# fresh_copy NAME: $course becomes the course as a clone gives it, for the
+# commands of one README (08's three READMEs, one chapter, share one).
+# Nothing that another README's commands built is there, so a command that
+# works only after another chapter's (08's ./rehearsal.sh needs
+# tools/ddprun, which `make` in 05, 06 or 07 also builds) fails here, as it
+# would for a student who starts at that chapter. Unpacking takes a
+# fraction of a second; what two READMEs both build (ddprun, 04) is built
+# twice. What each copy's commands built and wrote is kept (every file
+# newer than the unpacking), for union_copy.
+# The log notes how long each copy's commands took (not a test: timings vary).
+copy_name="" copy_start=0 unpacked=$TMP/fresh/unpacked outputs=() union_made=""
+fresh_copy() {
+    [[ -n "$copy_name" ]] && echo "time: the commands of $copy_name took $(( $(date +%s) - copy_start )) s"
+    if [[ -n "$copy_name" && -z "$union_made" ]]; then
+        outputs+=("$TMP/fresh/outputs.${#outputs[@]}.tar")
+        (cd "$course" && find . -newer "$unpacked" \( -type f -o -type l \) -print0 | tar --null -T - -cf "${outputs[-1]}")
+    fi
+    copy_name=$1 copy_start=$(date +%s)
+    [[ -n "$copy_name" ]] || return 0
+    rm -rf "$course" && mkdir -p "$course" && tar -C "$course" -xf "$pristine" && touch "$unpacked" ||
+        { fail "README: a fresh copy of the course" "could not unpack $pristine into $course"; exit 1; }
+    if [[ -n "$mode" && "${ASAN:-0}" != 1 ]]; then mkdir -p "$course/build" && echo "$mode" >"$course/build/mode"; fi
+}
+# union_copy NAME: a fresh copy with what every README's commands so far
+# built and wrote, as a student has it after working through them: the
+# top README's figures are drawn there. `make speedup` and `make plots`
+# build all they need themselves (the `all` target), so nothing can hide
+# behind the union; it saves building the whole course once more (minutes
+# with nvcc) and measuring again what the chapters' benchmarks measured.
+union_copy() {
+    fresh_copy "$1 (the union)"
+    union_made=1
+    local tarball
+    for tarball in "${outputs[@]}"; do tar -C "$course" -xf "$tarball" || fail "README: the union copy" "could not unpack $tarball"; done
+}
 # WikiText-2 of the tree under test, if it has one: only the one command
 # that trains on it (08's tiny run) is given it.
 wikitext=""
@@ -47,11 +86,11 @@ run() {
     local readme=$1 dir=$2 secs=$3 command=$4 regex=${5:-}
     covered["$readme|$command"]=1
     (cd "$course/$dir" && timeout -k 5 "$secs" "${student[@]}" bash -c "$command") >"$TMP/out" 2>&1
-    local status=$?
-    local name="$readme: $command"
-    if [[ $status -ne 0 ]]; then fail "$name" "exit status $status in $dir/: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
-    elif [[ -n "$regex" ]] && ! grep -Eq -- "$regex" "$TMP/out"; then fail "$name" "no line matches /$regex/: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
-    else pass "$name"; fi
+    local status=$? why=""
+    if [[ $status -ne 0 ]]; then why="exit status $status in $dir/: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
+    elif [[ -n "$regex" ]] && ! grep -Eq -- "$regex" "$TMP/out"; then why="no line matches /$regex/: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
+    fi
+    [[ -z "$why" ]]; verdict $? "$readme: $command" "$why"
 }
 
 # fails README DIR SECONDS COMMAND REGEX: a command the README shows failing
@@ -61,8 +100,8 @@ fails() {
     covered["$readme|$command"]=1
     (cd "$course/$dir" && timeout -k 5 "$secs" "${student[@]}" bash -c "$command") >"$TMP/out" 2>&1
     local status=$?
-    if [[ $status -ne 0 && $status -ne 124 ]] && grep -Eq -- "$regex" "$TMP/out"; then pass "$readme: $command (fails, as shown)"
-    else fail "$readme: $command" "wanted a non-zero exit and /$regex/; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+    [[ $status -ne 0 && $status -ne 124 ]] && grep -Eq -- "$regex" "$TMP/out"
+    verdict $? "$readme: $command (fails, as shown)" "wanted a non-zero exit and /$regex/; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
 }
 # run_lines README DIR SECONDS REGEX LINE...: lines the README shows together
 # (a rank in the background, then another), run as one script that waits.
@@ -83,13 +122,23 @@ exercise() {
     local readme=$1 dir=$2 command=$3
     covered["$readme|$command"]=1
     (cd "$course/$dir" && timeout -k 5 300 "${student[@]}" bash -c "$command") >"$TMP/out" 2>&1
-    local status=$? verdict; verdict=$(grep -E '^(PASSED|NOT YET|CANNOT CHECK HERE): ' "$TMP/out" | tail -n 1)
-    if [[ ($status -eq 0 && $verdict == PASSED:*) || ($status -ne 0 && $status -ne 124 && $verdict == "NOT YET:"*) ||
-          ($status -ne 0 && $status -ne 124 && $verdict == "CANNOT CHECK HERE:"*) ]]; then pass "$readme: $command (${verdict%%:*})"
-    else fail "$readme: $command" "exit status $status in $dir/; verdict: '$verdict'; last line: $(tail -n 1 "$TMP/out")"; fi
+    local status=$? said; said=$(grep -E '^(PASSED|NOT YET|CANNOT CHECK HERE): ' "$TMP/out" | tail -n 1)
+    [[ ($status -eq 0 && $said == PASSED:*) || ($status -ne 0 && $status -ne 124 && $said == "NOT YET:"*) ||
+       ($status -ne 0 && $status -ne 124 && $said == "CANNOT CHECK HERE:"*) ]]
+    verdict $? "$readme: $command (${said%%:*})" "exit status $status in $dir/; verdict: '$said'; last line: $(tail -n 1 "$TMP/out")"
+}
+
+# emu_check README DIR SECONDS COMMAND REGEX: run, on the device the program
+# chooses (run gives the commands COURSE_DEVICE=cpu in an emulated-GPU build).
+emu_check() {
+    local saved=("${student[@]}")
+    student=("${student_shell[@]}")
+    run "$@"
+    student=("${saved[@]}")
 }
 
 # ---------------------------------------------------------------- README.md
+fresh_copy README.md
 # The two commands.
 run README.md . 300 "cd 04_ddp_spawn && make 04_ddp_spawn && ./04_ddp_spawn" '^final weight [0-9.]+  bias [0-9.]+  \(true 2\.0, 3\.0\)'
 not_here README.md "make test" "this test is part of what make test runs"
@@ -105,8 +154,7 @@ exercise README.md . "make check-exercise EX=03/ring_allreduce"
 run README.md . 60 "make diffs" '^\+\+\+ 09_zero_fsdp/09_zero_fsdp\.c$'
 order=$(grep '^+++ ' "$TMP/out" | cut -c5- | tr '\n' ' ')
 want="04_ddp_spawn/04_ddp_spawn.c 05_env_launch/05_env_launch.c 06_snapshot_resume/06_snapshot_resume.c 07_multinode/07_multinode.c 09_zero_fsdp/09_zero_fsdp.c "
-if [[ "$order" == "$want" ]]; then pass "README.md: make diffs prints the five diffs in order"
-else fail "README.md: make diffs prints the five diffs in order" "got: $order"; fi
+[[ "$order" == "$want" ]]; verdict $? "README.md: make diffs prints the five diffs in order" "got: $order"
 run README.md . 60 "make help"
 # make help: every target of the top Makefile, and every chapter with its line.
 missing=""
@@ -117,19 +165,21 @@ for chapter in "$course"/[0-9][0-9]_*/; do
     chapter=$(basename "$chapter")
     grep -Eq "^  $chapter +[a-z]" "$TMP/out" || missing+=" $chapter (with its description)"
 done
-if [[ -z "$missing" ]]; then pass "README.md: make help lists every target and every chapter with its description"
-else fail "README.md: make help lists every target and every chapter with its description" "missing:$missing"; fi
+[[ -z "$missing" ]]; verdict $? "README.md: make help lists every target and every chapter with its description" "missing:$missing"
 
-# ---------------------------------------------------------------- the chapters
+# ---------------------------------------------------------------- the chapters, each in a fresh copy
+fresh_copy 01_single_gpu/README.md
 run 01_single_gpu/README.md 01_single_gpu 120 "make 01_single_gpu && ./01_single_gpu" '^learned weight: '
 exercise 01_single_gpu/README.md 01_single_gpu "make check-exercise EX=01/sgd_step"
 exercise 01_single_gpu/README.md 01_single_gpu "make check-exercise EX=01/sgd_kernel"
 
+fresh_copy 02_p2p/README.md
 run 02_p2p/README.md 02_p2p 120 "make 02_p2p && ./02_p2p" '^Rank 1 has data 1\.0 \(pg_recv returned\)$'
 run 02_p2p/README.md 02_p2p 300 "./02_p2p --bench" '^ +268435456 '
 run 02_p2p/README.md 02_p2p 300 "./02_p2p --bench -b 1K -e 64M -f 4 -n 50" '^ +67108864 '
 exercise 02_p2p/README.md 02_p2p "make check-exercise EX=02/pingpong"
 
+fresh_copy 03_collectives/README.md
 run 03_collectives/README.md 03_collectives 120 "make 03_collectives && ./03_collectives" '^== 9\. barrier'
 run 03_collectives/README.md 03_collectives 300 "./03_collectives --bench -b 8 -e 64M -f 4 -c 1" '^# Out of bounds values : 0 OK$'
 run 03_collectives/README.md 03_collectives 60 "./03_collectives --nprocs 2 --mismatch" 'rank 0 has 3, rank 1 has 2$'
@@ -137,9 +187,11 @@ fails 03_collectives/README.md 03_collectives 60 "COURSE_DEBUG=DETAIL ./03_colle
     'error: COURSE_DEBUG=DETAIL: collective #0 differs across ranks: rank 0 called all_reduce\(1000 x f32, sum\), rank 1 called all_reduce\(1000 x f32, max\)'
 exercise 03_collectives/README.md 03_collectives "make check-exercise EX=03/ring_allreduce"
 
+fresh_copy 04_ddp_spawn/README.md
 run 04_ddp_spawn/README.md 04_ddp_spawn 300 "make 04_ddp_spawn && ./04_ddp_spawn" '^final weight [0-9.]+  bias [0-9.]+ '
 exercise 04_ddp_spawn/README.md 04_ddp_spawn "make check-exercise EX=04/average_gradients"
 
+fresh_copy 05_env_launch/README.md
 run 05_env_launch/README.md 05_env_launch 120 "make 05_env_launch"
 run 05_env_launch/README.md 05_env_launch 120 "./05_env_launch" 'final weight'
 run 05_env_launch/README.md 05_env_launch 120 "../tools/ddprun --standalone --nproc_per_node=2 ./05_env_launch" '^\[rank 0\]: final weight'
@@ -152,16 +204,22 @@ run_lines 05_env_launch/README.md 05_env_launch 60 '^final weight' \
 run 05_env_launch/README.md 05_env_launch 60 "../tools/ddprun --standalone --nproc_per_node=2 --pass_local_rank ./05_env_launch --epochs 2" '^\[rank 0\]: final weight'
 exercise 05_env_launch/README.md 05_env_launch "make check-exercise EX=05/epoch_loss"
 
+fresh_copy 06_snapshot_resume/README.md
 run 06_snapshot_resume/README.md 06_snapshot_resume 120 "make 06_snapshot_resume"
 run 06_snapshot_resume/README.md 06_snapshot_resume 300 "cd .. && tools/ddprun --standalone --nproc_per_node=2 --max_restarts=2 06_snapshot_resume/06_snapshot_resume --total_epochs 20 --save_every 2 --fail_rank 1 --fail_step 2000" \
     '^\[rank 0\]: Resuming training from snapshot at Epoch 12, sample 0 \(step 1884\)'
+# Its From PyTorch table: the restart count is rank 0's second line.
+second=$(grep '^\[rank 0\]: ' "$TMP/out" | sed -n 2p)
+[[ $second == "[rank 0]: restart 0 of at most 2" ]]
+verdict $? "06_snapshot_resume/README.md: rank 0's second line is the restart count" "it is '$second'"
 exercise 06_snapshot_resume/README.md 06_snapshot_resume "make check-exercise EX=06/atomic_save"
 
+fresh_copy 07_multinode/README.md
 run 07_multinode/README.md 07_multinode 120 "make 07_multinode"
 # As root, two network namespaces; otherwise the same on 127.0.0.1.
 run 07_multinode/README.md 07_multinode 300 "./rehearsal.sh" '^rehearsal: PASS'
-checksum() { sed -n 's/.*final weight .*parameters checksum \([0-9a-f]*\).*/\1/p' "$1" | tail -n 1; }
-two_nodes=$(checksum "$TMP/out")
+checksum='final weight .*parameters checksum ([0-9a-f]*)'   # what field reads from the last line
+two_nodes=$(field "$TMP/out" "$checksum")
 for node in "0 8" "1 4"; do
     set -- $node
     not_here 07_multinode/README.md "export NCCL_SOCKET_IFNAME=eth0 NCCL_DEBUG=INFO" "needs two machines (the rehearsal above plays them)"
@@ -173,11 +231,12 @@ run 07_multinode/README.md 07_multinode 120 "for r in 0 1; do SLURM_PROCID=\$r S
     'final weight'
 # The README's claim: the same training on one node ends with the same bytes.
 run 07_multinode/README.md 07_multinode 120 "../tools/ddprun --standalone --nproc_per_node=5 ./07_multinode --snapshot_path ../runs/one-node/snapshot.safetensors" 'final weight'
-one_node=$(checksum "$TMP/out")
-if [[ -n "$one_node" && "$one_node" == "$two_nodes" ]]; then pass "07_multinode/README.md: 5 ranks on one node end with the rehearsal's checksum ($one_node)"
-else fail "07_multinode/README.md: 5 ranks on one node end with the rehearsal's checksum" "one node '$one_node', two nodes '$two_nodes'"; fi
+one_node=$(field "$TMP/out" "$checksum")
+[[ -n "$one_node" && "$one_node" == "$two_nodes" ]]
+verdict $? "07_multinode/README.md: 5 ranks on one node end with the rehearsal's checksum ($one_node)" "one node '$one_node', two nodes '$two_nodes'"
 exercise 07_multinode/README.md 07_multinode "make check-exercise EX=07/global_rank"
 
+fresh_copy "08_gpt_wikitext/README*.md"
 run 08_gpt_wikitext/README.md 08_gpt_wikitext 300 "make"
 if [[ -n "$wikitext" ]]; then
     student+=(WIKITEXT_DIR="$wikitext")
@@ -188,26 +247,40 @@ else
     # Without WikiText-2 the command must say so, and how to get it.
     covered["08_gpt_wikitext/README.md|./08_gpt_wikitext --preset tiny --max_steps 300"]=1
     (cd "$course/08_gpt_wikitext" && timeout -k 5 60 "${student[@]}" ./08_gpt_wikitext --preset tiny --max_steps 300) >"$TMP/out" 2>&1; status=$?
-    if [[ $status -eq 1 ]] && grep -q "^error: WikiText-2 not found: .*make data" "$TMP/out"; then
-        pass "08_gpt_wikitext/README.md: ./08_gpt_wikitext --preset tiny --max_steps 300 (no WikiText-2 here: one error line that says make data)"
-    else fail "08_gpt_wikitext/README.md: ./08_gpt_wikitext --preset tiny --max_steps 300" "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+    [[ $status -eq 1 ]] && grep -q "^error: WikiText-2 not found: .*make data" "$TMP/out"
+    verdict $? "08_gpt_wikitext/README.md: ./08_gpt_wikitext --preset tiny --max_steps 300 (no WikiText-2 here: one error line that says make data)" \
+        "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
     not_here 08_gpt_wikitext/README.md './08_gpt_wikitext --generate --prompt "The king"' "needs the model of a run on WikiText-2, which is not here"
 fi
 not_here 08_gpt_wikitext/README.md "./08_gpt_wikitext" "one epoch of the default model takes about 11 minutes (the tiny run above trains the same code)"
-# The finale: the rehearsal plays the two machines (as root in namespaces, else on 127.0.0.1).
-run 08_gpt_wikitext/README.md 08_gpt_wikitext 300 "./rehearsal.sh" '^rehearsal: PASS \((netns|loopback)\): 2 \+ 1 workers on two hosts trained the same model as one process'
+exercise 08_gpt_wikitext/README.md 08_gpt_wikitext "make check-exercise EX=08/layernorm_backward"
+# README.finale.md: the rehearsal plays the two machines (as root in namespaces, else on 127.0.0.1).
+run 08_gpt_wikitext/README.finale.md 08_gpt_wikitext 300 "./rehearsal.sh" '^rehearsal: PASS \((netns|loopback)\): 2 \+ 1 workers on two hosts trained the same model as one process'
 two_machines="needs two machines (./rehearsal.sh above plays them)"
 for c in "export WIKITEXT_DIR=/data/wikitext-2 NCCL_SOCKET_IFNAME=eth0" "export WIKITEXT_DIR=/data/wikitext-2 COURSE_SOCKET_IFNAME=eth0" \
          "../tools/ddprun --nnodes=2 --node_rank=0 --nproc_per_node=1 --master_addr=10.0.0.1 --master_port=29500 --max_restarts=3 ./08_gpt_wikitext --device cpu --backend cpu --save_every 1 --snapshot_path ../runs/gpt/snapshot.safetensors"; do
-    not_here 08_gpt_wikitext/README.md "$c" "$two_machines"
+    not_here 08_gpt_wikitext/README.finale.md "$c" "$two_machines"
 done
 for node in 0 1; do
-    not_here 08_gpt_wikitext/README.md "../tools/ddprun --nnodes=2 --node_rank=$node --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 --max_restarts=3 ./08_gpt_wikitext --epochs 4 --batch_size 8 --save_every 1 --snapshot_path ../runs/gpt/snapshot.safetensors" \
+    not_here 08_gpt_wikitext/README.finale.md "../tools/ddprun --nnodes=2 --node_rank=$node --nproc_per_node=8 --master_addr=10.0.0.1 --master_port=29500 --max_restarts=3 ./08_gpt_wikitext --epochs 4 --batch_size 8 --save_every 1 --snapshot_path ../runs/gpt/snapshot.safetensors" \
         "needs two GPU servers (./rehearsal.sh above plays them)"
 done
-not_here 08_gpt_wikitext/README.md "sbatch sbatch_gpt.sh" "needs a SLURM cluster (./rehearsal.sh above runs the same ddprun per node)"
-exercise 08_gpt_wikitext/README.md 08_gpt_wikitext "make check-exercise EX=08/layernorm_backward"
+not_here 08_gpt_wikitext/README.finale.md "sbatch sbatch_gpt.sh" "needs a SLURM cluster (./rehearsal.sh above runs the same ddprun per node)"
 
+run 08_gpt_wikitext/README.tokenizer.md 08_gpt_wikitext 120 "make -C ../tools bpe_tool"
+tok_commands=("../tools/bpe_tool wikitext --tokenizer ../runs/tokenizer.json --cache_dir ../runs/cache"
+              "../tools/bpe_tool encode -t ../runs/tokenizer.json -i some.txt -o some.u16"
+              "../tools/bpe_tool decode -t ../runs/tokenizer.json -i some.u16 -o back.txt && cmp some.txt back.txt")
+if [[ -n "$wikitext" ]]; then
+    sed -n '1,/^## /p' "$course/08_gpt_wikitext/README.md" >"$course/08_gpt_wikitext/some.txt"   # "any text of yours"
+    student+=(WIKITEXT_DIR="$wikitext")
+    for c in "${tok_commands[@]}"; do run 08_gpt_wikitext/README.tokenizer.md 08_gpt_wikitext 120 "$c"; done
+    unset 'student[${#student[@]}-1]'
+else
+    for c in "${tok_commands[@]}"; do not_here 08_gpt_wikitext/README.tokenizer.md "$c" "needs a tokenizer trained on WikiText-2, which is not here"; done
+fi
+
+fresh_copy 09_zero_fsdp/README.md
 run 09_zero_fsdp/README.md 09_zero_fsdp 300 "make 09_zero_fsdp"
 zero_snap="--preset tiny --max_steps 50 --save_every 1 --snapshot_path ../runs/zero/snapshot.safetensors"
 zero_cmds=("./09_zero_fsdp --shard 3 --nprocs 4 --preset tiny --max_steps 50"
@@ -224,26 +297,15 @@ else
     # Without WikiText-2 the first command says so, as 08's does; the others need its snapshot.
     covered["09_zero_fsdp/README.md|${zero_cmds[0]}"]=1
     (cd "$course/09_zero_fsdp" && timeout -k 5 60 "${student[@]}" bash -c "${zero_cmds[0]}") >"$TMP/out" 2>&1; status=$?
-    if [[ $status -ne 0 ]] && grep -q "error: WikiText-2 not found: .*make data" "$TMP/out"; then
-        pass "09_zero_fsdp/README.md: ${zero_cmds[0]} (no WikiText-2 here: an error line that says make data)"
-    else fail "09_zero_fsdp/README.md: ${zero_cmds[0]}" "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+    [[ $status -eq 1 ]] && grep -q "^error: WikiText-2 not found: .*make data" "$TMP/out"
+    verdict $? "09_zero_fsdp/README.md: ${zero_cmds[0]} (no WikiText-2 here: one error line that says make data)" \
+        "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
     for c in "${zero_cmds[@]:1}"; do not_here 09_zero_fsdp/README.md "$c" "needs WikiText-2 (make data), which is not here"; done
 fi
 exercise 09_zero_fsdp/README.md 09_zero_fsdp "make check-exercise EX=09/zero1_step"
 
-run 08_gpt_wikitext/README.tokenizer.md 08_gpt_wikitext 120 "make -C ../tools bpe_tool"
-tok_commands=("../tools/bpe_tool wikitext --tokenizer ../runs/tokenizer.json --cache_dir ../runs/cache"
-              "../tools/bpe_tool encode -t ../runs/tokenizer.json -i some.txt -o some.u16"
-              "../tools/bpe_tool decode -t ../runs/tokenizer.json -i some.u16 -o back.txt && cmp some.txt back.txt")
-if [[ -n "$wikitext" ]]; then
-    sed -n '1,/^## /p' "$course/08_gpt_wikitext/README.md" >"$course/08_gpt_wikitext/some.txt"   # "any text of yours"
-    student+=(WIKITEXT_DIR="$wikitext")
-    for c in "${tok_commands[@]}"; do run 08_gpt_wikitext/README.tokenizer.md 08_gpt_wikitext 120 "$c"; done
-    unset 'student[${#student[@]}-1]'
-else
-    for c in "${tok_commands[@]}"; do not_here 08_gpt_wikitext/README.tokenizer.md "$c" "needs a tokenizer trained on WikiText-2, which is not here"; done
-fi
-
+fresh_copy tools/README.md
+run tools/README.md tools 120 "make ddprun && make -C ../05_env_launch"
 run tools/README.md tools 120 "./ddprun --standalone --nproc_per_node=4 ../05_env_launch/05_env_launch --epochs 2" '^\[rank 0\]: final weight'
 for node in "0 8" "1 4"; do
     set -- $node
@@ -252,24 +314,24 @@ for node in "0 8" "1 4"; do
 done
 
 # ---------------------------------------------------------------- the figures, the data
-# Measurements and figures of a fresh copy: nothing stale can be drawn.
+# After the chapters, in the union of what their commands built and wrote.
+union_copy README.md
 if [[ "${ASAN:-0}" == 1 ]]; then
     # Measurements are meaningless and very slow under the sanitizers.
     for c in "make speedup" "make plots" "make plots drew every figure"; do skip "README.md: $c" "not measured in a sanitizer build (make asan)"; done
 else
     run README.md . 600 "make speedup" '^speedup: CSV in runs/speedup/'
     rows=$(grep -c '^[0-9]' "$course/runs/speedup/speedup_large.csv" 2>/dev/null)
-    if [[ "$(head -n 1 "$course/runs/speedup/speedup_large.csv" 2>/dev/null)" == *",speedup_min,speedup_max" && ${rows:-0} -ge 2 ]] &&
-       grep -q '^# command: speedup.sh 1\.\.[0-9]* ranks, 3 rounds of ' "$course/runs/speedup/speedup_large.csv"; then
-        pass "README.md: make speedup writes the median and range per world size, and how it measured"
-    else fail "README.md: make speedup writes the median and range per world size, and how it measured" "$(head -n 3 "$course/runs/speedup/speedup_large.csv" 2>/dev/null | tr '\n' '|')"; fi
+    [[ "$(head -n 1 "$course/runs/speedup/speedup_large.csv" 2>/dev/null)" == *",speedup_min,speedup_max" && ${rows:-0} -ge 2 ]] &&
+       grep -q '^# command: speedup.sh 1\.\.[0-9]* ranks, 3 rounds of ' "$course/runs/speedup/speedup_large.csv"
+    verdict $? "README.md: make speedup writes the median and range per world size, and how it measured" \
+        "$(head -n 3 "$course/runs/speedup/speedup_large.csv" 2>/dev/null | tr '\n' '|')"
     run README.md . 600 "make plots"
     if command -v gnuplot >/dev/null; then
         missing="" want="01_loss 02_p2p 03_collectives speedup 09_zero_memory"
         [[ -n "$wikitext" ]] || expect_output "README.md: make plots says why 08's figures are skipped" "$TMP/out" '^plots: skipped 08_gpt_loss, 08_gpt_tokens: WikiText-2 is not here'
         for f in $want; do [[ -s "$course/runs/plots/$f.png" ]] || missing+=" $f"; done
-        if [[ -z $missing ]]; then pass "README.md: make plots drew every figure ($want) in the fresh copy"
-        else fail "README.md: make plots drew every figure ($want) in the fresh copy" "missing:$missing"; fi
+        [[ -z $missing ]]; verdict $? "README.md: make plots drew every figure ($want) in the fresh copy" "missing:$missing"
     else
         skip "README.md: make plots drew every figure" "gnuplot is not installed"
     fi
@@ -277,18 +339,17 @@ fi
 # make data without a network (a mirror that refuses): one error, and no
 # empty data/ folder left behind.
 (cd "$course" && WIKITEXT_URL=http://127.0.0.1:9 timeout -k 5 120 "${student[@]}" make data) >"$TMP/out" 2>&1; status=$?
-if [[ $status -ne 0 ]] && grep -q '^get_wikitext: error: could not download' "$TMP/out" && [[ ! -e "$course/data" ]]; then
-    pass "README.md: make data, offline: one error saying what to do, and no data/ folder left"
-else fail "README.md: make data, offline: one error saying what to do, and no data/ folder left" "status $status, data/ $( [[ -e $course/data ]] && echo exists || echo absent): $(tail -n 1 "$TMP/out")"; fi
+[[ $status -ne 0 ]] && grep -q '^get_wikitext: error: could not download' "$TMP/out" && [[ ! -e "$course/data" ]]
+verdict $? "README.md: make data, offline: one error saying what to do, and no data/ folder left" \
+    "status $status, data/ $( [[ -e $course/data ]] && echo exists || echo absent): $(tail -n 1 "$TMP/out")"
+
 
 # ---------------------------------------------------------------- the emulated GPU
-# Last: a CUDA=emu build sticks, and the commands above must not see it.
-emu_check() { # README DIR SECONDS COMMAND REGEX: as run, on the device the program chooses
-    local saved=("${student[@]}")
-    student=("${student_shell[@]}")
-    run "$@"
-    student=("${saved[@]}")
-}
+# The top README's commands for it, then emu/README.md's, in one fresh copy:
+# both build the emulator (emu/), and building it once saves a minute; the
+# top README's run first, so they meet a copy in which nothing was built,
+# and emu/README.md's first command builds the whole course for it anyway.
+fresh_copy "README.md (the emulated GPU) and emu/README.md"
 emu_check README.md . 300 "cd 01_single_gpu && make CUDA=emu 01_single_gpu && ./01_single_gpu" \
     '^01_single_gpu: running on GPU 0: emulated GPU \(CPU, for testing\)'
 exercise README.md . "make CUDA=emu check-exercise EX=01/sgd_kernel"
@@ -300,11 +361,12 @@ covered["emu/README.md|cd ../tests/emu && make CUDA=emu && ./planted_missing_syn
 (cd "$course/emu" && timeout -k 5 300 "${student_shell[@]}" bash -c "cd ../tests/emu && make CUDA=emu && ./planted_missing_syncthreads") \
     >"$TMP/out" 2>&1
 status=$?
-if [[ $status -eq 1 ]] && grep -Eq '^block sum -?nan, expected 32896' "$TMP/out"; then
-    pass "emu/README.md: cd ../tests/emu && make CUDA=emu && ./planted_missing_syncthreads (the bug is caught)"
-else fail "emu/README.md: the planted bug is caught" "status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+[[ $status -eq 1 ]] && grep -Eq '^block sum -?nan, expected 32896' "$TMP/out"
+verdict $? "emu/README.md: cd ../tests/emu && make CUDA=emu && ./planted_missing_syncthreads (the bug is caught)" "status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
 not_here emu/README.md "cd .. && make CUDA=emu test" "this test is part of what make test runs"
 not_here emu/README.md "cd .. && make CUDA=emu ASAN=1 test" "make asan's job; tests/tools/test_emu.sh runs the planted bugs under ASan's build too"
+
+fresh_copy ""   # (the time of the last copy's commands)
 
 # ---------------------------------------------------------------- coverage
 # Every line of every ```sh block in the READMEs (continuations joined,

@@ -4,12 +4,7 @@
 // program: this hangs, or both ranks go on with garbage, and nothing says
 // why. The emulated NCCL compares what every rank was asked to do and
 // stops both ranks with a message naming each call.
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <nccl.h>
-
-#include "planted.h"
+#include "planted_ranks.h"
 
 static int rank_main(int rank, ncclUniqueId id, bool fixed) {
     CHECK(cudaSetDevice(rank)); // one GPU per rank, set before the communicator
@@ -42,26 +37,4 @@ static int rank_main(int rank, ncclUniqueId id, bool fixed) {
     return host[0] == 3.0f ? 0 : 1;
 }
 
-int main(int argc, char **argv) {
-    bool fixed = planted_fixed(argc, argv);
-    ncclUniqueId id; // made before fork, and before any CUDA call: a CUDA context does not survive fork()
-    if (ncclGetUniqueId(&id) != ncclSuccess) return 1;
-    fflush(stdout);
-    pid_t pids[2];
-    for (int r = 0; r < 2; r++) {
-        pids[r] = fork();
-        if (pids[r] < 0) return 1;
-        if (pids[r] == 0) {
-            int status = rank_main(r, id, fixed);
-            fflush(NULL);
-            _exit(status);
-        }
-    }
-    int failed = 0;
-    for (int r = 0; r < 2; r++) {
-        int status = 0;
-        if (waitpid(pids[r], &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
-    }
-    printf("%d of 2 ranks failed\n", failed);
-    return failed ? 1 : 0;
-}
+int main(int argc, char **argv) { return planted_two_ranks(rank_main, planted_fixed(argc, argv)); }

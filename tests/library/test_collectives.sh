@@ -34,8 +34,8 @@ run_suite() {
 run_suite shm 400 "$BIN" "$TAG" --worlds 1,2,3,4,5
 # TCP sockets only, as between hosts.
 COURSE_SHM=0 run_suite tcp 300 "$BIN" "$TAG" --worlds 2,3,5 --label "tcp: "
-if grep -q '# world 2: cpu (TCP sockets' "$TMP/tcp.log"; then pass "collectives: COURSE_SHM=0 runs over TCP"
-else fail "collectives: COURSE_SHM=0 runs over TCP" "pg_describe said: $(grep -m1 '^# world 2' "$TMP/tcp.log")"; fi
+grep -q '# world 2: cpu (TCP sockets' "$TMP/tcp.log"
+verdict $? "collectives: COURSE_SHM=0 runs over TCP" "pg_describe said: $(grep -m1 '^# world 2' "$TMP/tcp.log")"
 
 if has_gpu; then
     run_suite nccl 300 "$BIN" "$TAG" --worlds 1 --backend nccl --device cuda --label "nccl: "
@@ -51,13 +51,10 @@ fi
 run_capture 60 "$TMP/nccl_refused.log" "$ROOT/tests/unit/test_p2p" "$TAG" --mode reinit -n 2 \
     --backend nccl --device cpu
 status=$?
-if [[ $status -ne 0 && $status -ne 124 ]] &&
-   grep -Eq 'backend nccl cannot run here: .*one rank per GPU; use --backend cpu' "$TMP/nccl_refused.log"; then
-    pass "collectives: --backend nccl without one GPU per rank is a clear error"
-else
-    fail "collectives: --backend nccl without one GPU per rank is a clear error" \
-        "exit status $status: $(tail -n 3 "$TMP/nccl_refused.log" | tr '\n' '|')"
-fi
+[[ $status -ne 0 && $status -ne 124 ]] &&
+   grep -Eq 'backend nccl cannot run here: .*one rank per GPU; use --backend cpu' "$TMP/nccl_refused.log"
+verdict $? "collectives: --backend nccl without one GPU per rank is a clear error" \
+    "exit status $status: $(tail -n 3 "$TMP/nccl_refused.log" | tr '\n' '|')"
 
 no_leftovers "collectives: no rank left running" "${TAG#--tag=}"
 # A segment lives only while a group is being set up (then it is unlinked);
@@ -66,5 +63,4 @@ leftover_shm() { ls /dev/shm 2>/dev/null | grep '^course-pg-'; }
 first=$(leftover_shm)
 [[ -n "$first" ]] && sleep 1
 stale=$(comm -12 <(echo "$first") <(leftover_shm) | grep .)
-if [[ -n "$stale" ]]; then fail "collectives: no shared memory left behind" "$(echo "$stale" | head -3 | tr '\n' ' ')"
-else pass "collectives: no shared memory left behind"; fi
+[[ -z "$stale" ]]; verdict $? "collectives: no shared memory left behind" "$(echo "$stale" | head -3 | tr '\n' ' ')"

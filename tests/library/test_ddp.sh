@@ -20,9 +20,9 @@ replicas() {
     local name=$1 want=$2 regex=$3; shift 3
     run_capture 120 "$TMP/out" "$bin" "$@"
     local status=$?
-    if [[ ( $want == 0 && $status -eq 0 ) || ( $want != 0 && $status -ne 0 && $status -ne 124 ) ]] &&
-       grep -Eq -- "$regex" "$TMP/out"; then pass "$name"
-    else fail "$name" "status $status (wanted $( [[ $want == 0 ]] && echo 0 || echo 'not 0')), output lacks /$regex/: $(grep -v '^\[rank 0\]: replicas equal' "$TMP/out" | tail -n 3 | tr '\n' '|')"; fi
+    [[ ( $want == 0 && $status -eq 0 ) || ( $want != 0 && $status -ne 0 && $status -ne 124 ) ]] &&
+       grep -Eq -- "$regex" "$TMP/out"
+    verdict $? "$name" "status $status (wanted $( [[ $want == 0 ]] && echo 0 || echo 'not 0')), output lacks /$regex/: $(grep -v '^\[rank 0\]: replicas equal' "$TMP/out" | tail -n 3 | tr '\n' '|')"
 }
 
 for n in 1 2 4; do
@@ -31,8 +31,8 @@ done
 replicas "ddp: one ulp of drift on rank 2 is caught at the next check and rank 2 is named" 1 \
     'replicas diverged at step 2: the parameters of rank\(s\) 2 differ from rank 0' --nprocs 3 --drift 2
 expect_output "ddp: the checks before the drift passed" "$TMP/out" 'replicas equal at step 1$'
-if ! grep -q 'replicas equal at step 2' "$TMP/out"; then pass "ddp: the job stops at the check that fails"
-else fail "ddp: the job stops at the check that fails" "rank 0 went on: $(grep 'equal at step' "$TMP/out" | tr '\n' '|')"; fi
+! grep -q 'replicas equal at step 2' "$TMP/out"
+verdict $? "ddp: the job stops at the check that fails" "rank 0 went on: $(grep 'equal at step' "$TMP/out" | tr '\n' '|')"
 replicas "ddp: two drifting ranks of 4 are both named, and no other" 1 \
     'replicas diverged at step 3: the parameters of rank\(s\) 1, 3 differ from rank 0' --nprocs 4 --drift 1,3 --drift_step 3 --drift_by one
 # Rank 0 is the reference: when it alone drifts, every other rank differs from it.

@@ -7,13 +7,12 @@ bin="$ROOT/tests/unit/test_flags"
 bad_input() { # NAME EXPECTED-REGEX ARGS...
     local name=$1 want=$2; shift 2
     "$bin" "$@" >"$TMP/out" 2>"$TMP/err"
-    local status=$?
-    if [[ $status -ne 2 ]]; then fail "$name" "exit status $status, expected 2"; return; fi
-    if ! head -n 1 "$TMP/err" | grep -Eq -- "$want"; then
-        fail "$name" "first error line '$(head -n 1 "$TMP/err")' does not match /$want/"; return
+    local status=$? why=""
+    if [[ $status -ne 2 ]]; then why="exit status $status, expected 2"
+    elif ! head -n 1 "$TMP/err" | grep -Eq -- "$want"; then why="first error line '$(head -n 1 "$TMP/err")' does not match /$want/"
+    elif ! sed -n 2p "$TMP/err" | grep -q '^usage:'; then why="no usage line after the error"
     fi
-    if ! sed -n 2p "$TMP/err" | grep -q '^usage:'; then fail "$name" "no usage line after the error"; return; fi
-    pass "$name"
+    [[ -z "$why" ]]; verdict $? "$name" "$why"
 }
 bad_input "flags: non-numeric value" "--epochs expects an integer, got 'abc'" --epochs abc
 bad_input "flags: trailing junk in a number" "--epochs expects an integer" --epochs=12x
@@ -25,8 +24,8 @@ bad_input "flags: above the upper bound (size)" "--minbytes must be between 1 an
 bad_input "flags: below the lower bound (size)" "--minbytes must be between 1 and 1073741824, got '0'" -b 0
 # ...and the bounds themselves are allowed.
 "$bin" --epochs 1000 --lr 10 -b 1G >"$TMP/out" 2>"$TMP/err"
-if [[ $? -eq 0 ]] && grep -q '^epochs=1000 lr=10 .* bytes=1073741824$' "$TMP/out"; then pass "flags: values equal to the bounds are accepted"
-else fail "flags: values equal to the bounds are accepted" "$(head -n 1 "$TMP/err")$(cat "$TMP/out")"; fi
+[[ $? -eq 0 ]] && grep -q '^epochs=1000 lr=10 .* bytes=1073741824$' "$TMP/out"
+verdict $? "flags: values equal to the bounds are accepted" "$(head -n 1 "$TMP/err")$(cat "$TMP/out")"
 bad_input "flags: unknown flag, with the flag it resembles" "unknown flag '--epoch' \(did you mean --epochs\?\)$" --epoch 3
 bad_input "flags: a mistyped flag in the other spelling" "unknown flag '--verbose-ouptut' \(did you mean --verbose_output\?\)$" --verbose-ouptut
 bad_input "flags: unknown flag like no other: no guess" "unknown flag '--frobnicate'$" --frobnicate
@@ -35,13 +34,11 @@ bad_input "flags: bad choice" "--device must be one of auto\|cpu\|cuda" --device
 bad_input "flags: bad bool" "--verbose_output expects true or false" --verbose-output=maybe
 bad_input "flags: bad size" "--minbytes expects a size" -b 12Q
 bad_input "flags: stray positional" "unexpected argument 'foo'" foo
-if TEST_FLAGS_DEVICE=gpu "$bin" --epochs 2 2>&1 | grep -q "from TEST_FLAGS_DEVICE"; then
-    pass "flags: a bad environment default names the variable"
-else fail "flags: a bad environment default names the variable" "message does not name TEST_FLAGS_DEVICE"; fi
+TEST_FLAGS_DEVICE=gpu "$bin" --epochs 2 2>&1 | grep -q "from TEST_FLAGS_DEVICE"
+verdict $? "flags: a bad environment default names the variable" "message does not name TEST_FLAGS_DEVICE"
 "$bin" --help >"$TMP/help" 2>&1
-if [[ $? -eq 0 ]] && grep -q -- "--epochs" "$TMP/help" && grep -q "default 10" "$TMP/help"; then
-    pass "flags: --help lists flags with defaults"
-else fail "flags: --help lists flags with defaults" "$(head -3 "$TMP/help")"; fi
+[[ $? -eq 0 ]] && grep -q -- "--epochs" "$TMP/help" && grep -q "default 10" "$TMP/help"
+verdict $? "flags: --help lists flags with defaults" "$(head -3 "$TMP/help")"
 # --help lists the flags in the order the program added them, each with
 # what its adder and setters gave it: help, default, choices, short name, variable.
 "$bin" --help >"$TMP/help" 2>&1
@@ -57,12 +54,11 @@ flags (both --a_b and --a-b spellings work):
   -b,--minbytes            smallest size (default 8)
      --help                print this help
 EOF
-if diff "$TMP/want" "$TMP/help" >"$TMP/diff"; then pass "flags: --help lists the flags in the order they were added, with short names and variables"
-else fail "flags: --help lists the flags in the order they were added, with short names and variables" "$(tr '\n' '|' <"$TMP/diff")"; fi
+diff "$TMP/want" "$TMP/help" >"$TMP/diff"
+verdict $? "flags: --help lists the flags in the order they were added, with short names and variables" "$(tr '\n' '|' <"$TMP/diff")"
 # A set holds FLAGS_MAX (48) flags; one more stops the program with a message
 # that says what to change, instead of writing past the end.
 TEST_FLAGS_EXTRA=43 "$bin" --epochs 2 >"$TMP/out" 2>&1; s48=$?
 TEST_FLAGS_EXTRA=44 "$bin" --epochs 2 >"$TMP/out49" 2>&1; s49=$?
-if [[ $s48 -eq 0 && $s49 -ne 0 && $s49 -ne 2 ]] && grep -q "flags: test_flags has more than 48 flags; raise FLAGS_MAX in flags.h" "$TMP/out49"; then
-    pass "flags: 48 flags fit, a 49th is a clear error"
-else fail "flags: 48 flags fit, a 49th is a clear error" "status $s48 with 48, $s49 with 49: $(head -n 2 "$TMP/out49" | tr '\n' '|')"; fi
+[[ $s48 -eq 0 && $s49 -ne 0 && $s49 -ne 2 ]] && grep -q "flags: test_flags has more than 48 flags; raise FLAGS_MAX in flags.h" "$TMP/out49"
+verdict $? "flags: 48 flags fit, a 49th is a clear error" "status $s48 with 48, $s49 with 49: $(head -n 2 "$TMP/out49" | tr '\n' '|')"

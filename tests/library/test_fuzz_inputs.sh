@@ -19,9 +19,7 @@ for t in "${targets[@]}"; do
     regressions=$(find "$FUZZ/regressions/$t" -type f 2>/dev/null | wc -l)
     FUZZ_REPLAY_VERBOSE=1 run_capture 120 "$TMP/$t.log" "$replay/fuzz_$t" "${dirs[@]}"
     status=$?
-    if [[ $status -eq 0 && $seeds -gt 0 ]] && grep -q "^fuzz_$t: replayed $((seeds + regressions)) inputs$" "$TMP/$t.log"; then
-        pass "fuzz inputs: $t handles its $seeds seeds and $regressions regression inputs"
-    else
-        fail "fuzz inputs: $t" "status $status on $(grep '^replaying ' "$TMP/$t.log" | tail -n 1 | cut -c11-): $(grep -v '^replaying ' "$TMP/$t.log" | grep -m2 -E 'ERROR|error|invariant|Abort' | tr '\n' '|')"
-    fi
+    [[ $status -eq 0 && $seeds -gt 0 ]] && grep -q "^fuzz_$t: replayed $((seeds + regressions)) inputs$" "$TMP/$t.log"
+    verdict $? "fuzz inputs: $t handles its $seeds seeds and $regressions regression inputs" \
+        "status $status on $(grep '^replaying ' "$TMP/$t.log" | tail -n 1 | cut -c11-): $(grep -v '^replaying ' "$TMP/$t.log" | grep -m2 -E 'ERROR|error|invariant|Abort' | tr '\n' '|')"
 done

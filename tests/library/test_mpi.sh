@@ -23,9 +23,8 @@ if grep -q "this build has no MPI" "$TMP/hand"; then
     skip "mpi: chapters 02-08 under mpirun" "this build has no MPI (mpicc and mpi.h were not found, or MPI=0)"
     exit 0
 fi
-if [[ $status -ne 0 && $(grep -c . "$TMP/hand") -eq 1 ]] && grep -q "error: --backend mpi needs a job started by an MPI launcher: mpirun" "$TMP/hand"; then
-    pass "mpi: by hand, --backend mpi says in one line that it needs mpirun"
-else fail "mpi: by hand, --backend mpi says in one line that it needs mpirun" "status $status: $(head -n 3 "$TMP/hand" | tr '\n' '|')"; fi
+[[ $status -ne 0 && $(grep -c . "$TMP/hand") -eq 1 ]] && grep -q "error: --backend mpi needs a job started by an MPI launcher: mpirun" "$TMP/hand"
+verdict $? "mpi: by hand, --backend mpi says in one line that it needs mpirun" "status $status: $(head -n 3 "$TMP/hand" | tr '\n' '|')"
 
 # OpenMPI wants to be told that 4 ranks on 2 cores is fine, and that root may run them.
 mpi=(mpirun -np)
@@ -35,11 +34,10 @@ strip() { sed 's/^\[rank 0\]: //' "$1"; }   # ddprun prefixes rank 0's lines; mp
 for n in 2 4; do
     # 02: the receiver holds the sender's value, blocking and non-blocking.
     run_capture 60 "$TMP/p2p$n" "${mpi[@]}" $n "$p02" --backend mpi --device cpu; status=$?
-    if [[ $status -eq 0 ]] && grep -q "^02_p2p: $n ranks .* backend: mpi" "$TMP/p2p$n" &&
+    [[ $status -eq 0 ]] && grep -q "^02_p2p: $n ranks .* backend: mpi" "$TMP/p2p$n" &&
        grep -q "^Rank 1 has data 1.0 (pg_recv returned)" "$TMP/p2p$n" &&
-       grep -q "^Rank 1 has data 1.0 (irecv completed" "$TMP/p2p$n"; then
-        pass "mpi: 02 with $n ranks: rank 1 receives 1.0 (pg_recv and pg_irecv)"
-    else fail "mpi: 02 with $n ranks: rank 1 receives 1.0" "status $status: $(tail -n 4 "$TMP/p2p$n" | tr '\n' '|')"; fi
+       grep -q "^Rank 1 has data 1.0 (irecv completed" "$TMP/p2p$n"
+    verdict $? "mpi: 02 with $n ranks: rank 1 receives 1.0 (pg_recv and pg_irecv)" "status $status: $(tail -n 4 "$TMP/p2p$n" | tr '\n' '|')"
 
     # 03's lesson prints the same values as with the cpu backend (the
     # barrier's arrival times aside).
@@ -47,27 +45,25 @@ for n in 2 4; do
     run_capture 60 "$TMP/lesson_cpu$n" "$p03" --backend cpu --device cpu --nprocs $n
     a=$(sed '1d; /times   rank\|^          rank [0-9]*: \[ *[0-9]* *[0-9]*\]$/d' "$TMP/lesson_mpi$n")
     b=$(sed '1d; /times   rank\|^          rank [0-9]*: \[ *[0-9]* *[0-9]*\]$/d' "$TMP/lesson_cpu$n")
-    if [[ -n "$a" && "$a" == "$b" ]] && grep -q "^== 10\." "$TMP/lesson_mpi$n"; then
-        pass "mpi: 03's lesson with $n ranks prints what the cpu backend prints"
-    else fail "mpi: 03's lesson with $n ranks prints what the cpu backend prints" "$(diff <(echo "$a") <(echo "$b") | head -n 4 | tr '\n' '|')"; fi
+    [[ -n "$a" && "$a" == "$b" ]] && grep -q "^== 10\." "$TMP/lesson_mpi$n"
+    verdict $? "mpi: 03's lesson with $n ranks prints what the cpu backend prints" "$(diff <(echo "$a") <(echo "$b") | head -n 4 | tr '\n' '|')"
 
     # 03's benchmark: every collective, 8 B to 64 MiB, no wrong element.
     run_capture 300 "$TMP/bench$n" "${mpi[@]}" $n "$p03" --backend mpi --device cpu --bench -b 8 -e 64M -f 4 -c 1; status=$?
     rows=$(awk 'NF == 9 && $1 ~ /^[0-9]+$/' "$TMP/bench$n" | wc -l)
     wrong=$(awk 'NF == 9 && $1 ~ /^[0-9]+$/ && $9 != 0 && $9 != "N/A"' "$TMP/bench$n" | wc -l)
     ok=$(grep -c "^# Out of bounds values : 0 OK" "$TMP/bench$n")   # one per collective but the barrier
-    if [[ $status -eq 0 && $rows -ge 90 && $wrong -eq 0 && $ok -eq 8 ]]; then
-        pass "mpi: 03 --bench -b 8 -e 64M -f 4 -c 1 with $n ranks: $rows rows, #wrong 0"
-    else fail "mpi: 03 --bench with $n ranks" "status $status, $rows rows, $wrong with #wrong > 0, $ok of 8 collectives OK: $(tail -n 3 "$TMP/bench$n" | tr '\n' '|')"; fi
+    [[ $status -eq 0 && $rows -ge 90 && $wrong -eq 0 && $ok -eq 8 ]]
+    verdict $? "mpi: 03 --bench -b 8 -e 64M -f 4 -c 1 with $n ranks: $rows rows, #wrong 0" \
+        "status $status, $rows rows, $wrong with #wrong > 0, $ok of 8 collectives OK: $(tail -n 3 "$TMP/bench$n" | tr '\n' '|')"
 
     # 05: the same losses, epoch by epoch, as the cpu backend under ddprun.
     args=(--device cpu --epochs 3 --samples 4000)
     run_capture 120 "$TMP/t05mpi$n" "${mpi[@]}" $n "$p05" --backend mpi "${args[@]}"; status=$?
     run_capture 120 "$TMP/t05cpu$n" "$ddprun" --standalone --nproc_per_node=$n "$p05" --backend cpu "${args[@]}"
     a=$(grep -E "^epoch|^final" "$TMP/t05mpi$n" | sed 's/ | [0-9.]* s$//'); b=$(strip "$TMP/t05cpu$n" | grep -E "^epoch|^final" | sed 's/ | [0-9.]* s$//')
-    if [[ $status -eq 0 && -n "$a" && "$a" == "$b" ]] && grep -q "backend mpi" "$TMP/t05mpi$n"; then
-        pass "mpi: 05 with $n ranks: the cpu backend's losses and final weights"
-    else fail "mpi: 05 with $n ranks: the cpu backend's losses" "status $status: $(diff <(echo "$a") <(echo "$b") | head -n 4 | tr '\n' '|')"; fi
+    [[ $status -eq 0 && -n "$a" && "$a" == "$b" ]] && grep -q "backend mpi" "$TMP/t05mpi$n"
+    verdict $? "mpi: 05 with $n ranks: the cpu backend's losses and final weights" "status $status: $(diff <(echo "$a") <(echo "$b") | head -n 4 | tr '\n' '|')"
 done
 
 # Every op and dtype of 03's benchmark, small sizes, 4 ranks: bf16 through
@@ -77,9 +73,21 @@ run_capture 300 "$TMP/all" "${mpi[@]}" 4 "$p03" --backend mpi --device cpu --ben
 rows=$(awk 'NF == 9 && $1 ~ /^[0-9]+$/' "$TMP/all" | wc -l)
 wrong=$(awk 'NF == 9 && $1 ~ /^[0-9]+$/ && $9 != 0' "$TMP/all" | wc -l)
 bf16=$(awk 'NF == 9 && $3 == "bfloat16"' "$TMP/all" | wc -l); bits=$(awk 'NF == 9 && $4 == "bxor"' "$TMP/all" | wc -l)
-if [[ $status -eq 0 && $wrong -eq 0 && $bf16 -ge 20 && $bits -ge 12 ]]; then
-    pass "mpi: all_reduce of every dtype x op with 4 ranks: $rows rows, #wrong 0"
-else fail "mpi: all_reduce of every dtype x op" "status $status, $rows rows ($bf16 bf16, $bits bxor), $wrong wrong"; fi
+[[ $status -eq 0 && $wrong -eq 0 && $bf16 -ge 20 && $bits -ge 12 ]]
+verdict $? "mpi: all_reduce of every dtype x op with 4 ranks: $rows rows, #wrong 0" "status $status, $rows rows ($bf16 bf16, $bits bxor), $wrong wrong"
+
+# Every collective x every dtype x every op it allows (counts 0 to 70001, in
+# place and out of place, roots other than 0): unit/test_collectives, the
+# cpu backend's own test, under mpirun. Its references are computed on each
+# rank from the same inputs the cpu backend is checked with, exactly.
+make -C "$ROOT/tests" -s unit/test_collectives >/dev/null 2>&1
+for n in 2 4; do
+    run_capture 300 "$TMP/coll$n" "${mpi[@]}" $n "$ROOT/tests/unit/test_collectives" --backend mpi --device cpu --big=false \
+        --label "mpi: "; status=$?
+    passed=$(grep -c '^PASS mpi: ' "$TMP/coll$n"); failed=$(grep '^FAIL ' "$TMP/coll$n" | head -n 2 | tr '\n' '|')
+    [[ $status -eq 0 && $passed -eq 11 && -z "$failed" ]]
+    verdict $? "mpi: every collective x dtype x op with $n ranks, against the references the cpu backend meets ($passed collectives)" "status $status, $passed of 11 passed: ${failed:-$(tail -n 2 "$TMP/coll$n" | tr '\n' '|')}"
+done
 
 # auto under mpirun picks mpi.
 run_capture 60 "$TMP/auto" "${mpi[@]}" 2 "$p05" --device cpu --epochs 1 --samples 1000
@@ -93,8 +101,8 @@ for ch in 06 07; do
     run_capture 120 "$TMP/t${ch}cpu" "$ddprun" --standalone --nproc_per_node=2 "$bin" --backend cpu "${args[@]}" \
         --snapshot_path "$TMP/s${ch}cpu/s.safetensors"
     a=$(grep "^final weight" "$TMP/t${ch}mpi"); b=$(strip "$TMP/t${ch}cpu" | grep "^final weight")
-    if [[ $status -eq 0 && -n "$a" && "$a" == "$b" ]]; then pass "mpi: $ch with 2 ranks ends as with the cpu backend ($(echo "$a" | cut -c1-40))"
-    else fail "mpi: $ch with 2 ranks ends as with the cpu backend" "status $status: mpi '$a', cpu '$b'"; fi
+    [[ $status -eq 0 && -n "$a" && "$a" == "$b" ]]
+    verdict $? "mpi: $ch with 2 ranks ends as with the cpu backend ($(echo "$a" | cut -c1-40))" "status $status: mpi '$a', cpu '$b'"
 done
 expect_output "mpi: 07 under mpirun names OpenMPI's variables as its launcher" "$TMP/t07mpi" "started by (OpenMPI|MPICH) variables"
 
@@ -107,29 +115,27 @@ awk -v dir="$TMP/corpus" 'BEGIN { system("mkdir -p " dir); srand(11)
             if (i % 40 == 0) printf " \n = Article %d = \n \n", i > file
             printf " %s %s sees %s %s . \n", D[int(rand() * 6) + 1], N[int(rand() * 6) + 1], D[int(rand() * 6) + 1], N[int(rand() * 6) + 1] > file } } }'
 gpt=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000 --device cpu --max_steps 8)
-l2() { sed -n 's/.*l2 norm \([0-9.e+-]*\).*/\1/p' "$1" | tail -n 1; }
 run_capture 120 "$TMP/g1" "$p08" "${gpt[@]}" --batch_size 8 --out_dir "$TMP/g1.d"
 run_capture 120 "$TMP/g2" "${mpi[@]}" 2 "$p08" "${gpt[@]}" --backend mpi --batch_size 4 --out_dir "$TMP/g2.d"; status=$?
-a=$(l2 "$TMP/g1"); b=$(l2 "$TMP/g2")
-if [[ $status -eq 0 && -n "$a" && -n "$b" ]] && rel_near "$a" "$b" 1e-5 && grep -q "backend mpi" "$TMP/g2"; then
-    pass "mpi: 08 tiny GPT, 2 ranks x batch 4 under mpirun equal 1 rank x batch 8 (l2 $a vs $b)"
-else fail "mpi: 08 tiny GPT under mpirun" "status $status, l2 '$a' vs '$b': $(grep -m2 -i 'error\|backend' "$TMP/g2" | tr '\n' '|')"; fi
+a=$(field "$TMP/g1" 'l2 norm ([0-9.e+-]*)'); b=$(field "$TMP/g2" 'l2 norm ([0-9.e+-]*)')
+[[ $status -eq 0 && -n "$a" && -n "$b" ]] && rel_near "$a" "$b" 1e-5 && grep -q "backend mpi" "$TMP/g2"
+verdict $? "mpi: 08 tiny GPT, 2 ranks x batch 4 under mpirun equal 1 rank x batch 8 (l2 $a vs $b)" \
+    "status $status, l2 '$a' vs '$b': $(grep -m2 -i 'error\|backend' "$TMP/g2" | tr '\n' '|')"
 
 # A bad call: rank 0 all-reduces 16 floats, rank 1 32 (two programs, one
 # job). MPI finds the truncated message; the job ends with one line that
 # names the rank, the call and MPI's reason, not with MPI's abort.
 run_capture 60 "$TMP/bad" "${mpi[@]}" 1 "$p03" --backend mpi --device cpu --bench -b 64 -e 64 --collective all_reduce : \
     -np 1 "$p03" --backend mpi --device cpu --bench -b 128 -e 128 --collective all_reduce; status=$?
-if [[ $status -ne 0 && $(grep -c "error" "$TMP/bad") -ge 1 ]] &&
-   grep -qE "^\[rank [01]\] error: MPI_Allreduce \(all_reduce\) failed: .*(TRUNCATE|truncat)" "$TMP/bad"; then
-    pass "mpi: mismatched counts end the job with one line naming the rank ($(grep -m1 "^\[rank" "$TMP/bad" | cut -c1-60)...)"
-else fail "mpi: mismatched counts end the job with one line naming the rank" "status $status: $(grep -v '^#' "$TMP/bad" | head -n 4 | tr '\n' '|')"; fi
+[[ $status -ne 0 && $(grep -c "error" "$TMP/bad") -ge 1 ]] &&
+   grep -qE "^\[rank [01]\] error: MPI_Allreduce \(all_reduce\) failed: .*(TRUNCATE|truncat)" "$TMP/bad"
+verdict $? "mpi: mismatched counts end the job with one line naming the rank ($(grep -m1 "^\[rank" "$TMP/bad" | cut -c1-60)...)" \
+    "status $status: $(grep -v '^#' "$TMP/bad" | head -n 4 | tr '\n' '|')"
 
 # 04 starts its own ranks (spawn): under mpirun it says so and stops.
 run_capture 60 "$TMP/t04" "${mpi[@]}" 2 "$p04" --backend mpi --device cpu; status=$?
-if [[ $status -ne 0 ]] && grep -q "error: spawn: this program starts its own .* but mpirun (or srun) started it" "$TMP/t04"; then
-    pass "mpi: 04 (spawns its ranks) under mpirun stops with one line saying why"
-else fail "mpi: 04 under mpirun stops with one line saying why" "status $status: $(head -n 3 "$TMP/t04" | tr '\n' '|')"; fi
+[[ $status -ne 0 ]] && grep -q "error: spawn: this program starts its own .* but mpirun (or srun) started it" "$TMP/t04"
+verdict $? "mpi: 04 (spawns its ranks) under mpirun stops with one line saying why" "status $status: $(head -n 3 "$TMP/t04" | tr '\n' '|')"
 # GPU buffers (a real GPU, or the emulated ones of make CUDA=emu): staged
 # through host memory, as on the cpu backend; every dtype and op.
 if has_gpu; then
@@ -137,8 +143,7 @@ if has_gpu; then
         -d all -o all; status=$?
     rows=$(awk 'NF == 9 && $1 ~ /^[0-9]+$/' "$TMP/gpu" | wc -l)
     wrong=$(awk 'NF == 9 && $1 ~ /^[0-9]+$/ && $9 != 0 && $9 != "N/A"' "$TMP/gpu" | wc -l)
-    if [[ $status -eq 0 && $rows -ge 500 && $wrong -eq 0 ]] && grep -q "backend: mpi (GPU buffers staged through host memory" "$TMP/gpu"; then
-        pass "mpi: 03 --bench --device cuda -d all -o all, 2 ranks, staged: $rows rows, #wrong 0"
-    else fail "mpi: 03 --bench --device cuda, staged" "status $status, $rows rows, $wrong wrong: $(head -n 1 "$TMP/gpu")"; fi
+    [[ $status -eq 0 && $rows -ge 500 && $wrong -eq 0 ]] && grep -q "backend: mpi (GPU buffers staged through host memory" "$TMP/gpu"
+    verdict $? "mpi: 03 --bench --device cuda -d all -o all, 2 ranks, staged: $rows rows, #wrong 0" "status $status, $rows rows, $wrong wrong: $(head -n 1 "$TMP/gpu")"
 else skip "mpi: GPU buffers staged through host memory" "no GPU here (make CUDA=emu test runs it on the emulated GPU)"; fi
 no_leftovers "mpi: no process left behind" "02_p2p/02_p2p|03_collectives/03_collectives|05_env_launch/05_env_launch|08_gpt_wikitext/08_gpt_wikitext"

@@ -47,14 +47,12 @@ expect_failure() {
     local name=$1 max=$2 want=$3; shift 3
     local start=$SECONDS
     run_capture 90 "$TMP/fail.log" "$BIN" "$TAG" "$@"
-    local status=$? took=$((SECONDS - start))
-    if [[ $status -eq 0 || $status -eq 124 ]]; then
-        fail "$name" "exit status $status (expected a failure): $(tail -n 3 "$TMP/fail.log" | tr '\n' '|')"
-    elif [[ $took -gt $max ]]; then
-        fail "$name" "took ${took}s, more than ${max}s to notice"
-    elif ! grep -Eq -- "$want" "$TMP/fail.log"; then
-        fail "$name" "no line matches /$want/: $(grep -v '^#' "$TMP/fail.log" | tail -n 4 | tr '\n' '|')"
-    else pass "$name"; fi
+    local status=$? took=$((SECONDS - start)) why=""
+    if [[ $status -eq 0 || $status -eq 124 ]]; then why="exit status $status (expected a failure): $(tail -n 3 "$TMP/fail.log" | tr '\n' '|')"
+    elif [[ $took -gt $max ]]; then why="took ${took}s, more than ${max}s to notice"
+    elif ! grep -Eq -- "$want" "$TMP/fail.log"; then why="no line matches /$want/: $(grep -v '^#' "$TMP/fail.log" | tail -n 4 | tr '\n' '|')"
+    fi
+    [[ -z "$why" ]]; verdict $? "$name" "$why"
 }
 
 # A long grace period: the survivors ignore spawn's SIGTERM, so only their
@@ -62,9 +60,8 @@ expect_failure() {
 export COURSE_KILL_GRACE=30
 expect_failure "p2p: a rank killed mid all_reduce (shared memory) stops the others in seconds" 10 \
     'rank 1 closed the connection during all_reduce' --mode kill -n 3
-if grep -Eq 'spawn: rank [0-9]+ (exited with status|killed by signal)' "$TMP/fail.log"; then
-    pass "p2p: spawn reports the failed rank"
-else fail "p2p: spawn reports the failed rank" "$(grep spawn "$TMP/fail.log" | head -2 | tr '\n' '|')"; fi
+grep -Eq 'spawn: rank [0-9]+ (exited with status|killed by signal)' "$TMP/fail.log"
+verdict $? "p2p: spawn reports the failed rank" "$(grep spawn "$TMP/fail.log" | head -2 | tr '\n' '|')"
 COURSE_SHM=0 expect_failure "p2p: a rank killed mid all_reduce (tcp) stops the others in seconds" 10 \
     'rank 1 closed the connection during all_reduce' --mode kill -n 3
 export COURSE_KILL_GRACE=2
@@ -86,5 +83,4 @@ leftover_shm() { ls /dev/shm 2>/dev/null | grep '^course-pg-'; }
 first=$(leftover_shm)
 [[ -n "$first" ]] && sleep 1
 stale=$(comm -12 <(echo "$first") <(leftover_shm) | grep .)
-if [[ -n "$stale" ]]; then fail "p2p: no shared memory left behind, even after kill -9" "$(echo "$stale" | head -3 | tr '\n' ' ')"
-else pass "p2p: no shared memory left behind, even after kill -9"; fi
+[[ -z "$stale" ]]; verdict $? "p2p: no shared memory left behind, even after kill -9" "$(echo "$stale" | head -3 | tr '\n' ' ')"

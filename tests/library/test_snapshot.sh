@@ -41,23 +41,21 @@ dir="$TMP/kill"
 run_capture 60 "$TMP/save.out" "$tool" save "$dir/snapshot.safetensors" 1 2 1 &&
     run_capture 60 "$TMP/save.out" "$tool" save "$dir/snapshot.safetensors" 2 2 1
 check "snapshot: save steps 1 and 2" test $? -eq 0
-if start_and_kill "$dir" 3; then pass "snapshot: writer killed with SIGKILL halfway through the data"
-else fail "snapshot: writer killed with SIGKILL halfway through the data" "no temporary file with half the data appeared within 30 s"; fi
+start_and_kill "$dir" 3
+verdict $? "snapshot: writer killed with SIGKILL halfway through the data" "no temporary file with half the data appeared within 30 s"
 check "snapshot: no file named like step 3 after the kill" test ! -e "$dir/snapshot.0000000003.safetensors"
 bad=""
 for f in "$dir"/*.safetensors; do
     "$tool" read "$f" >"$TMP/read.out" 2>&1 || bad="$bad $(basename "$f"): $(head -n 1 "$TMP/read.out");"
 done
-if [[ -z "$bad" ]]; then pass "snapshot: every file named like a snapshot is complete after the kill"
-else fail "snapshot: every file named like a snapshot is complete after the kill" "$bad"; fi
+[[ -z "$bad" ]]; verdict $? "snapshot: every file named like a snapshot is complete after the kill" "$bad"
 run_capture 60 "$TMP/load.out" "$tool" load "$dir/snapshot.safetensors"
 expect_output "snapshot: the older snapshot loads after the kill (temp file ignored)" "$TMP/load.out" '^loaded step 2 from .*snapshot\.0000000002\.safetensors$'
 run_capture 60 "$TMP/save.out" "$tool" save "$dir/snapshot.safetensors" 3 2 1
 run_capture 60 "$TMP/load.out" "$tool" load "$dir/snapshot.safetensors"
-if grep -q '^loaded step 3 ' "$TMP/load.out" && [[ -z "$(temp_of "$dir" 3)" ]] &&
-    [[ "$(ls "$dir" | tr '\n' ' ')" == "snapshot.0000000002.safetensors snapshot.0000000003.safetensors " ]]; then
-    pass "snapshot: saving again replaces the stale temp file and keeps the newest 2"
-else fail "snapshot: saving again replaces the stale temp file and keeps the newest 2" "files: $(ls -A "$dir" | tr '\n' ' '); load: $(cat "$TMP/load.out")"; fi
+grep -q '^loaded step 3 ' "$TMP/load.out" && [[ -z "$(temp_of "$dir" 3)" ]] &&
+    [[ "$(ls "$dir" | tr '\n' ' ')" == "snapshot.0000000002.safetensors snapshot.0000000003.safetensors " ]]
+verdict $? "snapshot: saving again replaces the stale temp file and keeps the newest 2" "files: $(ls -A "$dir" | tr '\n' ' '); load: $(cat "$TMP/load.out")"
 
 # ---- damaged newest snapshot: load falls back and says why
 newest="$dir/snapshot.0000000003.safetensors"
@@ -66,25 +64,23 @@ byte=$(od -An -tu1 -j "$offset" -N1 "$newest" | tr -d ' ')
 printf "\\$(printf %03o $((255 - byte)))" | dd of="$newest" bs=1 seek="$offset" conv=notrunc status=none
 run_capture 60 "$TMP/load.out" "$tool" load "$dir/snapshot.safetensors"
 status=$?
-if [[ $status -eq 0 ]] && grep -q '^loaded step 2 ' "$TMP/load.out" &&
+[[ $status -eq 0 ]] && grep -q '^loaded step 2 ' "$TMP/load.out" &&
     grep -q 'snapshot.0000000003.safetensors is damaged (checksum mismatch' "$TMP/load.out" &&
-    grep -q '^resuming from older snapshot .*snapshot.0000000002.safetensors$' "$TMP/load.out"; then
-    pass "snapshot: a flipped byte in the newest falls back to the older one and says why"
-else fail "snapshot: a flipped byte in the newest falls back to the older one and says why" "status $status: $(tr '\n' '|' <"$TMP/load.out")"; fi
+    grep -q '^resuming from older snapshot .*snapshot.0000000002.safetensors$' "$TMP/load.out"
+verdict $? "snapshot: a flipped byte in the newest falls back to the older one and says why" "status $status: $(tr '\n' '|' <"$TMP/load.out")"
 truncate -s -1000 "$dir/snapshot.0000000002.safetensors"
 run_capture 60 "$TMP/load.out" "$tool" load "$dir/snapshot.safetensors"
 status=$?
-if [[ $status -eq 1 ]] && grep -q 'snapshot.0000000002.safetensors is damaged (.*end beyond the data' "$TMP/load.out" &&
-    grep -q '^no valid snapshot$' "$TMP/load.out"; then pass "snapshot: no valid snapshot left is an error that names each file"
-else fail "snapshot: no valid snapshot left is an error that names each file" "status $status: $(tr '\n' '|' <"$TMP/load.out")"; fi
+[[ $status -eq 1 ]] && grep -q 'snapshot.0000000002.safetensors is damaged (.*end beyond the data' "$TMP/load.out" &&
+    grep -q '^no valid snapshot$' "$TMP/load.out"
+verdict $? "snapshot: no valid snapshot left is an error that names each file" "status $status: $(tr '\n' '|' <"$TMP/load.out")"
 
 # ---- SIGKILL during the very first snapshot: there is simply none yet
 dir="$TMP/first"
 start_and_kill "$dir" 1
 run_capture 60 "$TMP/load.out" "$tool" load "$dir/snapshot.safetensors"
 status=$?
-if [[ $status -eq 3 ]] && [[ -z "$(ls "$dir")" ]] && [[ -n "$(temp_of "$dir" 1)" ]]; then
-    pass "snapshot: a kill during the first write leaves no snapshot, only a hidden temp file"
-else fail "snapshot: a kill during the first write leaves no snapshot, only a hidden temp file" "status $status, files: $(ls -A "$dir" | tr '\n' ' ')"; fi
+[[ $status -eq 3 ]] && [[ -z "$(ls "$dir")" ]] && [[ -n "$(temp_of "$dir" 1)" ]]
+verdict $? "snapshot: a kill during the first write leaves no snapshot, only a hidden temp file" "status $status, files: $(ls -A "$dir" | tr '\n' ' ')"
 
 no_leftovers "snapshot: no writer left running" "test_snapshot_tool save $TMP"

@@ -23,30 +23,26 @@ LIMIT=10
 run_capture $LIMIT "$TMP/ok.log" "$JOB" --mode ok --nprocs 3
 status=$?
 sums=$(grep -c 'of 3: sum 6$' "$TMP/ok.log")
-if [[ $status -eq 0 && $sums -eq 3 ]]; then pass spawn_all_ok
-else fail spawn_all_ok "exit status $status, $sums of 3 ranks reported sum 6: $(tail -n 3 "$TMP/ok.log" | tr '\n' '|')"; fi
+[[ $status -eq 0 && $sums -eq 3 ]]; verdict $? spawn_all_ok "exit status $status, $sums of 3 ranks reported sum 6: $(tail -n 3 "$TMP/ok.log" | tr '\n' '|')"
 
 # ------------------------------------------------------------------ one rank exits 3
 run_capture $LIMIT "$TMP/fail.log" "$JOB" --mode fail --nprocs 3
 status=$?
-if [[ $status -ne 0 && $status -ne 124 ]]; then pass spawn_failure_is_nonzero
-else fail spawn_failure_is_nonzero "exit status $status"; fi
+[[ $status -ne 0 && $status -ne 124 ]]; verdict $? spawn_failure_is_nonzero "exit status $status"
 expect_output spawn_failure_names_rank "$TMP/fail.log" "rank 1 exited with status 3"
 no_leftovers spawn_failure_stops_others "test_spawn_job --mode fail"
 
 # ------------------------------------------------------------------ one rank killed by SIGKILL
 run_capture $LIMIT "$TMP/kill.log" "$JOB" --mode kill --nprocs 3
 status=$?
-if [[ $status -ne 0 && $status -ne 124 ]]; then pass spawn_killed_rank_is_nonzero
-else fail spawn_killed_rank_is_nonzero "exit status $status"; fi
+[[ $status -ne 0 && $status -ne 124 ]]; verdict $? spawn_killed_rank_is_nonzero "exit status $status"
 expect_output spawn_killed_rank_names_signal "$TMP/kill.log" "rank 2 killed by signal SIGKILL"
 no_leftovers spawn_kill_stops_others "test_spawn_job --mode kill"
 
 # ------------------------------------------------------------------ ranks that ignore SIGTERM
 run_capture $LIMIT "$TMP/stubborn.log" "$JOB" --mode stubborn --nprocs 3
 status=$?
-if [[ $status -ne 0 && $status -ne 124 ]]; then pass spawn_sigkill_after_grace
-else fail spawn_sigkill_after_grace "exit status $status: $(tail -n 3 "$TMP/stubborn.log" | tr '\n' '|')"; fi
+[[ $status -ne 0 && $status -ne 124 ]]; verdict $? spawn_sigkill_after_grace "exit status $status: $(tail -n 3 "$TMP/stubborn.log" | tr '\n' '|')"
 expect_output spawn_sigkill_reported "$TMP/stubborn.log" "still running 1 s after being told to stop; sending SIGKILL"
 no_leftovers spawn_stubborn_no_leftovers "test_spawn_job --mode stubborn"
 
@@ -70,8 +66,7 @@ signal_parent() {
     else
         wait "$parent" 2>/dev/null
         local status=$?
-        if [[ $status -ne 0 ]]; then pass "${name}_parent_exits"
-        else fail "${name}_parent_exits" "exit status 0 after SIG$sig"; fi
+        [[ $status -ne 0 ]]; verdict $? "${name}_parent_exits" "exit status 0 after SIG$sig"
     fi
     no_leftovers "${name}_no_leftovers" "test_spawn_job --mode hang"
 }

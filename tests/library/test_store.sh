@@ -32,7 +32,7 @@ job_ok() {
             bad+="rank $r status $status ($(tail -n 2 "$prefix.$r.log" | tr '\n' ' ')); "
         fi
     done
-    if [[ -z "$bad" ]]; then pass "$name"; else fail "$name" "$bad"; fi
+    [[ -z "$bad" ]]; verdict $? "$name" "$bad"
 }
 
 # start_rank PREFIX RANK [ENV=VAL ...] -- ARGS : one rank in the background, status to PREFIX.RANK.status.
@@ -83,10 +83,9 @@ else
     status=$?
     if [[ $status -eq 3 ]]; then
         skip store_dial_meets_itself "could not set the namespace's loopback up or its port range"
-    elif [[ $(cat "$TMP/eph.0.status" "$TMP/eph.1.status" 2>/dev/null | tr -d '\n') == 00 ]]; then
-        pass store_dial_meets_itself
     else
-        fail store_dial_meets_itself "rank 0: $(tail -n 1 "$TMP/eph.0.log" 2>/dev/null); rank 1: $(tail -n 1 "$TMP/eph.1.log" 2>/dev/null)"
+        [[ $(cat "$TMP/eph.0.status" "$TMP/eph.1.status" 2>/dev/null | tr -d '\n') == 00 ]]
+        verdict $? store_dial_meets_itself "rank 0: $(tail -n 1 "$TMP/eph.0.log" 2>/dev/null); rank 1: $(tail -n 1 "$TMP/eph.1.log" 2>/dev/null)"
     fi
 fi
 
@@ -129,11 +128,8 @@ for r in 0 1; do
 done
 wait
 secs=$(( $(date +%s) - start ))
-if [[ $(cat "$TMP/missing.0.status") -ne 0 && $(cat "$TMP/missing.1.status") -ne 0 && $secs -lt 30 ]]; then
-    pass missing_rank_fails
-else
-    fail missing_rank_fails "statuses $(cat "$TMP/missing.0.status") $(cat "$TMP/missing.1.status") after ${secs}s"
-fi
+[[ $(cat "$TMP/missing.0.status") -ne 0 && $(cat "$TMP/missing.1.status") -ne 0 && $secs -lt 30 ]]
+verdict $? missing_rank_fails "statuses $(cat "$TMP/missing.0.status") $(cat "$TMP/missing.1.status") after ${secs}s"
 expect_output missing_rank_named_rank0 "$TMP/missing.0.log" "2 of 3 ranks joined .* after 3 s; missing: rank 2"
 expect_output missing_rank_named_rank1 "$TMP/missing.1.log" "missing: rank 2"
 
@@ -168,8 +164,7 @@ sleep 0.5
 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=0 WORLD_SIZE=2 run_capture 20 "$TMP/inuse.log" "$RDZV"
 status=$?
 kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
-if [[ $status -ne 0 && $status -ne 124 ]]; then pass port_in_use_fails
-else fail port_in_use_fails "exit status $status"; fi
+[[ $status -ne 0 && $status -ne 124 ]]; verdict $? port_in_use_fails "exit status $status"
 # Started by hand (no launcher): the advice is MASTER_PORT, not a ddprun flag.
 expect_output port_in_use_message "$TMP/inuse.log" "port $port is already in use on 127.0.0.1 \(another job\? set MASTER_PORT to a free port"
 
@@ -179,9 +174,59 @@ start_rank "$TMP/token" 0 COURSE_TIMEOUT=4 COURSE_JOB_TOKEN=job-a MASTER_ADDR=12
 sleep 0.3
 start_rank "$TMP/token" 1 COURSE_TIMEOUT=4 COURSE_JOB_TOKEN=job-b MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=1 WORLD_SIZE=2 --
 wait
-if [[ $(cat "$TMP/token.1.status") -ne 0 ]]; then pass token_mismatch_fails
-else fail token_mismatch_fails "the rank with another token was let in"; fi
+[[ $(cat "$TMP/token.1.status") -ne 0 ]]; verdict $? token_mismatch_fails "the rank with another token was let in"
 expect_output token_mismatch_message "$TMP/token.1.log" "the store at 127.0.0.1:$port belongs to another job \(token mismatch\)"
+
+# ------------------------------------------------------------------ near misses of the token (issue 33)
+# Rank 0 of a 2-rank job waits with its token; six ranks 1 that hold a near
+# miss of it come first, one after the other. Each is refused at once with
+# the one-line message, and the job is unharmed: the right rank 1 then
+# joins, and both finish their round.
+port=$(free_port)
+token=Job-Token-7f3a9c
+start_rank "$TMP/near" 0 COURSE_TIMEOUT=20 COURSE_JOB_TOKEN=$token MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=0 WORLD_SIZE=2 --
+sleep 0.3
+misses=(another:another-jobs-token empty: prefix:Job-Token-7f3a9 plus_one_byte:Job-Token-7f3a9cX
+        one_byte_changed:Job-Token-7f3a9d other_case:JOB-TOKEN-7F3A9C)
+for miss in "${misses[@]}"; do
+    name=${miss%%:*} wrong=${miss#*:}
+    COURSE_TIMEOUT=5 COURSE_JOB_TOKEN=$wrong MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=1 WORLD_SIZE=2 \
+        run_capture 20 "$TMP/near_$name.log" "$RDZV"; status=$?
+    [[ $status -ne 0 && $status -ne 124 && $(wc -l <"$TMP/near_$name.log") -eq 1 ]] &&
+        grep -q "the store at 127.0.0.1:$port belongs to another job (token mismatch)" "$TMP/near_$name.log"
+    verdict $? "token_near_miss_${name}_refused" "a rank 1 with the token '$wrong' (the job's: '$token'): status $status, output: $(head -c 300 "$TMP/near_$name.log" | tr '\n' '|')"
+done
+start_rank "$TMP/near" 1 COURSE_TIMEOUT=20 COURSE_JOB_TOKEN=$token MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=1 WORLD_SIZE=2 --
+wait
+[[ $(cat "$TMP/near.0.status" "$TMP/near.1.status" | tr -d '\n') == 00 ]] && grep -q ' ok$' "$TMP/near.0.log" && grep -q ' ok$' "$TMP/near.1.log"
+verdict $? token_near_misses_job_unharmed "rank 0: $(tail -n 2 "$TMP/near.0.log" | tr '\n' '|') rank 1: $(tail -n 2 "$TMP/near.1.log" | tr '\n' '|')"
+refusals=$(grep -c "refused 127.0.0.1:[0-9]*: it presented another job's token$" "$TMP/near.0.log")
+[[ $refusals -eq ${#misses[@]} ]]
+verdict $? token_near_misses_each_warned_once "rank 0's store warned $refusals times for ${#misses[@]} refused ranks"
+
+# ------------------------------------------------------------------ planted bugs in the token check
+# Each near-miss check above and in unit/test_store must fail on a store with
+# the bug it is for (tests/lib.sh, plant): a copy of the course with the bug
+# planted runs the unit test's token cases (test_store tokens).
+hello_check='if (!store_token_equal(token, token_len, s->token, strlen(s->token), NULL)) {'
+# planted_store NAME FILE OLD NEW CASE WHAT : the planted copy's token cases must FAIL CASE.
+planted_store() {
+    local bin status
+    bin=$(plant "$1" "$2" "$3" "$4" tests unit/test_store)
+    [[ -n $bin ]] && { run_capture 60 "$TMP/planted_$1.log" "$bin" tokens; status=$?; } &&
+        [[ $status -ne 0 ]] && grep -q "^FAIL $5:" "$TMP/planted_$1.log"
+    verdict $? "planted: $6 fails $5" "$(planted_why "$1")$(grep -m1 "^[A-Z]* $5" "$TMP/planted_$1.log" 2>/dev/null)"
+}
+planted_store prefix common/store_requests.h "$hello_check" 'if (memcmp(token, s->token, token_len) != 0) {' \
+    token_refused_prefix_of_token "a token compared over the client's length only (memcmp)"
+planted_store longer common/store_requests.h "$hello_check" \
+    'if (strncmp((const char *)token, s->token, strlen(s->token)) != 0) {' \
+    token_refused_token_plus_one_byte "a token compared over the store's length only (strncmp)"
+planted_store other_case common/store_requests.h "$hello_check" \
+    'if (token_len != strlen(s->token) || strncasecmp((const char *)token, s->token, token_len)) {' \
+    token_refused_token_in_other_case "a token compared without regard to case"
+planted_store early_exit common/store_wire.h $'        pairs++;\n' $'        pairs++;\n        if (diff) break;   // planted: stops at the first difference\n' \
+    token_compare_one_byte_changed "a token comparison that stops at the first difference"
 
 # ------------------------------------------------------------------ configuration errors
 WORLD_SIZE=2 RANK=1 run_capture 10 "$TMP/noaddr.log" "$RDZV"

@@ -31,16 +31,11 @@ wait $n1; s1=$?
 want='^ddprun: root cause \(first failure\): rank 2 \(local 1, node 1, host [^,]*, pid [0-9]+\) exited with status 6 at '
 for node in 0 1; do
     status=$([[ $node -eq 0 ]] && echo $s0 || echo $s1)
-    if [[ $status -eq 1 ]] && grep -Eq "$want" "$TMP/node$node.log"; then
-        pass "ddprun root cause: node $node names rank 2 on node 1, the first failure"
-    else
-        fail "ddprun root cause: node $node names rank 2 on node 1, the first failure" \
-            "status $status; it said: $(grep -E 'root cause|exited|failed' "$TMP/node$node.log" | tr '\n' '|')"
-    fi
+    [[ $status -eq 1 ]] && grep -Eq "$want" "$TMP/node$node.log"
+    verdict $? "ddprun root cause: node $node names rank 2 on node 1, the first failure" \
+        "status $status; it said: $(grep -E 'root cause|exited|failed' "$TMP/node$node.log" | tr '\n' '|')"
 done
-if grep -q '^ddprun: rank 0 (node 0, local 0, pid [0-9]*) exited with status 1' "$TMP/node0.log"; then
-    pass "ddprun root cause: node 0 gave up on its own failure first (the case that misled the old launcher)"
-else
-    fail "ddprun root cause: node 0 gave up on its own failure first" "the scenario did not happen: $(grep ddprun "$TMP/node0.log" | tr '\n' '|')"
-fi
+grep -q '^ddprun: rank 0 (node 0, local 0, pid [0-9]*) exited with status 1' "$TMP/node0.log"
+verdict $? "ddprun root cause: node 0 gave up on its own failure first (the case that misled the old launcher)" \
+    "the scenario did not happen: $(grep ddprun "$TMP/node0.log" | tr '\n' '|')"
 no_leftovers "ddprun root cause: no workers left on either node" "$TAG"

@@ -51,27 +51,23 @@ measure() {
 }
 
 measure 04; status=$?
-if [[ $status -eq 0 ]] && grep -q '^# command: speedup.sh 1\.\.2 ranks, 3 rounds of 6 epochs (the first untimed) of 04_ddp_spawn' "$out/speedup_small.csv" &&
-   [[ $(grep -c '^[0-9]' "$out/speedup_small.csv") -eq 2 ]]; then
-    pass "speedup: chapter 04 (spawned), 1 and 2 ranks, 3 rounds: a row per world size and the method"
-else fail "speedup: chapter 04 (spawned), 1 and 2 ranks, 3 rounds: a row per world size and the method" "status $status: $(tail -n 3 "$TMP/04.log" | tr '\n' '|') $(head -n 2 "$out/speedup_small.csv" 2>/dev/null | tr '\n' '|')"; fi
+[[ $status -eq 0 ]] && grep -q '^# command: speedup.sh 1\.\.2 ranks, 3 rounds of 6 epochs (the first untimed) of 04_ddp_spawn' "$out/speedup_small.csv" &&
+   [[ $(grep -c '^[0-9]' "$out/speedup_small.csv") -eq 2 ]]
+verdict $? "speedup: chapter 04 (spawned), 1 and 2 ranks, 3 rounds: a row per world size and the method" "status $status: $(tail -n 3 "$TMP/04.log" | tr '\n' '|') $(head -n 2 "$out/speedup_small.csv" 2>/dev/null | tr '\n' '|')"
 # Each world size ran as many ranks as it says: the baseline one process,
 # DDP two, with the learning rate scaled by 2.
-if grep -q '^04_ddp_spawn: 1 rank(s)' "$out/small_w1.log" && grep -q '^04_ddp_spawn: 2 rank(s)' "$out/small_w2.log" &&
-   grep -q 'batch 32 per rank x 2 rank(s) = 64 per step; lr 0.02$' "$out/small_w2.log"; then
-    pass "speedup: the baseline runs 1 rank, DDP 2 with lr x 2"
-else fail "speedup: the baseline runs 1 rank, DDP 2 with lr x 2" "$(head -n 3 "$out/small_w2.log" | tr '\n' '|')"; fi
-if recompute 04_ddp_spawn "$TMP/04.log" >"$TMP/why"; then
-    pass "speedup: times, speedups, ranges and losses recomputed from chapter 04's kept runs (warm-up epoch left out)"
-else fail "speedup: times, speedups, ranges and losses recomputed from chapter 04's kept runs (warm-up epoch left out)" "$(tr '\n' '|' <"$TMP/why")"; fi
+grep -q '^04_ddp_spawn: 1 rank(s)' "$out/small_w1.log" && grep -q '^04_ddp_spawn: 2 rank(s)' "$out/small_w2.log" &&
+   grep -q 'batch 32 per rank x 2 rank(s) = 64 per step; lr 0.02$' "$out/small_w2.log"
+verdict $? "speedup: the baseline runs 1 rank, DDP 2 with lr x 2" "$(head -n 3 "$out/small_w2.log" | tr '\n' '|')"
+recompute 04_ddp_spawn "$TMP/04.log" >"$TMP/why"
+verdict $? "speedup: times, speedups, ranges and losses recomputed from chapter 04's kept runs (warm-up epoch left out)" "$(tr '\n' '|' <"$TMP/why")"
 
 measure 05; status=$?
-if [[ $status -eq 0 ]] && grep -q 'of 05_env_launch: median' "$out/speedup_small.csv" &&
-   grep -q '^\[rank 0\]: 05_env_launch: 2 rank(s) (torchrun variables' "$out/small_w2.log" && recompute 05_env_launch "$TMP/05.log" >"$TMP/why"; then
-    pass "speedup: chapter 05 under ddprun (the default), recomputed from its kept runs"
-else fail "speedup: chapter 05 under ddprun (the default), recomputed from its kept runs" "status $status: $(tr '\n' '|' <"$TMP/why" 2>/dev/null) $(tail -n 2 "$TMP/05.log" | tr '\n' '|')"; fi
+[[ $status -eq 0 ]] && grep -q 'of 05_env_launch: median' "$out/speedup_small.csv" &&
+   grep -q '^\[rank 0\]: 05_env_launch: 2 rank(s) (torchrun variables' "$out/small_w2.log" && recompute 05_env_launch "$TMP/05.log" >"$TMP/why"
+verdict $? "speedup: chapter 05 under ddprun (the default), recomputed from its kept runs" "status $status: $(tr '\n' '|' <"$TMP/why" 2>/dev/null) $(tail -n 2 "$TMP/05.log" | tr '\n' '|')"
 
 SPEEDUP_CHAPTER=03 run_capture 30 "$TMP/bad" bash "$ROOT/tools/speedup.sh"; status=$?
-if [[ $status -eq 2 ]] && grep -q "SPEEDUP_CHAPTER must be 04 or 05, got '03'" "$TMP/bad"; then pass "speedup: another chapter is refused in one line, status 2"
-else fail "speedup: another chapter is refused in one line, status 2" "status $status: $(head -n 2 "$TMP/bad" | tr '\n' '|')"; fi
+[[ $status -eq 2 ]] && grep -q "SPEEDUP_CHAPTER must be 04 or 05, got '03'" "$TMP/bad"
+verdict $? "speedup: another chapter is refused in one line, status 2" "status $status: $(head -n 2 "$TMP/bad" | tr '\n' '|')"
 no_leftovers "speedup: no process left behind" "04_ddp_spawn/04_ddp_spawn|05_env_launch/05_env_launch"

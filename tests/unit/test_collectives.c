@@ -28,6 +28,7 @@
 #include <math.h>
 
 #include "ddp.h"
+#include "dist.h"
 #include "flags.h"
 #include "pg.h"
 #include "rendezvous.h"
@@ -476,14 +477,13 @@ static void report(ctx_t *c, const options *o) {
 }
 
 static int worker(int rank, int world, void *arg) {
+    (void)rank, (void)world;   // dist_init reads them: from spawn, or from mpirun
     const options *o = arg;
-    rendezvous_t rdzv = rendezvous("env://", -1, -1, 0);
-    device_t dev = device_choose(o->device, rank);
-    pg_config_t cfg = {.rank = rank, .world_size = world, .local_rank = rank,
-                     .local_world_size = world, .backend = backend_parse(o->backend),
-                     .device = &dev, .store = rdzv.store, .timeout_s = 0};
-    ctx_t c = {.pg = pg_create(&cfg), .dev = &dev, .rdzv = &rdzv, .rank = rank, .world = world};
-    if (rank == 0) printf("# world %d: %s\n", world, pg_describe(c.pg));
+    dist_t d;
+    dist_options how = {"env://", o->backend, o->device, 0};
+    dist_init(&d, &how);
+    ctx_t c = {.pg = d.pg, .dev = &d.device, .rdzv = &d.rdzv, .rank = d.rank, .world = d.world_size};
+    if (c.rank == 0) printf("# world %d: %s\n", c.world, pg_describe(c.pg));
     run_reductions(&c, o);
     run_movers(&c, o);
     for (int round = 0; round < 3; round++) check_barrier(&c, round);
@@ -493,9 +493,8 @@ static int worker(int rank, int world, void *arg) {
     check_identical(&c, DTYPE_BF16, OP_SUM, 70001);
     if (o->big) check_identical(&c, DTYPE_F32, OP_SUM, BIG_COUNT);
     run_ddp(&c);
-    pg_destroy(c.pg);
     report(&c, o);
-    rendezvous_close(&rdzv);
+    dist_finish(&d);
     int failed = 0;
     for (int k = 0; k < C_COUNT; k++) failed += c.failures[k];
     return failed ? 1 : 0;
@@ -506,12 +505,14 @@ int main(int argc, char **argv) {
     const char *worlds = "1,2,3,4,5", *tag = "";
     flag_set set = {.program = "test_collectives", .summary = "checks every collective of pg.h"};
     flag_string(&set, "worlds", &worlds, "world sizes to run, comma-separated");
-    flag_choice(&set, "backend", &o.backend, "auto|cpu|nccl", "process-group backend");
+    flag_choice(&set, "backend", &o.backend, "auto|cpu|nccl|mpi", "process-group backend");
     flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where the buffers live");
     flag_bool(&set, "big", &o.big, "include the 1048577-element cases");
     flag_string(&set, "label", &o.label, "prefix for the test names");
     flag_string(&set, "tag", &tag, "ignored; marks this run's processes for the leftover check");
     flags_parse(&set, argc, argv);
+    // Started by mpirun (--backend mpi): this process is one rank of one job.
+    if (launch_env_by_mpi()) return worker(0, 1, &o);
     int status = 0;
     for (const char *w = worlds; *w;) {
         int world = atoi(w);

@@ -461,6 +461,142 @@ static void test_tokenless_store(void) {
     store_server_stop(s);
 }
 
+// ---------------------------------------------------------------- the job token (issue 33)
+//
+// The token is the job's only lock. Each near miss below is refused with
+// the one-line message, writes nothing, and leaves the store serving the
+// job; and the comparison looks at every byte, however early the guess
+// goes wrong. tests/library/test_store.sh plants the bugs these cases are
+// for (a prefix compared, a length ignored, case folded, an early exit)
+// and shows that they fail.
+
+#define JOB_TOKEN "Job-Token-7f3a9c"
+static const struct {
+    const char *name, *token;
+} near_misses[] = {
+    {"another_token", "another-jobs-token"},
+    {"empty_token", ""},
+    {"prefix_of_token", "Job-Token-7f3a9"},
+    {"token_plus_one_byte", "Job-Token-7f3a9cX"},
+    {"one_byte_changed", "Job-Token-7f3a9d"},
+    {"token_in_other_case", "JOB-TOKEN-7F3A9C"},
+};
+enum { NEAR_MISSES = sizeof near_misses / sizeof near_misses[0] };
+
+typedef struct {
+    int port;
+    const char *token;
+} token_client_t;
+
+static void token_client_child(void *arg) {
+    const token_client_t *c = arg;
+    store_connect("127.0.0.1", c->port, c->token, 5);
+}
+
+// store_token_equal itself: the right answer, and STORE_MAX_TOKEN byte pairs
+// compared whatever the mismatch (a prefix, one byte, the length, nothing).
+static void test_token_compare(void) {
+    const char *want = JOB_TOKEN;
+    for (int i = 0; i < NEAR_MISSES; i++) {
+        const char *given = near_misses[i].token;
+        size_t pairs = 0;
+        bool equal = store_token_equal((const uint8_t *)given, strlen(given), want, strlen(want), &pairs);
+        char name[96];
+        snprintf(name, sizeof name, "token_compare_%s", near_misses[i].name);
+        EXPECT(name, !equal && pairs == STORE_MAX_TOKEN,
+               "'%s' against '%s': %s after %zu byte pairs (want: unequal after %d)", given, want,
+               equal ? "equal" : "unequal", pairs, STORE_MAX_TOKEN);
+    }
+    size_t pairs = 0;
+    bool equal = store_token_equal((const uint8_t *)want, strlen(want), want, strlen(want), &pairs);
+    EXPECT("token_compare_right_token", equal && pairs == STORE_MAX_TOKEN,
+           "the token against itself: %s after %zu byte pairs", equal ? "equal" : "unequal", pairs);
+    // The longest token there may be, and a client's 300 bytes of which it is the prefix.
+    char longest[STORE_MAX_TOKEN + 1];
+    uint8_t longer[300];
+    memset(longest, 'k', STORE_MAX_TOKEN);
+    longest[STORE_MAX_TOKEN] = '\0';
+    memset(longer, 'k', sizeof longer);
+    size_t pairs_same = 0, pairs_longer = 0;
+    bool same = store_token_equal((const uint8_t *)longest, STORE_MAX_TOKEN, longest, STORE_MAX_TOKEN, &pairs_same);
+    bool longer_equal = store_token_equal(longer, sizeof longer, longest, STORE_MAX_TOKEN, &pairs_longer);
+    EXPECT("token_compare_longest_tokens", same && !longer_equal && pairs_same == STORE_MAX_TOKEN &&
+           pairs_longer == STORE_MAX_TOKEN, "%d-byte token: %s after %zu pairs; 300 bytes it begins: %s after %zu",
+           STORE_MAX_TOKEN, same ? "equal" : "unequal", pairs_same, longer_equal ? "equal" : "unequal", pairs_longer);
+}
+
+// Lines of `text` (up to its end), and whether every one contains `want`.
+static int lines_all_with(const char *text, const char *want, bool *all) {
+    int lines = 0;
+    *all = true;
+    for (const char *p = text; *p;) {
+        const char *end = strchr(p, '\n');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        char line[512];
+        snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line - 1 ? n : sizeof line - 1), p);
+        if (!strstr(line, want)) *all = false;
+        lines++;
+        p += n + (end != NULL);
+    }
+    return lines;
+}
+
+// A store with a token, and the near misses against it. The store's own
+// warnings (one line per refused client) are caught from our stderr.
+static void test_token_near_misses(void) {
+    store_server_t *s = store_server_start("127.0.0.1", 0, JOB_TOKEN);
+    int p = store_server_port(s);
+    store_t *st = store_connect("127.0.0.1", p, JOB_TOKEN, 5);
+    fflush(stderr);
+    char warnings_path[] = "/tmp/test_store_warnings.XXXXXX";
+    int warnings = mkstemp(warnings_path), saved_stderr = dup(2);
+    CHECK_SYS(warnings);
+    CHECK_SYS(saved_stderr);
+    unlink(warnings_path);
+    CHECK_SYS(dup2(warnings, 2));
+    for (int i = 0; i < NEAR_MISSES; i++) {
+        token_client_t c = {p, near_misses[i].token};
+        char err[4096], name[96], key[96];
+        int status = run_child(token_client_child, &c, err, sizeof err, 20.0);
+        bool died = status != -1 && WIFEXITED(status) && WEXITSTATUS(status) != 0;
+        char *first_newline = strchr(err, '\n');
+        bool one_line = first_newline && first_newline[1] == '\0';
+        snprintf(name, sizeof name, "token_refused_%s", near_misses[i].name);
+        EXPECT(name, died && one_line && strstr(err, "belongs to another job (token mismatch)"),
+               "a client presenting '%s' to a store of '%s': status %d, want one line with 'belongs to another "
+               "job (token mismatch)'; stderr: %.300s", c.token, JOB_TOKEN, status, err);
+        // The same client, not waiting for the answer: its set must not land.
+        snprintf(key, sizeof key, "victim-%s", near_misses[i].name);
+        pipelined_set(p, c.token, key);
+        snprintf(name, sizeof name, "token_wrote_nothing_%s", near_misses[i].name);
+        EXPECT(name, !store_check(st, key), "a client presenting '%s' wrote key '%s'", c.token, key);
+    }
+    store_set(st, "after-near-misses", "ok", 2);
+    char buf[4];
+    size_t n = store_get(st, "after-near-misses", buf, sizeof buf, 1);
+    EXPECT("token_store_serves_job_after_near_misses", n == 2 && !memcmp(buf, "ok", 2),
+           "the job's own client got %zu bytes back", n);
+    store_t *late = store_connect("127.0.0.1", p, JOB_TOKEN, 5);
+    EXPECT("token_right_token_admitted_after_near_misses", store_check(late, "after-near-misses"),
+           "a client with the right token, after the near misses, does not see the job's key");
+    store_close(late);
+    // The server's warnings, once it has handled every hello (the check above went after them).
+    fflush(stderr);
+    CHECK_SYS(dup2(saved_stderr, 2));
+    close(saved_stderr);
+    char text[16384] = "";
+    ssize_t got = pread(warnings, text, sizeof text - 1, 0);
+    text[got > 0 ? got : 0] = '\0';
+    close(warnings);
+    bool all;
+    int lines = lines_all_with(text, "it presented another job's token", &all);
+    EXPECT("token_refusals_warned_one_line_each", lines == 2 * NEAR_MISSES && all,
+           "the store wrote %d lines for %d refused clients (want one each, all 'it presented another "
+           "job's token'): %.400s", lines, 2 * NEAR_MISSES, text);
+    store_close(st);
+    store_server_stop(s);
+}
+
 // Lengths no client should send, after a proper hello: 2^63 as the 8 bytes
 // of a frame header (the store reads 4: 2 GiB), and 2^32-1 as a set's value
 // length inside a small frame. Each connection is closed, nothing is written,
@@ -647,7 +783,15 @@ static void test_second_rendezvous(void) {
     EXPECT("single_process_rendezvous_twice", ok, "a lone process could not rendezvous twice");
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    // `test_store tokens`: the job token's cases alone (the planted bugs of
+    // tests/library/test_store.sh run only these).
+    bool tokens_only = argc > 1 && !strcmp(argv[1], "tokens");
+    if (tokens_only) {
+        test_token_compare();
+        test_token_near_misses();
+        return test_failures ? 1 : 0;
+    }
     test_timeout_default();
     expect_death("timeout_default_rejects_text", bad_timeout_child, NULL,
                  "COURSE_TIMEOUT must be a number");
@@ -681,6 +825,8 @@ int main(void) {
     test_garbage_clients(st);
     test_absurd_lengths(st);
     test_tokenless_store();
+    test_token_compare();
+    test_token_near_misses();
     test_thousand_strangers();
     test_self_connection_recognized();
     int nobody = free_port();

@@ -1,4 +1,4 @@
-// device.c - the emulated GPUs and their memory.
+// memory.c - device memory, and the fault handler that guards it.
 //
 // A real GPU's memory is a separate chip: host code cannot dereference a
 // device pointer (it gets garbage or a crash), and copies go through
@@ -17,21 +17,20 @@
 // reports the overrun with the kernel's source line. Fresh allocations are filled with 0xFF
 // bytes (a NaN in every float), as a GPU gives no zeros: code that forgets
 // a cudaMemset computes with NaNs instead of passing by luck.
+//
+// cudaFree lives in copy.c: it first waits for the queued work that may
+// still use the memory, which is a stream's business, above this file.
 #include <dlfcn.h>
 #include <errno.h>
 #include <execinfo.h>
-#include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "emu_internal.h"
-#include "emu_kernel_abi.h"
 
 #ifdef __SANITIZE_ADDRESS__
 #include <sanitizer/asan_interface.h>
@@ -42,302 +41,10 @@
 #define EMU_UNPOISON(p, n) ((void)(p), (void)(n))
 #endif
 
-#define EMU_MAX_DEVICES 64
+#define EMU_MAX_DEVICES 64 // as core.c
 #define EMU_ALIGN 256        // cudaMalloc's alignment
 #define EMU_POISON_BYTE 0xFF // NaN in float, bf16 and double; -1 in integers
 #define EMU_CANARY_BYTE 0xCD // fills the slack around an allocation: a changed byte is an overrun
-
-// ================================================================ messages, time, lock
-
-static void vreport(const char *prefix, const char *fmt, va_list args) {
-    char text[2048];
-    vsnprintf(text, sizeof text, fmt, args);
-    fflush(stdout);
-    fprintf(stderr, "%s%s\n", prefix, text);
-}
-
-void emu_warn(const char *fmt, ...) {
-    va_list args;
-    va_start(args, fmt);
-    vreport("emulated GPU: ", fmt, args);
-    va_end(args);
-}
-
-void emu_fatal(const char *fmt, ...) {
-    va_list args;
-    va_start(args, fmt);
-    vreport("emulated GPU: error: ", fmt, args);
-    va_end(args);
-    exit(1);
-}
-
-double emu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-double emu_timeout_s(void) {
-    const char *s = getenv("EMU_TIMEOUT");
-    double t = s ? atof(s) : 0;
-    return t > 0 ? t : 300;
-}
-
-static pthread_mutex_t big_lock;
-static pthread_once_t big_lock_once = PTHREAD_ONCE_INIT;
-
-static void big_lock_init(void) {
-    pthread_mutexattr_t attr;
-    pthread_mutexattr_init(&attr);
-    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
-    pthread_mutex_init(&big_lock, &attr);
-    pthread_mutexattr_destroy(&attr);
-}
-
-void emu_lock(void) {
-    pthread_once(&big_lock_once, big_lock_init);
-    pthread_mutex_lock(&big_lock);
-}
-
-void emu_unlock(void) { pthread_mutex_unlock(&big_lock); }
-
-// ================================================================ errors
-
-static __thread cudaError_t last_error = cudaSuccess;
-
-cudaError_t emu_set_error(cudaError_t err) {
-    if (err != cudaSuccess) last_error = err;
-    return err;
-}
-
-cudaError_t cudaGetLastError(void) {
-    cudaError_t e = last_error;
-    last_error = cudaSuccess;
-    return e;
-}
-
-cudaError_t cudaPeekAtLastError(void) { return last_error; }
-
-typedef struct { cudaError_t code; const char *name, *text; } error_text;
-
-// NVIDIA's names; the sentences are the emulator's own.
-static const error_text error_texts[] = {
-    {cudaSuccess, "cudaSuccess", "no error"},
-    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
-    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
-    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
-    {cudaErrorCudartUnloading, "cudaErrorCudartUnloading", "driver shutting down"},
-    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration", "invalid configuration argument"},
-    {cudaErrorInvalidPitchValue, "cudaErrorInvalidPitchValue", "invalid pitch argument"},
-    {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer", "invalid device pointer"},
-    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection", "invalid copy direction for memcpy"},
-    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version"},
-    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
-    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
-    {cudaErrorDeviceUninitialized, "cudaErrorDeviceUninitialized", "invalid device context"},
-    {cudaErrorNoKernelImageForDevice, "cudaErrorNoKernelImageForDevice", "no kernel image is available for execution on the device"},
-    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
-    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
-    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
-    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
-    {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources", "too many resources requested for launch"},
-    {cudaErrorLaunchTimeout, "cudaErrorLaunchTimeout", "the launch timed out and was terminated"},
-    {cudaErrorContextIsDestroyed, "cudaErrorContextIsDestroyed", "context is destroyed"},
-    {cudaErrorAssert, "cudaErrorAssert", "device-side assert triggered"},
-    {cudaErrorHostMemoryAlreadyRegistered, "cudaErrorHostMemoryAlreadyRegistered", "part or all of the requested memory range is already mapped"},
-    {cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
-    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
-    {cudaErrorNotPermitted, "cudaErrorNotPermitted", "operation not permitted"},
-    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
-    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported", "operation not permitted when stream is capturing"},
-    {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
-};
-
-static const error_text *find_error(cudaError_t e) {
-    for (size_t i = 0; i < sizeof error_texts / sizeof error_texts[0]; i++)
-        if (error_texts[i].code == e) return &error_texts[i];
-    return NULL;
-}
-
-const char *cudaGetErrorString(cudaError_t e) {
-    const error_text *t = find_error(e);
-    return t ? t->text : "unrecognized error code";
-}
-
-const char *cudaGetErrorName(cudaError_t e) {
-    const error_text *t = find_error(e);
-    return t ? t->name : "cudaErrorUnknown";
-}
-
-cudaError_t cudaRuntimeGetVersion(int *v) {
-    if (!v) return emu_set_error(cudaErrorInvalidValue);
-    *v = CUDART_VERSION;
-    return cudaSuccess;
-}
-
-cudaError_t cudaDriverGetVersion(int *v) {
-    if (!v) return emu_set_error(cudaErrorInvalidValue);
-    *v = CUDART_VERSION;
-    return cudaSuccess;
-}
-
-// ================================================================ fork
-// A CUDA context does not survive fork(): a child of a process that has
-// used CUDA cannot use it (this is why mp.spawn does not fork). The
-// emulator refuses the same way, so the course's fork-before-CUDA rule is
-// tested here too.
-static pid_t initialised_in = 0; // the process that made the first CUDA call
-
-// Every entry point that needs a device calls this first.
-static cudaError_t ready(void) {
-    pid_t me = getpid();
-    if (initialised_in == 0) initialised_in = me;
-    if (initialised_in != me) {
-        static bool told = false;
-        if (!told)
-            emu_warn("this process was forked from one that had already used CUDA (pid %d); a CUDA "
-                     "context does not survive fork(): start workers before touching CUDA, or exec them",
-                     (int)initialised_in);
-        told = true;
-        return cudaErrorInitializationError;
-    }
-    return cudaSuccess;
-}
-
-// ================================================================ devices
-
-static int visible[EMU_MAX_DEVICES]; // visible index -> emulated device number
-static int visible_count = -1;
-static __thread int current_device = 0;
-
-// EMU_GPUS emulated GPUs (default 8, a full server), then CUDA_VISIBLE_DEVICES
-// picks and renumbers them as it does on a real machine.
-static void discover_devices(void) {
-    if (visible_count >= 0) return;
-    const char *env = getenv("EMU_GPUS");
-    int total = env && *env ? atoi(env) : 8;
-    if (total < 0) total = 0;
-    if (total > EMU_MAX_DEVICES) total = EMU_MAX_DEVICES;
-    visible_count = 0;
-    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
-    if (!cvd) {
-        for (int i = 0; i < total; i++) visible[visible_count++] = i;
-        return;
-    }
-    // As CUDA does: a comma-separated list; parsing stops at the first
-    // entry that is not a valid device.
-    const char *p = cvd;
-    while (*p && visible_count < EMU_MAX_DEVICES) {
-        char *end;
-        long d = strtol(p, &end, 10);
-        if (end == p || d < 0 || d >= total) break;
-        visible[visible_count++] = (int)d;
-        p = *end == ',' ? end + 1 : end;
-        if (*end != ',') break;
-    }
-}
-
-int emu_device_count(void) {
-    discover_devices();
-    return visible_count;
-}
-
-int emu_current_device(void) { return current_device; }
-
-int emu_physical_device(int d) {
-    discover_devices();
-    return d >= 0 && d < visible_count ? visible[d] : -1;
-}
-
-cudaError_t cudaGetDeviceCount(int *count) {
-    if (!count) return emu_set_error(cudaErrorInvalidValue);
-    *count = 0;
-    cudaError_t err = ready();
-    if (err) return emu_set_error(err);
-    *count = emu_device_count();
-    return *count ? cudaSuccess : emu_set_error(cudaErrorNoDevice);
-}
-
-static cudaError_t check_device(int d) {
-    cudaError_t err = ready();
-    if (err) return err;
-    if (emu_device_count() == 0) return cudaErrorNoDevice;
-    return d >= 0 && d < emu_device_count() ? cudaSuccess : cudaErrorInvalidDevice;
-}
-
-cudaError_t cudaSetDevice(int d) {
-    cudaError_t err = check_device(d);
-    if (err) return emu_set_error(err);
-    current_device = d;
-    return cudaSuccess;
-}
-
-cudaError_t cudaGetDevice(int *d) {
-    if (!d) return emu_set_error(cudaErrorInvalidValue);
-    cudaError_t err = check_device(current_device);
-    if (err) return emu_set_error(err);
-    *d = current_device;
-    return cudaSuccess;
-}
-
-static size_t device_memory_bytes(void) {
-    const char *s = getenv("EMU_MEMORY_GB");
-    double gb = s ? atof(s) : 0;
-    return (size_t)((gb > 0 ? gb : 16) * 1073741824.0);
-}
-
-cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
-    if (!p) return emu_set_error(cudaErrorInvalidValue);
-    cudaError_t err = check_device(d);
-    if (err) return emu_set_error(err);
-    memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "emulated GPU (CPU, for testing)");
-    p->totalGlobalMem = device_memory_bytes();
-    p->sharedMemPerBlock = EMU_STATIC_SHARED_LIMIT;
-    p->sharedMemPerBlockOptin = EMU_DYNAMIC_SHARED_OPTIN;
-    p->sharedMemPerMultiprocessor = EMU_DYNAMIC_SHARED_OPTIN + 1024;
-    p->regsPerBlock = 65536;
-    p->warpSize = 32;
-    p->memPitch = (size_t)1 << 31;
-    p->maxThreadsPerBlock = 1024;
-    p->maxThreadsDim[0] = 1024, p->maxThreadsDim[1] = 1024, p->maxThreadsDim[2] = 64;
-    p->maxGridSize[0] = 2147483647, p->maxGridSize[1] = 65535, p->maxGridSize[2] = 65535;
-    p->totalConstMem = 65536;
-    p->major = 9, p->minor = 0; // an sm_90 device: what the course's kernels are written for
-    p->multiProcessorCount = 132;
-    p->maxThreadsPerMultiProcessor = 2048;
-    p->pciBusID = emu_physical_device(d);
-    p->l2CacheSize = 50 << 20;
-    p->unifiedAddressing = 1;
-    p->concurrentKernels = 1;
-    return cudaSuccess;
-}
-
-cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int d) {
-    if (!value) return emu_set_error(cudaErrorInvalidValue);
-    struct cudaDeviceProp p;
-    cudaError_t err = cudaGetDeviceProperties(&p, d);
-    if (err) return err;
-    switch (attr) {
-    case cudaDevAttrMaxThreadsPerBlock: *value = p.maxThreadsPerBlock; break;
-    case cudaDevAttrMaxSharedMemoryPerBlock: *value = (int)p.sharedMemPerBlock; break;
-    case cudaDevAttrWarpSize: *value = p.warpSize; break;
-    case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
-    case cudaDevAttrComputeCapabilityMajor: *value = p.major; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = p.minor; break;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)p.sharedMemPerBlockOptin; break;
-    default: return emu_set_error(cudaErrorInvalidValue);
-    }
-    return cudaSuccess;
-}
-
-cudaError_t cudaDeviceGetPCIBusId(char *bus, int len, int d) {
-    if (!bus || len < 13) return emu_set_error(cudaErrorInvalidValue);
-    cudaError_t err = check_device(d);
-    if (err) return emu_set_error(err);
-    snprintf(bus, (size_t)len, "0000:%02x:00.0", emu_physical_device(d) & 0xff);
-    return cudaSuccess;
-}
 
 // ================================================================ device memory
 
@@ -349,10 +56,15 @@ typedef struct allocation {
     size_t data_len; // bytes of the mapping the data pages cover (no guard)
     int device;
     bool freed;      // kept PROT_NONE for a while, so a use after cudaFree is named
+    void *shadow;    // the race checker's record of its words (race.c), made on first use
+    size_t shadow_len;
     struct allocation *next;
 } allocation;
 
 static allocation *allocations;       // live first, then recently freed
+static allocation **sorted;           // the live ones by address, for emu_device_span_of
+static int sorted_count, sorted_cap;
+static bool sorted_stale = true;
 static size_t allocated_bytes[EMU_MAX_DEVICES];
 static int access_depth = 0;          // > 0 while the emulator runs GPU work
 static int freed_kept = 0;
@@ -398,17 +110,17 @@ cudaError_t cudaMalloc(void **out, size_t size) {
     if (!out) return emu_set_error(cudaErrorInvalidValue);
     *out = NULL;
     emu_lock();
-    cudaError_t err = check_device(current_device);
+    cudaError_t err = emu_check_device(emu_current_device());
     if (err) {
         emu_unlock();
         return emu_set_error(err);
     }
-    int dev = current_device;
+    int dev = emu_current_device();
     if (size == 0) { // CUDA returns success and a NULL pointer
         emu_unlock();
         return cudaSuccess;
     }
-    if (allocated_bytes[dev] + size > device_memory_bytes() || size > device_memory_bytes()) {
+    if (allocated_bytes[dev] + size > emu_device_memory_bytes() || size > emu_device_memory_bytes()) {
         emu_unlock();
         return emu_set_error(cudaErrorMemoryAllocation);
     }
@@ -422,8 +134,10 @@ cudaError_t cudaMalloc(void **out, size_t size) {
     if (!a) emu_fatal("out of host memory for allocation bookkeeping");
     // End the data as close to the guard page as the 256-byte alignment allows.
     size_t start = (data_len - size) / EMU_ALIGN * EMU_ALIGN;
-    *a = (allocation){map, data_len + pg, map + start, size, data_len, dev, false, allocations};
+    *a = (allocation){.map = map, .map_len = data_len + pg, .ptr = map + start, .size = size, .data_len = data_len,
+                      .device = dev, .next = allocations};
     allocations = a;
+    sorted_stale = true;
     allocated_bytes[dev] += size;
     protect(a, PROT_READ | PROT_WRITE);
     memset(a->ptr, EMU_POISON_BYTE, size);
@@ -447,45 +161,51 @@ static void trim_freed(void) {
         *oldest_link = oldest->next;
         EMU_UNPOISON(oldest->map, oldest->data_len);
         munmap(oldest->map, oldest->map_len);
+        if (oldest->shadow) munmap(oldest->shadow, oldest->shadow_len);
         free(oldest);
         freed_kept--;
     }
 }
 
-void emu_stream_sync_device_for_free(int device); // stream.c: cudaFree waits for the device
-
-cudaError_t cudaFree(void *p) {
-    if (!p) return cudaSuccess;
+cudaError_t emu_allocation_to_free(const void *p, int *device) {
     emu_lock();
-    cudaError_t err = ready();
+    cudaError_t err = emu_ready();
     if (err) {
         emu_unlock();
         return emu_set_error(err);
     }
     allocation *a = find_allocation(p, false);
-    if (!a || a->ptr != (char *)p || a->freed) {
+    if (!a || a->ptr != (const char *)p || a->freed) {
         bool twice = a && a->freed;
         emu_unlock();
         emu_warn("cudaFree(%p): %s", p, twice ? "this memory was already freed" : "not a pointer cudaMalloc returned");
         return emu_set_error(cudaErrorInvalidValue);
     }
-    // cudaFree waits for the device: work queued on it may still use the memory.
-    emu_stream_sync_device_for_free(a->device);
-    a->freed = true;
-    protect(a, PROT_NONE);
-    allocated_bytes[a->device] -= a->size;
-    freed_kept++;
-    trim_freed();
+    *device = a->device;
     emu_unlock();
     return cudaSuccess;
 }
 
+void emu_allocation_release(const void *p) {
+    emu_lock();
+    allocation *a = find_allocation(p, false);
+    if (a && !a->freed) {
+        a->freed = true;
+        sorted_stale = true;
+        protect(a, PROT_NONE);
+        allocated_bytes[a->device] -= a->size;
+        freed_kept++;
+        trim_freed();
+    }
+    emu_unlock();
+}
+
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
     if (!free_bytes || !total) return emu_set_error(cudaErrorInvalidValue);
-    cudaError_t err = check_device(current_device);
+    cudaError_t err = emu_check_device(emu_current_device());
     if (err) return emu_set_error(err);
-    *total = device_memory_bytes();
-    *free_bytes = *total - allocated_bytes[current_device];
+    *total = emu_device_memory_bytes();
+    *free_bytes = *total - allocated_bytes[emu_current_device()];
     return cudaSuccess;
 }
 
@@ -542,7 +262,7 @@ static cudaError_t add_pinned(void *p, size_t size, bool owned) {
 cudaError_t cudaHostAlloc(void **out, size_t size, unsigned int flags) {
     (void)flags;
     if (!out) return emu_set_error(cudaErrorInvalidValue);
-    cudaError_t err = ready();
+    cudaError_t err = emu_ready();
     if (err) return emu_set_error(err);
     void *p = NULL;
     if (posix_memalign(&p, 4096, size ? size : 1) != 0) return emu_set_error(cudaErrorMemoryAllocation);
@@ -559,7 +279,8 @@ cudaError_t cudaHostAlloc(void **out, size_t size, unsigned int flags) {
 
 cudaError_t cudaMallocHost(void **out, size_t size) { return cudaHostAlloc(out, size, 0); }
 
-static cudaError_t remove_pinned(void *p, bool owned) {
+
+cudaError_t emu_pinned_remove(void *p, bool owned) {
     emu_lock();
     for (pinned **link = &pinned_list; *link; link = &(*link)->next) {
         pinned *q = *link;
@@ -575,11 +296,6 @@ static cudaError_t remove_pinned(void *p, bool owned) {
     return emu_set_error(cudaErrorInvalidValue);
 }
 
-cudaError_t cudaFreeHost(void *p) {
-    if (!p) return cudaSuccess;
-    cudaDeviceSynchronize(); // as on a GPU: queued copies may still use it
-    return remove_pinned(p, true);
-}
 
 cudaError_t cudaHostRegister(void *p, size_t size, unsigned int flags) {
     (void)flags;
@@ -590,7 +306,7 @@ cudaError_t cudaHostRegister(void *p, size_t size, unsigned int flags) {
     return err ? emu_set_error(err) : cudaSuccess;
 }
 
-cudaError_t cudaHostUnregister(void *p) { return remove_pinned(p, false); }
+cudaError_t cudaHostUnregister(void *p) { return emu_pinned_remove(p, false); }
 
 // ---------------------------------------------------------------- what a pointer is
 
@@ -627,6 +343,62 @@ int emu_device_of(const void *p) {
     int d = a && !a->freed ? a->device : -1;
     emu_unlock();
     return d;
+}
+
+// ---------------------------------------------------------------- for the race checker
+
+static int by_address(const void *x, const void *y) {
+    const char *a = (*(allocation *const *)x)->ptr, *b = (*(allocation *const *)y)->ptr;
+    return a < b ? -1 : a > b;
+}
+
+static void sort_allocations(void) {
+    sorted_count = 0;
+    for (allocation *a = allocations; a; a = a->next) {
+        if (a->freed) continue;
+        if (sorted_count == sorted_cap) {
+            sorted_cap = sorted_cap ? 2 * sorted_cap : 64;
+            sorted = realloc(sorted, sizeof *sorted * (size_t)sorted_cap);
+            if (!sorted) emu_fatal("out of host memory for the allocation index");
+        }
+        sorted[sorted_count++] = a;
+    }
+    qsort(sorted, (size_t)sorted_count, sizeof *sorted, by_address);
+    sorted_stale = false;
+}
+
+// Called for many memory accesses of kernels: a binary search in the live
+// allocations, sorted again only after a cudaMalloc or cudaFree. The
+// shadow (EMU_RACE_SHADOW_BYTES per 4 bytes of data, zero at first) is
+// mapped on first use; its untouched pages cost nothing.
+bool emu_device_span_of(const void *p, emu_device_span *out) {
+    if (sorted_stale) sort_allocations();
+    const char *c = (const char *)p;
+    int lo = 0, hi = sorted_count - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        allocation *a = sorted[mid];
+        if (c < a->ptr) hi = mid - 1;
+        else if (c >= a->ptr + a->size) lo = mid + 1;
+        else {
+            if (!a->shadow) {
+                a->shadow_len = (a->size / 4 + 1) * EMU_RACE_SHADOW_BYTES;
+                a->shadow = mmap(NULL, a->shadow_len, PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                if (a->shadow == MAP_FAILED) emu_fatal("cannot map %zu bytes of race-checking shadow", a->shadow_len);
+            }
+            *out = (emu_device_span){a->ptr, a->size, a->shadow};
+            return true;
+        }
+    }
+    return false;
+}
+
+bool emu_is_host_memory(const void *p) {
+    emu_lock();
+    bool host = !find_allocation(p, true) && !find_pinned(p);
+    emu_unlock();
+    return host;
 }
 
 // ================================================================ the fault handler
@@ -741,4 +513,4 @@ void emu_install_fault_handler(void) {
     sigaction(SIGBUS, &sa, &previous_bus);
 }
 
-__attribute__((constructor)) static void emu_device_init(void) { emu_install_fault_handler(); }
+__attribute__((constructor)) static void emu_memory_init(void) { emu_install_fault_handler(); }

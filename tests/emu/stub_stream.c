@@ -1,5 +1,6 @@
-// stub_stream.c - a stand-in for the emulated GPU's runtime core, just big
-// enough to test emu/src/nccl.c on its own (nccl_emu_test.c).
+// stub_stream.c - a stand-in for the emulated GPU's runtime (core, memory,
+// streams), just big enough to test the emulated NCCL (emu/src/nccl_*.c) on
+// its own (nccl_emu_test.c).
 //
 // Streams are FIFO queues of ops that run only when the program waits
 // (cudaStreamSynchronize) or asks (cudaStreamQuery), as in the real core.
@@ -134,7 +135,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 
 // Like the real core: a stream that refuses an op frees its state at once.
 cudaError_t emu_stream_enqueue(cudaStream_t s, const char *what, emu_op_fn fn, void *state,
-                               void (*free_state)(void *state)) {
+                               void (*free_state)(void *state), uint64_t *position, unsigned flags) {
+    (void)position, (void)flags; // the stub neither numbers its ops nor captures them
     struct CUstream_st *st = stream_of(s);
     if (st->destroyed) {
         if (free_state) free_state(state);
@@ -146,6 +148,11 @@ cudaError_t emu_stream_enqueue(cudaStream_t s, const char *what, emu_op_fn fn, v
     else st->head = op;
     st->tail = op;
     return cudaSuccess;
+}
+
+// The stub checks no races.
+void emu_race_range(const void *p, size_t bytes, bool write) {
+    (void)p, (void)bytes, (void)write;
 }
 
 int emu_stream_device(cudaStream_t s) {
