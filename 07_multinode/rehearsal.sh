@@ -130,9 +130,15 @@ cleanup() {
         for ns in "$ns0" "$ns1"; do
             ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
         done
-        sleep 0.2
-        ip netns del "$ns0" 2>/dev/null
-        ip netns del "$ns1" 2>/dev/null
+        # A killed process can hold its namespace's mount a moment longer
+        # (then `ip netns del` fails: busy), so try again for up to 5 s.
+        for _ in $(seq 25); do
+            sleep 0.2
+            for ns in "$ns0" "$ns1"; do
+                [[ -e /run/netns/$ns ]] && ip netns del "$ns" 2>/dev/null
+            done
+            [[ -e /run/netns/$ns0 || -e /run/netns/$ns1 ]] || break
+        done
     fi
     for p in $pid0 $pid1; do wait "$p" 2>/dev/null; done
     ((keep_out)) || rm -rf "$out"

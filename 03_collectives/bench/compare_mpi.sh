@@ -14,16 +14,23 @@
 # times a few microseconds at small sizes, which on a shared machine is
 # mostly noise). -c p2p is chapter 02's ping-pong (one-way latency, ranks 0
 # and 1; the others wait). When the steps skip MAX (8 B x4 never lands on
-# 256 MiB), MAX is measured as one more row. In every round the two backends
-# run one after the other (cpu, then mpi), so a busy moment on the machine
-# hits both alike. Each time shown is the median over the rounds of the
+# 256 MiB), MAX is measured as one more row. Each size is measured by the
+# two backends back to back, in its own pair of runs (cpu first in odd
+# rounds, mpi first in even ones), not as two sweeps of all sizes: on a
+# virtual machine the cost of moving a cache line between two cores can
+# change threefold from one moment to the next, for both backends alike
+# (the hypervisor moves the virtual cores; 03's README.bench.md shows it),
+# and two sweeps measured a cell seconds apart, maybe in two such states. Each time shown is the median over the rounds of the
 # benchmark's own time (slowest rank, n back-to-back operations after
 # warm-up); the ratio is cpu / mpi of those medians, "spread" the lowest and
 # highest ratio of a single round's pair, and "best" the ratio of the two
 # backends' fastest rounds (what each costs when the machine leaves it
 # alone). -o also writes every row to a CSV, which plots/03_cpu_vs_mpi.gp
-# draws. cpu: ranks started by spawn (--nprocs); mpi: ranks started by
-# mpirun. Needs a build with MPI (make finds mpicc).
+# draws. The last lines sum it up: how many cells have a median ratio of
+# at most 1.00, and which are slower in every round; and the load average
+# at the start and at the end (a busy machine makes both backends noisy).
+# cpu: ranks started by spawn (--nprocs); mpi: ranks started by mpirun.
+# Needs a build with MPI (make finds mpicc).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 ranks_list=2 collectives=all_reduce min=8 max=64M step=4 rounds=3 iters=1000 warmup=20 csv=""
@@ -41,14 +48,16 @@ for prog in "$here/03_collectives" "$here/../02_p2p/02_p2p"; do
 done
 bytes() { numfmt --from=iec "$1"; }   # 64M -> 67108864
 min_b=$(bytes "$min") max_b=$(bytes "$max")
-last=$min_b
-while ((last * step <= max_b)); do last=$((last * step)); done
+sizes=($min_b)
+while ((sizes[-1] * step <= max_b)); do sizes+=($((sizes[-1] * step))); done
+if ((sizes[-1] < max_b)); then sizes+=($max_b); fi
 unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT COURSE_BACKEND
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export COURSE_RUNS_DIR=$tmp/runs
 
-# sweep BACKEND RANKS COLLECTIVE MIN MAX: "SIZE TIME_US" per row of one run.
+# sweep BACKEND RANKS COLLECTIVE MIN MAX: "SIZE TIME_US" per row of one run
+# (the sizes MIN, MIN * STEP, ... up to MAX).
 sweep() {
     local backend=$1 n=$2 c=$3 lo=$4 hi=$5 out=$tmp/run column
     local launch=("--nprocs" "$n")
@@ -73,9 +82,10 @@ sweep() {
 compare() {
     local c=$1 n=$2
     for i in $(seq "$rounds"); do
-        for b in cpu mpi; do
-            { sweep $b "$n" "$c" "$min_b" "$max_b"
-              if ((last < max_b)); then sweep $b "$n" "$c" "$max_b" "$max_b"; fi; } | sed "s/^/$b $i /"
+        local order=(cpu mpi)
+        if ((i % 2 == 0)); then order=(mpi cpu); fi
+        for s in "${sizes[@]}"; do
+            for b in "${order[@]}"; do sweep $b "$n" "$c" "$s" "$s" | sed "s/^/$b $i /"; done
         done
     done >"$tmp/rows"
     echo "# $c, $n ranks: median of $rounds rounds; spread = lowest and highest ratio of one round"
@@ -107,6 +117,7 @@ compare() {
 
 echo "# cpu backend vs $(mpirun --version 2>&1 | head -n 1) shared memory; $(nproc) cores," \
      "$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'); $(date -u '+%Y-%m-%d %H:%M') UTC"
+echo "# load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 : >"$tmp/csv"
 for c in $collectives; do
     for n in $ranks_list; do
@@ -114,6 +125,14 @@ for c in $collectives; do
         echo
     done
 done
+# The verdict in one line: the cells whose median ratio is at most 1, and
+# the cells slower than MPI in every round (the lowest round's ratio above
+# 1: no amount of noise explains those). Each is named as collective/ranks/size.
+awk -F, '{ cells++; cell = $1 "/" $2 "/" $3
+           if ($6 <= 1.0) fast++
+           if ($7 > 1.0) { slow++; names = names " " cell } }
+     END { printf "# summary: %d of %d cells with a median cpu/mpi <= 1.00; %d slower in every round%s\n",
+                  fast, cells, slow, slow ? ":" names : "" }' "$tmp/csv"
 echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 if [[ -n $csv ]]; then
     { echo "collective,ranks,size_bytes,cpu_us,mpi_us,ratio,ratio_min,ratio_max,cpu_best_us,mpi_best_us,ratio_best"
