@@ -32,7 +32,7 @@
 typedef struct {
     int epochs, batch_size, features, samples, seed, check_replicas;
     double lr, timeout;
-    const char *backend, *device;
+    const char *backend, *device, *grad_compress;
     bool scale_lr;
     int nprocs;
 } options;
@@ -40,7 +40,7 @@ typedef struct {
 static options parse_options(int argc, char **argv, int gpus) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     options o = {.epochs = 10, .batch_size = 32, .features = 1, .samples = 10000, .seed = 42, .lr = 0.01,
-                 .backend = "auto", .device = "auto", .scale_lr = true,
+                 .backend = "auto", .device = "auto", .grad_compress = "none", .scale_lr = true,
                  // One rank per GPU; without GPUs, one rank per core (at least
                  // 2, so that there is something to be parallel about).
                  .nprocs = gpus > 0 ? gpus : (cores > 2 ? (int)cores : 2)};
@@ -55,6 +55,7 @@ static options parse_options(int argc, char **argv, int gpus) {
     flag_int(&set, "seed", &o.seed, 0, 2147483647, "seed for data and shuffling");
     flag_choice(&set, "backend", &o.backend, "auto|cpu|nccl|mpi", "communication backend")->env = "COURSE_BACKEND";
     flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where to compute")->env = "COURSE_DEVICE";
+    flag_choice(&set, "grad_compress", &o.grad_compress, "none|bf16", "gradients all-reduced as fp32, or rounded to bf16 (DDP's bf16_compress_hook)");
     flag_int(&set, "nprocs", &o.nprocs, 1, 256, "number of ranks (processes) to spawn");
     flag_int(&set, "check_replicas", &o.check_replicas, 0, 1000000000, "every N steps, stop if the replicas differ (0: never)");
     flag_double(&set, "timeout", &o.timeout, 0, 86400, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)");
@@ -93,6 +94,9 @@ static int train(int rank, int world_size, void *arg) {
     linreg_model model;
     linreg_init(&model, &dist.device, &data, opt.batch_size);
     size_t nparams = (size_t)opt.features + 1;
+    // How the gradients travel (DDP's communication hook, common/ddp.h): as
+    // fp32, or rounded to bf16 for half the bytes.
+    ddp_compress_t compress = ddp_compress_from_name(opt.grad_compress);
     ddp_broadcast_parameters(dist.pg, model.params, nparams);
     int64_t step = 0;
 
@@ -118,7 +122,7 @@ static int train(int rank, int world_size, void *arg) {
             int size = (int)(sampler.num_samples - first < opt.batch_size
                                  ? sampler.num_samples - first : opt.batch_size);
             linreg_forward_backward(&model, first, size);             // local gradient
-            ddp_average_gradients(dist.pg, model.grads, nparams);     // the one DDP line
+            ddp_average_gradients_with(dist.pg, model.grads, nparams, compress); // the one DDP line
             linreg_sgd_step(&model, lr);                              // same update everywhere
             batches++;
             step++;
@@ -147,6 +151,9 @@ static int train(int rank, int world_size, void *arg) {
         metrics_close(&csv);
         log_main("final weight %.6f  bias %.6f  (true 2.0, 3.0)  parameters checksum %016llx\n", params[0],
                  params[opt.features], (unsigned long long)checksum_bytes(params, sizeof(float) * nparams));
+        if (dist.world_size > 1)
+            log_main("gradients all-reduced: %zu bytes per step per rank (%s)\n",
+                     ddp_bytes_reduced() / (size_t)(step > 0 ? step : 1), compress == DDP_COMPRESS_BF16 ? "bf16" : "fp32");
         log_main("training time %.6f s on %d rank(s) (%.0f samples/s)\n", seconds, dist.world_size,
                  (double)opt.samples * opt.epochs / seconds);
     }

@@ -33,9 +33,9 @@
 #define CHAPTER "06_snapshot_resume"
 
 typedef struct {
-    int epochs, batch_size, features, samples, seed, check_replicas;
+    int epochs, batch_size, global_batch_size, features, samples, seed, check_replicas;
     double lr, timeout;
-    const char *backend, *device, *init_method;
+    const char *backend, *device, *init_method, *grad_compress;
     bool scale_lr;
     fault_plan fault;    // --fail_rank R --fail_step S: a rank dies, for the lesson (fault.h)
     int save_every, save_every_steps, keep;
@@ -49,7 +49,7 @@ static options parse_options(int argc, char **argv) {
     files_runs_dir(dir, sizeof dir, CHAPTER);
     snprintf(default_path, sizeof default_path, "%s/snapshot.safetensors", dir);
     options o = {.epochs = 10, .batch_size = 32, .features = 1, .samples = 10000, .seed = 42, .lr = 0.01,
-                 .backend = "auto", .device = "auto", .init_method = "env://", .scale_lr = false,
+                 .backend = "auto", .device = "auto", .grad_compress = "none", .init_method = "env://", .scale_lr = false,
                  .fault = fault_none(), .save_every = 1, .keep = 2, .momentum = 0.9, .snapshot_path = default_path};
     flag_set set = {.program = CHAPTER,
                     .summary = "data-parallel training that snapshots and resumes after failures"};
@@ -59,6 +59,7 @@ static options parse_options(int argc, char **argv) {
     flag_string(&set, "snapshot_path", &o.snapshot_path, "snapshot series: DIR/STEM.safetensors");
     flag_int(&set, "keep", &o.keep, 1, 1000, "keep the newest K snapshots");
     flag_int(&set, "batch_size", &o.batch_size, 1, 1000000, "samples per step PER RANK");
+    flag_int(&set, "global_batch_size", &o.global_batch_size, 0, 100000000, "samples per step of ALL ranks, whatever their number (0: batch_size per rank)");
     flag_double(&set, "lr", &o.lr, 0, 100, "learning rate of one process");
     flag_double(&set, "momentum", &o.momentum, 0, 0.999, "SGD momentum (optimizer state!)");
     flag_bool(&set, "scale_lr", &o.scale_lr, "multiply lr by the world size (linear scaling rule)");
@@ -67,11 +68,15 @@ static options parse_options(int argc, char **argv) {
     flag_int(&set, "seed", &o.seed, 0, 2147483647, "seed for data and shuffling");
     flag_choice(&set, "backend", &o.backend, "auto|cpu|nccl|mpi", "communication backend")->env = "COURSE_BACKEND";
     flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where to compute")->env = "COURSE_DEVICE";
+    flag_choice(&set, "grad_compress", &o.grad_compress, "none|bf16", "gradients all-reduced as fp32, or rounded to bf16 (DDP's bf16_compress_hook)");
     flag_string(&set, "init_method", &o.init_method, "how ranks meet: env://, tcp://HOST:PORT, file:///path");
     flag_int(&set, "check_replicas", &o.check_replicas, 0, 1000000000, "every N steps, stop if the replicas differ (0: never)");
     flag_double(&set, "timeout", &o.timeout, 0, 86400, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)");
     fault_add_flags(&set, &o.fault);
     flags_parse(&set, argc, argv);
+    if (o.global_batch_size && o.scale_lr)
+        flags_fail(&set, "--scale_lr scales lr with the world size, but with --global_batch_size "
+                   "the batch of a step does not change with it, so neither does lr");
     return o;
 }
 
@@ -88,10 +93,15 @@ int main(int argc, char **argv) {
              pg_describe(dist.pg), dist.device.name, dist.device.why);
     log_main("restart %d of at most %d\n", dist.env.restart_count, dist.env.max_restarts);
     // The effective batch is world_size x batch_size; the linear scaling
-    // rule raises the learning rate by the same factor.
+    // rule raises the learning rate by the same factor. An elastic job
+    // (ddprun --nnodes=MIN:MAX) changes world_size whenever a node comes or
+    // goes: --global_batch_size fixes the batch of a step instead, each rank
+    // taking its share, so that every step computes the same thing on any
+    // number of ranks and lr need not change (README: elastic jobs).
+    int batch = ddp_batch_per_rank(opt.batch_size, opt.global_batch_size, dist.world_size);
     float lr = (float)(opt.scale_lr ? opt.lr * dist.world_size : opt.lr);
-    log_main("batch %d per rank x %d rank(s) = %d per step; lr %g\n", opt.batch_size,
-             dist.world_size, opt.batch_size * dist.world_size, lr);
+    log_main("batch %d per rank x %d rank(s) = %d per step; lr %g\n", batch, dist.world_size,
+             batch * dist.world_size, lr);
 
     // --- Data and sampler: every rank makes the same dataset (as every
     // rank would open the same files); the sampler gives each its disjoint
@@ -102,17 +112,21 @@ int main(int argc, char **argv) {
 
     // --- Model: a replica per rank, made equal by broadcasting rank 0's.
     linreg_model model;
-    linreg_init(&model, &dist.device, &data, opt.batch_size);
+    linreg_init(&model, &dist.device, &data, batch);
     size_t nparams = (size_t)opt.features + 1;
+    // How the gradients travel (DDP's communication hook, common/ddp.h): as
+    // fp32, or rounded to bf16 for half the bytes.
+    ddp_compress_t compress = ddp_compress_from_name(opt.grad_compress);
     // --- Resume: rank 0 reads the newest valid snapshot (a damaged one is
     // reported and an older one used), then everyone gets its state by
     // broadcast: no shared filesystem needed for the other ranks.
-    linreg_run run = {opt.features, opt.samples, opt.batch_size, opt.seed,
+    linreg_run run = {opt.features, opt.samples, opt.global_batch_size ? 0 : batch,
+                      opt.global_batch_size, opt.seed,
                       opt.scale_lr ? opt.lr * dist.world_size : opt.lr, opt.momentum};
     linreg_progress progress;
     linreg_resume(&dist, opt.snapshot_path, &run, opt.epochs, &model, &progress);
     int first_epoch = (int)progress.epoch;
-    int64_t step = progress.global_step;
+    int64_t step = progress.global_step, first_step = step;   // this attempt's steps start here
 
     char out_dir[1024];
     files_runs_dir(out_dir, sizeof out_dir, CHAPTER);
@@ -128,12 +142,11 @@ int main(int argc, char **argv) {
         sampler_set_epoch_from(&sampler, epoch, from);
         linreg_set_order(&model, sampler.indices, sampler.num_samples);
         double batches = 0;
-        for (int64_t first = 0; first < sampler.num_samples; first += opt.batch_size) {
-            int size = (int)(sampler.num_samples - first < opt.batch_size
-                                 ? sampler.num_samples - first : opt.batch_size);
+        for (int64_t first = 0; first < sampler.num_samples; first += batch) {
+            int size = (int)(sampler.num_samples - first < batch ? sampler.num_samples - first : batch);
             linreg_forward_backward(&model, first, size);             // local gradient
             fault_maybe_die(&opt.fault, &dist, step + 1);             // planned failures (fault.h)
-            ddp_average_gradients(dist.pg, model.grads, nparams);     // the one DDP line
+            ddp_average_gradients_with(dist.pg, model.grads, nparams, compress); // the one DDP line
             linreg_momentum_step(&model, lr, (float)opt.momentum);    // same update everywhere
             batches++;
             step++;
@@ -174,6 +187,9 @@ int main(int argc, char **argv) {
         metrics_close(&csv);
         log_main("final weight %.6f  bias %.6f  (true 2.0, 3.0)  parameters checksum %016llx\n", params[0],
                  params[opt.features], (unsigned long long)checksum_bytes(params, sizeof(float) * nparams));
+        if (dist.world_size > 1)
+            log_main("gradients all-reduced: %zu bytes per step per rank (%s)\n",
+                     ddp_bytes_reduced() / (size_t)(step > first_step ? step - first_step : 1), compress == DDP_COMPRESS_BF16 ? "bf16" : "fp32");
         log_main("training time %.6f s on %d rank(s) (%.0f samples/s)\n", seconds, dist.world_size,
                  (double)opt.samples * (opt.epochs - first_epoch) / seconds);
         // The weights alone, for inference: a snapshot is for training on,

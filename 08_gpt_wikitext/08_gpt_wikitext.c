@@ -44,6 +44,7 @@
 #include "flags.h"
 #include "gpt.h"
 #include "launch_env.h"
+#include "loader.h"
 #include "log.h"
 #include "metrics.h"
 #include "model.h"
@@ -62,11 +63,11 @@ typedef struct {
     int epochs, batch_size, grad_accum, max_steps, warmup_steps, eval_every, log_every, save_every, seed;
     int vocab_size, block_size, n_layer, n_head, n_embd;
     double lr, min_lr, weight_decay, grad_clip, temperature;
-    int top_k, num_samples, sample_tokens, nprocs;
+    int top_k, num_samples, sample_tokens, nprocs, num_workers;
     double timeout;
     const char *backend;
-    bool generate, verify_data;
-    const char *preset, *data_dir, *out_dir, *snapshot_path, *prompt, *device, *precision;
+    bool generate, verify_data, cuda_graph;
+    const char *preset, *data_dir, *out_dir, *snapshot_path, *prompt, *device, *precision, *grad_compress;
 } options;
 
 // ===================================================================== options
@@ -85,11 +86,13 @@ static flag_set option_flags(options *o) {
     flag_int(&set, "max_steps", &o->max_steps, 0, 100000000, "stop after this many optimizer steps (0: all epochs)");
     flag_int(&set, "eval_every", &o->eval_every, 0, 100000000, "validate every N steps as well as after each epoch (0: epochs only)");
     flag_int(&set, "log_every", &o->log_every, 1, 100000000, "progress line every N steps");
+    flag_int(&set, "num_workers", &o->num_workers, 0, 1, "threads that make the next batch while a step trains (DataLoader's num_workers)");
     flag_int(&set, "save_every", &o->save_every, 0, 1000000, "save the model every N epochs (0: at the end only)");
     flag_string(&set, "snapshot_path", &o->snapshot_path, "resumable snapshots DIR/STEM.safetensors, every --save_every epochs");
     flag_int(&set, "nprocs", &o->nprocs, 1, 256, "ranks to spawn for data parallelism (under ddprun: ignored)");
     flag_choice(&set, "backend", &o->backend, "auto|cpu|nccl|mpi", "communication backend")->env = "COURSE_BACKEND";
     flag_double(&set, "timeout", &o->timeout, 0, 86400, "seconds a rank waits for another (0: COURSE_TIMEOUT or 300)");
+    flag_choice(&set, "grad_compress", &o->grad_compress, "none|bf16", "gradients all-reduced as fp32, or rounded to bf16: half the bytes (DDP's bf16_compress_hook)");
     flag_int(&set, "seed", &o->seed, 0, 2147483647, "seed for the weights, the shuffle and the samples");
     flag_choice(&set, "preset", &o->preset, "default|tiny", "model size: default (128/4/4/256) or tiny (32/2/2/64)");
     flag_int(&set, "vocab_size", &o->vocab_size, 258, 65536, "BPE vocabulary: 256 bytes + merges + <|endoftext|>");
@@ -108,6 +111,7 @@ static flag_set option_flags(options *o) {
     flag_int(&set, "sample_tokens", &o->sample_tokens, 1, 100000, "tokens per continuation");
     flag_choice(&set, "device", &o->device, "auto|cpu|cuda", "where to compute")->env = "COURSE_DEVICE";
     flag_choice(&set, "precision", &o->precision, "auto|bf16|fp32", "number format on a GPU (auto: bf16 there, fp32 on the CPU)");
+    flag_bool(&set, "cuda_graph", &o->cuda_graph, "on a GPU, one process, no --grad_accum: each step is one CUDA graph launch");
     return set;
 }
 
@@ -128,9 +132,9 @@ static options parse_options(int argc, char **argv) {
     options o = {.epochs = 1, .batch_size = 8, .grad_accum = 1, .max_steps = 0, .warmup_steps = 100,
                  .eval_every = 1000, .log_every = 10, .save_every = 0, .seed = 1337, .vocab_size = 5000,
                  .lr = 1e-3, .min_lr = -1, .weight_decay = 0.1, .grad_clip = 1.0, .temperature = 0.8,
-                 .top_k = 40, .num_samples = 3, .sample_tokens = 64, .verify_data = true,
+                 .top_k = 40, .num_samples = 3, .sample_tokens = 64, .verify_data = true, .cuda_graph = true,
                  .preset = "default", .prompt = "The", .device = "auto", .nprocs = 1, .backend = "auto",
-                 .precision = "auto"};
+                 .precision = "auto", .grad_compress = "none", .num_workers = 0};
     static char default_out_dir[1024]; // outlives this function: o.out_dir points at it
     files_runs_dir(default_out_dir, sizeof default_out_dir, CHAPTER);
     o.out_dir = default_out_dir;
@@ -385,12 +389,13 @@ typedef struct {
     int steps_per_epoch, total_steps, warmup;
     size_t num_blocks;         // training sequences of T+1 tokens (overlapping by one)
     sampler_t sampler;         // this rank's blocks of each epoch
-    uint16_t *inputs, *targets;
+    loader_t loader;           // makes the batches from them, a step ahead (gpt/loader.h)
     double start, train_time;  // wall clock; seconds spent in training steps
     int loss_count;            // steps since the last progress line
     double interval_start;
     metrics_csv csv;           // rank 0 only
     dist_t *dist;
+    bool graph;                // each step one CUDA graph launch (train_step)
 } trainer_t;
 
 static trainer_t make_trainer(const options *o, const corpus_t *c, dist_t *d) {
@@ -412,8 +417,7 @@ static trainer_t make_trainer(const options *o, const corpus_t *c, dist_t *d) {
     tr.total_steps = tr.steps_per_epoch * o->epochs;
     if (o->max_steps > 0 && o->max_steps < tr.total_steps) tr.total_steps = o->max_steps;
     tr.warmup = o->warmup_steps < tr.total_steps / 5 ? o->warmup_steps : tr.total_steps / 5;
-    tr.inputs = xmalloc(sizeof(uint16_t) * (size_t)B * T);
-    tr.targets = xmalloc(sizeof(uint16_t) * (size_t)B * T);
+    tr.loader = loader_create(c->split[0], B, T, o->num_workers);
     if (d->rank == 0) {
         tr.csv = metrics_open(o->out_dir, "metrics", "step,epoch,train_loss,valid_loss,tokens_per_s");
         char date[32];
@@ -424,15 +428,6 @@ static trainer_t make_trainer(const options *o, const corpus_t *c, dist_t *d) {
                     backend_name(pg_backend(d->pg)), d->world_size, date);
     }
     return tr;
-}
-
-// Micro-batch `index` of the epoch: B of this rank's blocks, in order.
-static void fill_batch(trainer_t *tr, const uint16_t *train, int index, int B, int T) {
-    for (int b = 0; b < B; b++) {
-        const uint16_t *block = train + (size_t)tr->sampler.indices[(size_t)index * B + b] * T;
-        memcpy(tr->inputs + (size_t)b * T, block, sizeof(uint16_t) * T);
-        memcpy(tr->targets + (size_t)b * T, block + 1, sizeof(uint16_t) * T);
-    }
 }
 
 // The learning rate of step `step` (counted from 0): a linear warm-up from
@@ -451,11 +446,23 @@ static float learning_rate(const trainer_t *tr, const options *o, int step) {
 // the ranks, then clip and AdamW. The losses are not read here: on a GPU
 // that would make the host wait for every step, and the progress line
 // reads them (model_take_train_loss) every --log_every steps instead.
-static void train_step(model_t *m, trainer_t *tr, const options *o, const uint16_t *train, int step_in_epoch, int step) {
+static void train_step(model_t *m, trainer_t *tr, const options *o, int step) {
+    if (tr->graph) {
+        // The same step - zero_grad, forward, backward, clip, AdamW - as ONE
+        // launch of a CUDA graph captured at the first step (gpt_cuda.cu,
+        // section 10): the tokens and this step's learning rate are copied to
+        // the GPU before it, and it computes what the calls below compute.
+        const loader_batch_t *batch = loader_next(&tr->loader);
+        model_graph_step(m, batch->inputs, batch->targets, o->batch_size, o->block_size, (float)o->grad_clip,
+                         learning_rate(tr, o, step), 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
+        return;
+    }
     model_zero_grad(m);
     for (int micro = 0; micro < o->grad_accum; micro++) {
-        fill_batch(tr, train, step_in_epoch * o->grad_accum + micro, o->batch_size, o->block_size);
-        model_train_forward(m, tr->inputs, tr->targets, o->batch_size, o->block_size);
+        // The next micro-batch of this rank's blocks, in order; with
+        // --num_workers 1 a thread made it while the last step trained.
+        const loader_batch_t *batch = loader_next(&tr->loader);
+        model_train_forward(m, batch->inputs, batch->targets, o->batch_size, o->block_size);
         // The mean over micro-batches; on the last one, a GPU starts
         // averaging each bucket of gradients as soon as it is computed.
         bool last = micro == o->grad_accum - 1;
@@ -584,8 +591,18 @@ static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr
              "%g, warm-up %d\n", tr->total_steps, tr->steps_per_epoch,
              tr->dist->world_size * o->grad_accum * o->batch_size * o->block_size, tr->dist->world_size,
              o->grad_accum, o->batch_size, o->block_size, o->lr, o->min_lr, tr->warmup);
+    // A CUDA graph holds the work of one GPU's stream: not the all-reduce
+    // of several ranks between backward and AdamW, not a loop of micro-batches.
+    const char *no_graph = !m->on_gpu ? "the CPU computes" : !o->cuda_graph ? "--cuda_graph=false"
+                           : tr->dist->world_size > 1 ? "several ranks: the all-reduce sits inside the step"
+                           : o->grad_accum > 1 ? "--grad_accum > 1" : NULL;
+    tr->graph = !no_graph;
+    if (m->on_gpu) {
+        if (tr->graph) log_main("step: one CUDA graph launch after the copy of the tokens (--cuda_graph)\n");
+        else log_main("step: launched call by call (no CUDA graph: %s)\n", no_graph);
+    }
     int step = 0;
-    int first_epoch = resume(m, o, tr->dist, &step);
+    int first_epoch = resume(m, o, tr->dist, &step), first_step = step;
     // For the tests, as in chapter 06: COURSE_FAIL_RANK and COURSE_FAIL_STEP
     // make a rank die before that step, in the first attempt only.
     fault_plan fault = fault_from_env();
@@ -593,11 +610,12 @@ static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr
     for (int epoch = first_epoch; epoch < o->epochs && step < tr->total_steps; epoch++) {
         // Each rank takes its share of this epoch's order (seed + epoch).
         sampler_set_epoch(&tr->sampler, epoch);
+        loader_set_epoch(&tr->loader, tr->sampler.indices, tr->steps_per_epoch * o->grad_accum);
         bool validated = false;
         for (int s = 0; s < tr->steps_per_epoch && step < tr->total_steps; s++) {
             double t0 = now_seconds();
             fault_maybe_die(&fault, tr->dist, step + 1);
-            train_step(m, tr, o, c->split[0], s, step);
+            train_step(m, tr, o, step);
             tr->loss_count++;
             step++;
             tr->train_time += now_seconds() - t0;
@@ -610,6 +628,13 @@ static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr
         if (save && o->snapshot_path) save_snapshot(m, o, epoch + 1, step, tr->dist->world_size);
         else if (save) save_model(m, c->tokenizer, o);
     }
+    // What data parallelism cost in bytes: each rank's gradients, per step,
+    // as they entered the all-reduce (a ring then sends 2(W-1)/W of that).
+    int steps_run = step - first_step;
+    if (tr->dist->world_size > 1 && steps_run > 0)
+        log_main("gradients all-reduced: %.0f bytes per step per rank (%s), %zu parameters\n",
+                 (double)ddp_bytes_reduced() / steps_run, m->grad_compress == DDP_COMPRESS_BF16 ? "bf16" : "fp32",
+                 m->host.num_params);
 }
 
 // ===================================================================== main
@@ -650,6 +675,9 @@ static int run_rank(int rank, int world, void *arg) {
     log_main("model: %zu parameters (vocabulary %d, block %d, %d layers, %d heads, %d channels), %s\n",
              model.host.num_params, cfg.vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd,
              model_precision(&model));
+    // How the gradients travel (DDP's communication hook, common/ddp.h):
+    // fp32, or rounded to bf16 for half the bytes.
+    model.grad_compress = ddp_compress_from_name(o->grad_compress);
 
     // --- Training, with validation after every epoch.
     trainer_t tr = make_trainer(o, &corpus, &dist);
@@ -670,7 +698,7 @@ static int run_rank(int rank, int world, void *arg) {
         log_main("metrics: %s (plot: gnuplot plots/08_gpt_loss.gp)\n", tr.csv.path);
     }
 
-    free(tr.inputs), free(tr.targets);
+    loader_free(&tr.loader);
     sampler_free(&tr.sampler);
     for (int s = 0; s < 3; s++) free(corpus.split[s]);
     bpe_free(corpus.tokenizer);

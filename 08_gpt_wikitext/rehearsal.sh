@@ -32,6 +32,12 @@
 #   --data_dir DIR               train.txt, valid.txt, test.txt to train on
 #   --out DIR                    keep the logs, models and snapshots in DIR
 #   --quiet                      do not print the hosts' output
+#   --program PATH               the workers' program (this chapter's; chapter 11's
+#                                finale runs its pipeline this way)
+#   --worker_args "ARGS"         more arguments for every worker (e.g. "--pp 2 --tp 2")
+#   --replicas R                 the data-parallel replicas the workers form (all of
+#                                them): the reference trains R x B sequences a step
+#   --reference_args "ARGS"      more arguments for the reference (e.g. "--grad_accum 2")
 #
 # Exit status 0 when the rehearsal passed: every validation loss of the
 # two-host run equals the reference's within 2e-4 (the losses are printed
@@ -42,9 +48,10 @@ set -u
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$HERE")
 PROGRAM=$HERE/08_gpt_wikitext
+REFERENCE=$HERE/08_gpt_wikitext
 HOSTS=$ROOT/07_multinode/rehearsal.sh
 
-mode=auto nproc0=2 nproc1=1 batch=2 epochs=4 kill=1 data_dir="" out="" quiet=0
+mode=auto nproc0=2 nproc1=1 batch=2 epochs=4 kill=1 data_dir="" out="" quiet=0 worker_args="" replicas="" reference_args=""
 usage() { sed -n '/^# Usage:/,/^# Exit status/p' "$0" | sed '$d; s/^# \{0,1\}//' | sed '$d'; }
 die_usage() {
     echo "rehearsal: error: $1" >&2
@@ -67,15 +74,20 @@ while [[ $# -gt 0 ]]; do
         --epochs) epochs=$2 ;;
         --data_dir) data_dir=$2 ;;
         --out) out=$2 ;;
+        --program) PROGRAM=$2 ;;
+        --worker_args) worker_args=$2 ;;
+        --replicas) replicas=$2 ;;
+        --reference_args) reference_args=$2 ;;
         *) die_usage "unknown option '$1'" ;;
     esac
     shift 2
 done
-for v in "$nproc0" "$nproc1" "$batch" "$epochs"; do
+replicas=${replicas:-$((nproc0 + nproc1))}
+for v in "$nproc0" "$nproc1" "$batch" "$epochs" "$replicas"; do
     [[ $v =~ ^[1-9][0-9]*$ ]] || die_usage "expected a positive integer, got '$v'"
 done
 ((kill == 0 || epochs >= 2)) || die_usage "losing a host needs --epochs 2 or more (a snapshot to resume from)"
-for f in "$PROGRAM" "$ROOT/tools/ddprun" "$HOSTS"; do
+for f in "$PROGRAM" "$REFERENCE" "$ROOT/tools/ddprun" "$HOSTS"; do
     [[ -x $f ]] || { echo "rehearsal: error: $f is not built; run make in $ROOT first" >&2; exit 2; }
 done
 keep_out=1
@@ -107,10 +119,14 @@ train=(--data_dir "$data_dir" --verify_data=false --preset tiny --vocab_size 300
        --num_samples 0 --device cpu --backend cpu --out_dir run)
 export OMP_NUM_THREADS=1
 
+read -r -a more <<<"$worker_args"
+read -r -a reference_more <<<"$reference_args"
+
 # ---------------------------------------------------------------- 1. one process
-echo "rehearsal: the reference: one process, batch $((world * batch)) ($world x $batch), $epochs epochs"
+echo "rehearsal: the reference: one process, batch $((replicas * batch)) ($replicas x $batch), $epochs epochs"
 mkdir -p "$out/one"
-(cd "$out/one" && "$PROGRAM" "${train[@]}" --batch_size $((world * batch))) >"$out/one.log" 2>&1 ||
+(cd "$out/one" && "$REFERENCE" "${train[@]}" --batch_size $((replicas * batch)) ${reference_more[@]+"${reference_more[@]}"}) \
+    >"$out/one.log" 2>&1 ||
     { echo "rehearsal: FAIL: the one-process run failed: $(tail -n 2 "$out/one.log" | tr '\n' '|')"; exit 1; }
 
 # ---------------------------------------------------------------- 2., 3. two hosts
@@ -119,7 +135,7 @@ lose=()
 echo "rehearsal: two hosts, $nproc0 + $nproc1 workers with batch $batch each$( ((kill)) && echo ", host 1 killed after the first snapshot")"
 "$HOSTS" --program "$PROGRAM" --mode "$mode" --nproc0 "$nproc0" --nproc1 "$nproc1" --max_restarts 1 ${lose[@]+"${lose[@]}"} \
     --deadline 240 --out "$out/hosts" $( ((quiet)) && echo --quiet) -- \
-    "${train[@]}" --batch_size "$batch" --save_every 1 --snapshot_path run/snapshots/gpt.safetensors |
+    "${train[@]}" --batch_size "$batch" --save_every 1 --snapshot_path run/snapshots/gpt.safetensors ${more[@]+"${more[@]}"} |
     sed -u 's/^rehearsal: /hosts: /' | tee "$out/hosts.out"   # 07's script speaks for the hosts
 status=${PIPESTATUS[0]}
 mode=$(sed -n 's/^hosts: mode \([a-z]*\).*/\1/p' "$out/hosts.out")

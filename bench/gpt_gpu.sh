@@ -8,7 +8,11 @@
 # backward, all-reduce (one rank: NCCL over a one-GPU communicator, launched
 # bucket by bucket during backward; the column is what it adds after
 # backward ends) and optimizer (clip + AdamW); achieved TFLOPS and MFU;
-# the model's device memory and the whole process's.
+# the model's device memory and the whole process's; the same step as one
+# CUDA graph launch (one process: no all-reduce; timed whole) and the
+# launches per step each way (call by call: the graph's nodes - kernels,
+# cuBLAS calls, memsets; as a graph: 1, besides the copies of the tokens
+# and the step's scalars).
 #
 # FLOPs per step = 6 * (parameters - wpe) * tokens + 12 * n_layer * n_embd * T * tokens
 #   (2 per multiply-add forward, twice that backward; wpe is only added; the
@@ -33,7 +37,7 @@ steps=${BENCH_STEPS:-10}
 out_dir=runs/08_gpt_wikitext
 mkdir -p "$out_dir"
 csv="$out_dir/gpu_bench.csv"
-header="gpu,config,dtype,attention,batch,block,params,tokens_per_s,step_ms,forward_ms,backward_ms,allreduce_ms,optimizer_ms,tflops,mfu_percent,model_mib,device_used_mib"
+header="gpu,config,dtype,attention,batch,block,params,tokens_per_s,step_ms,forward_ms,backward_ms,allreduce_ms,optimizer_ms,tflops,mfu_percent,model_mib,device_used_mib,graph_step_ms,launches_per_step,graph_launches_per_step"
 
 rows=()
 run() { # config dtype batch vocab attention (flash: the fused kernel; cublas: the reference path)

@@ -14,16 +14,58 @@
 // A debug check (ddp_check_replicas) proves rule 3 held: it compares a
 // checksum of every rank's parameters and names the rank that diverged
 // (tests/library/test_ddp.sh makes ranks drift on purpose, to see it work).
+//
+// How a bucket travels is DDP's communication hook (register_comm_hook):
+// fp32 as computed, or bf16_compress_hook's half the bytes (--grad_compress,
+// ddp_compress_t below).
 #ifndef COURSE_DDP_H
 #define COURSE_DDP_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "check.h"
 #include "device.h"
 #include "pg.h"
 
 #define DDP_BUCKET_BYTES (25u << 20)
+
+// The hook: --grad_compress none (all-reduce the fp32 gradients) or bf16
+// (PyTorch's bf16_compress_hook: round each bucket to bfloat16, all-reduce
+// half the bytes, widen the average back to fp32). bf16 keeps fp32's range
+// (8 exponent bits) but 8 bits of mantissa instead of 24: each gradient is
+// off by up to 1 part in 256 before the sum, and each partial sum is rounded
+// again, so the update is not quite the fp32 one. Whether the loss notices
+// is measured, not assumed: chapter 08's README shows both curves. The
+// replicas stay identical either way: every rank widens the same bf16 bytes.
+typedef enum { DDP_COMPRESS_NONE, DDP_COMPRESS_BF16 } ddp_compress_t;
+
+static inline ddp_compress_t ddp_compress_from_name(const char *name) {
+    if (!strcmp(name, "none")) return DDP_COMPRESS_NONE;
+    if (!strcmp(name, "bf16")) return DDP_COMPRESS_BF16;
+    die("unknown gradient compression '%s' (none or bf16)", name);
+}
+
+// The samples each rank trains on per step: batch_size, or its share of a
+// global batch that stays the same on any number of ranks (the chapters'
+// --global_batch_size, for elastic jobs whose world size changes).
+static inline int ddp_batch_per_rank(int batch_size, int global_batch_size, int world_size) {
+    if (!global_batch_size) return batch_size;
+    if (global_batch_size % world_size != 0)
+        die("--global_batch_size %d is not a multiple of the %d ranks of this attempt: choose "
+            "one that every world size the job may have divides", global_batch_size, world_size);
+    return global_batch_size / world_size;
+}
+
+// The payload bytes this process's gradient averages have handed to
+// all-reduce so far: counted where the calls are made, so that a run can
+// print what --grad_compress saved. (One count per program: each program
+// of the course is one file.)
+static inline size_t *ddp_bytes_counter(void) {
+    static size_t bytes;
+    return &bytes;
+}
+static inline size_t ddp_bytes_reduced(void) { return *ddp_bytes_counter(); }
 
 // Everyone starts from rank 0's parameters.
 static inline void ddp_broadcast_parameters(pg_t *pg, float *params, size_t count) {
@@ -55,11 +97,49 @@ static inline void ddp_average_gradients_in_buckets(pg_t *pg, float *grads, size
     for (size_t first = 0; first < count; first += bucket) {
         size_t n = count - first < bucket ? count - first : bucket;
         pg_all_reduce(pg, grads + first, grads + first, n, DTYPE_F32, OP_AVG);
+        *ddp_bytes_counter() += n * sizeof(float);
     }
 }
 
+// The bf16 hook: round, average in the same buckets, widen. grads may lie on
+// the process group's GPU: then the rounding is done on the host, through
+// copies (fine for chapters 04-07's few parameters; chapter 08's GPU model
+// rounds on the GPU, ddp_average_bf16_bucket_after).
+static inline void ddp_average_gradients_bf16(pg_t *pg, float *grads, size_t count, size_t bucket_bytes) {
+    const device_t *device = &pg->device;
+    bool on_gpu = device_is_cuda(device);
+    float *host = on_gpu ? xmalloc(count * sizeof(float)) : grads;
+    uint16_t *half = xmalloc(count * sizeof(uint16_t));
+    if (on_gpu) device_to_host(device, host, grads, count * sizeof(float));
+    for (size_t i = 0; i < count; i++) half[i] = f32_to_bf16(host[i]);   // round to nearest even
+    uint16_t *wire = on_gpu ? device_alloc(device, count * sizeof(uint16_t)) : half;
+    if (on_gpu) device_from_host(device, wire, half, count * sizeof(uint16_t));
+    size_t bucket = bucket_bytes / sizeof(float);   // the same gradients per bucket as in fp32
+    if (bucket == 0) bucket = 1;
+    for (size_t first = 0; first < count; first += bucket) {
+        size_t n = count - first < bucket ? count - first : bucket;
+        pg_all_reduce(pg, wire + first, wire + first, n, DTYPE_BF16, OP_AVG);
+        *ddp_bytes_counter() += n * sizeof(uint16_t);
+    }
+    if (on_gpu) device_to_host(device, half, wire, count * sizeof(uint16_t));
+    for (size_t i = 0; i < count; i++) host[i] = bf16_to_f32(half[i]);   // widen: exact
+    if (on_gpu) {
+        device_from_host(device, grads, host, count * sizeof(float));
+        device_free(device, wire);
+        free(host);
+    }
+    free(half);
+}
+
+// grads <- mean over ranks of grads, sent as `how` says.
+static inline void ddp_average_gradients_with(pg_t *pg, float *grads, size_t count, ddp_compress_t how) {
+    if (pg_world_size(pg) == 1) return;
+    if (how == DDP_COMPRESS_BF16) ddp_average_gradients_bf16(pg, grads, count, ddp_bucket_bytes());
+    else ddp_average_gradients_in_buckets(pg, grads, count, ddp_bucket_bytes());
+}
+
 static inline void ddp_average_gradients(pg_t *pg, float *grads, size_t count) {
-    ddp_average_gradients_in_buckets(pg, grads, count, ddp_bucket_bytes());
+    ddp_average_gradients_with(pg, grads, count, DDP_COMPRESS_NONE);
 }
 
 #ifdef COURSE_CUDA
@@ -70,7 +150,18 @@ static inline void ddp_average_gradients(pg_t *pg, float *grads, size_t count) {
 // PyTorch's DDP does with its autograd hooks. ddp_finish_gradients waits
 // for the last bucket.
 static inline void ddp_average_bucket_after(pg_t *pg, float *grads, size_t count, cudaEvent_t ready) {
-    if (pg_world_size(pg) > 1) pg_all_reduce_after(pg, grads, count, DTYPE_F32, OP_AVG, ready);
+    if (pg_world_size(pg) == 1) return;
+    pg_all_reduce_after(pg, grads, count, DTYPE_F32, OP_AVG, ready);
+    *ddp_bytes_counter() += count * sizeof(float);
+}
+
+// The bf16 hook on a GPU: the model has rounded the bucket into `wire` by the
+// time `ready` happens; the average replaces it there, and the model widens
+// it back into its fp32 gradients after ddp_finish_gradients.
+static inline void ddp_average_bf16_bucket_after(pg_t *pg, uint16_t *wire, size_t count, cudaEvent_t ready) {
+    if (pg_world_size(pg) == 1) return;
+    pg_all_reduce_after(pg, wire, count, DTYPE_BF16, OP_AVG, ready);
+    *ddp_bytes_counter() += count * sizeof(uint16_t);
 }
 
 // grads: the buffer the buckets are averaged in; final when this returns.

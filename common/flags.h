@@ -61,6 +61,8 @@ typedef struct {
     const char *program;    // name shown in messages
     const char *summary;    // one line saying what the program does
     const char *positional; // e.g. "PROGRAM [ARGS...]"; NULL if none allowed
+    bool prefixes;          // also take an unambiguous prefix (--nnode for --nnodes), as
+                            // Python's argparse does: ddprun, for torchrun's command lines
     flag_t flags[FLAGS_MAX];
     int count;
 } flag_set;
@@ -252,6 +254,29 @@ static inline void flags_set_value(const flag_set *set, const flag_t *f, const c
     }
 }
 
+// With set->prefixes, a long name that is no flag's may begin exactly one
+// flag's name; when it begins several, it is an error naming them.
+static inline const flag_t *flags_find_prefix(const flag_set *set, const char *name, size_t len) {
+    const flag_t *found = NULL;
+    bool ambiguous = false;
+    char candidates[512] = "";
+    for (int i = 0; i < set->count; i++) {
+        const flag_t *f = &set->flags[i];
+        char head[128];
+        if (len >= sizeof head || strlen(f->name) < len) continue;
+        memcpy(head, f->name, len);   // the flag's name cut to the length given
+        head[len] = '\0';
+        if (!flags_name_matches(head, name, len)) continue;
+        size_t at = strlen(candidates);
+        snprintf(candidates + at, sizeof candidates - at, "%s--%s", found ? ", " : "", f->name);
+        ambiguous = found != NULL;
+        if (!found) found = f;
+    }
+    if (ambiguous)
+        flags_fail(set, "ambiguous flag '--%.*s': it could be %s", (int)len, name, candidates);
+    return found;
+}
+
 static inline const flag_t *flags_find(const flag_set *set, const char *name, size_t len,
                                        bool is_short) {
     for (int i = 0; i < set->count; i++) {
@@ -261,7 +286,7 @@ static inline const flag_t *flags_find(const flag_set *set, const char *name, si
                      : flags_name_matches(f->name, name, len))
             return f;
     }
-    return NULL;
+    return !is_short && set->prefixes && len > 0 ? flags_find_prefix(set, name, len) : NULL;
 }
 
 // How many one-letter edits turn a into b ('-' and '_' count as equal):

@@ -6,8 +6,9 @@
 //   tensors   params (w then b) and momentum_buffer (SGD's velocity)
 //   metadata  epoch, position (samples of the epoch's global order already
 //             trained on), global_step, world_size, and the configuration a
-//             resume must match: features, samples, batch_size, seed, lr,
-//             momentum. The data order is a function of (seed, epoch), so
+//             resume must match: features, samples, batch_size (per rank; 0
+//             with global_batch_size, the batch of all ranks together, which
+//             any world size can continue), seed, lr, momentum. The data order is a function of (seed, epoch), so
 //             seed + epoch + position is the data pipeline's random state.
 // Rank 0 writes and reads it; the other ranks receive the state by
 // broadcast, so only rank 0 needs the disk (node 0's, across nodes).
@@ -22,7 +23,7 @@
 
 // What a snapshot must agree with to continue this run.
 typedef struct {
-    int features, samples, batch_size, seed;
+    int features, samples, batch_size, global_batch_size, seed;   // batch_size 0: global / world
     double lr, momentum;
 } linreg_run;
 
@@ -36,6 +37,7 @@ static inline int linreg_run_meta(const linreg_run *r, safetensors_meta *m) {
     m[n++] = safetensors_meta_of("features", "%d", r->features);
     m[n++] = safetensors_meta_of("samples", "%d", r->samples);
     m[n++] = safetensors_meta_of("batch_size", "%d", r->batch_size);
+    m[n++] = safetensors_meta_of("global_batch_size", "%d", r->global_batch_size);
     m[n++] = safetensors_meta_of("seed", "%d", r->seed);
     m[n++] = safetensors_meta_of("lr", "%.9g", r->lr);
     m[n++] = safetensors_meta_of("momentum", "%.9g", r->momentum);
@@ -97,7 +99,7 @@ static inline bool linreg_snapshot_load(const char *path, const linreg_run *run,
     if (report[0]) log_main("%s\n", report);
     if (found == 0) return false;
     if (found < 0) die("no valid snapshot for %s; remove the damaged files to start afresh", path);
-    safetensors_meta want[8];
+    safetensors_meta want[10];
     int n = linreg_run_meta(run, want);
     for (int i = 0; i < n; i++)
         if (!snapshot_expect_meta(&snap, want[i].key, want[i].value, err, sizeof err))
@@ -139,8 +141,9 @@ static inline bool linreg_resume(dist_t *d, const char *path, const linreg_run *
                  (long long)p->position, (long long)p->global_step);
     if (shared[0] && p->world_size != d->world_size)
         log_main("the snapshot was written by %lld rank(s), this run has %d: the rest of epoch %lld "
-                 "is re-sharded from global position %lld\n", (long long)p->world_size,
-                 d->world_size, (long long)p->epoch, (long long)p->position);
+                 "is re-sharded from global position %lld%s\n", (long long)p->world_size,
+                 d->world_size, (long long)p->epoch, (long long)p->position, run->global_batch_size
+                 ? "; the global batch, and so every step, stays the same" : "");
     return shared[0] != 0;
 }
 
@@ -153,7 +156,7 @@ static inline void linreg_export(const char *snapshot_path, const linreg_run *ru
     snprintf(path, sizeof path, "%.*s/model.safetensors", dir_len, slash ? snapshot_path : ".");
     int64_t shape[1] = {(int64_t)run->features + 1};
     safetensors_tensor t = safetensors_tensor_of("params", "F32", params, 1, shape);
-    safetensors_meta m[8];
+    safetensors_meta m[10];
     int n = linreg_run_meta(run, m);
     if (!snapshot_write(path, &t, 1, m, n, err, sizeof err)) die("could not export the model: %s", err);
     log_main("model exported to %s\n", path);

@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -207,6 +208,20 @@ static inline netif_choice netif_choose(const char *spec, const char *variable,
     }
     snprintf(c.how, sizeof c.how, "interface %s, chosen by %s=%.120s", c.ifname, variable, spec);
     return c;
+}
+
+// The MTU of an interface (the largest packet it sends without splitting
+// it), or -1 when unknown. Nodes whose MTUs differ lose the large packets
+// (chapter 07's README: the network checks).
+static inline int netif_mtu(const char *ifname) {
+    struct ifreq req = {0};
+    if (!ifname || strlen(ifname) >= sizeof req.ifr_name) return -1;
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    snprintf(req.ifr_name, sizeof req.ifr_name, "%s", ifname);
+    int mtu = ioctl(fd, SIOCGIFMTU, &req) == 0 ? req.ifr_mtu : -1;
+    close(fd);
+    return mtu;
 }
 
 // The address to publish. master_addr: where the store runs (NULL: the

@@ -312,8 +312,12 @@ static inline rendezvous_t rendezvous(const char *init_method, int rank, int wor
     r.world_size = world_size;
     if (world_size > 1) course_set_rank(rank);
     const char *token = getenv("COURSE_JOB_TOKEN");
+    // The attempt: restarts after failures, and under an elastic ddprun also
+    // each new membership (COURSE_ATTEMPT counts both; torchrun's
+    // TORCHELASTIC_RESTART_COUNT only failures).
     int restart = 0;
-    rendezvous_env_int("TORCHELASTIC_RESTART_COUNT", 0, 1 << 30, &restart);
+    if (!rendezvous_env_int("COURSE_ATTEMPT", 0, 1 << 30, &restart))
+        rendezvous_env_int("TORCHELASTIC_RESTART_COUNT", 0, 1 << 30, &restart);
     char session[64];
     snprintf(session, sizeof session, "attempt%d/round%d", restart, rounds_done++);
     if (!strcmp(kind, "env://")) rendezvous_env(&r, token, session);

@@ -244,7 +244,9 @@ static inline void *store_server_main(void *arg) {
 // knows how to choose another (ddprun's flag, MASTER_PORT, a tcp:// URL).
 static const char *store_port_advice = "choose another port";
 
-static inline int store_listen(const char *host, int port) {
+// in_use_ok: a port in use returns -1 instead (ddprun's elastic launchers
+// all try to serve, and those that find the port taken become clients).
+static inline int store_listen_or(const char *host, int port, bool in_use_ok) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *list;
     char port_text[16];
@@ -261,6 +263,7 @@ static inline int store_listen(const char *host, int port) {
         int err = errno;
         freeaddrinfo(list);
         close(fd);
+        if (err == EADDRINUSE && in_use_ok) return -1;
         if (err == EADDRINUSE)
             die("port %d is already in use on %s (another job? %s)", port, host, store_port_advice);
         die("cannot serve the rendezvous store on %s:%d: %s", host, port, strerror(err));
@@ -269,6 +272,8 @@ static inline int store_listen(const char *host, int port) {
     CHECK_SYS(listen(fd, SOMAXCONN));
     return fd;
 }
+
+static inline int store_listen(const char *host, int port) { return store_listen_or(host, port, false); }
 
 static inline int store_bound_port(int fd) {
     struct sockaddr_storage a;
@@ -296,18 +301,27 @@ static inline void store_server_wait_running(store_server_t *s) {
     }
 }
 
+// The server on a socket already listening (store_listen_or).
+static inline store_server_t *store_server_start_on(int listen_fd, const char *bind_host,
+                                                    const char *token, const char *session);
+
 // As store_server_start, and clients that name a session (rendezvous does: one
 // per round) must name this one; others are refused so that they retry.
 static inline store_server_t *store_server_start_session(const char *bind_host, int port,
                                                          const char *token,
                                                          const char *session) {
     if (port < 0 || port > 65535) die("store port %d is out of range 0..65535", port);
+    return store_server_start_on(store_listen(bind_host, port), bind_host, token, session);
+}
+
+static inline store_server_t *store_server_start_on(int listen_fd, const char *bind_host,
+                                                    const char *token, const char *session) {
     if (!token) token = "";
     if (!session) session = "";
     if (strlen(token) > STORE_MAX_TOKEN || strlen(session) > STORE_MAX_TOKEN)
         die("job token or session longer than %d bytes", STORE_MAX_TOKEN);
     store_server_t *s = xcalloc(1, sizeof *s);
-    s->listen_fd = store_listen(bind_host, port);
+    s->listen_fd = listen_fd;
     s->port = store_bound_port(s->listen_fd);
     snprintf(s->host, sizeof s->host, "%s", bind_host);
     snprintf(s->token, sizeof s->token, "%s", token);

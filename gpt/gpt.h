@@ -14,6 +14,7 @@
 //      is the training loop's: 08_gpt_wikitext.c)
 //   7. sampling text
 //   8. saving and loading in the safetensors format
+//   9. tensor parallelism: a rank's shard of each block (chapter 10)
 //
 // Every parameter lives in ONE flat array and every gradient in another,
 // laid out as gpt_layout.h says (the GPU model, gpt_cuda.cu, reads the same
@@ -78,6 +79,16 @@ typedef struct {
     gpt_real *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *res3;
 } gpt_block_acts;
 
+// The activations of one forward pass: what gpt_t keeps of its last batch.
+// A pipeline stage keeps those of several micro-batches at once, one slot
+// each (gpt_use_slot); the slots not in use wait here.
+typedef struct {
+    gpt_real *acts;
+    uint16_t *inputs, *targets;
+    size_t acts_capacity, tokens_capacity;
+    int B, T;
+    bool have_targets;
+} gpt_slot;
 // Where a bucket's parameters and gradients are (gpt_layout.h, section 3):
 // the hook is given the model's own (NULL where the model has none) and
 // may point them elsewhere, at arrays laid out as the bucket's part of the
@@ -86,6 +97,7 @@ typedef void (*gpt_bucket_hook)(void *user, gpt_bucket_event event, int bucket, 
 
 typedef struct {
     gpt_config cfg;
+    gpt_stage stage;              // the blocks and ends held here: all (gpt_init), or a pipeline stage's (gpt_init_stage)
     gpt_real *params, *grads;     // num_params each, laid out as tensors[]
     gpt_real *adam_m, *adam_v;    // optimizer moments, allocated on the first step
     size_t num_params;
@@ -99,26 +111,39 @@ typedef struct {
     gpt_real *acts;               // everything the forward pass keeps
     gpt_real *grad_acts;          // scratch for the backward pass
     uint16_t *inputs, *targets;   // copies of the last batch
-    bool have_targets;
+    bool have_targets;            // a backward pass may follow (it needs the targets, on the last stage)
     float last_loss;
+    size_t tokens_capacity;       // of inputs and targets
+    gpt_slot *slots;              // pipeline stages: the slots not in use (gpt_use_slot); NULL otherwise
+    int num_slots, slot;
+
+    // Tensor parallelism (chapter 10, section 9): this model is one rank's
+    // shard of each block, split over tp ranks (0 or 1: the whole model).
+    // Its blocks add up their partial results across the ranks by calling
+    // tp_all_reduce (a sum over the tp ranks, in place), which the training
+    // program provides.
+    int tp;
+    void (*tp_all_reduce)(void *user, gpt_real *buf, size_t count);
+    void *tp_user;
 
     gpt_bucket_hook hook;         // NULL: every bucket lives in params and grads
     void *hook_user;
 } gpt_t;
 
-// The table of gpt_layout.h, for this model's configuration.
+// The table of gpt_layout.h, for this model's configuration, stage (a
+// pipeline stage's tensors only; those it lacks are empty) and shard.
 static inline void gpt_build_table(gpt_t *m) {
     m->num_tensors = gpt_num_tensors(&m->cfg);
     m->tensors = xcalloc((size_t)m->num_tensors, sizeof(gpt_tensor));
-    m->num_params = gpt_layout_params(&m->cfg, m->tensors);
+    m->num_params = gpt_layout_stage_params(&m->cfg, &m->stage, m->tp, m->tensors);
 }
 
 // The block's tensors inside `base`, the block's part of the parameters or
-// of the gradients: m->params + gpt_block_offset(layer), or what a bucket
-// hook gave instead.
+// of the gradients: m->params + the block's offset in this model's array,
+// or what a bucket hook gave instead.
 static inline gpt_block gpt_block_view(const gpt_t *m, gpt_real *base, int layer) {
     gpt_real *p[GPT_BLOCK_TENSORS];
-    size_t start = gpt_block_offset(&m->cfg, layer);
+    size_t start = m->tensors[gpt_block_tensor(layer, 0)].offset;
     for (int i = 0; i < GPT_BLOCK_TENSORS; i++)
         p[i] = base + (m->tensors[gpt_block_tensor(layer, i)].offset - start);
     gpt_block b = {p[B_LN1_W], p[B_LN1_B], p[B_QKV_W], p[B_QKV_B], p[B_ATTPROJ_W], p[B_ATTPROJ_B],
@@ -126,10 +151,19 @@ static inline gpt_block gpt_block_view(const gpt_t *m, gpt_real *base, int layer
     return b;
 }
 
+// Where bucket `bucket` starts in this model's flat array: at its first
+// tensor, in the whole model's array or in a shard's or a stage's.
+static inline size_t gpt_bucket_start(const gpt_t *m, int bucket) {
+    int L = m->cfg.n_layer;
+    int first = bucket == GPT_BUCKET_LN_F ? gpt_ln_f_tensor(&m->cfg) : bucket <= L ? gpt_block_tensor(L - bucket, 0) : 0;
+    return m->tensors[first].offset;
+}
+
 // Tensor `index` inside the arrays of bucket `bucket`, which start where
 // the bucket starts in the flat array (see gpt_bucket_begin).
+
 static inline gpt_real *gpt_tensor_in(const gpt_t *m, gpt_real *bucket_base, int bucket, int index) {
-    return bucket_base + (m->tensors[index].offset - gpt_layout_bucket(&m->cfg, bucket).offset);
+    return bucket_base + (m->tensors[index].offset - gpt_bucket_start(m, bucket));
 }
 
 
@@ -637,6 +671,7 @@ static inline void gpt_init(gpt_t *m, gpt_config cfg, uint64_t seed) {
     if (problem) die("bad model configuration: %s", problem);
     memset(m, 0, sizeof *m);
     m->cfg = cfg;
+    m->stage = gpt_stage_of(&cfg, 0, 1);
     gpt_build_table(m);
     m->params = xmalloc(sizeof(gpt_real) * m->num_params);
     m->grads = xcalloc(m->num_params, sizeof(gpt_real));
@@ -647,8 +682,8 @@ static inline void gpt_init(gpt_t *m, gpt_config cfg, uint64_t seed) {
 // blocks (embeddings, scratch, ln_f, losses), then each block's, then the
 // logits (N, V). The CPU keeps both kinds of gpt_layout.h (ACT and STAT) in
 // this one buffer, and the attention probabilities (no flash attention).
-static inline size_t gpt_cpu_block_acts(const gpt_config *c, size_t B, size_t T) {
-    return gpt_block_acts_size(c, GPT_ACT, false, B, T) + gpt_block_acts_size(c, GPT_STAT, false, B, T);
+static inline size_t gpt_cpu_block_acts(const gpt_config *c, int tp, size_t B, size_t T) {
+    return gpt_block_acts_size_tp(c, tp, GPT_ACT, false, B, T) + gpt_block_acts_size_tp(c, tp, GPT_STAT, false, B, T);
 }
 static inline size_t gpt_cpu_head_acts(const gpt_config *c, size_t B, size_t T) {
     return gpt_head_acts_size(c, GPT_ACT, B, T) + gpt_head_acts_size(c, GPT_STAT, B, T);
@@ -660,11 +695,12 @@ static inline gpt_block_acts gpt_block_acts_view(const gpt_t *m, int layer) {
     gpt_block_acts a = {0};
     gpt_real **slot[GPT_BLOCK_ACTS] = {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.att, NULL, &a.atty, &a.res2,
                                        &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.fch, &a.fch_gelu, &a.res3};
-    gpt_real *cur = m->acts + gpt_cpu_head_acts(&m->cfg, B, T) + (size_t)layer * gpt_cpu_block_acts(&m->cfg, B, T);
+    gpt_real *cur = m->acts + gpt_cpu_head_acts(&m->cfg, B, T) +
+                    (size_t)(layer - m->stage.first) * gpt_cpu_block_acts(&m->cfg, m->tp, B, T);
     for (int i = 0; i < GPT_BLOCK_ACTS; i++) {
         if (!gpt_block_act_kept(i, false)) continue;
         *slot[i] = cur;
-        cur += gpt_block_act_size(&m->cfg, i, B, T);
+        cur += gpt_block_act_size_tp(&m->cfg, m->tp, i, B, T);
     }
     return a;
 }
@@ -680,7 +716,7 @@ static inline gpt_head_acts gpt_head_acts_view(const gpt_t *m) {
         *slot[i] = cur;
         cur += gpt_head_act_size(&m->cfg, i, B, T);
     }
-    h.logits = cur + (size_t)m->cfg.n_layer * gpt_cpu_block_acts(&m->cfg, B, T);
+    h.logits = cur + (size_t)(m->stage.last - m->stage.first) * gpt_cpu_block_acts(&m->cfg, m->tp, B, T);
     return h;
 }
 
@@ -693,17 +729,18 @@ static inline gpt_grad_acts gpt_grad_acts_view(const gpt_t *m) {
     gpt_real *cur = m->grad_acts;
     for (int i = 0; i < GPT_GRAD_ACTS; i++) {
         *slot[i] = cur;
-        cur += (size_t)gpt_grad_acts_channels[i] * m->B * m->T * m->cfg.n_embd;
+        cur += gpt_grad_act_size_tp(&m->cfg, m->tp, i, (size_t)m->B, (size_t)m->T);
     }
     return g;
 }
 
 // Makes room for a batch of B sequences of T tokens (grows, never shrinks).
+// Only the last stage of a pipeline computes logits.
 static inline void gpt_ensure_acts(gpt_t *m, int B, int T) {
-    size_t N = (size_t)B * T, L = (size_t)m->cfg.n_layer;
-    size_t acts = gpt_cpu_head_acts(&m->cfg, B, T) + L * gpt_cpu_block_acts(&m->cfg, B, T) +
-                  N * (size_t)m->cfg.vocab_size;
-    size_t grad_acts = gpt_grad_acts_size(&m->cfg, B, T);
+    size_t N = (size_t)B * T, L = (size_t)(m->stage.last - m->stage.first);
+    size_t acts = gpt_cpu_head_acts(&m->cfg, B, T) + L * gpt_cpu_block_acts(&m->cfg, m->tp, B, T) +
+                  (m->stage.head ? N * (size_t)m->cfg.vocab_size : 0);
+    size_t grad_acts = gpt_grad_acts_size_tp(&m->cfg, m->tp, B, T);
     if (acts > m->acts_capacity) {
         free(m->acts);
         m->acts = xmalloc(sizeof(gpt_real) * acts);
@@ -711,21 +748,32 @@ static inline void gpt_ensure_acts(gpt_t *m, int B, int T) {
     }
     if (grad_acts > m->grads_capacity) {
         free(m->grad_acts);
-        free(m->inputs);
-        free(m->targets);
         m->grad_acts = xmalloc(sizeof(gpt_real) * grad_acts);
         m->grads_capacity = grad_acts;
+    }
+    if (N > m->tokens_capacity) {
+        free(m->inputs);
+        free(m->targets);
         m->inputs = xmalloc(sizeof(uint16_t) * N);
         m->targets = xmalloc(sizeof(uint16_t) * N);
+        m->tokens_capacity = N;
     }
     m->B = B, m->T = T;
 }
+
+// A shard of a block, split over tensor-parallel ranks (section 9).
+static inline void gpt_tp_block_forward(gpt_t *m, int layer, gpt_real *params, const gpt_real *x, gpt_real *scratch);
+static inline void gpt_tp_block_backward(gpt_t *m, int layer, gpt_real *params, gpt_real *grads);
 
 // One transformer block, pre-LayerNorm (as GPT-2):
 //     res2 = x    + attn(ln_1(x))
 //     res3 = res2 + mlp(ln_2(res2)),   mlp(z) = c_proj(gelu(c_fc(z)))
 // `params` is the block's part of the parameters (gpt_block_view).
 static inline void gpt_block_forward(gpt_t *m, int layer, gpt_real *params, const gpt_real *x, gpt_real *scratch) {
+    if (m->tp > 1) { // this model holds a shard of the block (chapter 10)
+        gpt_tp_block_forward(m, layer, params, x, scratch);
+        return;
+    }
     int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T;
     gpt_block p = gpt_block_view(m, params, layer);
     gpt_block_acts a = gpt_block_acts_view(m, layer);
@@ -752,7 +800,7 @@ static inline void gpt_check_tokens(const gpt_t *m, const uint16_t *tokens, size
 // model's flat arrays from where the bucket starts, unless the hook points
 // them elsewhere (gpt_layout.h, section 3).
 static inline void gpt_bucket_begin(gpt_t *m, gpt_bucket_event event, int bucket, gpt_real **params, gpt_real **grads) {
-    size_t start = gpt_layout_bucket(&m->cfg, bucket).offset;
+    size_t start = gpt_bucket_start(m, bucket);
     *params = m->params ? m->params + start : NULL;
     if (grads) *grads = m->grads ? m->grads + start : NULL;
     if (m->hook) m->hook(m->hook_user, event, bucket, params, grads);
@@ -763,34 +811,55 @@ static inline void gpt_bucket_end(gpt_t *m, gpt_bucket_event event, int bucket) 
     if (m->hook) m->hook(m->hook_user, event, bucket, NULL, NULL);
 }
 
-// The residual input of block `layer`: the embeddings, or the previous block's output.
+// The residual input of block `layer`: the embeddings, or the previous
+// block's output. A pipeline stage's first block reads the `encoded` slot
+// too, where the previous stage's output was received (gpt_stage_input).
 static inline gpt_real *gpt_block_input(const gpt_t *m, int layer) {
-    return layer == 0 ? gpt_head_acts_view(m).encoded : gpt_block_acts_view(m, layer - 1).res3;
+    return layer == m->stage.first ? gpt_head_acts_view(m).encoded : gpt_block_acts_view(m, layer - 1).res3;
 }
 
 // inputs, targets: B rows of T tokens. Returns the mean cross-entropy, or
 // -1 when targets is NULL; then m->acts holds the logits (gpt_logits).
+// A pipeline stage (gpt_init_stage) computes its part only: the first
+// stage embeds the inputs; the others take no tokens (inputs NULL) and
+// start from the previous stage's output, received into gpt_stage_input;
+// only the last computes logits and the loss, the others return -1 and
+// leave their output in gpt_stage_output.
 static inline float gpt_forward(gpt_t *m, const uint16_t *inputs, const uint16_t *targets, int B, int T) {
     if (B < 1 || T < 1 || T > m->cfg.block_size)
         die("gpt_forward: batch %d x %d tokens does not fit the model (block_size %d)", B, T, m->cfg.block_size);
+    if ((inputs != NULL) != m->stage.embedding || (targets && !m->stage.head))
+        die("gpt_forward: stage %d of %d takes %s", m->stage.index, m->stage.count,
+            m->stage.embedding ? "input tokens" : "no input tokens, and targets only if it is the last");
     size_t N = (size_t)B * T;
-    gpt_check_tokens(m, inputs, N, "input");
+    if (inputs) gpt_check_tokens(m, inputs, N, "input");
     if (targets) gpt_check_tokens(m, targets, N, "target");
     gpt_ensure_acts(m, B, T);
-    memcpy(m->inputs, inputs, sizeof(uint16_t) * N);
+    if (inputs) memcpy(m->inputs, inputs, sizeof(uint16_t) * N);
     if (targets) memcpy(m->targets, targets, sizeof(uint16_t) * N);
-    m->have_targets = targets != NULL;
+    // The last stage's backward pass starts from the targets; another
+    // stage's from the gradient the next stage sends.
+    m->have_targets = targets != NULL || !m->stage.head;
 
-    int C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->cfg.n_layer, emb = gpt_bucket_embeddings(&m->cfg);
+    int C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->stage.last, emb = gpt_bucket_embeddings(&m->cfg);
     gpt_head_acts h = gpt_head_acts_view(m);
-    gpt_real *embeddings, *block, *ln_f;
-    gpt_bucket_begin(m, GPT_FORWARD_BEGIN, emb, &embeddings, NULL);
-    gpt_real *wte = gpt_tensor_in(m, embeddings, emb, 0), *wpe = gpt_tensor_in(m, embeddings, emb, 1);
-    encoder_forward(h.encoded, m->inputs, wte, wpe, B, T, C);
-    for (int l = 0; l < L; l++) {
+    gpt_real *embeddings = NULL, *block, *ln_f, *wte = NULL;
+    // The embeddings' bucket: the encoder reads wte and wpe, the LM head wte
+    // again (tied weights), on the first and the last stage of a pipeline.
+    bool embedding_bucket = m->stage.embedding || m->stage.head;
+    if (embedding_bucket) {
+        gpt_bucket_begin(m, GPT_FORWARD_BEGIN, emb, &embeddings, NULL);
+        wte = gpt_tensor_in(m, embeddings, emb, 0);
+    }
+    if (m->stage.embedding) encoder_forward(h.encoded, m->inputs, wte, gpt_tensor_in(m, embeddings, emb, 1), B, T, C);
+    for (int l = m->stage.first; l < L; l++) {
         gpt_bucket_begin(m, GPT_FORWARD_BEGIN, gpt_bucket_of_block(&m->cfg, l), &block, NULL);
         gpt_block_forward(m, l, block, gpt_block_input(m, l), h.scratch);
         gpt_bucket_end(m, GPT_FORWARD_END, gpt_bucket_of_block(&m->cfg, l));
+    }
+    if (!m->stage.head) {
+        if (embedding_bucket) gpt_bucket_end(m, GPT_FORWARD_END, emb);
+        return m->last_loss = -1.0f;
     }
     int lnf = gpt_ln_f_tensor(&m->cfg);
     gpt_bucket_begin(m, GPT_FORWARD_BEGIN, GPT_BUCKET_LN_F, &ln_f, NULL);
@@ -812,6 +881,10 @@ static inline const gpt_real *gpt_logits(const gpt_t *m, int b, int t) {
 // On entry g.dres is d(loss)/d(res3); on return d(loss)/d(x). params and
 // grads are the block's parts of the parameters and gradients.
 static inline void gpt_block_backward(gpt_t *m, int layer, gpt_real *params, gpt_real *grads) {
+    if (m->tp > 1) {
+        gpt_tp_block_backward(m, layer, params, grads);
+        return;
+    }
     int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T;
     gpt_block p = gpt_block_view(m, params, layer), d = gpt_block_view(m, grads, layer);
     gpt_block_acts a = gpt_block_acts_view(m, layer);
@@ -835,31 +908,40 @@ static inline void gpt_block_backward(gpt_t *m, int layer, gpt_real *params, gpt
 // Adds grad_scale * d(mean loss of the last forward)/d(parameters) to m->grads.
 // grad_scale is 1 for a plain step and 1/k when k micro-batches accumulate.
 // The logits buffer is consumed: call gpt_forward again before another backward.
+// A pipeline stage other than the last starts from d(loss)/d(its output),
+// which the next stage sent into gpt_stage_grad (grad_scale is in it
+// already); a stage other than the first ends with d(loss)/d(its input)
+// there, for the previous stage.
 static inline void gpt_backward(gpt_t *m, float grad_scale) {
     if (!m->have_targets) die("gpt_backward needs a gpt_forward with targets just before it");
     m->have_targets = false;
-    int B = m->B, T = m->T, C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->cfg.n_layer, N = B * T;
+    int B = m->B, T = m->T, C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->stage.last, N = B * T;
     int emb = gpt_bucket_embeddings(&m->cfg), lnf = gpt_ln_f_tensor(&m->cfg), F = GPT_BUCKET_LN_F;
     gpt_head_acts h = gpt_head_acts_view(m);
     gpt_grad_acts g = gpt_grad_acts_view(m);
-    gpt_real *embeddings, *dembeddings, *ln_f, *dln_f, *block, *dblock;
-    gpt_bucket_begin(m, GPT_BACKWARD_BEGIN, F, &ln_f, &dln_f);
-    gpt_bucket_begin(m, GPT_BACKWARD_BEGIN, emb, &embeddings, &dembeddings);
-    gpt_real *wte = gpt_tensor_in(m, embeddings, emb, 0), *dwte = gpt_tensor_in(m, dembeddings, emb, 0);
+    gpt_real *embeddings = NULL, *dembeddings = NULL, *ln_f = NULL, *dln_f = NULL, *block, *dblock, *wte = NULL, *dwte = NULL;
+    bool embedding_bucket = m->stage.embedding || m->stage.head;
+    if (m->stage.head) gpt_bucket_begin(m, GPT_BACKWARD_BEGIN, F, &ln_f, &dln_f);
+    if (embedding_bucket) {
+        gpt_bucket_begin(m, GPT_BACKWARD_BEGIN, emb, &embeddings, &dembeddings);
+        wte = gpt_tensor_in(m, embeddings, emb, 0), dwte = gpt_tensor_in(m, dembeddings, emb, 0);
+    }
 
-    crossentropy_backward(h.logits, m->targets, N, V, (gpt_real)grad_scale / N);
-    matmul_backward(g.dtmp, dwte, NULL, h.logits, h.lnf, wte, N, C, V); // LM head: adds into dwte
-    memset(g.dres, 0, sizeof(gpt_real) * (size_t)N * C);
-    layernorm_backward(g.dres, gpt_tensor_in(m, dln_f, F, lnf), gpt_tensor_in(m, dln_f, F, lnf + 1), g.dtmp,
-                       gpt_block_input(m, L), gpt_tensor_in(m, ln_f, F, lnf), h.lnf_mean, h.lnf_rstd, N, C);
-    gpt_bucket_end(m, GPT_BACKWARD_END, F);
-    for (int l = L - 1; l >= 0; l--) {
+    if (m->stage.head) {
+        crossentropy_backward(h.logits, m->targets, N, V, (gpt_real)grad_scale / N);
+        matmul_backward(g.dtmp, dwte, NULL, h.logits, h.lnf, wte, N, C, V); // LM head: adds into dwte
+        memset(g.dres, 0, sizeof(gpt_real) * (size_t)N * C);
+        layernorm_backward(g.dres, gpt_tensor_in(m, dln_f, F, lnf), gpt_tensor_in(m, dln_f, F, lnf + 1), g.dtmp,
+                           gpt_block_input(m, L), gpt_tensor_in(m, ln_f, F, lnf), h.lnf_mean, h.lnf_rstd, N, C);
+        gpt_bucket_end(m, GPT_BACKWARD_END, F);
+    }
+    for (int l = L - 1; l >= m->stage.first; l--) {
         gpt_bucket_begin(m, GPT_BACKWARD_BEGIN, gpt_bucket_of_block(&m->cfg, l), &block, &dblock);
         gpt_block_backward(m, l, block, dblock);
         gpt_bucket_end(m, GPT_BACKWARD_END, gpt_bucket_of_block(&m->cfg, l));
     }
-    encoder_backward(dwte, gpt_tensor_in(m, dembeddings, emb, 1), g.dres, m->inputs, B, T, C);
-    gpt_bucket_end(m, GPT_BACKWARD_END, emb);
+    if (m->stage.embedding) encoder_backward(dwte, gpt_tensor_in(m, dembeddings, emb, 1), g.dres, m->inputs, B, T, C);
+    if (embedding_bucket) gpt_bucket_end(m, GPT_BACKWARD_END, emb);
 }
 
 static inline void gpt_zero_grad(gpt_t *m) { memset(m->grads, 0, sizeof(gpt_real) * m->num_params); }
@@ -867,26 +949,110 @@ static inline void gpt_zero_grad(gpt_t *m) { memset(m->grads, 0, sizeof(gpt_real
 static inline void gpt_free(gpt_t *m) {
     free(m->params), free(m->grads), free(m->adam_m), free(m->adam_v), free(m->tensors);
     free(m->acts), free(m->grad_acts), free(m->inputs), free(m->targets);
+    for (int k = 0; k < m->num_slots; k++)
+        if (k != m->slot) free(m->slots[k].acts), free(m->slots[k].inputs), free(m->slots[k].targets);
+    free(m->slots);
     memset(m, 0, sizeof *m);
 }
 
+// --- a pipeline stage (chapter 11)
+//
+// A gpt_t may hold one stage of a pipeline (gpt_layout.h, section 6): the
+// table, the flat arrays and the loops cover its blocks and ends only, and
+// block numbers stay the whole model's.
+
+// A stage is made from the whole model by gpt_init_part (section 9: a
+// stage of tensor-parallel shards too), and its arrays go back into the
+// whole model's with gpt_shard_copy, tensor by tensor.
+
+// A stage keeps the activations of several micro-batches at once: slot k
+// holds one micro-batch's forward pass until its backward pass has used
+// it. gpt_use_slot(m, k) makes slot k the one gpt_forward writes and
+// gpt_backward reads. A slot's buffers are allocated by the first forward
+// pass that uses it, so the memory a schedule takes is the slots it uses.
+static inline void gpt_use_slot(gpt_t *m, int k) {
+    if (k < 0 || k > 4096) die("gpt_use_slot: slot %d", k);
+    if (!m->slots) m->slots = xcalloc(1, sizeof(gpt_slot)), m->num_slots = 1, m->slot = 0;
+    if (k >= m->num_slots) {
+        m->slots = realloc(m->slots, sizeof(gpt_slot) * (size_t)(k + 1));
+        if (!m->slots) die("out of memory for %d activation slots", k + 1);
+        memset(m->slots + m->num_slots, 0, sizeof(gpt_slot) * (size_t)(k + 1 - m->num_slots));
+        m->num_slots = k + 1;
+    }
+    if (k == m->slot) return;
+    gpt_slot *away = &m->slots[m->slot], *next = &m->slots[k];
+    *away = (gpt_slot){.acts = m->acts, .inputs = m->inputs, .targets = m->targets, .acts_capacity = m->acts_capacity,
+                       .tokens_capacity = m->tokens_capacity, .B = m->B, .T = m->T, .have_targets = m->have_targets};
+    m->acts = next->acts, m->inputs = next->inputs, m->targets = next->targets;
+    m->acts_capacity = next->acts_capacity, m->tokens_capacity = next->tokens_capacity;
+    m->B = next->B, m->T = next->T, m->have_targets = next->have_targets;
+    m->slot = k;
+}
+
+// Bytes of activations allocated, in every slot: what the micro-batches in
+// flight cost a stage.
+static inline size_t gpt_slot_bytes(const gpt_t *m) {
+    size_t bytes = m->acts_capacity * sizeof(gpt_real) + 2 * m->tokens_capacity * sizeof(uint16_t);
+    for (int k = 0; k < m->num_slots; k++)
+        if (k != m->slot)
+            bytes += m->slots[k].acts_capacity * sizeof(gpt_real) + 2 * m->slots[k].tokens_capacity * sizeof(uint16_t);
+    return bytes;
+}
+
+// What neighbouring stages send each other, B x T x C numbers each: this
+// stage's input (where the previous stage's output is received, before
+// gpt_forward of a batch of B x T), its output (after gpt_forward), and
+// the gradient of the residual stream - before gpt_backward d(loss)/d(the
+// output), received from the next stage; after it d(loss)/d(the input),
+// for the previous stage.
+static inline gpt_real *gpt_stage_input(gpt_t *m, int B, int T) {
+    gpt_ensure_acts(m, B, T);
+    return gpt_head_acts_view(m).encoded;
+}
+static inline gpt_real *gpt_stage_output(const gpt_t *m) { return gpt_block_acts_view(m, m->stage.last - 1).res3; }
+static inline gpt_real *gpt_stage_grad(const gpt_t *m) { return gpt_grad_acts_view(m).dres; }
+
 // ===================================================================== 6. optimizer
 
-// Scales the gradients down when their global L2 norm exceeds max_norm
-// (max_norm <= 0: never). Returns the norm before clipping. One bad batch
-// then cannot throw the weights far. With data parallelism call it after
-// the all-reduce, so every rank clips the same averaged gradient.
-static inline float gpt_clip_grad_norm(gpt_t *m, float max_norm) {
+// The sum of the squares of the gradients [from, num_params). In a
+// tensor-parallel shard: those of the split tensors, plus those of the
+// replicated ones when `replicated` (the ranks of the tp group hold the
+// same replicated gradients: one of them counts them).
+static inline double gpt_grad_square_sum(const gpt_t *m, size_t from, bool replicated) {
     double sum = 0;
+    if (gpt_tp_ways(m->tp) == 1) {
 #pragma omp parallel for reduction(+ : sum)
-    for (size_t i = 0; i < m->num_params; i++) sum += (double)m->grads[i] * m->grads[i];
-    double norm = sqrt(sum);
+        for (size_t i = from; i < m->num_params; i++) sum += (double)m->grads[i] * m->grads[i];
+        return sum;
+    }
+    for (int t = 0; t < m->num_tensors; t++) {
+        const gpt_tensor *ten = &m->tensors[t];
+        if (ten->offset < from || (!replicated && ten->split == GPT_REPLICATED)) continue;
+#pragma omp parallel for reduction(+ : sum)
+        for (size_t i = ten->offset; i < ten->offset + ten->count; i++) sum += (double)m->grads[i] * m->grads[i];
+    }
+    return sum;
+}
+
+// Clips to max_norm the gradients whose squares sum to square_sum - here,
+// or over the stages of a pipeline, each adding its own (chapter 11).
+// Returns the norm.
+static inline float gpt_clip_grads(gpt_t *m, double square_sum, float max_norm) {
+    double norm = sqrt(square_sum);
     if (max_norm > 0 && norm > max_norm) {
         gpt_real s = (gpt_real)(max_norm / (norm + 1e-6));
 #pragma omp parallel for
         for (size_t i = 0; i < m->num_params; i++) m->grads[i] *= s;
     }
     return (float)norm;
+}
+
+// Scales the gradients down when their global L2 norm exceeds max_norm
+// (max_norm <= 0: never). Returns the norm before clipping. One bad batch
+// then cannot throw the weights far. With data parallelism call it after
+// the all-reduce, so every rank clips the same averaged gradient.
+static inline float gpt_clip_grad_norm(gpt_t *m, float max_norm) {
+    return gpt_clip_grads(m, gpt_grad_square_sum(m, 0, true), max_norm);
 }
 
 // AdamW (Loshchilov & Hutter), as torch.optim.AdamW, on the parameters
@@ -1097,6 +1263,154 @@ static inline bool gpt_load_safetensors(gpt_t *m, const char *path, char *err, s
     safetensors_release(&f);
     if (!ok) return gpt_fail(err, errlen, path, why);
     return true;
+}
+
+// ===================================================================== 9. tensor parallelism
+//
+// Chapter 10 splits every block over tp ranks (gpt_layout.h, section 5,
+// says how and why): each rank's model is a gpt_t with m->tp = tp whose
+// table (gpt_layout_params_tp) holds the rank's shard of each split tensor
+// and all of each replicated one. Everything else - the flat arrays,
+// zero_grad, AdamW, the buckets - works on the shard as on a whole model;
+// only a block's two passes and the gradient norm differ, below.
+
+// Copies between an array of the whole model (`full`: parameters, or an
+// AdamW moment) and the same array of rank `rank`'s shard (`shard`, laid
+// out as m's table): into the shard when to_shard, else the shard's part
+// of `full` from it. Called for every rank of the group with its shard,
+// the second way assembles the whole model. (A pipeline stage's table
+// leaves out the tensors of the other stages: empty, they are skipped.)
+static inline void gpt_shard_copy(const gpt_t *m, int rank, gpt_real *full, gpt_real *shard, bool to_shard) {
+    gpt_tensor *whole = xcalloc((size_t)m->num_tensors, sizeof(gpt_tensor));
+    gpt_layout_params(&m->cfg, whole);
+    for (int t = 0; t < m->num_tensors; t++)
+        if (m->tensors[t].count > 0)
+            gpt_tensor_shard_copy(&whole[t], &m->tensors[t], m->cfg.n_embd, m->tp, rank, full, shard, sizeof(gpt_real),
+                              to_shard);
+    free(whole);
+}
+
+// The part of `full` (a whole model: its parameters and, when it has
+// them, its AdamW moments and step) that rank `rank` of tp holds of
+// pipeline stage `stage` (chapter 11; gpt_stage_of(c, 0, 1): all blocks).
+static inline void gpt_init_part(gpt_t *m, const gpt_t *full, gpt_stage stage, int tp, int rank) {
+    const char *problem = gpt_tp_problem(&full->cfg, tp);
+    if (problem) die("cannot split the model over %d ranks: %s (n_head %d)", tp, problem, full->cfg.n_head);
+    if (rank < 0 || rank >= gpt_tp_ways(tp)) die("gpt_init_part: rank %d of %d", rank, tp);
+    memset(m, 0, sizeof *m);
+    m->cfg = full->cfg;
+    m->stage = stage;
+    m->tp = tp;
+    gpt_build_table(m);
+    m->params = xmalloc(sizeof(gpt_real) * m->num_params);
+    m->grads = xcalloc(m->num_params, sizeof(gpt_real));
+    gpt_shard_copy(m, rank, full->params, m->params, true);
+    m->adam_step = full->adam_step;
+    if (full->adam_m) {
+        m->adam_m = xmalloc(sizeof(gpt_real) * m->num_params);
+        m->adam_v = xmalloc(sizeof(gpt_real) * m->num_params);
+        gpt_shard_copy(m, rank, full->adam_m, m->adam_m, true);
+        gpt_shard_copy(m, rank, full->adam_v, m->adam_v, true);
+    }
+}
+
+// The shard of `full` that rank `rank` of tp holds: every block's part.
+static inline void gpt_init_shard(gpt_t *m, const gpt_t *full, int tp, int rank) {
+    gpt_init_part(m, full, gpt_stage_of(&full->cfg, 0, 1), tp, rank);
+}
+
+// The sum over the tp ranks, in place: the training program's all-reduce.
+static inline void gpt_tp_sum(gpt_t *m, gpt_real *buf, size_t count) {
+    if (!m->tp_all_reduce) die("a tensor-parallel model (tp %d) needs tp_all_reduce, the all-reduce over its ranks", m->tp);
+    m->tp_all_reduce(m->tp_user, buf, count);
+}
+
+// out = a + (b + bias): the residual add, with the row-parallel layer's
+// bias added once to the all-reduced sum b.
+static inline void residual_bias_forward(gpt_real *out, const gpt_real *a, const gpt_real *b, const gpt_real *bias,
+                                         int N, int C) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const gpt_real *an = a + (size_t)n * C, *bn = b + (size_t)n * C;
+        gpt_real *o = out + (size_t)n * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) o[c] = an[c] + (bn[c] + bias[c]);
+    }
+}
+
+// The block of gpt_block_forward on this rank's shard. Cs = C/tp channels
+// of heads (NH/tp heads of C/NH channels), H = 4C/tp hidden units. The
+// replicated layers run whole on every rank, on the same numbers; the two
+// row-parallel layers write partial sums, which the ranks add up (g).
+static inline void gpt_tp_block_forward(gpt_t *m, int layer, gpt_real *params, const gpt_real *x, gpt_real *scratch) {
+    int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T, Cs = C / m->tp, H = 4 * C / m->tp;
+    gpt_block p = gpt_block_view(m, params, layer);
+    gpt_block_acts a = gpt_block_acts_view(m, layer);
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, N, C);
+    matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * Cs);      // column-parallel: my heads' q, k, v
+    attention_forward(a.atty, a.att, a.qkv, B, T, Cs, m->cfg.n_head / m->tp);
+    matmul_forward(scratch, a.atty, p.attproj_w, NULL, N, Cs, C);       // row-parallel: a partial sum
+    gpt_tp_sum(m, scratch, (size_t)N * C);                              // g: all-reduce
+    residual_bias_forward(a.res2, x, scratch, p.attproj_b, N, C);
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, N, C);
+    matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, H);              // column-parallel: my hidden units
+    gelu_forward(a.fch_gelu, a.fch, (size_t)N * H);
+    matmul_forward(scratch, a.fch_gelu, p.fcproj_w, NULL, N, H, C);     // row-parallel
+    gpt_tp_sum(m, scratch, (size_t)N * C);                              // g
+    residual_bias_forward(a.res3, a.res2, scratch, p.fcproj_b, N, C);
+}
+
+// The block of gpt_block_backward on this rank's shard. dres, the residual
+// stream's gradient, is the same on every rank, so the replicated
+// parameters' gradients (the LayerNorms', the row-parallel biases') come
+// out the same everywhere. A column-parallel layer's input gradient is
+// only this rank's part (through its own heads or units): the ranks add
+// them up (f) before the LayerNorm below it.
+static inline void gpt_tp_block_backward(gpt_t *m, int layer, gpt_real *params, gpt_real *grads) {
+    int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T, Cs = C / m->tp, H = 4 * C / m->tp;
+    gpt_block p = gpt_block_view(m, params, layer), d = gpt_block_view(m, grads, layer);
+    gpt_block_acts a = gpt_block_acts_view(m, layer);
+    gpt_grad_acts g = gpt_grad_acts_view(m);
+    const gpt_real *x = gpt_block_input(m, layer);
+
+    matmul_backward(g.dhidden, d.fcproj_w, d.fcproj_b, g.dres, a.fch_gelu, p.fcproj_w, N, H, C);
+    gelu_backward(g.dhidden, a.fch, g.dhidden, (size_t)N * H);
+    matmul_backward(g.dtmp, d.fc_w, d.fc_b, g.dhidden, a.ln2, p.fc_w, N, C, H);
+    gpt_tp_sum(m, g.dtmp, (size_t)N * C);                               // f: all-reduce
+    layernorm_backward(g.dres, d.ln2_w, d.ln2_b, g.dtmp, a.res2, p.ln2_w, a.ln2_mean, a.ln2_rstd, N, C);
+
+    matmul_backward(g.dtmp, d.attproj_w, d.attproj_b, g.dres, a.atty, p.attproj_w, N, Cs, C);
+    attention_backward(g.dqkv, g.dtmp, a.qkv, a.att, B, T, Cs, m->cfg.n_head / m->tp);
+    matmul_backward(g.dtmp, d.qkv_w, d.qkv_b, g.dqkv, a.ln1, p.qkv_w, N, C, 3 * Cs);
+    gpt_tp_sum(m, g.dtmp, (size_t)N * C);                               // f
+    layernorm_backward(g.dres, d.ln1_w, d.ln1_b, g.dtmp, x, p.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
+}
+
+// gpt_clip_grad_norm for a shard: the model's norm adds the squares of
+// every rank's split tensors (sum_over_tp: the sum of one double over the
+// tp ranks, in place) and those of the replicated ones once (every rank
+// holds the same). Every rank gets the same norm and clips the same way.
+// The whole model (tp 1) is gpt_clip_grad_norm's, to the bit.
+static inline float gpt_clip_grad_norm_tp(gpt_t *m, float max_norm, void (*sum_over_tp)(void *user, double *value),
+                                          void *user) {
+    if (m->tp <= 1) return gpt_clip_grad_norm(m, max_norm);
+    double split = 0, replicated = 0;
+    for (int t = 0; t < m->num_tensors; t++) {
+        const gpt_tensor *ten = &m->tensors[t];
+        double sum = 0;
+#pragma omp parallel for reduction(+ : sum)
+        for (size_t i = ten->offset; i < ten->offset + ten->count; i++) sum += (double)m->grads[i] * m->grads[i];
+        if (ten->split == GPT_REPLICATED) replicated += sum;
+        else split += sum;
+    }
+    sum_over_tp(user, &split);
+    double norm = sqrt(split + replicated);
+    if (max_norm > 0 && norm > max_norm) {
+        gpt_real s = (gpt_real)(max_norm / (norm + 1e-6));
+#pragma omp parallel for
+        for (size_t i = 0; i < m->num_params; i++) m->grads[i] *= s;
+    }
+    return (float)norm;
 }
 
 #endif

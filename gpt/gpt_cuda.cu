@@ -13,6 +13,8 @@
 //   6. the model: memory plan, forward, backward with bucket callbacks
 //   7. the optimizer: gradient norm, clipping, AdamW
 //   8. copies to and from the host, and one-layer entry points for tests
+//   9. tensor parallelism: a shard of each block (chapter 10)
+//  10. the training step as one CUDA graph: captured once, replayed
 //
 // Precision. Templates take the activation type Act: float (fp32 mode,
 // the reference) or __nv_bfloat16 (bf16 mode). Whatever Act is:
@@ -950,6 +952,12 @@ static size_t head_pad(const gpt_config *c) {
     return (size_t)(padded_vocab(c->vocab_size) - c->vocab_size) * c->n_embd;
 }
 
+// What changes from step to step but must not change a CUDA graph of the
+// step (section 10): the host writes it into device memory before each replay.
+typedef struct {
+    float lr, c1, c2; // AdamW's learning rate and bias corrections 1 - beta^t of this step
+} step_scalars;
+
 // The numbers a training step produces for the host - the loss and the
 // gradient norm - stay in device memory, in this struct, where kernels
 // write them. The host reads them only when it asks (gpt_cuda_loss,
@@ -960,6 +968,8 @@ typedef struct {
     float loss;       // the mean loss of the last forward pass with targets
     float grad_norm;  // from the last gpt_cuda_clip_grad_norm
     float clip_scale; // 1, or max_norm / norm when clipping: the next AdamW multiplies the gradients by it
+    step_scalars step; // graph steps: this step's AdamW scalars, copied in before the graph's launch
+    double square_sum; // a pipeline stage's sum of squared gradients (gpt_cuda_grad_square_sum)
 } device_scalars;
 
 // Which attention a model uses: the flash kernels (the default), or the
@@ -986,8 +996,20 @@ static bool use_flash(const gpt_config *c) {
 // depends on the path: the probabilities (cuBLAS) or the log-sum-exps (flash).
 static size_t head_stats(const gpt_config *c, size_t N) { return gpt_head_acts_size(c, GPT_STAT, N, 1) + N; }
 
+// A pipeline stage keeps the activations of several micro-batches, one
+// slot each (gpt_cuda_use_slot): the buffers of the slots not in use wait
+// here. The slot in use is acts, stats, logits, inputs and targets below.
+typedef struct {
+    void *acts;
+    float *stats, *logits;
+    uint16_t *inputs;
+    int B, T;
+    bool have_targets;
+} cuda_slot;
+
 struct gpt_cuda {
     gpt_config cfg;
+    gpt_stage stage;  // the blocks and ends held here (gpt_layout.h, section 6)
     bool bf16_mode;
     bool flash;       // the attention path (use_flash)
     int max_B, max_T; // what the buffers were sized for
@@ -1021,16 +1043,32 @@ struct gpt_cuda {
     int num_buckets;
     gpt_bucket *buckets;
     cudaEvent_t *bucket_events;
+    void *grads_bf16;          // --grad_compress bf16: what the buckets travel in (first use)
 
     int adam_step;
     bool have_targets, have_loss, have_norm;
     size_t allocated;
+    struct step_graph *graph; // section 10: the captured step (NULL until the first gpt_cuda_graph_step)
+
+    // Tensor parallelism (section 9): this model is a shard of each block
+    // over tp ranks (1: the whole model), and adds up partial sums across
+    // them with the caller's tp_all_reduce.
+    int tp;
+    gpt_cuda_tp_fn tp_all_reduce;
+    void *tp_user;
+    unsigned char *chunk_split; // device, per AdamW chunk: 1 if its tensor is split (gradient norm)
+    double *tp_norm;            // device: 2 partial sums per norm block, then the two sums
+
+    cuda_slot *slots; // pipeline stages: the slots not in use; NULL otherwise
+    int num_slots, slot;
+    size_t slot_bytes; // the device memory of one slot
 
     // Sharded training (chapter 09; gpt_cuda_create_keeping): what of the
     // training state this model holds, and the hook that gives it the rest
     // bucket by bucket. Without a flat parameter array a bf16 model makes
     // bf16 copies of a bucket's weights as it computes it: of the
     // embeddings (head_pad zeros, then wte: the LM head) and of one block.
+    // A sharded model is always a whole model (no stages, tp 1).
     bool keeps_params, keeps_grads, keeps_adam;
     gpt_cuda_bucket_hook hook;
     void *hook_user;
@@ -1042,6 +1080,22 @@ struct gpt_cuda {
     double *sum_squares;              // device: gpt_cuda_sum_squares's result
 };
 
+// Section 9's graph of a training step, and what it was captured for.
+typedef struct {
+    int B, T;
+    float max_norm, beta1, beta2, eps, weight_decay;
+} step_graph_shape;
+
+struct step_graph {
+    cudaGraphExec_t exec;   // NULL until the first capture
+    step_graph_shape shape; // what the capture baked into the kernels' arguments
+    size_t nodes;           // operations the graph holds
+    bool capturing;         // between cudaStreamBeginCapture and cudaStreamEndCapture
+    step_scalars *host;     // pinned: the next step's scalars, copied to scalars->step
+    cudaEvent_t copied;     // that copy has run: host may be refilled
+};
+static void step_graph_free(struct step_graph *sg);
+
 // --- the memory plan: gpt_cuda_memory_needed and gpt_cuda_create share it.
 typedef struct {
     size_t params, grads, adam, params_lp, acts, stats, logits, dlogits, scores, dscores, grad_acts, tokens,
@@ -1052,26 +1106,31 @@ typedef struct {
 typedef struct {
     bool params, grads, adam;
 } state_kept;
+static const state_kept keep_all = {true, true, true};
 
 static const int NORM_BLOCKS = 264; // two per SM of an H100: enough to fill it, few partials to add
 
-static memory_plan plan_memory(const gpt_config *c, int B, int T, bool use_bf16, bool flash, size_t num_params,
-                               state_kept keep) {
-    size_t N = (size_t)B * T, Vp = (size_t)padded_vocab(c->vocab_size);
-    size_t L = (size_t)c->n_layer, act = use_bf16 ? 2 : 4;
-    size_t att = flash ? 0 : gpt_block_act_size(c, A_ATT, (size_t)B, (size_t)T);
-    size_t padded = num_params + head_pad(c);
+// A pipeline stage (s) plans for its blocks only, and only the last stage
+// for the logits and the LM head's padding; a tensor-parallel shard (tp)
+// for its part of each block; a sharded model (chapter 09) without the
+// state it does not keep.
+static memory_plan plan_memory(const gpt_config *c, const gpt_stage *s, int tp, int B, int T, bool use_bf16, bool flash,
+                               size_t num_params, state_kept keep) {
+    size_t N = (size_t)B * T, Vp = s->head ? (size_t)padded_vocab(c->vocab_size) : 0;
+    size_t L = (size_t)(s->last - s->first), act = use_bf16 ? 2 : 4;
+    size_t att = flash ? 0 : gpt_block_act_size_tp(c, tp, A_ATT, (size_t)B, (size_t)T);
+    size_t padded = num_params + (s->head ? head_pad(c) : 0);
     memory_plan p;
     p.params = p.grads = padded * 4;
     p.adam = 2 * num_params * 4;
     p.params_lp = use_bf16 ? padded * 2 : 0;
-    p.acts = (gpt_head_acts_size(c, GPT_ACT, N, 1) + L * gpt_block_acts_size(c, GPT_ACT, flash, (size_t)B, (size_t)T)) * act;
-    p.stats = (head_stats(c, N) + L * gpt_block_acts_size(c, GPT_STAT, flash, (size_t)B, (size_t)T)) * 4;
+    p.acts = (gpt_head_acts_size(c, GPT_ACT, N, 1) + L * gpt_block_acts_size_tp(c, tp, GPT_ACT, flash, (size_t)B, (size_t)T)) * act;
+    p.stats = (head_stats(c, N) + L * gpt_block_acts_size_tp(c, tp, GPT_STAT, flash, (size_t)B, (size_t)T)) * 4;
     p.logits = N * Vp * 4;
     p.dlogits = use_bf16 ? N * Vp * 2 : 0;
-    p.scores = flash ? (size_t)c->n_head * N * 4 : use_bf16 ? att * 4 : 0;
+    p.scores = flash ? gpt_block_act_size_tp(c, tp, A_ATT_LSE, (size_t)B, (size_t)T) * 4 : use_bf16 ? att * 4 : 0;
     p.dscores = att * act;
-    p.grad_acts = gpt_grad_acts_size(c, (size_t)B, (size_t)T) * act;
+    p.grad_acts = gpt_grad_acts_size_tp(c, tp, (size_t)B, (size_t)T) * act;
     p.tokens = 2 * N * sizeof(uint16_t);
     p.partials = NORM_BLOCKS * sizeof(double);
     p.scalars = sizeof(device_scalars);
@@ -1082,7 +1141,7 @@ static memory_plan plan_memory(const gpt_config *c, int B, int T, bool use_bf16,
     p.bucket_lp = 0;
     if (!keep.params) {
         p.params = p.params_lp = 0;
-        p.bucket_lp = use_bf16 ? (head_pad(c) + (size_t)c->vocab_size * c->n_embd + gpt_block_params(c)) * 2 : 0;
+        p.bucket_lp = use_bf16 ? (head_pad(c) + (size_t)c->vocab_size * c->n_embd + gpt_block_params_tp(c, tp)) * 2 : 0;
     }
     if (!keep.grads) p.grads = 0;
     if (!keep.adam) p.adam = p.chunks = 0;
@@ -1096,8 +1155,8 @@ static size_t plan_total(const memory_plan *p) {
 }
 
 extern "C" size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool use_bf16) {
-    state_kept all = {true, true, true};
-    memory_plan p = plan_memory(cfg, B, T, use_bf16, use_flash(cfg), gpt_num_params(cfg), all);
+    gpt_stage whole = gpt_stage_of(cfg, 0, 1);
+    memory_plan p = plan_memory(cfg, &whole, 1, B, T, use_bf16, use_flash(cfg), gpt_num_params(cfg), keep_all);
     return plan_total(&p);
 }
 
@@ -1134,12 +1193,14 @@ template <typename Act> static block_acts<Act> block_view(const gpt_cuda_t *g, i
                                  &a.fch, &a.fch_gelu, &a.res3};
     float **stat[GPT_BLOCK_ACTS] = {NULL, &a.ln1_mean, &a.ln1_rstd, NULL, NULL, &a.att_lse, NULL, NULL, NULL,
                                     &a.ln2_mean, &a.ln2_rstd, NULL, NULL, NULL};
+    size_t index = (size_t)(layer - g->stage.first); // a pipeline stage keeps its own blocks only
     Act *next_act = (Act *)g->acts + gpt_head_acts_size(&g->cfg, GPT_ACT, N, 1) +
-                    (size_t)layer * gpt_block_acts_size(&g->cfg, GPT_ACT, g->flash, B, T);
-    float *next_stat = g->stats + head_stats(&g->cfg, N) + (size_t)layer * gpt_block_acts_size(&g->cfg, GPT_STAT, g->flash, B, T);
+                    index * gpt_block_acts_size_tp(&g->cfg, g->tp, GPT_ACT, g->flash, B, T);
+    float *next_stat = g->stats + head_stats(&g->cfg, N) +
+                       index * gpt_block_acts_size_tp(&g->cfg, g->tp, GPT_STAT, g->flash, B, T);
     for (int i = 0; i < GPT_BLOCK_ACTS; i++) {
         if (!gpt_block_act_kept(i, g->flash)) continue;
-        size_t n = gpt_block_act_size(&g->cfg, i, B, T);
+        size_t n = gpt_block_act_size_tp(&g->cfg, g->tp, i, B, T);
         if (gpt_block_acts_layout[i].kind == GPT_ACT) *act[i] = next_act, next_act += n;
         else *stat[i] = next_stat, next_stat += n;
     }
@@ -1168,7 +1229,7 @@ template <typename Act> static grad_acts<Act> grad_view(const gpt_cuda_t *g) {
     Act *next = (Act *)g->grad_acts;
     for (int i = 0; i < GPT_GRAD_ACTS; i++) {
         *slot[i] = next;
-        next += (size_t)gpt_grad_acts_channels[i] * g->B * g->T * g->cfg.n_embd;
+        next += gpt_grad_act_size_tp(&g->cfg, g->tp, i, (size_t)g->B, (size_t)g->T);
     }
     return v;
 }
@@ -1183,12 +1244,15 @@ template <typename Act> static const Act *weights(const gpt_cuda_t *g) {
 template <typename T> static T *lm_head(const gpt_cuda_t *g, T *flat) { return flat - g->head_pad; }
 
 // Where tensor i of block `layer` lies in the block's part of a flat array.
+// (this model's own table: a tp shard's and a pipeline stage's too).
 static size_t off(const gpt_cuda_t *g, int layer, int i) {
-    return g->tensors[gpt_block_tensor(layer, i)].offset - gpt_block_offset(&g->cfg, layer);
+    return g->tensors[gpt_block_tensor(layer, i)].offset - g->tensors[gpt_block_tensor(layer, 0)].offset;
 }
 
+// A pipeline stage's first block reads `encoded` too: the previous stage's
+// output is received there (gpt_cuda_stage_input).
 template <typename Act> static const Act *block_input(const gpt_cuda_t *g, int layer) {
-    return layer == 0 ? head_view<Act>(g).encoded : block_view<Act>(g, layer - 1).res3;
+    return layer == g->stage.first ? head_view<Act>(g).encoded : block_view<Act>(g, layer - 1).res3;
 }
 
 // fp32 mode computes the scores in place in att and needs no extra buffer.
@@ -1196,32 +1260,62 @@ template <typename Act> static float *scores_buffer(const gpt_cuda_t *g, Act *at
     return g->bf16_mode ? g->scores : (float *)(void *)att;
 }
 
+static void tp_sum(gpt_cuda_t *g, void *buf, size_t count);
+template <typename Act>
+static void residual_bias_forward(const gpu_ctx *x, Act *out, const Act *a, const Act *b, const float *bias, int N, int C);
+
+// A row-parallel layer's output (scratch) joins the residual stream: out =
+// a + scratch. With tp > 1 scratch holds this rank's partial sum without
+// the bias: the ranks add them up first (g), then the bias is added once.
+template <typename Act>
+static void residual_after_row_parallel(gpt_cuda_t *g, Act *out, const Act *a, Act *scratch, const float *bias, int N,
+                                        int C) {
+    if (g->tp == 1) {
+        residual_forward(&g->ctx, out, a, scratch, (size_t)N * C);
+        return;
+    }
+    tp_sum(g, scratch, (size_t)N * C); // g
+    residual_bias_forward(&g->ctx, out, a, scratch, bias, N, C);
+}
+
 // p and w: the block's part of the fp32 parameters and of the weights the
-// products read (bucket_weights).
+// products read (bucket_weights). With tp > 1 (section 9) this is
+// gpt_tp_block_forward: the same steps on this rank's shard - Cs = C/tp
+// channels of NH/tp heads, H = 4C/tp hidden units - the row-parallel
+// layers' biases left to residual_after_row_parallel.
 template <typename Act> static void block_forward(gpt_cuda_t *g, int l, const float *p, const Act *w) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T;
+    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T, Cs = C / g->tp, H = 4 * C / g->tp, NHs = g->cfg.n_head / g->tp;
     const gpu_ctx *x = &g->ctx;
     const Act *in = block_input<Act>(g, l);
     block_acts<Act> a = block_view<Act>(g, l);
     Act *scratch = head_view<Act>(g).scratch;
+    const float *attproj_b = p + off(g, l, B_ATTPROJ_B), *fcproj_b = p + off(g, l, B_FCPROJ_B);
     layernorm_forward(x, a.ln1, a.ln1_mean, a.ln1_rstd, in, p + off(g, l, B_LN1_W), p + off(g, l, B_LN1_B), N, C);
-    matmul_forward(x, a.qkv, a.ln1, w + off(g, l, B_QKV_W), p + off(g, l, B_QKV_B), N, C, 3 * C);
-    if (g->flash) flash_attention_forward(x, a.atty, a.att_lse, a.qkv, B, T, C, g->cfg.n_head);
-    else attention_forward(x, a.atty, a.att, scores_buffer(g, a.att), a.qkv, B, T, C, g->cfg.n_head);
-    matmul_forward(x, scratch, a.atty, w + off(g, l, B_ATTPROJ_W), p + off(g, l, B_ATTPROJ_B), N, C, C);
-    residual_forward(x, a.res2, in, scratch, (size_t)N * C);
+    matmul_forward(x, a.qkv, a.ln1, w + off(g, l, B_QKV_W), p + off(g, l, B_QKV_B), N, C, 3 * Cs);
+    if (g->flash) flash_attention_forward(x, a.atty, a.att_lse, a.qkv, B, T, Cs, NHs);
+    else attention_forward(x, a.atty, a.att, scores_buffer(g, a.att), a.qkv, B, T, Cs, NHs);
+    matmul_forward(x, scratch, a.atty, w + off(g, l, B_ATTPROJ_W), g->tp == 1 ? attproj_b : NULL, N, Cs, C);
+    residual_after_row_parallel(g, a.res2, in, scratch, attproj_b, N, C);
     layernorm_forward(x, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + off(g, l, B_LN2_W), p + off(g, l, B_LN2_B), N, C);
-    matmul_forward(x, a.fch, a.ln2, w + off(g, l, B_FC_W), p + off(g, l, B_FC_B), N, C, 4 * C);
-    gelu_forward(x, a.fch_gelu, a.fch, (size_t)N * 4 * C);
-    matmul_forward(x, scratch, a.fch_gelu, w + off(g, l, B_FCPROJ_W), p + off(g, l, B_FCPROJ_B), N, 4 * C, C);
-    residual_forward(x, a.res3, a.res2, scratch, (size_t)N * C);
+    matmul_forward(x, a.fch, a.ln2, w + off(g, l, B_FC_W), p + off(g, l, B_FC_B), N, C, H);
+    gelu_forward(x, a.fch_gelu, a.fch, (size_t)N * H);
+    matmul_forward(x, scratch, a.fch_gelu, w + off(g, l, B_FCPROJ_W), g->tp == 1 ? fcproj_b : NULL, N, H, C);
+    residual_after_row_parallel(g, a.res3, a.res2, scratch, fcproj_b, N, C);
+}
+
+// Where bucket k starts in this model's flat array: at its first tensor
+// (the model's own table, so in a tp shard or a pipeline stage too).
+static size_t bucket_start(const gpt_cuda_t *g, int k) {
+    int L = g->cfg.n_layer;
+    int first = k == GPT_BUCKET_LN_F ? gpt_ln_f_tensor(&g->cfg) : k <= L ? gpt_block_tensor(L - k, 0) : 0;
+    return g->tensors[first].offset;
 }
 
 // Bucket k's fp32 parameters (and, with grads, its gradients): the flat
 // arrays from where the bucket starts, unless the hook points them
 // elsewhere (gpt_layout.h, section 3; gpt_cuda_set_bucket_hook).
 static void bucket_begin(gpt_cuda_t *g, gpt_bucket_event event, int k, float **params, float **grads) {
-    size_t start = gpt_layout_bucket(&g->cfg, k).offset;
+    size_t start = bucket_start(g, k);
     *params = g->params ? g->params + start : NULL;
     if (grads) *grads = g->grads ? g->grads + start : NULL;
     if (g->hook) g->hook(g->hook_user, event, k, params, grads, NULL);
@@ -1241,29 +1335,40 @@ static void bucket_end(gpt_cuda_t *g, gpt_bucket_event event, int k) {
 // stream, so the previous bucket's products have read the buffer before.
 template <typename Act> static const Act *bucket_weights(gpt_cuda_t *g, int k, const float *p) {
     if (!g->bf16_mode) return (const Act *)(const void *)p;
-    gpt_bucket b = gpt_layout_bucket(&g->cfg, k);
-    if (g->params_lp) return (const Act *)(const void *)(g->params_lp + b.offset);
+    if (g->params_lp) return (const Act *)(const void *)(g->params_lp + bucket_start(g, k));
     bool emb = k == gpt_bucket_embeddings(&g->cfg);
     bf16 *copy = emb ? g->bucket_lp[0] + g->head_pad : g->bucket_lp[1];
-    convert(g->ctx.stream, copy, p, emb ? (size_t)g->cfg.vocab_size * g->cfg.n_embd : b.count);
+    convert(g->ctx.stream, copy, p, emb ? (size_t)g->cfg.vocab_size * g->cfg.n_embd : gpt_layout_bucket(&g->cfg, k).count);
     return (const Act *)(const void *)copy;
 }
 
+// A pipeline stage computes its part: the embeddings on the first stage
+// only, its own blocks, the head on the last stage only. The embeddings'
+// bucket is read on the first stage (the encoder) and the last (the LM
+// head: tied weights).
 template <typename Act> static void model_forward(gpt_cuda_t *g, bool with_targets) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->cfg.n_layer, N = B * T;
+    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->stage.last, N = B * T;
     int emb = gpt_bucket_embeddings(&g->cfg);
     const gpu_ctx *x = &g->ctx;
     head_acts<Act> h = head_view<Act>(g);
-    size_t wpe = g->tensors[1].offset; // in the embeddings' bucket, which starts at 0; ln_f starts its bucket
-    float *pe, *pb, *pf;
-    bucket_begin(g, GPT_FORWARD_BEGIN, emb, &pe, NULL);
-    const Act *we = bucket_weights<Act>(g, emb, pe);
-    encoder_forward(x, h.encoded, g->inputs, pe, pe + wpe, B, T, C);
-    for (int l = 0; l < L; l++) {
+    size_t wpe = g->tensors[1].offset - g->tensors[0].offset; // in the embeddings' bucket; ln_f starts its bucket
+    bool embedding_bucket = g->stage.embedding || g->stage.head;
+    float *pe = NULL, *pb, *pf;
+    const Act *we = NULL;
+    if (embedding_bucket) {
+        bucket_begin(g, GPT_FORWARD_BEGIN, emb, &pe, NULL);
+        we = bucket_weights<Act>(g, emb, pe);
+    }
+    if (g->stage.embedding) encoder_forward(x, h.encoded, g->inputs, pe, pe + wpe, B, T, C);
+    for (int l = g->stage.first; l < L; l++) {
         int k = gpt_bucket_of_block(&g->cfg, l);
         bucket_begin(g, GPT_FORWARD_BEGIN, k, &pb, NULL);
         block_forward<Act>(g, l, pb, bucket_weights<Act>(g, k, pb));
         bucket_end(g, GPT_FORWARD_END, k);
+    }
+    if (!g->stage.head) {
+        if (embedding_bucket) bucket_end(g, GPT_FORWARD_END, emb);
+        return;
     }
     bucket_begin(g, GPT_FORWARD_BEGIN, GPT_BUCKET_LN_F, &pf, NULL);
     layernorm_forward(x, h.lnf, h.lnf_mean, h.lnf_rstd, block_input<Act>(g, L), pf, pf + C, N, C);
@@ -1290,8 +1395,10 @@ static void upload_tokens(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t 
     cudaStream_t s = g->ctx.stream;
     uint16_t *in = g->tokens_host, *tg = g->tokens_host + (size_t)g->max_B * g->max_T;
     CHECK_CUDA(cudaEventSynchronize(g->tokens_copied));
-    memcpy(in, inputs, N * sizeof(uint16_t));
-    CHECK_CUDA(cudaMemcpyAsync(g->inputs, in, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
+    if (inputs) { // every stage but the first of a pipeline has none
+        memcpy(in, inputs, N * sizeof(uint16_t));
+        CHECK_CUDA(cudaMemcpyAsync(g->inputs, in, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
+    }
     if (targets) {
         memcpy(tg, targets, N * sizeof(uint16_t));
         CHECK_CUDA(cudaMemcpyAsync(g->targets, tg, N * sizeof(uint16_t), cudaMemcpyHostToDevice, s));
@@ -1312,22 +1419,33 @@ static __global__ void mean_loss_kernel(device_scalars *out, const float *losses
     }
 }
 
+// The forward pass on the tokens already on the device (a graph step
+// captures this, without the copy of the tokens).
+static void queue_forward(gpt_cuda_t *g, int B, int T, bool with_targets) {
+    // The last stage's backward pass starts from the targets; another
+    // stage's from the gradient the next stage sends (gpt_cuda_stage_grad).
+    g->B = B, g->T = T, g->have_targets = with_targets || !g->stage.head;
+    if (g->bf16_mode) model_forward<bf16>(g, with_targets);
+    else model_forward<float>(g, with_targets);
+    if (!with_targets) return;
+    float *losses = g->bf16_mode ? head_view<bf16>(g).losses : head_view<float>(g).losses;
+    mean_loss_kernel<<<1, 256, 0, g->ctx.stream>>>(g->scalars, losses, B * T);
+    launched("mean_loss_kernel");
+    g->have_loss = true, g->losses_summed++;
+}
+
 extern "C" void gpt_cuda_forward(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T) {
     if (B < 1 || T < 1 || B > g->max_B || T > g->max_T)
         die("gpt_cuda_forward: a batch of %d x %d tokens does not fit the %d x %d the GPU model was created for", B,
             T, g->max_B, g->max_T);
+    if ((inputs != NULL) != g->stage.embedding || (targets && !g->stage.head))
+        die("gpt_cuda_forward: stage %d of %d takes %s", g->stage.index, g->stage.count,
+            g->stage.embedding ? "input tokens" : "no input tokens, and targets only if it is the last");
     size_t N = (size_t)B * T;
-    check_tokens(g, inputs, N, "input");
+    if (inputs) check_tokens(g, inputs, N, "input");
     if (targets) check_tokens(g, targets, N, "target");
     upload_tokens(g, inputs, targets, N);
-    g->B = B, g->T = T, g->have_targets = targets != NULL;
-    if (g->bf16_mode) model_forward<bf16>(g, targets != NULL);
-    else model_forward<float>(g, targets != NULL);
-    if (!targets) return;
-    float *losses = g->bf16_mode ? head_view<bf16>(g).losses : head_view<float>(g).losses;
-    mean_loss_kernel<<<1, 256, 0, g->ctx.stream>>>(g->scalars, losses, (int)N);
-    launched("mean_loss_kernel");
-    g->have_loss = true, g->losses_summed++;
+    queue_forward(g, B, T, targets != NULL);
 }
 
 // One number from the device. This is where the host waits for the GPU.
@@ -1363,9 +1481,13 @@ extern "C" void gpt_cuda_logits(gpt_cuda_t *g, int b, int t, float *out_host) {
 // The block's backward pass, in the reverse order of its forward pass,
 // exactly as gpt_block_backward. On entry dres = d(loss)/d(res3); on return d(loss)/d(x).
 // p, w, d: the block's part of the fp32 parameters, of the weights the
-// products read and of the gradients.
+// products read and of the gradients. With tp > 1 (section 9) it is
+// gpt_tp_block_backward: the same steps on this rank's shard - Cs = C/tp
+// channels of NH/tp heads, H = 4C/tp hidden units - and the input
+// gradients of the two column-parallel layers summed over the tp ranks
+// (f). With tp 1 those are C, NH and 4C, and nothing is summed.
 template <typename Act> static void block_backward(gpt_cuda_t *g, int l, const float *p, const Act *w, float *d) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, NH = g->cfg.n_head, N = B * T;
+    int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T, Cs = C / g->tp, H = 4 * C / g->tp, NHs = g->cfg.n_head / g->tp;
     const gpu_ctx *x = &g->ctx;
     block_acts<Act> a = block_view<Act>(g, l);
     grad_acts<Act> ga = grad_view<Act>(g);
@@ -1373,18 +1495,20 @@ template <typename Act> static void block_backward(gpt_cuda_t *g, int l, const f
     Act *ds = (Act *)g->dscores;
 
     matmul_backward(x, ga.dhidden, d + off(g, l, B_FCPROJ_W), d + off(g, l, B_FCPROJ_B), ga.dres, a.fch_gelu,
-                    w + off(g, l, B_FCPROJ_W), N, 4 * C, C);
-    gelu_backward(x, ga.dhidden, a.fch, ga.dhidden, (size_t)N * 4 * C);
+                    w + off(g, l, B_FCPROJ_W), N, H, C);
+    gelu_backward(x, ga.dhidden, a.fch, ga.dhidden, (size_t)N * H);
     matmul_backward(x, ga.dtmp, d + off(g, l, B_FC_W), d + off(g, l, B_FC_B), ga.dhidden, a.ln2, w + off(g, l, B_FC_W), N,
-                    C, 4 * C);
+                    C, H);
+    if (g->tp > 1) tp_sum(g, ga.dtmp, (size_t)N * C); // f
     layernorm_backward(x, ga.dres, d + off(g, l, B_LN2_W), d + off(g, l, B_LN2_B), ga.dtmp, a.res2, p + off(g, l, B_LN2_W),
                        a.ln2_mean, a.ln2_rstd, N, C);
     matmul_backward(x, ga.dtmp, d + off(g, l, B_ATTPROJ_W), d + off(g, l, B_ATTPROJ_B), ga.dres, a.atty,
-                    w + off(g, l, B_ATTPROJ_W), N, C, C);
-    if (g->flash) flash_attention_backward(x, ga.dqkv, g->scores, ga.dtmp, a.qkv, a.atty, a.att_lse, B, T, C, NH);
-    else attention_backward(x, ga.dqkv, dp, ds, ga.dtmp, a.qkv, a.att, B, T, C, NH);
+                    w + off(g, l, B_ATTPROJ_W), N, Cs, C);
+    if (g->flash) flash_attention_backward(x, ga.dqkv, g->scores, ga.dtmp, a.qkv, a.atty, a.att_lse, B, T, Cs, NHs);
+    else attention_backward(x, ga.dqkv, dp, ds, ga.dtmp, a.qkv, a.att, B, T, Cs, NHs);
     matmul_backward(x, ga.dtmp, d + off(g, l, B_QKV_W), d + off(g, l, B_QKV_B), ga.dqkv, a.ln1, w + off(g, l, B_QKV_W), N,
-                    C, 3 * C);
+                    C, 3 * Cs);
+    if (g->tp > 1) tp_sum(g, ga.dtmp, (size_t)N * C); // f
     layernorm_backward(x, ga.dres, d + off(g, l, B_LN1_W), d + off(g, l, B_LN1_B), ga.dtmp, block_input<Act>(g, l),
                        p + off(g, l, B_LN1_W), a.ln1_mean, a.ln1_rstd, N, C);
 }
@@ -1397,42 +1521,71 @@ static void bucket_done(gpt_cuda_t *g, int i, gpt_cuda_bucket_fn fn, void *user)
     fn(user, &g->buckets[i], g->bucket_events[i]);
 }
 
+// A pipeline stage other than the last starts from d(loss)/d(its output),
+// received into dres (gpt_cuda_stage_grad); one other than the first ends
+// with d(loss)/d(its input) there. The buckets are the whole model's.
 template <typename Act> static void model_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn fn, void *user) {
-    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->cfg.n_layer, N = B * T;
+    int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->stage.last, N = B * T;
     int emb = gpt_bucket_embeddings(&g->cfg), F = GPT_BUCKET_LN_F;
     const gpu_ctx *x = &g->ctx;
     head_acts<Act> h = head_view<Act>(g);
     grad_acts<Act> ga = grad_view<Act>(g);
-    size_t wpe = g->tensors[1].offset;
+    size_t wpe = g->tensors[1].offset - g->tensors[0].offset; // in the embeddings' bucket
     Act *dlogits = (Act *)g->dlogits;
-    float *pf, *df, *pe, *de, *pb, *db;
-    bucket_begin(g, GPT_BACKWARD_BEGIN, F, &pf, &df);
-    bucket_begin(g, GPT_BACKWARD_BEGIN, emb, &pe, &de);
-    const Act *we = bucket_weights<Act>(g, emb, pe);
+    bool embedding_bucket = g->stage.embedding || g->stage.head;
+    float *pf = NULL, *df = NULL, *pe = NULL, *de = NULL, *pb, *db;
+    const Act *we = NULL;
+    if (g->stage.head) bucket_begin(g, GPT_BACKWARD_BEGIN, F, &pf, &df);
+    if (embedding_bucket) {
+        bucket_begin(g, GPT_BACKWARD_BEGIN, emb, &pe, &de);
+        we = bucket_weights<Act>(g, emb, pe);
+    }
 
-    crossentropy_backward(x, dlogits, g->logits, h.lse, g->targets, N, V, Vp, grad_scale / (float)N);
-    matmul_backward<Act>(x, ga.dtmp, lm_head(g, de), NULL, dlogits, h.lnf, lm_head(g, we), N, C, Vp); // adds into dwte
-    CHECK_CUDA(cudaMemsetAsync(ga.dres, 0, sizeof(Act) * (size_t)N * C, x->stream));
-    layernorm_backward(x, ga.dres, df, df + C, ga.dtmp, block_input<Act>(g, L), pf, h.lnf_mean, h.lnf_rstd, N, C);
-    bucket_done(g, F, fn, user);
-    bucket_end(g, GPT_BACKWARD_END, F);
-    for (int l = L - 1; l >= 0; l--) {
+    if (g->stage.head) {
+        crossentropy_backward(x, dlogits, g->logits, h.lse, g->targets, N, V, Vp, grad_scale / (float)N);
+        matmul_backward<Act>(x, ga.dtmp, lm_head(g, de), NULL, dlogits, h.lnf, lm_head(g, we), N, C, Vp); // adds into dwte
+        CHECK_CUDA(cudaMemsetAsync(ga.dres, 0, sizeof(Act) * (size_t)N * C, x->stream));
+        layernorm_backward(x, ga.dres, df, df + C, ga.dtmp, block_input<Act>(g, L), pf, h.lnf_mean, h.lnf_rstd, N, C);
+        bucket_done(g, F, fn, user);
+        bucket_end(g, GPT_BACKWARD_END, F);
+    }
+    for (int l = L - 1; l >= g->stage.first; l--) {
         int k = gpt_bucket_of_block(&g->cfg, l);
         bucket_begin(g, GPT_BACKWARD_BEGIN, k, &pb, &db);
         block_backward<Act>(g, l, pb, bucket_weights<Act>(g, k, pb), db);
         bucket_done(g, k, fn, user);
         bucket_end(g, GPT_BACKWARD_END, k);
     }
-    encoder_backward(x, de, de + wpe, ga.dres, g->inputs, B, T, C);
-    bucket_done(g, emb, fn, user);
-    bucket_end(g, GPT_BACKWARD_END, emb);
+    if (g->stage.embedding) encoder_backward(x, de, de + wpe, ga.dres, g->inputs, B, T, C);
+    if (embedding_bucket) {
+        bucket_done(g, emb, fn, user);
+        bucket_end(g, GPT_BACKWARD_END, emb);
+    }
 }
 
 extern "C" void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn bucket_ready, void *user) {
     if (!g->have_targets) die("gpt_cuda_backward needs a gpt_cuda_forward with targets just before it");
+    if (bucket_ready && g->stage.count > 1) die("gpt_cuda_backward: a pipeline stage has no gradient buckets");
     g->have_targets = false; // in fp32 mode the logits have become dlogits
     if (g->bf16_mode) model_backward<bf16>(g, grad_scale, bucket_ready, user);
     else model_backward<float>(g, grad_scale, bucket_ready, user);
+}
+
+extern "C" uint16_t *gpt_cuda_grads_bf16(gpt_cuda_t *g) {
+    if (!g->grads_bf16) {
+        CHECK_CUDA(cudaMalloc(&g->grads_bf16, g->num_params * sizeof(uint16_t)));
+        g->allocated += g->num_params * sizeof(uint16_t);
+    }
+    return (uint16_t *)g->grads_bf16;
+}
+
+extern "C" void gpt_cuda_round_grads(gpt_cuda_t *g, size_t offset, size_t n, cudaEvent_t done) {
+    convert(g->ctx.stream, (bf16 *)gpt_cuda_grads_bf16(g) + offset, g->grads + offset, n);
+    CHECK_CUDA(cudaEventRecord(done, g->ctx.stream));
+}
+
+extern "C" void gpt_cuda_widen_grads(gpt_cuda_t *g) {
+    convert(g->ctx.stream, g->grads, (const bf16 *)gpt_cuda_grads_bf16(g), g->num_params);
 }
 
 extern "C" void gpt_cuda_zero_grad(gpt_cuda_t *g) {
@@ -1468,7 +1621,19 @@ template <typename T> static T *after_head_pad(gpt_cuda_t *g, size_t bytes, cons
     return p ? p + g->head_pad : NULL;
 }
 
+// What one forward pass keeps: the slot in use (gpt_cuda_use_slot).
+static void allocate_slot(gpt_cuda_t *g, const memory_plan *p) {
+    g->acts = device_buffer(g, p->acts, "activations");
+    g->stats = (float *)device_buffer(g, p->stats, "LayerNorm statistics and losses");
+    g->logits = (float *)device_buffer(g, p->logits, "logits");
+    g->dlogits = g->bf16_mode ? g->dlogits : (void *)g->logits; // fp32 mode: the logits become their gradient
+    g->inputs = (uint16_t *)device_buffer(g, p->tokens, "tokens");
+    g->targets = g->inputs + (size_t)g->max_B * g->max_T;
+    g->slot_bytes = p->acts + p->stats + p->logits + p->tokens;
+}
+
 static void allocate_buffers(gpt_cuda_t *g, const memory_plan *p) {
+    if (g->bf16_mode) g->dlogits = device_buffer(g, p->dlogits, "logit gradients"); // scratch: one for all slots
     g->params = after_head_pad<float>(g, p->params, "parameters");
     g->grads = after_head_pad<float>(g, p->grads, "gradients");
     g->adam_m = (float *)device_buffer(g, p->adam / 2, "AdamW first moments");
@@ -1482,15 +1647,10 @@ static void allocate_buffers(gpt_cuda_t *g, const memory_plan *p) {
     g->allocated_parts[2] = p->adam;
     g->allocated_parts[3] = p->acts + p->stats + p->logits + p->dlogits + p->scores + p->dscores + p->grad_acts + p->tokens;
     g->allocated_parts[4] = p->partials + p->chunks + p->scalars + p->workspace, g->allocated_parts[5] = p->bucket_lp;
-    g->acts = device_buffer(g, p->acts, "activations");
-    g->stats = (float *)device_buffer(g, p->stats, "LayerNorm statistics and losses");
-    g->logits = (float *)device_buffer(g, p->logits, "logits");
-    g->dlogits = g->bf16_mode ? device_buffer(g, p->dlogits, "logit gradients") : (void *)g->logits;
+    allocate_slot(g, p);
     g->scores = (float *)device_buffer(g, p->scores, "attention scores");
     g->dscores = device_buffer(g, p->dscores, "attention score gradients");
     g->grad_acts = device_buffer(g, p->grad_acts, "activation gradients");
-    g->inputs = (uint16_t *)device_buffer(g, p->tokens, "tokens");
-    g->targets = g->inputs + (size_t)g->max_B * g->max_T;
     g->norm_partials = (double *)device_buffer(g, p->partials, "gradient-norm partial sums");
     g->adam_chunks = (adam_chunk *)device_buffer(g, p->chunks, "AdamW chunk table");
     g->scalars = (device_scalars *)device_buffer(g, p->scalars, "loss and gradient norm");
@@ -1519,30 +1679,39 @@ static void refresh_bf16_copy(gpt_cuda_t *g) {
     if (g->params_lp) convert(g->ctx.stream, g->params_lp, g->params, g->num_params);
 }
 
-static gpt_cuda_t *create(const gpt_config *cfg, const float *params_host, int B, int T, bool use_bf16, state_kept keep) {
+static void tp_setup(gpt_cuda_t *g);
+
+// Every model is created here: a pipeline stage of tp shards that keeps
+// `keep` of the training state. gpt_cuda_create is stage 0 of 1, tp 1,
+// keeping all; gpt_cuda_create_keeping a whole model that keeps less.
+static gpt_cuda_t *create(const gpt_config *cfg, const gpt_stage *stage, int tp, const float *params_host, int B, int T,
+                          bool use_bf16, state_kept keep) {
     check_config(cfg, B, T);
+    const char *problem = gpt_tp_problem(cfg, tp);
+    if (problem) die("gpt_cuda_create_tp: cannot split the model over %d ranks: %s", tp, problem);
     gpt_cuda_t *g = (gpt_cuda_t *)xcalloc(1, sizeof *g);
     g->keeps_params = keep.params, g->keeps_grads = keep.grads, g->keeps_adam = keep.adam;
-    g->cfg = *cfg, g->bf16_mode = use_bf16, g->max_B = g->B = B, g->max_T = g->T = T;
+    g->cfg = *cfg, g->stage = *stage, g->bf16_mode = use_bf16, g->max_B = g->B = B, g->max_T = g->T = T, g->tp = tp;
     g->num_tensors = gpt_num_tensors(cfg);
     g->tensors = (gpt_tensor *)xmalloc(sizeof(gpt_tensor) * (size_t)g->num_tensors);
-    g->num_params = gpt_layout_params(cfg, g->tensors);
-    g->Vp = padded_vocab(cfg->vocab_size), g->head_pad = head_pad(cfg);
+    g->num_params = gpt_layout_stage_params(cfg, stage, tp, g->tensors);
+    g->Vp = padded_vocab(cfg->vocab_size), g->head_pad = stage->head ? head_pad(cfg) : 0;
     g->num_adam_chunks = build_adam_chunks(g->tensors, g->num_tensors, NULL);
     g->flash = use_flash(cfg);
-    memory_plan plan = plan_memory(cfg, B, T, use_bf16, g->flash, g->num_params, keep);
+    memory_plan plan = plan_memory(cfg, stage, tp, B, T, use_bf16, g->flash, g->num_params, keep);
     check_fits(cfg, B, T, use_bf16, plan_total(&plan));
     CHECK_CUDA(cudaStreamCreateWithFlags(&g->ctx.stream, cudaStreamNonBlocking));
     allocate_buffers(g, &plan);
     CHECK_CUDA(cudaMallocHost(&g->tokens_host, plan.tokens));
     CHECK_CUDA(cudaEventCreateWithFlags(&g->tokens_copied, cudaEventDisableTiming));
-    g->num_buckets = gpt_layout_buckets(cfg, NULL, 0);
+    g->num_buckets = gpt_layout_buckets_tp(cfg, tp, NULL, 0);
     g->buckets = (gpt_bucket *)xmalloc(sizeof(gpt_bucket) * (size_t)g->num_buckets);
-    gpt_layout_buckets(cfg, g->buckets, g->num_buckets);
+    gpt_layout_buckets_tp(cfg, tp, g->buckets, g->num_buckets);
     g->bucket_events = (cudaEvent_t *)xmalloc(sizeof(cudaEvent_t) * (size_t)g->num_buckets);
     for (int i = 0; i < g->num_buckets; i++)
         CHECK_CUDA(cudaEventCreateWithFlags(&g->bucket_events[i], cudaEventDisableTiming));
     if (g->adam_m) upload_adam_chunks(g);
+    if (tp > 1) tp_setup(g);
     zero_head_padding(g);
     if (g->params) gpt_cuda_set_params(g, params_host);
     if (g->grads) CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->grads), 0, plan.grads, g->ctx.stream));
@@ -1554,14 +1723,29 @@ static gpt_cuda_t *create(const gpt_config *cfg, const float *params_host, int B
 }
 
 extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *params_host, int B, int T, bool use_bf16) {
-    state_kept all = {true, true, true};
-    return create(cfg, params_host, B, T, use_bf16, all);
+    gpt_stage whole = gpt_stage_of(cfg, 0, 1);
+    return create(cfg, &whole, 1, params_host, B, T, use_bf16, keep_all);
 }
 
+extern "C" gpt_cuda_t *gpt_cuda_create_tp(const gpt_config *cfg, int tp, const float *params_host, int B, int T,
+                                          bool use_bf16) {
+    gpt_stage whole = gpt_stage_of(cfg, 0, 1);
+    return create(cfg, &whole, tp, params_host, B, T, use_bf16, keep_all);
+}
+
+extern "C" gpt_cuda_t *gpt_cuda_create_stage(const gpt_config *cfg, const gpt_stage *stage, int tp,
+                                             const float *params_host, int B, int T, bool use_bf16) {
+    return create(cfg, stage, tp, params_host, B, T, use_bf16, keep_all);
+}
+
+// Sharded training keeps parts of the state in slices of its own, over
+// the data-parallel ranks of a whole model: it does not combine with
+// tensor or pipeline parallelism (chapters 10, 11) here.
 extern "C" gpt_cuda_t *gpt_cuda_create_keeping(const gpt_config *cfg, const float *params_host, int B, int T,
                                                bool use_bf16, bool params, bool grads, bool adam) {
+    gpt_stage whole = gpt_stage_of(cfg, 0, 1);
     state_kept keep = {params, grads, adam};
-    return create(cfg, params_host, B, T, use_bf16, keep);
+    return create(cfg, &whole, 1, params_host, B, T, use_bf16, keep);
 }
 
 extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
@@ -1571,17 +1755,76 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
     void *bufs[] = {g->params ? lm_head(g, g->params) : NULL, g->grads ? lm_head(g, g->grads) : NULL, g->adam_m,
                     g->adam_v, g->params_lp ? lm_head(g, g->params_lp) : NULL, g->acts, g->stats, g->logits,
                     g->bf16_mode ? g->dlogits : NULL, g->scores, g->dscores, g->grad_acts, g->inputs,
-                    g->norm_partials, g->adam_chunks, g->scalars, g->ctx.workspace, g->bucket_lp[0],
+                    g->norm_partials, g->adam_chunks, g->scalars, g->ctx.workspace, g->grads_bf16, g->bucket_lp[0],
                     g->slice_chunks, g->sum_squares};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) CHECK_CUDA(cudaFree(bufs[i]));
+    for (int k = 0; k < g->num_slots; k++) {
+        cuda_slot *parked = &g->slots[k];
+        void *slot_bufs[] = {parked->acts, parked->stats, parked->logits, parked->inputs};
+        for (size_t i = 0; k != g->slot && i < sizeof slot_bufs / sizeof slot_bufs[0]; i++)
+            if (slot_bufs[i]) CHECK_CUDA(cudaFree(slot_bufs[i]));
+    }
+    free(g->slots);
     for (int i = 0; i < g->num_buckets; i++) CHECK_CUDA(cudaEventDestroy(g->bucket_events[i]));
+    if (g->chunk_split) CHECK_CUDA(cudaFree(g->chunk_split));
+    if (g->tp_norm) CHECK_CUDA(cudaFree(g->tp_norm));
     CHECK_CUDA(cudaStreamDestroy(g->ctx.stream));
     CHECK_CUDA(cudaEventDestroy(g->tokens_copied));
     CHECK_CUDA(cudaFreeHost(g->tokens_host));
+    step_graph_free(g->graph);
     free(g->bucket_events), free(g->buckets), free(g->tensors), free(g->slices_key);
     free(g);
 }
+
+// --- a pipeline stage's activation slots and the buffers stages exchange
+
+extern "C" void gpt_cuda_use_slot(gpt_cuda_t *g, int k) {
+    if (k < 0 || k > 4096) die("gpt_cuda_use_slot: slot %d", k);
+    if (!g->slots) g->slots = (cuda_slot *)xcalloc(1, sizeof(cuda_slot)), g->num_slots = 1, g->slot = 0;
+    if (k >= g->num_slots) {
+        g->slots = (cuda_slot *)realloc(g->slots, sizeof(cuda_slot) * (size_t)(k + 1));
+        if (!g->slots) die("out of memory for %d activation slots", k + 1);
+        memset(g->slots + g->num_slots, 0, sizeof(cuda_slot) * (size_t)(k + 1 - g->num_slots));
+        g->num_slots = k + 1;
+    }
+    if (k == g->slot) return;
+    g->slots[g->slot] = cuda_slot{g->acts, g->stats, g->logits, g->inputs, g->B, g->T, g->have_targets};
+    cuda_slot *next = &g->slots[k];
+    g->slot = k;
+    if (!next->inputs) { // its first use: allocate it, as large as the first slot
+        state_kept keep = {g->keeps_params, g->keeps_grads, g->keeps_adam};
+        memory_plan plan =
+            plan_memory(&g->cfg, &g->stage, g->tp, g->max_B, g->max_T, g->bf16_mode, g->flash, g->num_params, keep);
+        allocate_slot(g, &plan);
+        g->have_targets = false;
+        return;
+    }
+    g->acts = next->acts, g->stats = next->stats, g->logits = next->logits, g->inputs = next->inputs;
+    g->targets = g->inputs + (size_t)g->max_B * g->max_T;
+    if (!g->bf16_mode) g->dlogits = g->logits;
+    g->B = next->B, g->T = next->T, g->have_targets = next->have_targets;
+}
+
+extern "C" size_t gpt_cuda_slot_bytes(const gpt_cuda_t *g) {
+    int slots = 0;
+    for (int k = 0; k < g->num_slots; k++) slots += k == g->slot || g->slots[k].inputs != NULL;
+    return (size_t)(slots > 1 ? slots : 1) * g->slot_bytes;
+}
+
+extern "C" void *gpt_cuda_stage_input(gpt_cuda_t *g, int B, int T) {
+    if (B < 1 || T < 1 || B > g->max_B || T > g->max_T)
+        die("gpt_cuda_stage_input: a batch of %d x %d tokens does not fit the %d x %d the GPU model was created for", B,
+            T, g->max_B, g->max_T);
+    return g->acts; // `encoded`, the first of the activations, whatever the batch
+}
+
+extern "C" void *gpt_cuda_stage_output(gpt_cuda_t *g) {
+    int last = g->stage.last - 1;
+    return g->bf16_mode ? (void *)block_view<bf16>(g, last).res3 : (void *)block_view<float>(g, last).res3;
+}
+
+extern "C" void *gpt_cuda_stage_grad(gpt_cuda_t *g) { return g->grad_acts; } // dres, the first of them
 
 extern "C" cudaStream_t gpt_cuda_stream(const gpt_cuda_t *g) { return g->ctx.stream; }
 extern "C" size_t gpt_cuda_param_count(const gpt_cuda_t *g) { return g->num_params; }
@@ -1638,17 +1881,70 @@ extern "C" void gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm) {
     g->clip_pending = true, g->have_norm = true;
 }
 
+// Clipping over the stages of a pipeline, in three steps: each stage sums
+// the squares of its gradients [from, num_params) into a double on the
+// device (returned: queued, as everything here), the stages add up their
+// sums there (an all-reduce), then each clips with the total.
+static __global__ void square_sum_kernel(double *out, const double *partials, int count) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < count; i += WARP) s += partials[i];
+    s = warp_sum_double(s);
+    if (threadIdx.x == 0) *out = s;
+}
+
+static __global__ void tp_add_partials_kernel(double *sums, const double *partials, int blocks);
+static __global__ void tp_sum_squares_kernel(double *partials, const float *x, const adam_chunk *chunks,
+                                             const unsigned char *split, int count);
+
+// One double from the two sums of a shard's squares: split, and replicated when counted.
+static __global__ void shard_square_sum_kernel(double *out, const double *sums, bool replicated) {
+    *out = sums[0] + (replicated ? sums[1] : 0.0);
+}
+
+extern "C" double *gpt_cuda_grad_square_sum(gpt_cuda_t *g, size_t from, bool replicated) {
+    cudaStream_t s = g->ctx.stream;
+    if (g->tp > 1) { // a shard: AdamW's chunks say which tensors are split (tp_setup)
+        int first = 0;
+        adam_chunk *table = (adam_chunk *)xmalloc(sizeof(adam_chunk) * (size_t)g->num_adam_chunks);
+        build_adam_chunks(g->tensors, g->num_tensors, table);
+        while (first < g->num_adam_chunks && table[first].offset < from) first++;
+        free(table);
+        int count = g->num_adam_chunks - first, blocks = count < NORM_BLOCKS ? (count > 0 ? count : 1) : NORM_BLOCKS;
+        double *sums = g->tp_norm + 2 * NORM_BLOCKS;
+        tp_sum_squares_kernel<<<blocks, 256, 0, s>>>(g->tp_norm, g->grads, g->adam_chunks + first,
+                                                      g->chunk_split + first, count);
+        launched("tp_sum_squares_kernel");
+        tp_add_partials_kernel<<<1, WARP, 0, s>>>(sums, g->tp_norm, blocks);
+        launched("tp_add_partials_kernel");
+        shard_square_sum_kernel<<<1, 1, 0, s>>>(&g->scalars->square_sum, sums, replicated);
+        launched("shard_square_sum_kernel");
+        return &g->scalars->square_sum;
+    }
+    (void)replicated; // the whole of each block: every tensor counts
+    size_t n = from < g->num_params ? g->num_params - from : 0;
+    int blocks = n ? (int)blocks_for(n, 256 * 16) : 1;
+    if (blocks > NORM_BLOCKS) blocks = NORM_BLOCKS;
+    sum_squares_kernel<<<blocks, 256, 0, s>>>(g->norm_partials, g->grads + from, n);
+    launched("sum_squares_kernel");
+    square_sum_kernel<<<1, WARP, 0, s>>>(&g->scalars->square_sum, g->norm_partials, blocks);
+    launched("square_sum_kernel");
+    return &g->scalars->square_sum;
+}
+
+extern "C" void gpt_cuda_clip_grads(gpt_cuda_t *g, float max_norm) {
+    grad_norm_kernel<<<1, WARP, 0, g->ctx.stream>>>(g->scalars, &g->scalars->square_sum, 1, max_norm);
+    launched("grad_norm_kernel");
+    g->clip_pending = true, g->have_norm = true;
+}
+
 extern "C" float gpt_cuda_grad_norm(gpt_cuda_t *g) {
     if (!g->have_norm) die("gpt_cuda_grad_norm: no gpt_cuda_clip_grad_norm yet");
     return read_scalar(g, &g->scalars->grad_norm);
 }
 
-// gpt_adamw_step's arithmetic in the same order, on the gradient times
-// the clip scale (NULL: no clipping). In bf16 mode it also writes the
-// parameter's bf16 copy, so the next forward pass reads the updated weights
-// without another pass over memory.
 // One parameter's update: its moments and value, from its gradient g
-// (already times the clip scale). Returns the new value.
+// (already times the clip scale). Returns the new value. adamw_kernel and
+// chapter 09's adamw_slices_kernel share it.
 static __device__ __forceinline__ float adamw_update(float *param, float g, float *m, float *v, float decay, float lr,
                                                      float beta1, float beta2, float c1, float c2, float eps) {
     float mi = beta1 * *m + (1.0f - beta1) * g, vi = beta2 * *v + (1.0f - beta2) * g * g;
@@ -1660,9 +1956,16 @@ static __device__ __forceinline__ float adamw_update(float *param, float g, floa
     return p;
 }
 
+// gpt_adamw_step's arithmetic in the same order, on the gradient times
+// the clip scale (NULL: no clipping). In bf16 mode it also writes the
+// parameter's bf16 copy, so the next forward pass reads the updated weights
+// without another pass over memory. With `step` (a graph step, section 10)
+// lr, c1 and c2 are read from the device, not taken from the arguments.
 static __global__ void adamw_kernel(float *params, bf16 *params_lp, const float *grads, float *m, float *v,
-                                    const adam_chunk *chunks, const float *clip_scale, float lr, float beta1,
-                                    float beta2, float c1, float c2, float eps, float weight_decay) {
+                                    const adam_chunk *chunks, const float *clip_scale, const step_scalars *step,
+                                    float lr, float beta1, float beta2, float c1, float c2, float eps,
+                                    float weight_decay) {
+    if (step) lr = step->lr, c1 = step->c1, c2 = step->c2;
     adam_chunk ch = chunks[blockIdx.x];
     float decay = ch.decay ? lr * weight_decay : 0.0f, scale = clip_scale ? *clip_scale : 1.0f;
     for (unsigned k = threadIdx.x; k < ch.count; k += blockDim.x) {
@@ -1676,9 +1979,10 @@ extern "C" void gpt_cuda_adamw(gpt_cuda_t *g, float lr, float beta1, float beta2
     g->adam_step++;
     double c1 = 1 - pow((double)beta1, g->adam_step), c2 = 1 - pow((double)beta2, g->adam_step);
     const float *clip = g->clip_pending ? &g->scalars->clip_scale : NULL;
+    const step_scalars *from_device = g->graph && g->graph->capturing ? &g->scalars->step : NULL; // section 10
     adamw_kernel<<<g->num_adam_chunks, 256, 0, g->ctx.stream>>>(g->params, g->params_lp, g->grads, g->adam_m,
-                                                                 g->adam_v, g->adam_chunks, clip, lr, beta1, beta2,
-                                                                 (float)c1, (float)c2, eps, weight_decay);
+                                                                 g->adam_v, g->adam_chunks, clip, from_device, lr,
+                                                                 beta1, beta2, (float)c1, (float)c2, eps, weight_decay);
     launched("adamw_kernel");
     g->clip_pending = false;
 }
@@ -2070,3 +2374,231 @@ extern "C" float gpt_cuda_test_crossentropy(bool bf16_mode, int N, int V, int Vp
     if (bf16_mode) return test_crossentropy<bf16>(N, V, Vp, logits, targets, losses, dloss, dlogits);
     return test_crossentropy<float>(N, V, Vp, logits, targets, losses, dloss, dlogits);
 }
+
+// ===================================================================== 9. tensor parallelism
+//
+// gpt.h's section 9 on the GPU: with tp > 1 this model is one rank's shard
+// of each block (gpt_layout.h, section 5), every buffer sized for the shard.
+// block_forward and block_backward (section 6) take the shard's sizes and
+// call the caller's tp_all_reduce twice in each pass (g after the two
+// row-parallel layers, f for the input gradients of the two
+// column-parallel ones). Those sums sit on the critical path: nothing in
+// the block can go on before they are done. The callback is given the
+// model's stream; what the course's callback does (gpt/model.h) is the
+// simplest correct thing - wait for the stream, then a blocking all-reduce
+// - so the GPU idles while the numbers travel. Megatron hides part of that
+// time by overlapping the all-reduce with other work; measuring what is
+// left to hide is for the benchmark.
+
+extern "C" void gpt_cuda_set_tp_all_reduce(gpt_cuda_t *g, gpt_cuda_tp_fn fn, void *user) {
+    g->tp_all_reduce = fn, g->tp_user = user;
+}
+
+extern "C" int gpt_cuda_tp(const gpt_cuda_t *g) { return g->tp; }
+
+// In place: buf (count numbers of the activation type) <- its sum over the tp ranks.
+static void tp_sum(gpt_cuda_t *g, void *buf, size_t count) {
+    if (!g->tp_all_reduce) die("a tensor-parallel GPU model (tp %d) needs gpt_cuda_set_tp_all_reduce", g->tp);
+    g->tp_all_reduce(g->tp_user, buf, count, g->bf16_mode ? GPT_CUDA_BF16 : GPT_CUDA_F32, g->ctx.stream);
+}
+
+// out = a + (b + bias): the residual add, the row-parallel bias added once to the all-reduced b.
+template <typename Act>
+static __global__ void residual_bias_forward_kernel(Act *out, const Act *a, const Act *b, const float *bias, int C,
+                                                    size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = from_f<Act>(to_f(a[i]) + (to_f(b[i]) + bias[i % C]));
+}
+
+template <typename Act>
+static void residual_bias_forward(const gpu_ctx *x, Act *out, const Act *a, const Act *b, const float *bias, int N,
+                                  int C) {
+    size_t n = (size_t)N * C;
+    if (n == 0) return;
+    residual_bias_forward_kernel<Act><<<blocks_for(n, 256), 256, 0, x->stream>>>(out, a, b, bias, C, n);
+    launched("residual_bias_forward_kernel");
+}
+
+// --- the gradient norm of a shard (gpt_clip_grad_norm_tp): the squares of
+// the split tensors, summed over the tp ranks, plus those of the
+// replicated ones, once. AdamW's chunks never straddle two tensors, so
+// each chunk is all split or all replicated: chunk_split says which.
+static void tp_setup(gpt_cuda_t *g) {
+    int n = g->num_adam_chunks;
+    adam_chunk *chunks = (adam_chunk *)xmalloc(sizeof(adam_chunk) * (size_t)n);
+    unsigned char *split = (unsigned char *)xmalloc((size_t)n);
+    build_adam_chunks(g->tensors, g->num_tensors, chunks);
+    for (int c = 0, t = 0; c < n; c++) {
+        while (chunks[c].offset >= g->tensors[t].offset + g->tensors[t].count) t++;
+        split[c] = g->tensors[t].split != GPT_REPLICATED;
+    }
+    g->chunk_split = (unsigned char *)device_buffer(g, (size_t)n, "chunk kinds (tensor parallelism)");
+    g->tp_norm = (double *)device_buffer(g, sizeof(double) * (2 * NORM_BLOCKS + 2), "gradient-norm sums (tensor parallelism)");
+    CHECK_CUDA(cudaMemcpyAsync(g->chunk_split, split, (size_t)n, cudaMemcpyHostToDevice, g->ctx.stream));
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream)); // before the host buffers go
+    free(chunks), free(split);
+}
+
+// Block b sums the squares of chunks b, b + gridDim.x, ... into two
+// partials, split and replicated, in a fixed order (the same bits every run).
+static __global__ void tp_sum_squares_kernel(double *partials, const float *x, const adam_chunk *chunks,
+                                             const unsigned char *split, int count) {
+    double s_split = 0.0, s_repl = 0.0;
+    for (int c = blockIdx.x; c < count; c += gridDim.x) {
+        adam_chunk ch = chunks[c];
+        double s = 0.0;
+        for (unsigned k = threadIdx.x; k < ch.count; k += blockDim.x) s += (double)x[ch.offset + k] * x[ch.offset + k];
+        if (split[c]) s_split += s;
+        else s_repl += s;
+    }
+    s_split = block_sum_double(s_split);
+    s_repl = block_sum_double(s_repl);
+    if (threadIdx.x == 0) partials[2 * blockIdx.x] = s_split, partials[2 * blockIdx.x + 1] = s_repl;
+}
+
+// One warp adds the partials: sums[0] split, sums[1] replicated.
+static __global__ void tp_add_partials_kernel(double *sums, const double *partials, int blocks) {
+    double a = 0.0, b = 0.0;
+    for (int i = threadIdx.x; i < blocks; i += WARP) a += partials[2 * i], b += partials[2 * i + 1];
+    a = warp_sum_double(a), b = warp_sum_double(b);
+    if (threadIdx.x == 0) sums[0] = a, sums[1] = b;
+}
+
+// After sums[0] was summed over the tp ranks: the norm and the clip scale, as grad_norm_kernel.
+static __global__ void tp_grad_norm_kernel(device_scalars *out, const double *sums, float max_norm) {
+    double norm = sqrt(sums[0] + sums[1]);
+    out->grad_norm = (float)norm;
+    out->clip_scale = max_norm > 0 && norm > max_norm ? (float)(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
+extern "C" void gpt_cuda_clip_grad_norm_tp(gpt_cuda_t *g, float max_norm) {
+    if (g->tp <= 1) {
+        gpt_cuda_clip_grad_norm(g, max_norm);
+        return;
+    }
+    if (!g->tp_all_reduce) die("a tensor-parallel GPU model (tp %d) needs gpt_cuda_set_tp_all_reduce", g->tp);
+    cudaStream_t s = g->ctx.stream;
+    int blocks = g->num_adam_chunks < NORM_BLOCKS ? g->num_adam_chunks : NORM_BLOCKS;
+    double *sums = g->tp_norm + 2 * NORM_BLOCKS;
+    tp_sum_squares_kernel<<<blocks, 256, 0, s>>>(g->tp_norm, g->grads, g->adam_chunks, g->chunk_split,
+                                                  g->num_adam_chunks);
+    launched("tp_sum_squares_kernel");
+    tp_add_partials_kernel<<<1, WARP, 0, s>>>(sums, g->tp_norm, blocks);
+    launched("tp_add_partials_kernel");
+    g->tp_all_reduce(g->tp_user, sums, 1, GPT_CUDA_F64, s); // the split tensors' squares, over the tp ranks
+    tp_grad_norm_kernel<<<1, 1, 0, s>>>(g->scalars, sums, max_norm);
+    launched("tp_grad_norm_kernel");
+    g->clip_pending = true, g->have_norm = true;
+}
+
+// ===================================================================== 10. the training step as one CUDA graph
+//
+// A step of the chapter's default model is 149 launches (96 kernels, 51
+// cuBLAS calls, 2 memsets; the tiny preset's 83), each a few microseconds
+// of the host's time and, for a small model, each a few microseconds of
+// work for the GPU: the host, not the GPU, sets the pace.
+// A CUDA graph records the step once - the stream is captured
+// (cudaStreamBeginCapture): its operations go into a graph instead of to
+// the GPU - and then replays it with ONE call, cudaGraphLaunch.
+//
+// A replay runs the captured operations with the arguments they had when
+// captured: the same pointers, the same grid sizes, the same numbers. So
+// everything that changes from step to step is read from device memory:
+//   - the tokens: copied into the same device buffers before each launch
+//     (the data copy stays outside the graph);
+//   - the learning rate of the schedule and AdamW's bias corrections
+//     1 - beta^t: copied into scalars->step before each launch, and the
+//     captured AdamW reads them there (adamw_kernel's `step`);
+//   - the loss and the clip scale are computed on the device already
+//     (sections 6 and 7), and the host never waits inside the step.
+// What the capture does bake in (the batch shape, max_norm, the betas,
+// eps, weight decay) is remembered in step_graph_shape: a step with other
+// values captures again.
+//
+// Data parallel runs do not use this: the gradients' all-reduce between
+// backward and the optimizer is not on the model's stream alone (the bucket
+// hooks queue it on a communication stream after events, or stage it
+// through the host), and the emulated NCCL cannot be captured. A graph per
+// piece between the collectives would be the next step (PyTorch's
+// make_graphed_callables graphs the model's forward and backward, not
+// DDP's all-reduce).
+
+static void step_graph_free(struct step_graph *sg) {
+    if (!sg) return;
+    if (sg->exec) CHECK_CUDA(cudaGraphExecDestroy(sg->exec));
+    CHECK_CUDA(cudaEventDestroy(sg->copied));
+    CHECK_CUDA(cudaFreeHost(sg->host));
+    free(sg);
+}
+
+// Everything of a step after the tokens are on the device, captured into
+// sg->exec: a new executable graph, or (same topology, other arguments) the
+// old one updated in place.
+static void capture_step(gpt_cuda_t *g, struct step_graph *sg, const step_graph_shape *k) {
+    cudaStream_t s = g->ctx.stream;
+    cudaGraph_t graph;
+    // ThreadLocal: a call of this thread that cannot be captured (a host
+    // wait, a cudaMalloc) fails the capture instead of quietly running.
+    CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    sg->capturing = true;
+    int adam_step = g->adam_step, losses_summed = g->losses_summed; // a capture runs nothing: no step, no loss
+    gpt_cuda_zero_grad(g);
+    queue_forward(g, k->B, k->T, true);
+    gpt_cuda_backward(g, 1.0f, NULL, NULL);
+    gpt_cuda_clip_grad_norm(g, k->max_norm);
+    // The captured AdamW reads lr, c1, c2 from scalars->step at each replay;
+    // the values given here (this step's) are not used.
+    gpt_cuda_adamw(g, sg->host->lr, k->beta1, k->beta2, k->eps, k->weight_decay);
+    sg->capturing = false;
+    g->adam_step = adam_step, g->losses_summed = losses_summed;
+    CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+    CHECK_CUDA(cudaGraphGetNodes(graph, NULL, &sg->nodes));
+    cudaGraphExecUpdateResultInfo info;
+    if (sg->exec && cudaGraphExecUpdate(sg->exec, graph, &info) != cudaSuccess) {
+        (void)cudaGetLastError(); // refused (another topology): a new executable graph instead
+        CHECK_CUDA(cudaGraphExecDestroy(sg->exec));
+        sg->exec = NULL;
+    }
+    if (!sg->exec) CHECK_CUDA(cudaGraphInstantiate(&sg->exec, graph, 0));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    sg->shape = *k;
+}
+
+extern "C" void gpt_cuda_graph_step(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T,
+                                    float max_norm, float lr, float beta1, float beta2, float eps,
+                                    float weight_decay) {
+    if (B < 1 || T < 1 || B > g->max_B || T > g->max_T)
+        die("gpt_cuda_graph_step: a batch of %d x %d tokens does not fit the %d x %d the GPU model was created for",
+            B, T, g->max_B, g->max_T);
+    struct step_graph *sg = g->graph;
+    if (!sg) {
+        sg = g->graph = (struct step_graph *)xcalloc(1, sizeof *sg);
+        CHECK_CUDA(cudaMallocHost((void **)&sg->host, sizeof *sg->host));
+        CHECK_CUDA(cudaEventCreateWithFlags(&sg->copied, cudaEventDisableTiming));
+    }
+    size_t N = (size_t)B * T;
+    check_tokens(g, inputs, N, "input");
+    check_tokens(g, targets, N, "target");
+    // Outside the graph: this step's tokens and scalars into device memory,
+    // on the model's stream, so the launch below runs after them.
+    upload_tokens(g, inputs, targets, N);
+    int step = g->adam_step + 1;
+    CHECK_CUDA(cudaEventSynchronize(sg->copied)); // the last step's scalars have left the pinned slot
+    sg->host->lr = lr;
+    sg->host->c1 = (float)(1 - pow((double)beta1, step));
+    sg->host->c2 = (float)(1 - pow((double)beta2, step));
+    CHECK_CUDA(cudaMemcpyAsync(&g->scalars->step, sg->host, sizeof *sg->host, cudaMemcpyHostToDevice,
+                               g->ctx.stream));
+    CHECK_CUDA(cudaEventRecord(sg->copied, g->ctx.stream));
+    step_graph_shape k = {B, T, max_norm, beta1, beta2, eps, weight_decay};
+    if (!sg->exec || memcmp(&k, &sg->shape, sizeof k) != 0) capture_step(g, sg, &k);
+    CHECK_CUDA(cudaGraphLaunch(sg->exec, g->ctx.stream));
+    // What the step did, as the uncaptured calls leave it.
+    g->adam_step = step;
+    g->B = B, g->T = T;
+    g->have_targets = false, g->clip_pending = false;
+    g->have_loss = g->have_norm = true;
+    g->losses_summed++;
+}
+
+extern "C" size_t gpt_cuda_graph_nodes(const gpt_cuda_t *g) { return g->graph ? g->graph->nodes : 0; }

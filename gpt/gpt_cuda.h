@@ -99,6 +99,13 @@ typedef void (*gpt_cuda_bucket_fn)(void *user, const gpt_bucket *bucket, cudaEve
 // work on gpt_cuda_stream: another stream that reads the gradients must
 // first wait for a bucket's event (or for that stream).
 void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn bucket_ready, void *user);
+// --grad_compress bf16 (common/ddp.h): a bf16 copy of the gradients that the
+// buckets travel in (allocated on first use); rounding [offset, offset + n)
+// into it after the work queued so far, then recording `done`; and widening
+// the whole copy back into the fp32 gradients.
+uint16_t *gpt_cuda_grads_bf16(gpt_cuda_t *g);
+void gpt_cuda_round_grads(gpt_cuda_t *g, size_t offset, size_t n, cudaEvent_t done);
+void gpt_cuda_widen_grads(gpt_cuda_t *g);
 
 // As gpt_clip_grad_norm, but queued: the norm and the clip scale are
 // computed on the device, and the next gpt_cuda_adamw applies the scale as
@@ -108,6 +115,23 @@ void gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm);
 float gpt_cuda_grad_norm(gpt_cuda_t *g);
 // As gpt_adamw_step (decay on 2-D tensors only): one launch, queued.
 void gpt_cuda_adamw(gpt_cuda_t *g, float lr, float beta1, float beta2, float eps, float weight_decay);
+
+// ---------------------------------------------------------------- the step as one CUDA graph
+
+// One whole training step - zero_grad, forward with targets, backward
+// (grad_scale 1, no bucket callbacks), clipping to max_norm, AdamW - as ONE
+// launch: captured into a CUDA graph at the first call (and again when B,
+// T, max_norm, the betas, eps or weight_decay change), replayed after. The
+// tokens and the step's scalars (lr, AdamW's bias corrections) are copied
+// to the device before the launch; nothing waits for the GPU. The same
+// arithmetic as the five calls, so the same results; the loss goes to the
+// sum that gpt_cuda_take_loss reads. One process only: no all-reduce can
+// sit between backward and AdamW (gpt_cuda.cu, section 10, says why).
+void gpt_cuda_graph_step(gpt_cuda_t *g, const uint16_t *inputs, const uint16_t *targets, int B, int T,
+                         float max_norm, float lr, float beta1, float beta2, float eps, float weight_decay);
+// The operations the step's graph holds (kernels, cuBLAS calls, memsets:
+// what an uncaptured step launches one by one); 0 before the first graph step.
+size_t gpt_cuda_graph_nodes(const gpt_cuda_t *g);
 
 // Host <-> device copies of whole flat arrays (num_params floats each), for
 // snapshots, saving, and the cpu process group (which stages through host).
@@ -119,6 +143,38 @@ void gpt_cuda_set_grads(gpt_cuda_t *g, const float *host);
 // step) and the number of steps taken.
 void gpt_cuda_get_adam(gpt_cuda_t *g, float *m_host, float *v_host, int *step);
 void gpt_cuda_set_adam(gpt_cuda_t *g, const float *m_host, const float *v_host, int step);
+
+// ---------------------------------------------------------------- a pipeline stage (chapter 11)
+// A model of the blocks and ends of one stage (gpt_layout.h, section 6),
+// of each block's shard when tp > 1 (section 5): params_host is the
+// stage's own flat array (gpt_layout_stage_params). Its
+// forward pass takes input tokens on the first stage only (NULL on the
+// others, whose input is what the previous stage sent into
+// gpt_cuda_stage_input) and targets on the last only; its backward pass
+// starts, on every stage but the last, from the gradient the next stage
+// sent into gpt_cuda_stage_grad, and takes no bucket callback.
+gpt_cuda_t *gpt_cuda_create_stage(const gpt_config *cfg, const gpt_stage *stage, int tp, const float *params_host,
+                                  int B, int T, bool bf16);
+// Slot k keeps one micro-batch's activations from its forward pass to its
+// backward pass; forward writes, and backward reads, the slot in use. A
+// slot is allocated on the device when it is first used.
+void gpt_cuda_use_slot(gpt_cuda_t *g, int k);
+size_t gpt_cuda_slot_bytes(const gpt_cuda_t *g); // of all slots allocated
+// Device buffers of B x T x C activations (bf16 in bf16 mode, else float):
+// the stage's input in the slot in use (for a batch of B x T); its output
+// after a forward pass; the gradient of the residual stream, which before
+// backward holds d(loss)/d(output) and after it d(loss)/d(input).
+void *gpt_cuda_stage_input(gpt_cuda_t *g, int B, int T);
+void *gpt_cuda_stage_output(gpt_cuda_t *g);
+void *gpt_cuda_stage_grad(gpt_cuda_t *g);
+// Clipping by the norm of all stages' gradients: the sum of the squares of
+// gradients [from, num_params) into a double on the device (returned;
+// queued) - in a tensor-parallel shard those of the split tensors, and of
+// the replicated ones only when `replicated` - which the stages (and the
+// shards) add up, then gpt_cuda_clip_grads with the total there (queued,
+// as gpt_cuda_clip_grad_norm).
+double *gpt_cuda_grad_square_sum(gpt_cuda_t *g, size_t from, bool replicated);
+void gpt_cuda_clip_grads(gpt_cuda_t *g, float max_norm);
 
 // "flash" or "cublas": the attention path this model uses. Flash is the
 // default; GPT_CUDA_ATTENTION=cublas in the environment when the model is
@@ -132,6 +188,26 @@ const char *gpt_cuda_attention(const gpt_cuda_t *g);
 size_t gpt_cuda_allocated_bytes(const gpt_cuda_t *g);
 size_t gpt_cuda_device_used_bytes(void);
 
+// ---------------------------------------------------------------- tensor parallelism (chapter 10)
+// A model that holds one rank's shard of each block, split over tp ranks
+// (gpt_layout.h, section 5): params_host is the shard's flat array
+// (gpt_layout_params_tp), and every buffer is sized for the shard. tp 1 is
+// gpt_cuda_create.
+gpt_cuda_t *gpt_cuda_create_tp(const gpt_config *cfg, int tp, const float *params_host, int B, int T, bool bf16);
+int gpt_cuda_tp(const gpt_cuda_t *g);
+
+// The sums over the tp ranks that a shard's blocks need: the caller's
+// all-reduce (sum, in place) of count numbers of `type` in device memory,
+// which the work queued on `stream` so far computes. When it returns, the
+// sum must be in buf for the work queued next on `stream`.
+typedef enum { GPT_CUDA_F32, GPT_CUDA_BF16, GPT_CUDA_F64 } gpt_cuda_type;
+typedef void (*gpt_cuda_tp_fn)(void *user, void *buf, size_t count, gpt_cuda_type type, cudaStream_t stream);
+void gpt_cuda_set_tp_all_reduce(gpt_cuda_t *g, gpt_cuda_tp_fn fn, void *user);
+
+// gpt_cuda_clip_grad_norm for a shard: the norm of the whole model (the
+// split tensors' squares summed over the tp ranks with the all-reduce
+// above, the replicated ones counted once). With tp 1, gpt_cuda_clip_grad_norm.
+void gpt_cuda_clip_grad_norm_tp(gpt_cuda_t *g, float max_norm);
 // ---------------------------------------------------------------- sharded training (chapter 09)
 //
 // gpt_cuda_create keeps the whole training state on the device. Chapter

@@ -24,6 +24,9 @@
 // the kernels that finish it - the communication overlaps the rest of the
 // backward pass, as in PyTorch's DDP; model_average_gradients waits for
 // the last bucket. On the CPU the average is taken after the backward pass.
+// grad_compress (ddp.h's hook, --grad_compress) sends the buckets as bf16:
+// on a GPU each is rounded there before its all-reduce, and the average is
+// widened back once the last one has arrived.
 #ifndef GPT_MODEL_H
 #define GPT_MODEL_H
 
@@ -45,6 +48,9 @@ typedef struct model model_t;
 typedef struct {
     bool params, grads, adam;
 } model_keeps;
+
+// The buffers neighbouring stages of a pipeline exchange (model_stage_buffer).
+typedef enum { STAGE_INPUT, STAGE_OUTPUT, STAGE_GRAD } model_stage_buffer_t;
 
 // What a device's model does; every entry is required.
 typedef struct {
@@ -68,6 +74,14 @@ typedef struct {
     // The logits of sequence 0, position t of the last forward pass (scratch: V floats).
     const float *(*logits)(model_t *m, int t, float *scratch);
     void (*free)(model_t *m);
+    // A pipeline stage (chapter 11): the model is m->host.stage's part.
+    void (*use_slot)(model_t *m, int k);
+    size_t (*slot_bytes)(model_t *m);
+    void *(*stage_buffer)(model_t *m, model_stage_buffer_t which, int B, int T);
+    void (*wait)(model_t *m);                              // for the work queued so far
+    float *(*grads)(model_t *m);                           // the gradients, in the device's memory
+    double *(*grad_square_sum)(model_t *m, size_t from, bool replicated); // in the device's memory
+    void (*clip_grads)(model_t *m, float max_norm);        // by the square sum there
 } model_ops;
 
 struct model {
@@ -78,7 +92,12 @@ struct model {
     int loss_count;
     struct gpt_cuda *gpu;   // GPU runs: the model on the device
     pg_t *averaging;        // GPU runs, during backward: the group the buckets are averaged over
-    model_keeps keeps;
+    ddp_compress_t grad_compress; // how the buckets travel (ddp.h); NONE unless the chapter sets it
+    double square_sum;      // CPU: a pipeline stage's sum of squared gradients
+    pg_t *tp_group;         // tensor parallelism (chapter 10): the ranks the blocks are split over
+    double tp_bytes;        // what the blocks all-reduced over tp_group so far: bytes
+    double tp_numbers;      // and numbers
+    model_keeps keeps;      // chapter 09: what of the training state the model itself holds
 };
 
 static inline const model_ops *model_cpu_ops(void);
@@ -138,6 +157,12 @@ static inline const float *model_logits(model_t *m, int t, float *scratch) { ret
 // `keeps` says of the training state (model_create: all of it).
 static inline void model_create_keeping(model_t *m, gpt_t host, const device_t *d, bool bf16, int B, int T,
                                         model_keeps keeps) {
+    // Sharding (chapter 09) slices the state of a whole model over the
+    // data-parallel ranks; a pipeline stage or a tensor-parallel shard
+    // (chapters 10, 11) is not sharded as well here.
+    if (!(keeps.params && keeps.grads && keeps.adam) && (host.stage.count > 1 || gpt_tp_ways(host.tp) > 1))
+        die("a sharded model (ZeRO, chapter 09) cannot also be a pipeline stage (%d stages) or a tensor-parallel "
+            "shard (tp %d): shard whole models only", host.stage.count, gpt_tp_ways(host.tp));
     memset(m, 0, sizeof *m);
     m->host = host;
     m->on_gpu = device_is_cuda(d) && model_gpu_ops();
@@ -183,6 +208,134 @@ static inline void model_generate(model_t *m, uint16_t *tokens, int len, int tot
     free(scratch);
 }
 
+// ---------------------------------------------------------------- a pipeline stage (chapter 11)
+//
+// model_create with a host model that is one stage of a pipeline
+// (gpt_init_stage) makes the device's model of that stage. Forward takes
+// input tokens on the first stage only and targets on the last only;
+// backward takes no process group (the gradients are averaged after the
+// whole pipeline has run, with model_all_reduce_grads).
+
+// Slot k keeps one micro-batch's activations from its forward pass to its
+// backward pass: forward writes, backward reads the slot in use.
+static inline void model_use_slot(model_t *m, int k) { m->ops->use_slot(m, k); }
+
+// Bytes of activation slots allocated: the micro-batches held at once.
+static inline size_t model_slot_bytes(model_t *m) { return m->ops->slot_bytes(m); }
+
+// Where the previous stage's output is received (STAGE_INPUT, for a batch
+// of B x T, before forward), this stage's output (STAGE_OUTPUT, after
+// forward), and the gradient of the residual stream (STAGE_GRAD: received
+// from the next stage before backward, sent to the previous one after).
+// B x T x n_embd numbers of model_stage_dtype each, in the device's memory.
+static inline void *model_stage_buffer(model_t *m, model_stage_buffer_t which, int B, int T) {
+    return m->ops->stage_buffer(m, which, B, T);
+}
+static inline dtype_t model_stage_dtype(const model_t *m) { return m->bf16 ? DTYPE_BF16 : DTYPE_F32; }
+
+// Returns when the device has done what was queued: before a process group
+// reads what the model wrote (a GPU model computes on a stream of its own),
+// and to time it.
+static inline void model_wait(model_t *m) { m->ops->wait(m); }
+
+// Gradients [first, first + count) of the stage <- op over the ranks of pg.
+static inline void model_all_reduce_grads(model_t *m, pg_t *pg, size_t first, size_t count, redop_t op) {
+    if (pg_world_size(pg) == 1) return;
+    float *g = m->ops->grads(m) + first;
+    m->ops->wait(m);
+    pg_all_reduce(pg, g, g, count, DTYPE_F32, op);
+}
+
+// Clipping by the norm of all stages' gradients together: each stage adds
+// the squares of its gradients [from, ...) - from skips a copy that
+// another stage counts - the stages of pg add up their sums, and each
+// stage clips with the total. A stage split over tensor-parallel ranks
+// first adds up its shards' squares over them, the replicated tensors'
+// counted once (by tp rank 0).
+static inline void model_clip_grad_norm_over(model_t *m, pg_t *pg, size_t from, float max_norm) {
+    bool replicated = !m->tp_group || pg_rank(m->tp_group) == 0;
+    double *sum = m->ops->grad_square_sum(m, from, replicated);
+    m->ops->wait(m);
+    if (m->tp_group && pg_world_size(m->tp_group) > 1) pg_all_reduce(m->tp_group, sum, sum, 1, DTYPE_F64, OP_SUM);
+    if (pg_world_size(pg) > 1) pg_all_reduce(pg, sum, sum, 1, DTYPE_F64, OP_SUM);
+    m->ops->clip_grads(m, max_norm);
+}
+
+// ---------------------------------------------------------------- tensor parallelism (chapter 10)
+//
+// A model whose host copy is one rank's shard of each block (gpt_init_shard:
+// m->host.tp > 1) computes its blocks with the other ranks of `tp`: the
+// model calls back here for each sum over them (gpt.h, section 9; the
+// paper's f and g), and here they become a blocking pg_all_reduce on the
+// tp group. On a GPU the callback first waits for the model's stream, since
+// the partial sums are computed there: while the numbers travel, the GPU
+// waits (gpt_cuda.cu, section 9, says what that costs and what Megatron does
+// about it). The gradient norm of clipping adds up over the group too.
+static inline void model_tp_count(model_t *m, size_t count, dtype_t t) {
+    m->tp_bytes += (double)count * (double)dtype_size(t);
+    m->tp_numbers += (double)count;
+}
+
+static inline void model_tp_sum_cpu(void *user, gpt_real *buf, size_t count) {
+    model_t *m = user;
+    pg_all_reduce(m->tp_group, buf, buf, count, DTYPE_F32, OP_SUM);
+    model_tp_count(m, count, DTYPE_F32);
+}
+
+static inline void model_tp_sum_norm(void *user, double *value) {
+    model_t *m = user;
+    pg_all_reduce(m->tp_group, value, value, 1, DTYPE_F64, OP_SUM);
+}
+
+// The GPU's side of these (the GPU section below; in a CPU-only build no
+// model is on a GPU, and they are never called).
+static inline void model_gpu_tensor_parallel(model_t *m);
+static inline void model_gpu_tp_agree(model_t *m);
+static inline void model_gpu_grads_to_host(model_t *m);
+static inline size_t model_gpu_allocated_bytes(const model_t *m);
+
+// The model is a shard (m->host.tp ranks) and `tp` is the group of its
+// ranks, in the order of their shards (shard r: rank r of the group).
+static inline void model_tensor_parallel(model_t *m, pg_t *tp) {
+    if (gpt_tp_ways(m->host.tp) != pg_world_size(tp))
+        die("the model is split over %d ranks but the tp group has %d", gpt_tp_ways(m->host.tp), pg_world_size(tp));
+    m->tp_group = tp;
+    m->host.tp_all_reduce = model_tp_sum_cpu, m->host.tp_user = m;
+    if (m->on_gpu) model_gpu_tensor_parallel(m);
+}
+
+// The replicated tensors' gradients, the same bytes on every rank of the
+// tp group. Every rank computes them from the same numbers, and the CPU
+// model adds in a fixed order: they are equal already, and this does
+// nothing (chapter 10's check_replicas proves it). A GPU adds some of them
+// with atomics (gpt_cuda.cu, column_add; the embeddings' backward), in an
+// order that varies from run to run and from GPU to GPU: their last bits
+// can differ between the ranks, and the copies of a replicated tensor
+// would drift apart step by step. So on a GPU every rank takes tp rank
+// 0's: one broadcast per run of adjacent replicated tensors, (V+T)C + 6LC
+// + 2C numbers per step in all. Call it once the gradients are final.
+static inline void model_tp_agree(model_t *m) {
+    if (m->tp_group && m->on_gpu && pg_world_size(m->tp_group) > 1) model_gpu_tp_agree(m);
+}
+
+// The gradients of the last backward pass (and averaging), in m->host.grads.
+static inline const gpt_real *model_grads_to_host(model_t *m) {
+    if (m->on_gpu) model_gpu_grads_to_host(m);
+    return m->host.grads;
+}
+
+// What the model holds besides its training state, in *bytes, and what
+// that is: on the CPU the buffers of the activations and of their
+// gradients; on a GPU everything the model allocated there.
+static inline const char *model_activation_bytes(const model_t *m, size_t *bytes) {
+    if (m->on_gpu) {
+        *bytes = model_gpu_allocated_bytes(m);
+        return "every buffer: state, activations, logits, scratch; measured by the model as it allocated them";
+    }
+    *bytes = (m->host.acts_capacity + m->host.grads_capacity) * sizeof(gpt_real);
+    return "measured: the model's buffers for a batch";
+}
+
 // ---------------------------------------------------------------- the CPU model (gpt.h)
 
 static inline float model_cpu_forward(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T, bool wait) {
@@ -207,10 +360,15 @@ static inline void model_cpu_backward(model_t *m, float grad_scale, pg_t *pg) {
 }
 
 static inline void model_cpu_average_gradients(model_t *m, pg_t *pg) {
-    ddp_average_gradients(pg, m->host.grads, m->host.num_params);
+    ddp_average_gradients_with(pg, m->host.grads, m->host.num_params, m->grad_compress);
 }
 
-static inline void model_cpu_clip_grad_norm(model_t *m, float max_norm) { gpt_clip_grad_norm(&m->host, max_norm); }
+static inline void model_tp_sum_norm(void *user, double *value);
+
+static inline void model_cpu_clip_grad_norm(model_t *m, float max_norm) {
+    if (m->tp_group) gpt_clip_grad_norm_tp(&m->host, max_norm, model_tp_sum_norm, m);
+    else gpt_clip_grad_norm(&m->host, max_norm);
+}
 
 static inline void model_cpu_adamw(model_t *m, float lr, float beta1, float beta2, float eps, float weight_decay) {
     gpt_adamw_step(&m->host, lr, beta1, beta2, eps, weight_decay);
@@ -231,10 +389,29 @@ static inline const float *model_cpu_logits(model_t *m, int t, float *scratch) {
     return gpt_logits(&m->host, 0, t);
 }
 
+static inline void model_cpu_use_slot(model_t *m, int k) { gpt_use_slot(&m->host, k); }
+static inline size_t model_cpu_slot_bytes(model_t *m) { return gpt_slot_bytes(&m->host); }
+
+static inline void *model_cpu_stage_buffer(model_t *m, model_stage_buffer_t which, int B, int T) {
+    if (which == STAGE_INPUT) return gpt_stage_input(&m->host, B, T);
+    return which == STAGE_OUTPUT ? gpt_stage_output(&m->host) : gpt_stage_grad(&m->host);
+}
+
+static inline float *model_cpu_grads(model_t *m) { return m->host.grads; }
+
+static inline double *model_cpu_grad_square_sum(model_t *m, size_t from, bool replicated) {
+    m->square_sum = gpt_grad_square_sum(&m->host, from, replicated);
+    return &m->square_sum;
+}
+
+static inline void model_cpu_clip_grads(model_t *m, float max_norm) { gpt_clip_grads(&m->host, m->square_sum, max_norm); }
+
 static inline const model_ops *model_cpu_ops(void) {
     static const model_ops ops = {model_cpu_create, model_cpu_forward, model_cpu_take_train_loss, model_cpu_zero_grad, model_cpu_backward,
                                   model_cpu_average_gradients, model_cpu_clip_grad_norm, model_cpu_adamw,
-                                  model_cpu_nothing, model_cpu_nothing, model_cpu_logits, model_cpu_nothing};
+                                  model_cpu_nothing, model_cpu_nothing, model_cpu_logits, model_cpu_nothing,
+                                  model_cpu_use_slot, model_cpu_slot_bytes, model_cpu_stage_buffer,
+                                  model_cpu_nothing, model_cpu_grads, model_cpu_grad_square_sum, model_cpu_clip_grads};
     return &ops;
 }
 
@@ -244,6 +421,10 @@ static inline const model_ops *model_cpu_ops(void) {
 // the file that asks.
 #ifdef COURSE_CUDA
 static inline void model_gpu_create(model_t *m, int B, int T) {
+    if (m->keeps.params && m->keeps.grads && m->keeps.adam) {
+        m->gpu = gpt_cuda_create_stage(&m->host.cfg, &m->host.stage, gpt_tp_ways(m->host.tp), m->host.params, B, T, m->bf16);
+        return;
+    }
     m->gpu = gpt_cuda_create_keeping(&m->host.cfg, m->host.params, B, T, m->bf16, m->keeps.params, m->keeps.grads,
                                      m->keeps.adam);
 }
@@ -259,6 +440,11 @@ static inline void model_gpu_zero_grad(model_t *m) { gpt_cuda_zero_grad(m->gpu);
 // gpt_cuda_backward calls this as each bucket's gradients are final on the GPU.
 static inline void model_bucket_ready(void *user, const gpt_bucket *bucket, cudaEvent_t ready) {
     model_t *m = user;
+    if (m->grad_compress == DDP_COMPRESS_BF16) {   // rounded on the GPU, then sent
+        gpt_cuda_round_grads(m->gpu, bucket->offset, bucket->count, ready);
+        ddp_average_bf16_bucket_after(m->averaging, gpt_cuda_grads_bf16(m->gpu) + bucket->offset, bucket->count, ready);
+        return;
+    }
     ddp_average_bucket_after(m->averaging, gpt_cuda_grads_device(m->gpu) + bucket->offset, bucket->count, ready);
 }
 
@@ -271,9 +457,14 @@ static inline void model_gpu_backward(model_t *m, float grad_scale, pg_t *pg) {
 
 static inline void model_gpu_average_gradients(model_t *m, pg_t *pg) {
     ddp_finish_gradients(pg, gpt_cuda_grads_device(m->gpu));
+    bool compressed = m->grad_compress == DDP_COMPRESS_BF16 && pg && pg_world_size(pg) > 1;
+    if (compressed) gpt_cuda_widen_grads(m->gpu);   // the bf16 averages into the fp32 gradients
 }
 
-static inline void model_gpu_clip_grad_norm(model_t *m, float max_norm) { gpt_cuda_clip_grad_norm(m->gpu, max_norm); }
+static inline void model_gpu_clip_grad_norm(model_t *m, float max_norm) {
+    if (m->tp_group) gpt_cuda_clip_grad_norm_tp(m->gpu, max_norm);
+    else gpt_cuda_clip_grad_norm(m->gpu, max_norm);
+}
 
 static inline void model_gpu_adamw(model_t *m, float lr, float beta1, float beta2, float eps, float weight_decay) {
     gpt_cuda_adamw(m->gpu, lr, beta1, beta2, eps, weight_decay);
@@ -304,14 +495,79 @@ static inline const float *model_gpu_logits(model_t *m, int t, float *scratch) {
 
 static inline void model_gpu_free(model_t *m) { gpt_cuda_free(m->gpu); }
 
+static inline void model_gpu_use_slot(model_t *m, int k) { gpt_cuda_use_slot(m->gpu, k); }
+static inline size_t model_gpu_slot_bytes(model_t *m) { return gpt_cuda_slot_bytes(m->gpu); }
+
+static inline void *model_gpu_stage_buffer(model_t *m, model_stage_buffer_t which, int B, int T) {
+    if (which == STAGE_INPUT) return gpt_cuda_stage_input(m->gpu, B, T);
+    return which == STAGE_OUTPUT ? gpt_cuda_stage_output(m->gpu) : gpt_cuda_stage_grad(m->gpu);
+}
+
+static inline void model_gpu_wait(model_t *m) { CHECK_CUDA(cudaStreamSynchronize(gpt_cuda_stream(m->gpu))); }
+static inline float *model_gpu_grads(model_t *m) { return gpt_cuda_grads_device(m->gpu); }
+static inline double *model_gpu_grad_square_sum(model_t *m, size_t from, bool replicated) {
+    return gpt_cuda_grad_square_sum(m->gpu, from, replicated);
+}
+static inline void model_gpu_clip_grads(model_t *m, float max_norm) { gpt_cuda_clip_grads(m->gpu, max_norm); }
+
 static inline const model_ops *model_gpu_ops(void) {
     static const model_ops ops = {model_gpu_create, model_gpu_forward, model_gpu_take_train_loss, model_gpu_zero_grad, model_gpu_backward,
                                   model_gpu_average_gradients, model_gpu_clip_grad_norm, model_gpu_adamw,
-                                  model_gpu_to_host, model_gpu_to_device, model_gpu_logits, model_gpu_free};
+                                  model_gpu_to_host, model_gpu_to_device, model_gpu_logits, model_gpu_free,
+                                  model_gpu_use_slot, model_gpu_slot_bytes, model_gpu_stage_buffer,
+                                  model_gpu_wait, model_gpu_grads, model_gpu_grad_square_sum, model_gpu_clip_grads};
     return &ops;
+}
+
+// The whole step as one CUDA graph launch (gpt_cuda_graph_step): a GPU
+// model, one process, no gradient accumulation. Not in the table: the CPU
+// has no graphs, and the caller (08's train) decides when it applies.
+static inline void model_graph_step(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T, float max_norm,
+                                    float lr, float beta1, float beta2, float eps, float weight_decay) {
+    gpt_cuda_graph_step(m->gpu, in, tg, B, T, max_norm, lr, beta1, beta2, eps, weight_decay);
+    m->host.adam_step++;
+}
+
+// Tensor parallelism on a GPU: the blocks' sums over the tp group, after
+// the model's stream has computed the partial sums.
+static inline void model_tp_sum_gpu(void *user, void *buf, size_t count, gpt_cuda_type type, cudaStream_t stream) {
+    model_t *m = user;
+    dtype_t t = type == GPT_CUDA_BF16 ? DTYPE_BF16 : type == GPT_CUDA_F64 ? DTYPE_F64 : DTYPE_F32;
+    CHECK_CUDA(cudaStreamSynchronize(stream)); // the partial sums are on the GPU now
+    pg_all_reduce(m->tp_group, buf, buf, count, t, OP_SUM);
+    if (type != GPT_CUDA_F64) model_tp_count(m, count, t); // the gradient norm's one double is not counted
+}
+
+static inline void model_gpu_tensor_parallel(model_t *m) { gpt_cuda_set_tp_all_reduce(m->gpu, model_tp_sum_gpu, m); }
+static inline void model_gpu_grads_to_host(model_t *m) { gpt_cuda_get_grads(m->gpu, m->host.grads); }
+static inline size_t model_gpu_allocated_bytes(const model_t *m) { return gpt_cuda_allocated_bytes(m->gpu); }
+
+static inline void model_gpu_tp_agree(model_t *m) {
+    float *grads = gpt_cuda_grads_device(m->gpu);
+    const gpt_t *h = &m->host;
+    CHECK_CUDA(cudaStreamSynchronize(gpt_cuda_stream(m->gpu))); // the backward pass has computed them
+    for (int t = 0; t < h->num_tensors;) {
+        if (h->tensors[t].split != GPT_REPLICATED) {
+            t++;
+            continue;
+        }
+        size_t first = h->tensors[t].offset, count = 0;
+        for (; t < h->num_tensors && h->tensors[t].split == GPT_REPLICATED; t++) count += h->tensors[t].count;
+        pg_broadcast(m->tp_group, grads + first, count, DTYPE_F32, 0);
+    }
 }
 #else
 static inline const model_ops *model_gpu_ops(void) { return NULL; }
+static inline void model_graph_step(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T, float max_norm,
+                                    float lr, float beta1, float beta2, float eps, float weight_decay) {
+    (void)m, (void)in, (void)tg, (void)B, (void)T, (void)max_norm, (void)lr, (void)beta1, (void)beta2, (void)eps;
+    (void)weight_decay;
+    die("model_graph_step: CUDA graphs need a GPU build");
+}
+static inline void model_gpu_tensor_parallel(model_t *m) { (void)m; }
+static inline void model_gpu_tp_agree(model_t *m) { (void)m; }
+static inline void model_gpu_grads_to_host(model_t *m) { (void)m; }
+static inline size_t model_gpu_allocated_bytes(const model_t *m) { (void)m; return 0; }
 #endif
 
 #endif

@@ -12,8 +12,8 @@
 #
 # COURSE_RUNS_DIR=DIR reads and writes DIR instead of runs/ (the tests use
 # it). Without gnuplot the CSVs are still written, and one line says how to
-# install it. Chapter 08's figures need WikiText-2 (make data): without it
-# they are skipped, and the last lines say so.
+# install it. Chapter 08's and 11's figures need WikiText-2 (make data):
+# without it they are skipped, and the last lines say so.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 runs=${COURSE_RUNS_DIR:-runs}
@@ -97,6 +97,39 @@ if [[ -s $gpt_dir/metrics.csv ]]; then
     draw 08_gpt_tokens 08_gpt_tokens.gp "infile='$gpt_dir/metrics.csv'; subtitle=\"$(subtitle "$gpt_dir/metrics.csv")\""
 fi
 
+# --- 08: the same training with the gradients all-reduced as fp32 and as
+# bf16 (--grad_compress): 2 ranks, the tiny preset, 300 steps each.
+cdir=$runs/08_gpt_compress
+if [[ -n $wikitext ]]; then
+    for c in none bf16; do
+        [[ -s $cdir/$c/metrics.csv ]] && continue
+        echo "plots: measuring 08_gpt_wikitext with --grad_compress $c (--preset tiny --max_steps 300 --nprocs 2)"
+        08_gpt_wikitext/08_gpt_wikitext --preset tiny --max_steps 300 --eval_every 50 --num_samples 0 --nprocs 2 \
+            --grad_compress $c --data_dir "$wikitext" --out_dir "$cdir/$c" >"$runs/plots/08_gpt_compress_$c.log" 2>&1 ||
+            failed+=("08 --grad_compress $c run (see $runs/plots/08_gpt_compress_$c.log)")
+    done
+fi
+if [[ -s $cdir/none/metrics.csv && -s $cdir/bf16/metrics.csv ]]; then
+    draw 08_gpt_compress 08_gpt_compress.gp "fp32='$cdir/none/metrics.csv'; bf16='$cdir/bf16/metrics.csv'; subtitle=\"$(subtitle "$cdir/none/metrics.csv"), and bf16\""
+elif [[ -z $wikitext ]]; then
+    skipped+=("08_gpt_compress: WikiText-2 is not here (make data downloads it)")
+fi
+# --- 11: the pipeline schedules as they ran, GPipe and 1F1B (4 stages x 8
+# micro-batches of the tiny preset), measured when no run has written them.
+dir11=$runs/11_pipeline_parallel
+for schedule in gpipe 1f1b; do
+    csv11=$dir11/timeline-$schedule.csv
+    if [[ ! -s $csv11 && -z $wikitext ]]; then
+        skipped+=("11_timeline_$schedule: WikiText-2 is not here (WIKITEXT_DIR, ../shared/data/wikitext-2, data/wikitext-2); make data downloads it")
+        continue
+    elif [[ ! -s $csv11 ]]; then
+        echo "plots: measuring 11_pipeline_parallel (--schedule $schedule --pp 4 --micro_batches 8 --preset tiny --max_steps 20)"
+        11_pipeline_parallel/11_pipeline_parallel --schedule "$schedule" --pp 4 --micro_batches 8 --preset tiny \
+            --max_steps 20 --num_samples 0 >"$runs/plots/11_pipeline_parallel.$schedule.log" 2>&1 ||
+            failed+=("11 run (see $runs/plots/11_pipeline_parallel.$schedule.log)")
+    fi
+    [[ -s $csv11 ]] && draw "11_timeline_$schedule" 11_timeline.gp "infile='$csv11'; subtitle=\"$(subtitle "$csv11")\""
+done
 # --- 09: the bytes each rank holds against N, for DDP and the three ZeRO
 # stages. Memory does not depend on the text, so this needs no WikiText-2:
 # a few steps of the tiny preset on a small generated corpus, one run per

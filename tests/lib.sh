@@ -93,19 +93,18 @@ field() {
         if [[ $all -eq 1 ]]; then cat; else tail -n 1; fi
 }
 
-# small_corpus DIR : a small corpus in WikiText's layout in DIR (train.txt,
-# valid.txt, test.txt: 2000, 200 and 200 short sentences under article
-# headings), the same every time, for the GPT's tests (no real data needed).
-small_corpus() {
+# gpt_corpus DIR : a small corpus in WikiText's layout (train.txt, valid.txt,
+# test.txt of made-up sentences), for the GPT's tests: no real data needed.
+gpt_corpus() {
     awk -v dir="$1" 'BEGIN { system("mkdir -p " dir); srand(11)
-        split("the a one every some my your this that no", D, " "); split("cat dog bird river city king song train", N, " ")
-        split("sees likes finds eats builds sings", V, " ")
-        for (f = 1; f <= 3; f++) {
-            file = dir "/" (f == 1 ? "train.txt" : f == 2 ? "valid.txt" : "test.txt")
-            for (i = 0; i < (f == 1 ? 2000 : 200); i++) {
-                if (i % 40 == 0) printf " \n = Article %d = \n \n", i > file
-                printf " %s %s %s %s %s . \n", D[int(rand() * 10) + 1], N[int(rand() * 8) + 1], V[int(rand() * 6) + 1],
-                    D[int(rand() * 10) + 1], N[int(rand() * 8) + 1] > file } } }'
+    split("the a one every some my your this that no", D, " "); split("cat dog bird river city king song train", N, " ")
+    split("sees likes finds eats builds sings", V, " ")
+    for (f = 1; f <= 3; f++) {
+        file = dir "/" (f == 1 ? "train.txt" : f == 2 ? "valid.txt" : "test.txt")
+        for (i = 0; i < (f == 1 ? 2000 : 200); i++) {
+            if (i % 40 == 0) printf " \n = Article %d = \n \n", i > file
+            printf " %s %s %s %s %s . \n", D[int(rand() * 10) + 1], N[int(rand() * 8) + 1], V[int(rand() * 6) + 1],
+                D[int(rand() * 10) + 1], N[int(rand() * 8) + 1] > file } } }'
 }
 
 # has_real_gpu : true when nvidia-smi lists a GPU here.
@@ -160,6 +159,21 @@ gpu_count() {
     else nvidia-smi -L 2>/dev/null | grep -c '^GPU'; fi
 }
 
+# gpt_corpus DIR : a small corpus in WikiText's layout (train.txt,
+# valid.txt, test.txt of short sentences in articles) for chapter 08's
+# tests, which need no real data.
+gpt_corpus() {
+    awk -v dir="$1" 'BEGIN { system("mkdir -p " dir); srand(11)
+    split("the a one every some my your this that no", D, " "); split("cat dog bird river city king song train", N, " ")
+    split("sees likes finds eats builds sings", V, " ")
+    for (f = 1; f <= 3; f++) {
+        file = dir "/" (f == 1 ? "train.txt" : f == 2 ? "valid.txt" : "test.txt")
+        for (i = 0; i < (f == 1 ? 2000 : 200); i++) {
+            if (i % 40 == 0) printf " \n = Article %d = \n \n", i > file
+            printf " %s %s %s %s %s . \n", D[int(rand() * 10) + 1], N[int(rand() * 8) + 1], V[int(rand() * 6) + 1],
+                D[int(rand() * 10) + 1], N[int(rand() * 8) + 1] > file } } }'
+}
+
 # free_port : a port on 127.0.0.1 that nothing listens on now, for a test
 # that must name its port in advance (a rendezvous by hand, two nodes). It
 # lies below the kernel's ephemeral range, where connect() takes the ports of
@@ -195,10 +209,12 @@ free_port() {
 # by NEW, builds TARGET in the folder DIR of the copy, and prints the
 # program's path. The copy is built for the CPU (CUDA=0) whatever this
 # build's mode: the planted bugs live in host code, and one CPU program
-# builds in seconds. Prints nothing and fails when OLD does not occur
-# exactly once in FILE (the code changed: the planted bug must move with
-# it, never be dropped without a word) or the build fails; planted_why NAME
-# then says which.
+# builds in seconds. PLANT_CUDA=emu builds it for the emulated GPU instead
+# (a bug in GPU code): the copy links this checkout's emu/, built already
+# in a CUDA=emu build, so only the copy's own files compile. Prints
+# nothing and fails when OLD does not occur exactly once in FILE (the code
+# changed: the planted bug must move with it, never be dropped without a
+# word) or the build fails; planted_why NAME then says which.
 plant() {
     local copy=$TMP/plant-$1 why=$TMP/plant-$1.why file=$2 old=$3 new=$4 text rest count
     rm -rf "$copy" "$why" && mkdir -p "$copy" || return 1
@@ -214,7 +230,8 @@ plant() {
         return 1
     fi
     printf '%s' "${text/"$old"/"$new"}" >"$copy/$file"
-    if ! env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -s -C "$copy/$5" CUDA=0 ASAN=0 "$6" \
+    if [[ ${PLANT_CUDA:-0} == emu ]]; then ln -s "$ROOT/emu" "$copy/emu" || return 1; fi
+    if ! env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -s -C "$copy/$5" CUDA="${PLANT_CUDA:-0}" ASAN=0 "$6" \
             >"$copy/make.log" 2>&1; then
         echo "the copy with the planted bug did not build: $(grep -m3 -E 'error|Error' "$copy/make.log" | tr '\n' '|')" >"$why"
         return 1

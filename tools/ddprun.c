@@ -16,7 +16,14 @@
 // the store: node/<R> (who joined), beat/<R> (a heartbeat counter),
 // restart/<G> and failed (what happened), stopped/<G> and done/<G> (barriers).
 // The workers' own keys live under "attempt<G>/..." (store.h's rendezvous uses
-// TORCHELASTIC_RESTART_COUNT), so a restarted job never sees stale keys.
+// COURSE_ATTEMPT), so a restarted job never sees stale keys.
+//
+// That is the static rendezvous: every node is given --nnodes=N and its
+// --node_rank. The c10d rendezvous (--rdzv_backend=c10d, or an elastic
+// --nnodes=MIN:MAX) numbers the nodes itself, in rounds: a round forms when
+// MIN launchers have joined and no more come for a moment (or MAX have), and
+// a node that joins or is lost later starts the next round, in which every
+// worker restarts with the new world size (the section "elastic rounds").
 //
 // Usage: ddprun --nproc_per_node=4 ./my_program --its --flags   (see --help)
 #include <fcntl.h>
@@ -40,6 +47,7 @@
 #include "check.h"
 #include "files.h"
 #include "flags.h"
+#include "netif.h"
 #include "store.h"
 
 extern char **environ;
@@ -59,8 +67,13 @@ enum {
 
 typedef struct {
     const char *nproc_text;   // "4", "gpu", "cpu" or "auto"
-    const char *nnodes_text;  // "2" or "2:2"
+    const char *nnodes_text;  // "2", or "MIN:MAX" (elastic)
     int nproc, nnodes, node_rank;
+    int min_nodes, max_nodes; // of --nnodes; static: both nnodes
+    const char *rdzv_backend, *rdzv_endpoint, *rdzv_conf;
+    bool dynamic;             // the c10d rendezvous: nodes numbered in order of arrival
+    double last_call;         // c10d: how long a round waits for more nodes once MIN have joined
+    int is_host;              // c10d: serve the store here: 1 yes, 0 no, -1 if the endpoint is local
     const char *master_addr;
     int master_port;
     bool standalone, no_python, use_env, pass_local_rank;
@@ -114,11 +127,16 @@ typedef struct {
     double kill_grace;
     bool set_omp;               // give workers OMP_NUM_THREADS=1
     // layout of the job, known after the nodes have met
+    int nnodes, node_rank;      // this attempt's (static: the flags')
     int world_size, rank_offset;
     int *node_nproc;
     char **node_host;
+    char **node_net;            // "eth0 10.0.0.2 MTU 1500": how each node reaches the store
+    int *node_beat;             // the heartbeat key of each node (static: its node rank)
+    int beat_id;                // this launcher's heartbeat key
     // workers of the current attempt
-    int generation;             // = TORCHELASTIC_RESTART_COUNT, the same on every node
+    int generation;             // = COURSE_ATTEMPT, the same on every node
+    int restarts;               // after failures: TORCHELASTIC_RESTART_COUNT (static: = generation)
     worker_t *workers;
     int nworkers;
     bool stopping;              // exits now are our doing, not failures
@@ -143,7 +161,10 @@ typedef struct {
     bool silence_said;          // this barrier has said which node it waits for
     int64_t *replaced_seen;     // how often each node's launcher has been replaced so far
     bool gave_up;               // a local failure with no restarts left ends the job
+    bool leaving;               // c10d: a signal takes this node out; the job goes on
     char reason[2 * TEXT_MAX];  // why the job ends or restarts, for messages
+    char net[160];              // "eth0 10.0.0.2 MTU 1500": this node's way to the others
+    char net_how[TEXT_MAX];     // the same, and why that interface
 } job_t;
 
 static job_t the_job;
@@ -213,8 +234,8 @@ static void describe_exit(int wait_status, char *buf, size_t size) {
 // "rank 3 (node 1, local 1, pid 1234)"; the node only matters with several.
 static void describe_worker(const job_t *job, int rank, int local_rank, pid_t pid, char *buf,
                             size_t size) {
-    if (job->opt.nnodes > 1)
-        snprintf(buf, size, "rank %d (node %d, local %d, pid %d)", rank, job->opt.node_rank,
+    if (job->nnodes > 1)
+        snprintf(buf, size, "rank %d (node %d, local %d, pid %d)", rank, job->node_rank,
                  local_rank, (int)pid);
     else
         snprintf(buf, size, "rank %d (local %d, pid %d)", rank, local_rank, (int)pid);
@@ -319,8 +340,9 @@ static int parse_nproc(const flag_set *set, const char *text) {
     return n;
 }
 
-// --nnodes: N, or N:N. A range MIN:MAX (elastic membership) is not supported.
-static int parse_nnodes(const flag_set *set, const char *text) {
+// --nnodes: N, or MIN:MAX, an elastic job that runs on any number of nodes
+// in that range (as torchrun).
+static void parse_nnodes(const flag_set *set, const char *text, options_t *o) {
     char *end;
     errno = 0;
     long lo = strtol(text, &end, 10), hi = lo;
@@ -330,24 +352,105 @@ static int parse_nnodes(const flag_set *set, const char *text) {
         hi = strtol(rest, &end, 10);
         ok = end != rest && !errno;
     }
-    if (!ok || *end || lo < 1 || lo > 4096)
-        flags_fail(set, "--nnodes expects a number of nodes from 1 to 4096, got '%s'", text);
-    if (hi != lo)
-        flags_fail(set, "--nnodes=%s asks for an elastic range; ddprun needs a fixed number "
-                   "of nodes (MIN equal to MAX)", text);
-    return (int)lo;
+    if (!ok || *end || lo < 1 || hi < 1 || lo > 4096 || hi > 4096)
+        flags_fail(set, "--nnodes expects a number of nodes from 1 to 4096, or MIN:MAX, got '%s'",
+                   text);
+    if (hi < lo) flags_fail(set, "--nnodes=%s: MIN is above MAX", text);
+    o->min_nodes = (int)lo;
+    o->max_nodes = o->nnodes = (int)hi;
+}
+
+// --rdzv_endpoint HOST[:PORT] ([IPv6]:PORT too): where the c10d store is,
+// torchrun's name for --master_addr and --master_port (its default port 29400).
+static void parse_endpoint(const flag_set *set, const char *text, options_t *o) {
+    static char host[256];
+    const char *colon = strrchr(text, ':');
+    bool bracketed = text[0] == '[';
+    if (bracketed) {
+        const char *close = strchr(text, ']');
+        if (!close || (close[1] && close[1] != ':'))
+            flags_fail(set, "--rdzv_endpoint expects HOST:PORT or [IPv6]:PORT, got '%s'", text);
+        colon = close[1] == ':' ? close + 1 : NULL;
+        snprintf(host, sizeof host, "%.*s", (int)(close - text - 1), text + 1);
+    } else if (colon && strchr(text, ':') != colon) {
+        colon = NULL;   // a bare IPv6 address: no port
+        snprintf(host, sizeof host, "%s", text);
+    } else {
+        snprintf(host, sizeof host, "%.*s", colon ? (int)(colon - text) : (int)strlen(text), text);
+    }
+    o->master_port = 29400;
+    if (colon) {
+        char *end;
+        errno = 0;
+        long port = strtol(colon + 1, &end, 10);
+        if (end == colon + 1 || *end || errno || port < 1 || port > 65535)
+            flags_fail(set, "--rdzv_endpoint expects a port from 1 to 65535 after the ':', got '%s'",
+                       text);
+        o->master_port = (int)port;
+    }
+    if (!host[0]) flags_fail(set, "--rdzv_endpoint needs a host, got '%s'", text);
+    o->master_addr = host;
+}
+
+// --rdzv_conf KEY=VALUE,...: the c10d rendezvous's settings that ddprun has.
+static void parse_rdzv_conf(const flag_set *set, const char *text, options_t *o) {
+    char copy[1024];
+    snprintf(copy, sizeof copy, "%s", text);
+    char *save = NULL;
+    for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '='), *end;
+        if (!eq) flags_fail(set, "--rdzv_conf expects KEY=VALUE,..., got '%s'", item);
+        *eq = '\0';
+        const char *value = eq + 1;
+        errno = 0;
+        double v = strtod(value, &end);
+        bool number = end != value && !*end && !errno && v >= 0 && v <= 1e6;
+        if (!strcmp(item, "join_timeout") && number) o->rdzv_timeout = v;
+        else if (!strcmp(item, "last_call_timeout") && number) o->last_call = v;
+        else if (!strcmp(item, "is_host") && (!strcmp(value, "true") || !strcmp(value, "1")))
+            o->is_host = 1;
+        else if (!strcmp(item, "is_host") && (!strcmp(value, "false") || !strcmp(value, "0")))
+            o->is_host = 0;
+        else if (!strcmp(item, "join_timeout") || !strcmp(item, "last_call_timeout") ||
+                 !strcmp(item, "is_host"))
+            flags_fail(set, "--rdzv_conf %s=%s: expects %s", item, value, strcmp(item, "is_host")
+                       ? "a number of seconds" : "true or false");
+        else
+            flags_fail(set, "--rdzv_conf: ddprun knows join_timeout, last_call_timeout and "
+                       "is_host, not '%s'", item);
+    }
+}
+
+// static (the default): every node is given its --node_rank. c10d: the
+// launchers number themselves at the store, which one of them serves.
+static void parse_backend(const flag_set *set, options_t *o) {
+    const char *b = o->rdzv_backend;
+    if (b && strcmp(b, "static") && strcmp(b, "c10d"))
+        flags_fail(set, "--rdzv_backend=%s is not one ddprun has: c10d (the course's store, served "
+                   "by one of the launchers) or static (each node given its --node_rank)", b);
+    bool elastic = o->min_nodes != o->max_nodes;
+    if (elastic && b && !strcmp(b, "static"))
+        flags_fail(set, "--nnodes=%s asks for an elastic job, which needs --rdzv_backend=c10d: "
+                   "the static rendezvous has a fixed --node_rank for every node", o->nnodes_text);
+    o->dynamic = elastic || (b && !strcmp(b, "c10d"));
 }
 
 static void check_options(const flag_set *set, options_t *o) {
     o->nproc = parse_nproc(set, o->nproc_text);
-    o->nnodes = parse_nnodes(set, o->nnodes_text);
-    if (o->node_rank >= o->nnodes)
+    parse_nnodes(set, o->nnodes_text, o);
+    if (o->rdzv_endpoint) parse_endpoint(set, o->rdzv_endpoint, o);
+    if (o->rdzv_conf) parse_rdzv_conf(set, o->rdzv_conf, o);
+    parse_backend(set, o);
+    if (o->standalone && o->dynamic)
+        flags_fail(set, "--standalone is for one node; a c10d or elastic job names its store with "
+                   "--rdzv_endpoint=HOST:PORT, the same on every node");
+    if (!o->dynamic && o->node_rank >= o->nnodes)
         flags_fail(set, "--node_rank=%d is not below --nnodes=%d (node ranks count from 0)",
                    o->node_rank, o->nnodes);
     if (o->standalone && o->nnodes > 1)
         flags_fail(set, "--standalone is for one node; with --nnodes=%d give every node the "
                    "same --master_addr and --master_port instead", o->nnodes);
-    if (o->nnodes > 1 && o->master_port == 0)
+    if ((o->nnodes > 1 || o->dynamic) && o->master_port == 0)
         flags_fail(set, "--master_port=0 (any free port) works only on one node: the other "
                    "nodes could not know which port node 0 got");
     if (!o->master_addr[0]) flags_fail(set, "--master_addr must not be empty");
@@ -360,14 +463,15 @@ static void check_options(const flag_set *set, options_t *o) {
 
 static void parse_options(options_t *o, int argc, char **argv) {
     *o = (options_t){.nproc_text = "1", .nnodes_text = "1", .master_addr = "127.0.0.1",
-                     .master_port = 29500, .monitor_interval = 0.1, .rdzv_timeout = 300};
+                     .master_port = 29500, .monitor_interval = 0.1, .rdzv_timeout = 300,
+                     .last_call = 30, .is_host = -1};
     // One set for the whole run: the_job keeps it for usage errors found later.
     static flag_set set = {.program = "ddprun",
                            .summary = "start N workers of PROGRAM as one distributed job (like torchrun)",
-                           .positional = "PROGRAM [ARGS...]"};
+                           .positional = "PROGRAM [ARGS...]", .prefixes = true};
     flag_string(&set, "nproc_per_node", &o->nproc_text, "workers on this node: a number, or gpu, cpu, auto")->env = "PET_NPROC_PER_NODE";
-    flag_string(&set, "nnodes", &o->nnodes_text, "number of nodes (N or N:N)")->env = "PET_NNODES";
-    flag_int(&set, "node_rank", &o->node_rank, 0, 4095, "this node's index, 0 .. nnodes-1")->env = "PET_NODE_RANK";
+    flag_string(&set, "nnodes", &o->nnodes_text, "number of nodes: N, or MIN:MAX (elastic)")->env = "PET_NNODES";
+    flag_int(&set, "node_rank", &o->node_rank, 0, 4095, "this node's index, 0 .. nnodes-1 (static rendezvous)")->env = "PET_NODE_RANK";
     flag_string(&set, "master_addr", &o->master_addr, "address of node 0, where the store runs")->env = "PET_MASTER_ADDR";
     flag_int(&set, "master_port", &o->master_port, 0, 65535, "port of the store on node 0")->env = "PET_MASTER_PORT";
     flag_bool(&set, "standalone", &o->standalone, "one node: a free port on 127.0.0.1 and a random run id")->env = "PET_STANDALONE";
@@ -375,6 +479,9 @@ static void parse_options(options_t *o, int argc, char **argv) {
     flag_double(&set, "monitor_interval", &o->monitor_interval, 0.01, 60, "seconds between checks of the other nodes")->env = "PET_MONITOR_INTERVAL";
     flag_string(&set, "run_id", &o->run_id, "job id, the same on every node; unset: random, or 'none' with several nodes")->env = "PET_RDZV_ID";
     flag_string(&set, "rdzv_id", &o->run_id, "torchrun's name for --run_id");
+    flag_string(&set, "rdzv_backend", &o->rdzv_backend, "static (each node its --node_rank) or c10d (nodes numbered as they join; elastic)")->env = "PET_RDZV_BACKEND";
+    flag_string(&set, "rdzv_endpoint", &o->rdzv_endpoint, "HOST[:PORT] of the store (port 29400 if none), instead of --master_addr/--master_port")->env = "PET_RDZV_ENDPOINT";
+    flag_string(&set, "rdzv_conf", &o->rdzv_conf, "c10d settings: join_timeout=S,last_call_timeout=S,is_host=true|false")->env = "PET_RDZV_CONF";
     flag_double(&set, "rdzv_timeout", &o->rdzv_timeout, 0.1, 1e6, "seconds to wait for the other nodes")->env = "COURSE_TIMEOUT";
     flag_string(&set, "log_dir", &o->log_dir, "also write each rank's output to DIR/attempt_G/RANK/{stdout,stderr}.log")->env = "PET_LOG_DIR";
     flag_t *redirects = flag_int(&set, "redirects", &o->redirects, 0, 3, "streams sent to the log files only: 0 none, 1 stdout, 2 stderr, 3 both");
@@ -496,8 +603,8 @@ static envlist_t worker_environment(const job_t *job, const worker_t *w) {
     env_put_int(&e, "LOCAL_RANK", w->local_rank);
     env_put_int(&e, "WORLD_SIZE", job->world_size);
     env_put_int(&e, "LOCAL_WORLD_SIZE", job->nworkers);
-    env_put_int(&e, "GROUP_RANK", job->opt.node_rank);
-    env_put_int(&e, "GROUP_WORLD_SIZE", job->opt.nnodes);
+    env_put_int(&e, "GROUP_RANK", job->node_rank);
+    env_put_int(&e, "GROUP_WORLD_SIZE", job->nnodes);
     env_put_int(&e, "ROLE_RANK", w->rank);
     env_put_int(&e, "ROLE_WORLD_SIZE", job->world_size);
     env_put(&e, "ROLE_NAME", "default");
@@ -505,7 +612,8 @@ static envlist_t worker_environment(const job_t *job, const worker_t *w) {
     env_put_int(&e, "MASTER_PORT", job->master_port);
     env_put(&e, "TORCHELASTIC_RUN_ID", job->run_id);
     env_put(&e, "COURSE_RUN_ID", job->run_id);
-    env_put_int(&e, "TORCHELASTIC_RESTART_COUNT", job->generation);
+    env_put_int(&e, "TORCHELASTIC_RESTART_COUNT", job->restarts);
+    env_put_int(&e, "COURSE_ATTEMPT", job->generation);
     env_put_int(&e, "TORCHELASTIC_MAX_RESTARTS", job->opt.max_restarts);
     env_put(&e, "TORCHELASTIC_USE_AGENT_STORE", "True");
     env_put(&e, "COURSE_AGENT_STORE", "1");
@@ -613,6 +721,10 @@ static void stream_read(job_t *job, stream_t *s, int rank) {
 // Wait up to timeout_s for worker output or a signal, and handle what came.
 // Every waiting loop of the launcher goes through here.
 static void heartbeat(job_t *job);
+static void post_failure_restart(job_t *job);
+static bool restart_posted(job_t *job);
+static bool node_waiting(job_t *job);
+static void join_round(job_t *job, int round);
 
 static void pump(job_t *job, double timeout_s) {
     int n = 0;
@@ -768,7 +880,7 @@ static void note_failure(job_t *job, const worker_t *w) {
     bool first = !job->failure.set;
     if (first) {
         job->failure = (failure_t){true, w->rank, w->local_rank, w->pid, w->wait_status,
-                                   wall_clock_us(), job->opt.node_rank, ""};
+                                   wall_clock_us(), job->node_rank, ""};
         snprintf(job->failure.host, sizeof job->failure.host, "%s", job->host);
         post_failure_record(job);   // now, before stopping the others takes its time
     }
@@ -890,11 +1002,15 @@ static void node_key(char *key, size_t size, const char *what, int index) {
     snprintf(key, size, "ddprun/%s/%d", what, index);
 }
 
+// Launchers that talk through the store: several nodes, or a c10d
+// rendezvous (where more may join at any time).
+static bool several_nodes(const job_t *job) { return job->opt.dynamic || job->nnodes > 1; }
+
 static void heartbeat(job_t *job) {
-    if (!job->store || job->opt.nnodes == 1 || now_s() < job->next_beat) return;
+    if (!job->store || !several_nodes(job) || now_s() < job->next_beat) return;
     job->next_beat = now_s() + HEARTBEAT_PERIOD_S;
     char key[64];
-    node_key(key, sizeof key, "beat", job->opt.node_rank);
+    node_key(key, sizeof key, "beat", job->beat_id);
     store_add(job->store, key, 1);
 }
 
@@ -907,10 +1023,10 @@ static double node_silence_max(const job_t *job) {
 static int find_silent_node(job_t *job) {
     if (!job->nodes_met || now_s() < job->next_silence_check) return -1;
     job->next_silence_check = now_s() + HEARTBEAT_PERIOD_S;
-    for (int r = 0; r < job->opt.nnodes; r++) {
-        if (r == job->opt.node_rank) continue;
+    for (int r = 0; r < job->nnodes; r++) {
+        if (r == job->node_rank) continue;
         char key[64];
-        node_key(key, sizeof key, "beat", r);
+        node_key(key, sizeof key, "beat", job->node_beat[r]);
         int64_t beats = store_add(job->store, key, 0);
         if (beats != job->beat_seen[r]) {
             job->beat_seen[r] = beats;
@@ -941,10 +1057,10 @@ static void store_read_text(job_t *job, const char *key, char *buf, size_t size)
 // faster than a network round trip plus a process exit.
 
 static void post_failure_record(job_t *job) {
-    if (!job->store || job->opt.nnodes == 1 || job->failure_posted) return;
+    if (!job->store || !several_nodes(job) || job->failure_posted) return;
     char key[64], text[TEXT_MAX];
     const failure_t *f = &job->failure;
-    snprintf(key, sizeof key, "ddprun/failure/%d/%d", job->generation, job->opt.node_rank);
+    snprintf(key, sizeof key, "ddprun/failure/%d/%d", job->generation, job->node_rank);
     int n = f->set ? snprintf(text, sizeof text, "%lld %d %d %d %d %s", (long long)f->when_us, f->rank,
                               f->local_rank, (int)f->pid, f->wait_status, f->host)
                    : snprintf(text, sizeof text, "none");
@@ -971,14 +1087,14 @@ static bool read_failure_record(job_t *job, int r, failure_t *out) {
 // every node has written its record, since a node may still be stopping.
 static failure_t first_failure_of_job(job_t *job) {
     failure_t first = job->failure;
-    if (job->opt.nnodes == 1 || !job->store) return first;
+    if (!several_nodes(job) || !job->store) return first;
     post_failure_record(job);
-    bool *seen = xcalloc((size_t)job->opt.nnodes, sizeof *seen);
+    bool *seen = xcalloc((size_t)job->nnodes, sizeof *seen);
     double wait = fmin(job->opt.rdzv_timeout, job->kill_grace + KILL_WAIT_S + 2.0);
     double deadline = now_s() + wait;
-    for (int count = 0; count < job->opt.nnodes && now_s() < deadline; sleep_s(0.05)) {
+    for (int count = 0; count < job->nnodes && now_s() < deadline; sleep_s(0.05)) {
         heartbeat(job);   // a replacement must not take this live node for dead
-        for (int r = 0; r < job->opt.nnodes; r++) {
+        for (int r = 0; r < job->nnodes; r++) {
             failure_t f;
             if (seen[r] || !read_failure_record(job, r, &f)) continue;
             seen[r] = true;
@@ -993,19 +1109,19 @@ static failure_t first_failure_of_job(job_t *job) {
 // Tell the other nodes that the job failed, and why (the first word wins
 // nothing: any node may post, and every node stops).
 static void post_failure(job_t *job) {
-    if (!job->store || job->opt.nnodes == 1 || job->failure_known) return;
+    if (!job->store || !several_nodes(job) || job->failure_known || job->leaving) return;
     char text[TEXT_MAX + 300];
-    int n = snprintf(text, sizeof text, "node %d (%s): %s", job->opt.node_rank, job->host,
+    int n = snprintf(text, sizeof text, "node %d (%s): %s", job->node_rank, job->host,
                      job->reason);
     store_set(job->store, "ddprun/failed", text, (size_t)(n < TEXT_MAX ? n : TEXT_MAX - 1));
     job->failure_known = true;
 }
 
 static void post_restart(job_t *job) {
-    if (job->opt.nnodes == 1) return;
+    if (!several_nodes(job)) return;
     char key[64], text[TEXT_MAX + 300];
     node_key(key, sizeof key, "restart", job->generation);
-    int n = snprintf(text, sizeof text, "node %d (%s): %s", job->opt.node_rank, job->host,
+    int n = snprintf(text, sizeof text, "node %d (%s): %s", job->node_rank, job->host,
                      job->reason);
     store_set(job->store, key, text, (size_t)(n < TEXT_MAX ? n : TEXT_MAX - 1));
     snprintf(job->reason, sizeof job->reason, "%s", text);   // as the other nodes read it
@@ -1018,7 +1134,7 @@ static void post_restart(job_t *job) {
 // (await_replacement) for a new launcher to take its place (take_over_node).
 static bool check_other_nodes(job_t *job, bool watch_restart, bool await_replacement,
                               outcome_t *outcome) {
-    if (job->opt.nnodes == 1) return false;
+    if (!several_nodes(job)) return false;
     char key[64], text[TEXT_MAX];
     if (store_check(job->store, "ddprun/failed")) {
         store_read_text(job, "ddprun/failed", text, sizeof text);
@@ -1049,7 +1165,8 @@ static bool check_other_nodes(job_t *job, bool watch_restart, bool await_replace
     snprintf(job->reason, sizeof job->reason, "node %d (%s) has sent no heartbeat for %g s: "
              "its launcher died or the network between the nodes failed", silent, host,
              node_silence_max(job));
-    if (watch_restart && job->generation < job->opt.max_restarts) {
+    if (watch_restart && job->restarts < job->opt.max_restarts) {
+        post_failure_restart(job);
         post_restart(job);
         *outcome = OUTCOME_RESTART;
         return true;
@@ -1060,6 +1177,16 @@ static bool check_other_nodes(job_t *job, bool watch_restart, bool await_replace
 
 // ================================================================ rendezvous of the nodes
 
+static void allocate_nodes(job_t *job, int most) {
+    job->node_nproc = xcalloc((size_t)most, sizeof *job->node_nproc);
+    job->node_host = xcalloc((size_t)most, sizeof *job->node_host);
+    job->node_net = xcalloc((size_t)most, sizeof *job->node_net);
+    job->node_beat = xcalloc((size_t)most, sizeof *job->node_beat);
+    job->beat_seen = xcalloc((size_t)most, sizeof *job->beat_seen);
+    job->beat_changed = xcalloc((size_t)most, sizeof *job->beat_changed);
+    job->replaced_seen = xcalloc((size_t)most, sizeof *job->replaced_seen);
+}
+
 // Where node 0 serves: only loopback when the job stays on this host.
 static const char *bind_host(const char *master_addr) {
     if (!strcmp(master_addr, "::1")) return "::1";
@@ -1067,21 +1194,31 @@ static const char *bind_host(const char *master_addr) {
     return strchr(master_addr, ':') ? "::" : "0.0.0.0";
 }
 
+// The store's thread must not take our signals: they belong to the main
+// loop. It is started between these two, and inherits the mask.
+static void block_our_signals(sigset_t *old) {
+    sigset_t block;
+    sigemptyset(&block);
+    for (size_t i = 0; i < sizeof handled_signals / sizeof handled_signals[0]; i++)
+        sigaddset(&block, handled_signals[i]);
+    sigaddset(&block, SIGCHLD);
+    int rc = pthread_sigmask(SIG_BLOCK, &block, old);
+    if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+}
+
+static void restore_signals(const sigset_t *old) {
+    int rc = pthread_sigmask(SIG_SETMASK, old, NULL);
+    if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+}
+
 static void serve_and_connect(job_t *job) {
     if (job->opt.node_rank == 0) {
-        // The server's thread must not take our signals: they belong to the main loop.
-        sigset_t block, old;
-        sigemptyset(&block);
-        for (size_t i = 0; i < sizeof handled_signals / sizeof handled_signals[0]; i++)
-            sigaddset(&block, handled_signals[i]);
-        sigaddset(&block, SIGCHLD);
-        int rc = pthread_sigmask(SIG_BLOCK, &block, &old);
-        if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+        sigset_t old;
+        block_our_signals(&old);
         store_port_advice = "use --master_port or --standalone";
         job->server = store_server_start(bind_host(job->master_addr), job->master_port,
                                          job->token);
-        rc = pthread_sigmask(SIG_SETMASK, &old, NULL);
-        if (rc) die("pthread_sigmask failed: %s", strerror(rc));
+        restore_signals(&old);
         job->master_port = store_server_port(job->server);
     }
     job->store = store_connect(job->master_addr, job->master_port, job->token,
@@ -1138,19 +1275,20 @@ static void register_node(job_t *job) {
     char key[64], text[TEXT_MAX];
     node_key(key, sizeof key, "claims", job->opt.node_rank);
     if (store_add(job->store, key, 1) > 1) take_over_node(job);
-    int n = snprintf(text, sizeof text, "%d %d %d %s", job->opt.nproc, job->opt.nnodes,
-                     job->opt.max_restarts, job->host);
+    int n = snprintf(text, sizeof text, "%d %d %d %s %s", job->opt.nproc, job->opt.nnodes,
+                     job->opt.max_restarts, job->host, job->net);
     node_key(key, sizeof key, "node", job->opt.node_rank);
     store_set(job->store, key, text, (size_t)n);
 }
 
-// Record what node r said about itself ("NPROC NNODES MAX_RESTARTS HOST").
+// Record what node r said about itself ("NPROC NNODES MAX_RESTARTS HOST NET").
 static void read_node(job_t *job, int r) {
     char key[64], text[TEXT_MAX], host[256];
-    int nproc, nnodes, max_restarts;
+    int nproc, nnodes, max_restarts, net_at = 0;
     node_key(key, sizeof key, "node", r);
     store_read_text(job, key, text, sizeof text);
-    if (sscanf(text, "%d %d %d %255s", &nproc, &nnodes, &max_restarts, host) != 4)
+    if (sscanf(text, "%d %d %d %255s %n", &nproc, &nnodes, &max_restarts, host, &net_at) != 4 ||
+        !net_at)
         die("node %d registered something odd in the store: '%s'", r, text);
     if (nnodes != job->opt.nnodes)
         die("node %d (%s) runs with --nnodes=%d, this node with %d: give every node the "
@@ -1161,6 +1299,8 @@ static void read_node(job_t *job, int r) {
     job->node_nproc[r] = nproc;
     free(job->node_host[r]);
     job->node_host[r] = xstrdup(host);
+    free(job->node_net[r]);
+    job->node_net[r] = xstrdup(text + net_at);
 }
 
 // "1 of 2 joined (node 0: 2 workers); missing: node 1".
@@ -1237,32 +1377,52 @@ static void wait_for_nodes(job_t *job) {
     free(joined);
 }
 
+// The MTU in "eth0 10.0.0.2 MTU 1500", or -1.
+static int net_mtu(const char *net) {
+    const char *at = net ? strstr(net, " MTU ") : NULL;
+    return at ? atoi(at + 5) : -1;
+}
+
+// "all 2 nodes joined: node 0 (host0, eth0 10.0.0.1 MTU 1500): ranks 0-1; ...",
+// a warning when their MTUs differ, and this node's "starting" line.
 static void announce_layout(const job_t *job) {
-    char text[2048];
+    char text[3000];
     int at = 0;
     char ranks[64];
-    for (int r = 0, first = 0; r < job->opt.nnodes && at < (int)sizeof text; r++) {
+    for (int r = 0, first = 0; r < job->nnodes && at < (int)sizeof text; r++) {
         describe_ranks(first, job->node_nproc[r], ranks, sizeof ranks);
-        at += snprintf(text + at, sizeof text - (size_t)at, "%snode %d (%s): %s",
-                       r ? "; " : "", r, job->node_host[r], ranks);
+        at += snprintf(text + at, sizeof text - (size_t)at, "%snode %d (%s, %s): %s",
+                       r ? "; " : "", r, job->node_host[r], job->node_net[r], ranks);
         first += job->node_nproc[r];
     }
-    if (job->opt.nnodes > 1) say("all %d nodes joined: %s", job->opt.nnodes, text);
+    if (job->opt.dynamic)
+        say("round %d: %d node%s joined (%d to %d allowed): %s", job->generation, job->nnodes,
+            job->nnodes == 1 ? "" : "s", job->opt.min_nodes, job->opt.max_nodes, text);
+    else if (job->nnodes > 1)
+        say("all %d nodes joined: %s", job->nnodes, text);
+    for (int r = 1; r < job->nnodes; r++) {
+        int first = net_mtu(job->node_net[0]), this = net_mtu(job->node_net[r]);
+        if (first > 0 && this > 0 && first != this)
+            say("warning: node 0 reaches the store with MTU %d, node %d with MTU %d: packets "
+                "larger than the smaller MTU are dropped on the way and the job hangs at its "
+                "first large message; give every interface between the nodes the same MTU "
+                "(ip link; chapter 07's README)", first, r, this);
+    }
     describe_ranks(job->rank_offset, job->nworkers, ranks, sizeof ranks);
-    say("starting %d worker%s of %s: %s of %d; store at %s:%d; run id %s", job->nworkers,
+    char net[TEXT_MAX + 16] = "";
+    if (several_nodes(job)) snprintf(net, sizeof net, "; network: %s", job->net_how);
+    say("starting %d worker%s of %s: %s of %d; store at %s:%d; run id %s%s", job->nworkers,
         job->nworkers == 1 ? "" : "s", job->opt.program_argv[0], ranks, job->world_size,
-        job->master_addr, job->master_port, job->run_id);
+        job->master_addr, job->master_port, job->run_id, net);
 }
 
 // The launchers meet: node 0 serves the store, every node registers, and
 // global ranks are handed out node by node (node 0's workers first).
 static void rendezvous_nodes(job_t *job) {
     int nnodes = job->opt.nnodes;
-    job->node_nproc = xcalloc((size_t)nnodes, sizeof *job->node_nproc);
-    job->node_host = xcalloc((size_t)nnodes, sizeof *job->node_host);
-    job->beat_seen = xcalloc((size_t)nnodes, sizeof *job->beat_seen);
-    job->beat_changed = xcalloc((size_t)nnodes, sizeof *job->beat_changed);
-    job->replaced_seen = xcalloc((size_t)nnodes, sizeof *job->replaced_seen);
+    allocate_nodes(job, nnodes);
+    for (int r = 0; r < nnodes; r++) job->node_beat[r] = r;
+    job->beat_id = job->node_rank;
     serve_and_connect(job);
     // Until now Ctrl-C simply ends the launcher (there are no workers yet);
     // from here on the main loop handles signals.
@@ -1282,6 +1442,252 @@ static void rendezvous_nodes(job_t *job) {
     announce_layout(job);
 }
 
+// ================================================================ elastic rounds (the c10d rendezvous)
+//
+// With --rdzv_backend=c10d or --nnodes=MIN:MAX no launcher is told its node
+// rank: the launchers number themselves at the store, in ROUNDS. Round G's
+// keys, under ddprun/round/G/: joined (a counter: each launcher's place in
+// the round), node/<place> (what it runs: "LAUNCHER NPROC IS_HOST HOST NET"),
+// host (the store's own launcher has joined), size ("NODES RESTARTS", set
+// once by whoever closes the round). A round closes when MAX launchers have
+// joined, or MIN have and no other came for --rdzv_conf last_call_timeout
+// seconds, and only once the store's launcher is in it: that launcher is
+// node 0 of every round, so rank 0, which writes the snapshots, stays on the
+// same host and disk for the whole job.
+//
+// A launcher that arrives while round G runs joins round G+1 and waits;
+// the launchers of round G see it (node_waiting) and stop their workers
+// and join round G+1 too: a NEW MEMBERSHIP, which costs no restart. A lost
+// node makes its peers' workers fail: that is a failure, counted against
+// --max_restarts (ddprun/failrestart/G), and the next round forms without
+// it. Either way every worker starts again with the new world size, and
+// the program resumes from its snapshot.
+
+static void round_key(char *key, size_t size, int round, const char *what) {
+    snprintf(key, size, "ddprun/round/%d/%s", round, what);
+}
+
+// Is this address one of this host's? (Binding to it works only if so.)
+static bool address_is_local(const char *host) {
+    struct addrinfo hints = {.ai_socktype = SOCK_DGRAM}, *list;
+    if (getaddrinfo(host, NULL, &hints, &list) != 0) return false;
+    bool local = false;
+    for (struct addrinfo *a = list; a && !local; a = a->ai_next) {
+        int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) continue;
+        local = bind(fd, a->ai_addr, a->ai_addrlen) == 0;   // port 0: any
+        close(fd);
+    }
+    freeaddrinfo(list);
+    return local;
+}
+
+// As torchrun's c10d backend: a launcher on the endpoint's host tries to
+// serve the store there; if another launcher serves it already (the port is
+// taken), it is a client like those of the other hosts.
+static void serve_or_join_store(job_t *job) {
+    bool here = job->opt.is_host >= 0 ? job->opt.is_host == 1 : address_is_local(job->master_addr);
+    if (here) {
+        sigset_t old;
+        block_our_signals(&old);
+        const char *bind_to = bind_host(job->master_addr);
+        int fd = store_listen_or(bind_to, job->master_port, true);
+        if (fd >= 0) job->server = store_server_start_on(fd, bind_to, job->token, NULL);
+        restore_signals(&old);
+    }
+    job->store = store_connect(job->master_addr, job->master_port, job->token,
+                               job->opt.rdzv_timeout);
+    say("%s the store at %s:%d (c10d rendezvous, run id %s)", job->server ? "serving" : "joining",
+        job->master_addr, job->master_port, job->run_id);
+}
+
+// A launcher waits to join the next round, and this round may still grow.
+static bool node_waiting(job_t *job) {
+    char key[80];
+    round_key(key, sizeof key, job->generation + 1, "joined");
+    return job->nnodes < job->opt.max_nodes && store_check(job->store, key) &&
+           store_add(job->store, key, 0) > 0;
+}
+
+// Round `round` ended by a failure: the next one counts as a restart.
+static void post_failure_restart(job_t *job) {
+    if (!job->opt.dynamic) return;
+    char key[64];
+    snprintf(key, sizeof key, "ddprun/failrestart/%d", job->generation);
+    store_set(job->store, key, "1", 1);
+}
+
+// Has another node already asked for a new round? Then our workers failing
+// now is most likely its doing (it stopped its workers first), not a fault.
+static bool restart_posted(job_t *job) {
+    char key[64];
+    node_key(key, sizeof key, "restart", job->generation);
+    if (!store_check(job->store, key)) return false;
+    store_read_text(job, key, job->reason, sizeof job->reason);
+    return true;
+}
+
+// Whoever closes round `round` decides its size; the first to try does it.
+static void close_round(job_t *job, int round) {
+    char key[80], text[64];
+    round_key(key, sizeof key, round, "closing");
+    if (store_add(job->store, key, 1) != 1) return;
+    round_key(key, sizeof key, round, "joined");
+    int64_t joined = store_add(job->store, key, 0);
+    int size = joined < job->opt.max_nodes ? (int)joined : job->opt.max_nodes;
+    int restarts = 0, previous_size;   // restarts so far: the last round's, and one if it failed
+    round_key(key, sizeof key, round - 1, "size");
+    if (round > 0 && store_check(job->store, key)) {
+        store_read_text(job, key, text, sizeof text);
+        if (sscanf(text, "%d %d", &previous_size, &restarts) != 2) restarts = 0;
+        snprintf(key, sizeof key, "ddprun/failrestart/%d", round - 1);
+        restarts += store_check(job->store, key);
+    }
+    int n = snprintf(text, sizeof text, "%d %d", size, restarts);
+    round_key(key, sizeof key, round, "size");
+    store_set(job->store, key, text, (size_t)n);
+}
+
+// The job is over for whoever is still waiting to join it.
+static void check_job_over(job_t *job) {
+    char text[TEXT_MAX];
+    if (store_check(job->store, "ddprun/finished")) {
+        say("the job finished before a round with this node began; nothing to do");
+        finish(job, 0);
+    }
+    if (store_check(job->store, "ddprun/failed")) {
+        store_read_text(job, "ddprun/failed", text, sizeof text);
+        snprintf(job->reason, sizeof job->reason, "the job failed on %s", text);
+        job->failure_known = true;
+        say("%s", job->reason);
+        finish(job, 1);
+    }
+}
+
+// Wait until round `round` closes (closing it when it is time); its size.
+static int wait_round(job_t *job, int round) {
+    char joined_key[80], size_key[80], host_key[80], text[64];
+    round_key(joined_key, sizeof joined_key, round, "joined");
+    round_key(size_key, sizeof size_key, round, "size");
+    round_key(host_key, sizeof host_key, round, "host");
+    double start = now_s(), changed = start, next_progress = start + PROGRESS_PERIOD_S;
+    int64_t seen = -1;
+    while (!store_check(job->store, size_key)) {
+        check_job_over(job);
+        int64_t joined = store_add(job->store, joined_key, 0);
+        if (joined != seen) seen = joined, changed = now_s();
+        bool host_in = store_check(job->store, host_key);
+        bool full = joined >= job->opt.max_nodes;
+        bool enough = joined >= job->opt.min_nodes && now_s() - changed >= job->opt.last_call;
+        if (host_in && (full || enough)) close_round(job, round);
+        if (job->pending_signal) {   // a launcher that was waiting to join leaves quietly
+            say("stopped by %s while waiting for round %d", signal_name(job->pending_signal), round);
+            job->leaving = !job->server;
+            finish(job, 128 + job->pending_signal);
+        }
+        if (now_s() - start > job->opt.rdzv_timeout) {
+            snprintf(job->reason, sizeof job->reason, "round %d did not form within %g s: %lld "
+                     "launcher(s) joined, at least %d needed%s. The store is at %s:%d", round,
+                     job->opt.rdzv_timeout, (long long)joined, job->opt.min_nodes, host_in ? "" :
+                     "; the store's own launcher is not among them", job->master_addr,
+                     job->master_port);
+            say("error: %s", job->reason);
+            finish(job, 1);
+        }
+        if (now_s() >= next_progress) {
+            say("waiting for nodes: round %d has %lld launcher(s); it starts with at least %d, "
+                "at most %d%s", round, (long long)joined, job->opt.min_nodes, job->opt.max_nodes,
+                host_in ? "" : "; the store's launcher has not joined it yet");
+            next_progress += PROGRESS_PERIOD_S;
+        }
+        pump(job, 0.1);
+    }
+    store_read_text(job, size_key, text, sizeof text);
+    int size, restarts;
+    if (sscanf(text, "%d %d", &size, &restarts) != 2) die("round %d's size is odd: '%s'", round, text);
+    job->restarts = restarts;
+    return size;
+}
+
+// The round's nodes, the store's launcher first, then by their places;
+// this launcher's node rank, ranks and world size.
+static void take_layout(job_t *job, int round, int size, int place) {
+    job->nnodes = size;
+    job->generation = round;
+    job->world_size = job->rank_offset = 0;
+    for (int p = 0, r = 1; p < size; p++) {
+        char key[80], text[TEXT_MAX], host[256];
+        int launcher, nproc, is_host, net_at = 0;
+        snprintf(key, sizeof key, "ddprun/round/%d/node/%d", round, p);
+        store_read_text(job, key, text, sizeof text);
+        if (sscanf(text, "%d %d %d %255s %n", &launcher, &nproc, &is_host, host, &net_at) != 4 ||
+            !net_at)
+            die("round %d: place %d holds something odd: '%s'", round, p, text);
+        int node = is_host ? 0 : r++;
+        if (node >= size) die("round %d has no node of the store's launcher", round);
+        job->node_nproc[node] = nproc;
+        job->node_beat[node] = launcher;
+        free(job->node_host[node]);
+        job->node_host[node] = xstrdup(host);
+        free(job->node_net[node]);
+        job->node_net[node] = xstrdup(text + net_at);
+        if (p == place) job->node_rank = node;
+    }
+    for (int r = 0; r < size; r++) {
+        if (r < job->node_rank) job->rank_offset += job->node_nproc[r];
+        job->world_size += job->node_nproc[r];
+        char key[64];
+        node_key(key, sizeof key, "beat", job->node_beat[r]);
+        job->beat_seen[r] = store_add(job->store, key, 0);
+        job->beat_changed[r] = now_s();
+    }
+    job->nodes_met = true;
+    announce_layout(job);
+}
+
+// Join round `round`, or the next one if it closes without us; returns
+// once this launcher is a node of a round that has begun.
+static void join_round(job_t *job, int round) {
+    for (;; round++) {
+        char key[80], text[TEXT_MAX];
+        round_key(key, sizeof key, round, "joined");
+        int place = (int)store_add(job->store, key, 1) - 1;
+        int n = snprintf(text, sizeof text, "%d %d %d %s %s", job->beat_id, job->opt.nproc,
+                         job->server != NULL, job->host, job->net);
+        snprintf(key, sizeof key, "ddprun/round/%d/node/%d", round, place);
+        store_set(job->store, key, text, (size_t)n);
+        if (job->server) {
+            round_key(key, sizeof key, round, "host");
+            store_set(job->store, key, "1", 1);
+        }
+        int size = wait_round(job, round);
+        if (place < size) {
+            take_layout(job, round, size, place);
+            return;
+        }
+        say("round %d began with %d node%s, without this one: waiting for the next round (the "
+            "nodes of round %d start it when they see this one waiting, unless they are %d "
+            "already)", round, size, size == 1 ? "" : "s", round, job->opt.max_nodes);
+    }
+}
+
+// The first round this launcher can join: the newest one begun, or the
+// next one if that has closed (its nodes will start the next when they see
+// us waiting).
+static void rendezvous_elastic(job_t *job) {
+    allocate_nodes(job, job->opt.max_nodes);
+    serve_or_join_store(job);
+    install_signal_handlers(job);
+    job->beat_id = (int)store_add(job->store, "ddprun/launchers", 1);
+    check_job_over(job);
+    int round = 0;
+    for (char key[80];; round++) {
+        round_key(key, sizeof key, round + 1, "joined");
+        if (!store_check(job->store, key)) break;
+    }
+    join_round(job, round);
+}
+
 // ================================================================ one attempt
 
 static void summarize_failure(job_t *job) {
@@ -1297,11 +1703,17 @@ static void summarize_failure(job_t *job) {
 
 // A local worker failed: the others are stopped; restart if restarts are left.
 static outcome_t after_local_failure(job_t *job) {
+    if (job->opt.dynamic && restart_posted(job)) {   // another node began a new round first
+        say("restart requested by %s; stopping this node's workers", job->reason);
+        stop_workers(job, SIGTERM);
+        return OUTCOME_RESTART;
+    }
     stop_workers(job, SIGTERM);
-    if (job->generation < job->opt.max_restarts) {
+    if (job->restarts < job->opt.max_restarts) {
         char how[96];
         describe_exit(job->failure.wait_status, how, sizeof how);
         snprintf(job->reason, sizeof job->reason, "rank %d %s", job->failure.rank, how);
+        post_failure_restart(job);
         post_restart(job);
         return OUTCOME_RESTART;
     }
@@ -1311,8 +1723,16 @@ static outcome_t after_local_failure(job_t *job) {
     return OUTCOME_FAILED;
 }
 
+// A signal ends the job; in an elastic job it takes only this node out
+// (unless it serves the store): the others start a new round without it,
+// a new membership rather than a failure, told before our workers stop.
 static outcome_t after_signal(job_t *job) {
     int sig = job->pending_signal;
+    job->leaving = job->opt.dynamic && !job->server;
+    if (job->leaving) {
+        snprintf(job->reason, sizeof job->reason, "it leaves the job (stopped by %s)", signal_name(sig));
+        post_restart(job);
+    }
     if (running_count(job) > 0)
         say("got %s; passing it to the workers and stopping them", signal_name(sig));
     else
@@ -1339,6 +1759,15 @@ static outcome_t run_attempt(job_t *job) {
         }
         if (now_s() < next_check) continue;
         next_check = now_s() + job->opt.monitor_interval;
+        if (job->opt.dynamic && node_waiting(job)) {   // a new membership: no failure
+            snprintf(job->reason, sizeof job->reason, "a new node waits to join (round %d has %d "
+                     "of at most %d)", job->generation, job->nnodes, job->opt.max_nodes);
+            post_restart(job);
+            say("%s; stopping this node's workers for a new round", job->reason);
+            post_failure_record(job);
+            stop_workers(job, SIGTERM);
+            return OUTCOME_RESTART;
+        }
         outcome_t outcome;
         if (check_other_nodes(job, true, false, &outcome)) {
             say("%s%s; stopping this node's workers", outcome == OUTCOME_RESTART ?
@@ -1362,7 +1791,7 @@ static outcome_t node_barrier(job_t *job, const char *name, bool watch_restart,
     double start = now_s(), deadline = timeout_s > 0 ? start + timeout_s : INFINITY;
     bool said = false, stopping = !strcmp(name, "stopped");
     job->silence_said = false;
-    while (store_add(job->store, key, 0) < job->opt.nnodes) {
+    while (store_add(job->store, key, 0) < job->nnodes) {
         if (!said && now_s() - start > 2.0) {
             say("%s", !strcmp(name, "done") ? "this node's workers have finished; waiting for "
                 "the other nodes' workers" : "waiting for the other nodes to stop their workers");
@@ -1392,7 +1821,7 @@ static outcome_t node_barrier(job_t *job, const char *name, bool watch_restart,
 // (and workers) have hung up, so that they can read how the job ended.
 static void finish(job_t *job, int code) {
     if (code != 0) post_failure(job);
-    if (job->store && job->opt.node_rank != 0) {
+    if (job->store && !job->server) {
         store_close(job->store);
         job->store = NULL;
     }
@@ -1443,11 +1872,20 @@ static void prepare(job_t *job) {
     CHECK_SYS(gethostname(job->host, sizeof job->host - 1));
     job->master_addr = o->standalone ? "127.0.0.1" : o->master_addr;
     job->master_port = o->standalone ? 0 : o->master_port;
+    job->nnodes = o->nnodes;
+    job->node_rank = o->dynamic ? 0 : o->node_rank;   // c10d: until a round says
+    bool several = o->nnodes > 1 || o->dynamic;
     if (o->run_id) snprintf(job->run_id, sizeof job->run_id, "%s", o->run_id);
-    else if (o->nnodes > 1) snprintf(job->run_id, sizeof job->run_id, "none");  // as torchrun
+    else if (several) snprintf(job->run_id, sizeof job->run_id, "none");  // as torchrun
     else random_hex(job->run_id, 16);
-    if (o->nnodes > 1) token_from_run_id(job->run_id, job->master_port, job->token, sizeof job->token);
+    if (several) token_from_run_id(job->run_id, job->master_port, job->token, sizeof job->token);
     else random_hex(job->token, 32);
+    if (several) {   // how this node reaches the others: its start-up line says it
+        netif_choice me = netif_advertise(job->master_addr);
+        int mtu = netif_mtu(me.ifname);
+        snprintf(job->net, sizeof job->net, "%s %s MTU %d", me.ifname, me.ip, mtu);
+        snprintf(job->net_how, sizeof job->net_how, "%s; address %s, MTU %d", me.how, me.ip, mtu);
+    }
     struct sigaction ignore = {0};
     ignore.sa_handler = SIG_IGN;
     CHECK_SYS(sigaction(SIGPIPE, &ignore, NULL));   // a closed terminal is an error, not death
@@ -1494,20 +1932,30 @@ static void note_new_launchers(job_t *job) {
 static void conclude(job_t *job, outcome_t outcome) {
     if (outcome == OUTCOME_SUCCEEDED)
         outcome = node_barrier(job, "done", true, OUTCOME_SUCCEEDED, 0);
-    if (outcome == OUTCOME_RESTART) {
-        if (running_count(job) > 0) stop_workers(job, SIGTERM);
+    if (outcome == OUTCOME_RESTART && running_count(job) > 0) stop_workers(job, SIGTERM);
+    if (outcome == OUTCOME_RESTART && !job->opt.dynamic)   // c10d: the next round is the barrier
         outcome = node_barrier(job, "stopped", false, OUTCOME_RESTART, job->opt.rdzv_timeout);
-    }
     switch (outcome) {
-    case OUTCOME_SUCCEEDED: finish(job, 0);
+    case OUTCOME_SUCCEEDED:
+        if (job->opt.dynamic) store_set(job->store, "ddprun/finished", "1", 1);   // for late joiners
+        finish(job, 0);
     case OUTCOME_SIGNALED: finish(job, 128 + job->pending_signal);
     case OUTCOME_FAILED:   // whoever noticed the failure has said so; add the summary
         if (job->gave_up && job->opt.max_restarts > 0) say("%s", job->reason);
-        if (job->gave_up || job->opt.nnodes > 1) print_root_cause(job);
+        if (job->gave_up || job->nnodes > 1) print_root_cause(job);
         finish(job, 1);
     case OUTCOME_RESTART:
+        if (job->opt.dynamic) {
+            join_round(job, job->generation + 1);
+            assign_ranks(job);
+            say("restarting workers in round %d (%d restart%s after failures so far, at most %d)",
+                job->generation, job->restarts, job->restarts == 1 ? "" : "s",
+                job->opt.max_restarts);
+            return;
+        }
         note_new_launchers(job);
         job->generation++;
+        job->restarts = job->generation;
         say("restarting workers (restart %d of %d)", job->generation, job->opt.max_restarts);
         return;
     }
@@ -1526,14 +1974,14 @@ static void rejoin_job(job_t *job) {
     }
     snprintf(key, sizeof key, "ddprun/stopped/%d", g - 1);
     if (g > 0 && store_add(job->store, key, 0) < job->opt.nnodes) {
-        job->generation = g - 1;   // that restart is waiting for this node
+        job->generation = job->restarts = g - 1;   // that restart is waiting for this node
     } else if (g < job->opt.max_restarts) {
-        job->generation = g;
+        job->generation = job->restarts = g;
         snprintf(job->reason, sizeof job->reason, "its previous launcher died, and a new one "
                  "takes its place");
         post_restart(job);
     } else {
-        job->generation = g;
+        job->generation = job->restarts = g;
         snprintf(job->reason, sizeof job->reason, "node %d's launcher died and the job has no "
                  "restarts left (--max_restarts=%d): start the whole job again",
                  job->opt.node_rank, job->opt.max_restarts);
@@ -1548,7 +1996,8 @@ int main(int argc, char **argv) {
     parse_options(&job->opt, argc, argv);
     prepare(job);
     if (atexit(stop_workers_at_exit) != 0) die("atexit failed");
-    rendezvous_nodes(job);
+    if (job->opt.dynamic) rendezvous_elastic(job);
+    else rendezvous_nodes(job);
     assign_ranks(job);
     if (job->replacing) rejoin_job(job);
     for (;;) conclude(job, run_attempt(job));

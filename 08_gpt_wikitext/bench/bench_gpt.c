@@ -3,11 +3,15 @@
 // where the time of a step goes.
 //
 // Build and run from 08_gpt_wikitext/:  make bench
-//   build/bench_gpt [B] [steps] [default|tiny] [ranks]
+//   build/bench_gpt [B] [steps] [default|tiny] [ranks] [none|bf16] [workers]
 // B sequences of the preset's block size per rank; ranks > 1 trains data
 // parallel as the chapter does (spawned processes, the cpu process group,
-// gradients averaged with ddp.h), each rank on its own random tokens, with
+// gradients averaged with ddp.h, sent as fp32 or, with bf16, rounded to
+// bf16 as --grad_compress bf16 does), each rank on its own random tokens, with
 // the machine's cores shared between the ranks unless OMP_NUM_THREADS is set.
+// The batches come from gpt/loader.h, as in the chapter: made in the step
+// (workers 0) or a step ahead by a thread (workers 1, the default), which
+// the profile's "data" phase shows: what the step waits for its batch.
 // After 2 warm-up steps it prints the median step (the slowest rank's) and
 // the tokens/s of all ranks together, then the profile: the median
 // milliseconds of each phase of a step on rank 0, timed with the host clock
@@ -20,18 +24,20 @@
 #include "gpt.h"
 #include "ddp.h"
 #include "dist.h"
+#include "loader.h"
 #include "spawn.h"
 #include "timer.h"
 
 typedef struct {
-    int B, steps, ranks;
+    int B, steps, ranks, workers;
     const char *preset;
     gpt_config cfg;
+    ddp_compress_t compress;
 } bench_options;
 
 // The phases of one training step, in order.
-enum { FORWARD, BACKWARD, ALL_REDUCE, OPTIMIZER, PHASES };
-static const char *const phase_names[PHASES] = {"forward", "backward", "all-reduce", "optimizer"};
+enum { DATA, FORWARD, BACKWARD, ALL_REDUCE, OPTIMIZER, PHASES };
+static const char *const phase_names[PHASES] = {"data", "forward", "backward", "all-reduce", "optimizer"};
 
 // As in 08_gpt_wikitext.c: OpenMP threads spin only briefly at barriers,
 // so that other work on the machine does not make every barrier slow.
@@ -62,9 +68,17 @@ static int bench_rank(int rank, int world, void *arg) {
     int B = o->B, T = o->cfg.block_size;
     gpt_t m;
     gpt_init(&m, o->cfg, 1); // the same seed everywhere: the replicas start equal
+    // 64 blocks of random tokens, and a random order of them for the
+    // loader: every step trains on B of them, as the chapter's steps do.
     rng_t rng = rng_seed(7 + (uint64_t)rank);
-    uint16_t *tokens = xmalloc(sizeof(uint16_t) * ((size_t)B * T + 1));
-    for (int i = 0; i < B * T + 1; i++) tokens[i] = (uint16_t)rng_below(&rng, (uint64_t)o->cfg.vocab_size);
+    enum { BLOCKS = 64 };
+    size_t ntokens = (size_t)BLOCKS * T + 1, batches = (size_t)o->steps + 2;
+    uint16_t *tokens = xmalloc(sizeof(uint16_t) * ntokens);
+    for (size_t i = 0; i < ntokens; i++) tokens[i] = (uint16_t)rng_below(&rng, (uint64_t)o->cfg.vocab_size);
+    int64_t *order = xmalloc(sizeof(int64_t) * batches * (size_t)B);
+    for (size_t i = 0; i < batches * (size_t)B; i++) order[i] = (int64_t)rng_below(&rng, BLOCKS);
+    loader_t loader = loader_create(tokens, B, T, o->workers);
+    loader_set_epoch(&loader, order, (int)batches);
 
     double *steps = xmalloc(sizeof(double) * (size_t)o->steps);
     double *phases[PHASES];
@@ -73,16 +87,18 @@ static int bench_rank(int rank, int world, void *arg) {
     for (int s = -2; s < o->steps; s++) {
         double t[PHASES + 1];
         t[0] = now_seconds();
-        gpt_zero_grad(&m);
-        loss = gpt_forward(&m, tokens, tokens + 1, B, T);
+        const loader_batch_t *batch = loader_next(&loader);
         t[1] = now_seconds();
-        gpt_backward(&m, 1.0f);
+        gpt_zero_grad(&m);
+        loss = gpt_forward(&m, batch->inputs, batch->targets, B, T);
         t[2] = now_seconds();
-        ddp_average_gradients(dist.pg, m.grads, m.num_params); // nothing with one rank
+        gpt_backward(&m, 1.0f);
         t[3] = now_seconds();
+        ddp_average_gradients_with(dist.pg, m.grads, m.num_params, o->compress); // nothing with one rank
+        t[4] = now_seconds();
         gpt_clip_grad_norm(&m, 1.0f);
         gpt_adamw_step(&m, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
-        t[4] = now_seconds();
+        t[5] = now_seconds();
         if (s < 0) continue; // warm-up: first touches of memory, OpenBLAS's buffers
         steps[s] = t[PHASES] - t[0];
         for (int p = 0; p < PHASES; p++) phases[p][s] = t[p + 1] - t[p];
@@ -94,16 +110,21 @@ static int bench_rank(int rank, int world, void *arg) {
     if (world > 1) ddp_check_replicas(dist.pg, &dist.device, m.params, m.num_params, o->steps + 2);
     if (rank == 0) {
         printf("last loss %.4f\n", loss);
-        printf("gpt %s: %zu params, B=%d T=%d per rank, %d rank%s x %d thread%s, matmul: %s\n", o->preset,
-               m.num_params, B, T, world, world > 1 ? "s" : "", gpt_num_threads(),
-               gpt_num_threads() > 1 ? "s" : "", gpt_matmul_backend());
+        printf("gpt %s: %zu params, B=%d T=%d per rank, %d rank%s x %d thread%s, matmul: %s, loader workers: %d\n",
+               o->preset, m.num_params, B, T, world, world > 1 ? "s" : "", gpt_num_threads(),
+               gpt_num_threads() > 1 ? "s" : "", gpt_matmul_backend(), o->workers);
         printf("median step %.1f ms -> %.0f tokens/s\n", slowest * 1e3, (double)world * B * T / slowest);
+        if (world > 1)
+            printf("gradients all-reduced: %zu bytes per step per rank (%s)\n", ddp_bytes_reduced() / (size_t)(o->steps + 2),
+                   o->compress == DDP_COMPRESS_BF16 ? "bf16" : "fp32");
         printf("profile (rank 0, median ms):");
-        for (int p = 0; p < PHASES; p++) printf(" %s %.2f%s", phase_names[p], timer_median(phases[p], o->steps) * 1e3,
+        for (int p = 0; p < PHASES; p++) printf(" %s %.3f%s", phase_names[p], timer_median(phases[p], o->steps) * 1e3,
                                                 p < PHASES - 1 ? " |" : "\n");
     }
     for (int p = 0; p < PHASES; p++) free(phases[p]);
     free(steps);
+    loader_free(&loader);
+    free(order);
     free(tokens);
     gpt_free(&m);
     dist_finish(&dist);
@@ -113,11 +134,16 @@ static int bench_rank(int rank, int world, void *arg) {
 int main(int argc, char **argv) {
     spin_briefly_in_openmp(argv);
     bench_options o = {argc > 1 ? atoi(argv[1]) : 8, argc > 2 ? atoi(argv[2]) : 10, argc > 4 ? atoi(argv[4]) : 1,
-                       argc > 3 ? argv[3] : "default", {5000, 0, 0, 0, 0}};
-    if (argc > 5 || !gpt_preset(o.preset, &o.cfg) || o.B < 1 || o.steps < 1 || o.ranks < 1 || o.ranks > 64) {
-        fprintf(stderr, "usage: bench_gpt [B>=1] [steps>=1] [default|tiny] [ranks 1..64]\n");
+                       argc > 6 ? atoi(argv[6]) : 1, argc > 3 ? argv[3] : "default", {5000, 0, 0, 0, 0},
+                       DDP_COMPRESS_NONE};
+    const char *compress = argc > 5 ? argv[5] : "none";
+    bool known = !strcmp(compress, "none") || !strcmp(compress, "bf16");
+    if (argc > 7 || !known || !gpt_preset(o.preset, &o.cfg) || o.B < 1 || o.steps < 1 || o.ranks < 1 || o.ranks > 64 ||
+        o.workers < 0 || o.workers > 1) {
+        fprintf(stderr, "usage: bench_gpt [B>=1] [steps>=1] [default|tiny] [ranks 1..64] [none|bf16] [workers 0|1]\n");
         return 2;
     }
+    o.compress = ddp_compress_from_name(compress);
     if (o.ranks == 1) return bench_rank(0, 1, &o);
     return spawn(o.ranks, bench_rank, &o);
 }

@@ -62,6 +62,16 @@ verdict $? "planted: buckets all-reduced at offset 0 pass with one bucket, fail 
 run_capture 300 "$TMP/replicas" "$bin" --nprocs 3 --epochs 2 --check_replicas 10 --device cpu; status=$?
 check "04: replicas stay bit-identical (checked every 10 steps)" test $status -eq 0
 
+# --grad_compress bf16 (DDP's bf16_compress_hook, common/ddp.h): the 2
+# gradients (weight, bias) travel as bf16, 4 bytes a step instead of 8, the
+# replicas stay identical, and the model still learns.
+run_capture 300 "$TMP/bf16" "$bin" --nprocs 2 --epochs 2 --check_replicas 10 --grad_compress bf16 --device cpu; status=$?
+w=$(final 1 "$TMP/bf16"); b=$(final 2 "$TMP/bf16")
+[[ $status -eq 0 ]] && near "$w" 2 0.05 && near "$b" 3 0.05 && grep -q '^gradients all-reduced: 4 bytes per step per rank (bf16)$' "$TMP/bf16" &&
+   grep -q '^gradients all-reduced: 8 bytes per step per rank (fp32)$' "$TMP/two"
+verdict $? "04: --grad_compress bf16 sends 4 bytes a step (fp32: 8), keeps replicas equal and learns ($w, $b)" \
+    "status $status, weight '$w', bias '$b': $(grep 'gradients all-reduced' "$TMP/bf16" "$TMP/two" | tr '\n' '|')"
+
 # NCCL's one-rank-per-GPU rule gets one clear explanation.
 gpus=$(gpu_count)
 run_capture 60 "$TMP/nccl" "$bin" --nprocs $((gpus + 1)) --backend nccl; status=$?

@@ -80,6 +80,29 @@ w=$(field "$TMP/ws3" 'final weight ([-0-9.]*)')
 [[ $status -eq 0 ]] && grep -q "written by 2 rank(s), this run has 3" "$TMP/ws3" && near "$w" 2 0.05
 verdict $? "06: a snapshot of 2 ranks resumes on 3 (re-sharded), and still learns ($w)" "status $status: $(grep -m2 -i 'error\|written' "$TMP/ws3" | tr '\n' '|')"
 
+# --global_batch_size (for elastic jobs, README): the batch of a step is the
+# same on any number of ranks, each rank taking its share, so 3 ranks train
+# the very steps of one process: the same weights to float rounding (the
+# elastic test in tests/tools/test_ddprun_elastic.sh changes the number
+# while a run goes on).
+gbs=(--total_epochs 4 --samples 1920 --global_batch_size 96 --features 16 --lr 0.002 --device cpu --backend cpu)
+global_batch() {   # BIN NAME : 1 process and 3 ranks end with the same weight and bias
+    run_capture 60 "$TMP/gb1.$2" "$1" "${gbs[@]}" --snapshot_path "$TMP/gb1.$2.d/s.safetensors"; local s1=$?
+    run_capture 60 "$TMP/gb3.$2" "$ddprun" --standalone --nproc_per_node=3 "$1" "${gbs[@]}" --snapshot_path "$TMP/gb3.$2.d/s.safetensors"; local s3=$?
+    local one three; one=$(field "$TMP/gb1.$2" 'final weight ([-0-9.]+)  bias ([-0-9.]+)' '\1 \2')
+    three=$(field "$TMP/gb3.$2" 'final weight ([-0-9.]+)  bias ([-0-9.]+)' '\1 \2')
+    gb_detail="statuses $s1 $s3; one process '$one', 3 ranks '$three'"
+    [[ $s1 -eq 0 && $s3 -eq 0 ]] && grep -q 'batch 32 per rank x 3 rank(s) = 96 per step' "$TMP/gb3.$2" &&
+        near "${one% *}" "${three% *}" 2e-6 && near "${one#* }" "${three#* }" 2e-6
+}
+global_batch "$bin" ok
+verdict $? "06: --global_batch_size 96 on 3 ranks (32 each) trains as one process does (weight and bias within 2e-6)" "$gb_detail"
+# Planted (tests/lib.sh, plant): every rank takes the whole global batch.
+planted=$(plant whole_batch common/ddp.h 'return global_batch_size / world_size;' \
+    'return global_batch_size;' 06_snapshot_resume 06_snapshot_resume)
+[[ -n $planted ]] && ! global_batch "$planted" planted && [[ -s $TMP/gb3.planted ]]
+verdict $? "planted: every rank taking the whole --global_batch_size fails the 3-rank check" "$(planted_why whole_batch)$gb_detail"
+
 run_capture 10 "$TMP/bad" "$bin" --fail_mode sometimes; status=$?
 check "06: bad flag exits 2" test $status -eq 2
 no_leftovers "06: no process left behind" "06_snapshot_resume/06_snapshot_resume"

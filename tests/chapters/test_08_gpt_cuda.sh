@@ -33,7 +33,9 @@ run_unit() {
     fi
 }
 
-run_unit test_gpt_cuda 300 "$bin"
+# About 80 s of CPU on the emulated GPU; 420 s leaves room for a machine
+# shared with other work (at a load of 10 on 2 cores it needed over 300).
+run_unit test_gpt_cuda 420 "$bin"
 
 cpu_only=false
 grep -q 'CPU-only build' "$TMP/test_gpt_cuda.log" && cpu_only=true
@@ -50,6 +52,23 @@ else
         "wanted exit 1 and 'needs X GiB, the GPU has Y GiB free'; got status $status: $(tail -n 2 "$TMP/oom.log" | tr '\n' '|')"
 fi
 
+# The CUDA-graph step (gpt_cuda_graph_step) equals the step launched call
+# by call: the unit test above checks it. Its planted bug: AdamW's learning
+# rate and bias corrections taken from the capture (the first step's host
+# values, baked in) instead of read from device memory at each replay. The
+# copy is built for the emulated GPU, so only a CUDA=emu build runs it.
+if ! is_emu; then
+    skip "planted: a graph step replaying the captured learning rate" \
+        "the planted copy is built for the emulated GPU (make CUDA=emu test)"
+else
+    graph_lr=$(PLANT_CUDA=emu plant graph_lr gpt/gpt_cuda.cu 'g->graph && g->graph->capturing ? &g->scalars->step : NULL;' \
+               '(const step_scalars *)NULL;' tests unit/test_gpt_cuda)
+    [[ -n $graph_lr ]] && { run_capture 300 "$TMP/graph_lr.log" "$graph_lr" --mode graph --seed 3; true; } &&
+        grep -q '^FAIL gpt cuda graph step equals the uncaptured step' "$TMP/graph_lr.log"
+    verdict $? "planted: a graph step replaying the captured learning rate fails the graph test ($(field "$TMP/graph_lr.log" 'FAIL gpt cuda graph step [^:]*: (losses differ .*) \(relative'))" \
+        "$(planted_why graph_lr)$(grep -m2 -E '^(PASS|FAIL) gpt cuda graph' "$TMP/graph_lr.log" 2>/dev/null | tr '\n' '|')"
+fi
+
 # The benchmark's own code (make bench-gpt), at the tests' tiny size: on a
 # GPU (real or emulated) it must time a step of each kind and print one
 # well-formed row; the row's numbers mean something only on a real GPU.
@@ -61,8 +80,16 @@ else
     run_capture 300 "$TMP/bench.log" "$bin" --mode bench --config tiny --vocab_size 211 --batch_size 4 --steps 2 --warmup 1
     status=$?
     row=$(field --all "$TMP/bench.log" '^BENCH (.*)')
-    [[ $status -eq 0 ]] && awk -F, '{ exit !(NF == 17 && $2 == "tiny" && $8 > 0 && $9 > 0) }' <<<"$row"
+    [[ $status -eq 0 ]] && awk -F, '{ exit !(NF == 20 && $2 == "tiny" && $8 > 0 && $9 > 0 && $18 > 0) }' <<<"$row"
     verdict $? "gpt cuda bench mode runs and prints a row ($(cut -d, -f2-4,8 <<<"$row"))" "status $status: $(tail -n 2 "$TMP/bench.log" | tr '\n' '|')"
+    # Launches per step, as the bench prints them: one graph launch, and
+    # (the emulator's own count) one launch counted for it.
+    launches=$(cut -d, -f19,20 <<<"$row")
+    emu_count=$(field "$TMP/bench.log" 'counted by the emulated GPU .*: [0-9]+ call by call, ([0-9]+) as a graph')
+    [[ $status -eq 0 && ${launches#*,} == 1 ]] && awk -F, '{ exit !($1 > 10) }' <<<"$launches" &&
+        { ! is_emu || [[ $emu_count == 1 ]]; }
+    verdict $? "gpt cuda bench: launches per step, call by call and as a CUDA graph ($launches; the emulator counted ${emu_count:-n/a} for the graph)" \
+        "row's launches '$launches', emulator's count '$emu_count': $(grep -m2 'launches per step' "$TMP/bench.log" | tr '\n' '|')"
 fi
 
 sanitizer=$(command -v compute-sanitizer 2>/dev/null || true)

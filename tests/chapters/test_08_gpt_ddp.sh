@@ -7,7 +7,7 @@ ddprun="$ROOT/tools/ddprun"
 export OMP_NUM_THREADS=1
 
 # A small corpus in WikiText's layout (no real data needed).
-small_corpus "$TMP/corpus"
+gpt_corpus "$TMP/corpus"
 # On the CPU, whatever the build: what is tested here is data parallelism
 # and snapshots; the GPU cases follow at the end.
 common=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
@@ -106,13 +106,27 @@ run_capture 300 "$TMP/g_one" "$prog" "${gpu[@]}" --precision fp32 --max_steps 15
 a=$(field "$TMP/g_cpu" "$l2"); b=$(field "$TMP/g_one" "$l2")
 rel_near "$a" "$b" 1e-5; verdict $? "gpt gpu: fp32 equals the CPU after 15 steps (l2 $a vs $b)" "l2 '$a' (CPU) vs '$b' (GPU)"
 
+# One rank on a GPU: each step is one CUDA graph launch (--cuda_graph, on by
+# default), the run above; launched call by call, the same numbers. The
+# schedule's learning rate changes every step of these 15 (warm-up, then
+# the cosine): a graph replaying the first step's would end elsewhere.
+run_capture 300 "$TMP/g_eager" "$prog" "${gpu[@]}" --precision fp32 --max_steps 15 --batch_size 8 --cuda_graph=false \
+    --out_dir "$TMP/g_eager.d"; status=$?
+c=$(field "$TMP/g_eager" "$l2"); va=$(field "$TMP/g_one" "$valid"); vb=$(field "$TMP/g_eager" "$valid")
+[[ $status -eq 0 && -n "$c" ]] && grep -q '^step: one CUDA graph launch' "$TMP/g_one" &&
+    grep -q '^step: launched call by call (no CUDA graph: --cuda_graph=false)' "$TMP/g_eager" &&
+    rel_near "$b" "$c" 1e-5 && near "$va" "$vb" "$valid_tol"
+verdict $? "gpt gpu: one CUDA graph per step equals the step launched call by call (l2 $b vs $c)" \
+    "status $status, l2 '$b' (graph) vs '$c', valid $va vs $vb; $(grep -h -m1 '^step:' "$TMP/g_one" "$TMP/g_eager" | tr '\n' '|')"
+
 # DDP on GPUs: N ranks x batch 8/N equal 1 rank x batch 8 (the gradients
 # are averaged bucket by bucket while backward runs).
 for n in 2 4; do
     run_capture 300 "$TMP/g_ddp$n" "$prog" "${gpu[@]}" --precision fp32 --max_steps 15 --batch_size $((8 / n)) \
         --nprocs $n --out_dir "$TMP/g_ddp$n.d"; status=$?
     c=$(field "$TMP/g_ddp$n" "$l2"); va=$(field "$TMP/g_one" "$valid"); vb=$(field "$TMP/g_ddp$n" "$valid")
-    [[ $status -eq 0 && -n "$c" ]] && rel_near "$b" "$c" 1e-5 && near "$va" "$vb" "$valid_tol"
+    [[ $status -eq 0 && -n "$c" ]] && grep -q '^step: launched call by call (no CUDA graph: several ranks' "$TMP/g_ddp$n" &&
+        rel_near "$b" "$c" 1e-5 && near "$va" "$vb" "$valid_tol"
     verdict $? "gpt gpu: DDP $n ranks x batch $((8 / n)) equal 1 rank x batch 8 in fp32 (l2 $b vs $c; $(grep -m1 -o 'backend [a-z]*' "$TMP/g_ddp$n"))" \
         "status $status, l2 '$b' vs '$c', valid $va vs $vb (tolerance $valid_tol)"
 done

@@ -164,7 +164,7 @@ if make -C "$chapter" -s build/bench_gpt build/gemm_peak >"$TMP/make_bench.log" 
     status=$?
     read -r step_ms tokens < <(field "$TMP/bench.out" '^median step ([0-9.]*) ms -> ([0-9]*) tokens/s$' '\1 \2')
     [[ $status -eq 0 && -n $step_ms && -n $tokens ]] && grep -q '2 ranks x 1 thread' "$TMP/bench.out" &&
-       grep -Eq '^profile \(rank 0, median ms\): forward [0-9.]+ \| backward [0-9.]+ \| all-reduce [0-9.]+ \| optimizer [0-9.]+$' "$TMP/bench.out" &&
+       grep -Eq '^profile \(rank 0, median ms\): data [0-9.]+ \| forward [0-9.]+ \| backward [0-9.]+ \| all-reduce [0-9.]+ \| optimizer [0-9.]+$' "$TMP/bench.out" &&
        rel_near "$tokens" "$(awk -v ms="$step_ms" 'BEGIN { print 2 * 2 * 32 / (ms / 1000) }')" 0.02
     verdict $? "gpt bench_gpt: 2 ranks, tokens/s of both, the profile" "exit status $status: $(tr '\n' '|' <"$TMP/bench.out")"
     run_capture 20 "$TMP/bench_bad.out" "$chapter/build/bench_gpt" 8 10 huge

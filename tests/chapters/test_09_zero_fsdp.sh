@@ -12,7 +12,7 @@ ddprun="$ROOT/tools/ddprun"
 export OMP_NUM_THREADS=1
 
 # A small corpus in WikiText's layout (no real data needed).
-small_corpus "$TMP/corpus"
+gpt_corpus "$TMP/corpus"
 common=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
         --device cpu)
 # What field reads from a run's output.

@@ -53,7 +53,7 @@ done
 
 # ---------------------------------------------------------------- chapter 08: the GPT
 # A small corpus in WikiText's layout (no real data needed).
-small_corpus "$TMP/corpus"
+gpt_corpus "$TMP/corpus"
 gpu=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
      --device cuda --block_size 16 --precision fp32 --max_steps 15)
 l2() { field "$1" 'l2 norm ([0-9.e+-]*)'; }

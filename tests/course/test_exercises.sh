@@ -86,6 +86,10 @@ starter 08/layernorm_backward "dinp\[row 0, channel 0\]: got 0.5, .*dinp was not
 solution 08/layernorm_backward
 starter 09/zero1_step "1 rank\(s\): rank 0, parameter 0 \(slice 0\): got 0, expected .*the parameters never changed"
 solution 09/zero1_step
+starter 10/row_parallel "1 rank\(s\): out\[row 0, output 0\] on rank 0: got 777, .*out was never written"
+solution 10/row_parallel
+starter 11/one_f_one_b "stage 0 ran F0 F1 F2 F3 B0 B1 B2 B3; 1F1B runs F0 F1 B0 F2 B1 F3 B2 B3 .*that is GPipe's memory"
+solution 11/one_f_one_b
 
 # The CUDA exercise: checked on a GPU; elsewhere compiled (CUDA build) or not
 # even that (CPU-only build), and skipped with the reason the check gives.
@@ -274,6 +278,44 @@ if $have_solutions; then
     sed 's/OP_AVG/OP_SUM/' "$ROOT/solutions/09_zero_fsdp/zero1_step.c" >"$TMP/zero1_step.c"
     broken 09/zero1_step "a sum instead of a mean" "$TMP/zero1_step.c" "N and N\^2 times too large, the moments of the SUM"
 fi
+# The bias added on every rank before the sum: it counts once per rank.
+if $have_solutions; then
+    sed -e 's/out\[n \* OC + o\] = s;/out[n * OC + o] = s + bias[o];/' -e 's/out\[n \* OC + o\] += bias\[o\];/out[n * OC + o] += 0;/' \
+        "$ROOT/solutions/10_tensor_parallel/row_parallel.c" >"$TMP/row_parallel.c"
+    broken 10/row_parallel "a bias added before the sum" "$TMP/row_parallel.c" \
+        "2 rank\(s\): out\[row 0, output 0\] on rank 0: got .*the bias was added on every rank BEFORE the sum"
+else skip "exercises: 10/row_parallel catches a bias added before the sum" "solutions/ is absent (the broken version is made from it)"; fi
+# An all-reduce in the backward pass, where nothing needs one.
+if $have_solutions; then
+    awk '/^    \(void\)tp;$/ { next } { print } /dinp\[n \* Ks \+ k\] = s;/ { getline; print
+         print "    pg_all_reduce(tp, dinp, dinp, (size_t)N * Ks, DTYPE_F32, OP_SUM);" }' \
+        "$ROOT/solutions/10_tensor_parallel/row_parallel.c" >"$TMP/row_parallel.c"
+    broken 10/row_parallel "an input gradient summed over the ranks" "$TMP/row_parallel.c" \
+        "dinp\[row 0, channel 0\] on rank 0: got .*dinp was summed over the ranks"
+else skip "exercises: 10/row_parallel catches an input gradient summed over the ranks" "solutions/ is absent (the broken version is made from it)"; fi
+# 1F1B with its steady state unpaired: a send, then a receive, on both
+# neighbours at once. The check's sends wait for their receiver, as NCCL's.
+cat >"$TMP/one_f_one_b.c" <<'EOF'
+#include "exercises.h"
+void one_f_one_b(pipe_stage *p, int stage, int stages, int micro_batches) {
+    int M = micro_batches, warmup = stages - stage - 1 < M ? stages - stage - 1 : M;
+    for (int i = 0; i < warmup; i++) { recv_forward(p, i); forward(p, i); send_forward(p, i); }
+    for (int j = 0; j < M - warmup; j++) {
+        recv_forward(p, warmup + j); forward(p, warmup + j); send_forward(p, warmup + j);
+        recv_backward(p, j); backward(p, j); send_backward(p, j);
+    }
+    for (int i = M - warmup; i < M; i++) { recv_backward(p, i); backward(p, i); send_backward(p, i); }
+}
+EOF
+broken 11/one_f_one_b "a deadlock (sends not paired with receives)" "$TMP/one_f_one_b.c" \
+    "deadlock: stage 0 waits in send_forward\(1\); stage 1 waits in send_backward\(0\)"
+# One forward too many in the warm-up: the order, and the memory, are not 1F1B's.
+sed 's/stages - stage - 1 < M ? stages - stage - 1 : M/stages - stage < M ? stages - stage : M/' \
+    "$ROOT/solutions/11_pipeline_parallel/one_f_one_b.c" >"$TMP/one_f_one_b.c"
+if $have_solutions; then
+    broken 11/one_f_one_b "a warm-up one forward too long" "$TMP/one_f_one_b.c" \
+        "stage 0 ran F0 F1 F2 B0 F3 B1 B2 B3; 1F1B runs F0 F1 B0 F2 B1 F3 B2 B3 \(it held 3 micro-batches at once, 1F1B at most S - s = 2\)"
+else skip "exercises: 11/one_f_one_b catches a warm-up one forward too long" "solutions/ is absent (the broken version is made from it)"; fi
 
 # ---------------------------------------------------------------- the tool itself
 run_capture 30 "$TMP/bad_name" "$check_ex" 03/no_such_exercise; status=$?

@@ -6,7 +6,7 @@
 # section.
 source "$(dirname "$0")/../lib.sh"
 cd "$ROOT" || exit 1
-sources=$(ls common/*.h gpt/*.h gpt/*.cu 0*/*.c 0*/*.h tools/*.c 2>/dev/null)
+sources=$(ls common/*.h gpt/*.h gpt/*.cu [0-9][0-9]_*/*.c [0-9][0-9]_*/*.h tools/*.c 2>/dev/null)
 
 # The course's column: the second cell of each row of those tables.
 table_rows() { awk '/^## (Coming from|From) PyTorch/ { on = 1; next } /^## / { on = 0 } on && /^\| /' "$1"; }
@@ -14,10 +14,10 @@ missing="" named=0
 for readme in README.md [0-9][0-9]_*/README.md; do
     while IFS= read -r name; do
         named=$((named + 1))
-        grep -Eq "(^|[^a-z_])$name *\(" $sources || grep -Eq "^#define $name\b|\b$name[,=]|\b$name }|^typedef .*\b$name;" $sources \
+        grep -Eq "(^|[^a-z_])$name *\(" $sources || grep -Eq "^#define $name\b|\b$name[,=]|\b$name }|^typedef .*\b$name;|\b$name\[[A-Z_0-9]*\] =" $sources \
             || missing+=" $readme:$name"
     done < <(table_rows "$readme" | awk -F'|' '{ print $3 }' | grep -o '`[^`]*`' | tr -d '`' | sed 's/[a-z_/]*\.[ch]\b//g' |
-             grep -oE '\b(pg|ddp|dist|sampler|snapshot|launch_env|device|rendezvous|spawn|log|rng|model|linreg)_[a-z_]+|\bspawn\b|\bOP_[A-Z]+' | sort -u)
+             grep -oE '\b(pg|ddp|dist|sampler|snapshot|launch_env|device|rendezvous|spawn|log|rng|model|linreg|mesh|gpt)_[a-z_]+|\bspawn\b|\bOP_[A-Z]+' | sort -u)
 done
 [[ $named -ge 30 && -z "$missing" ]]
 verdict $? "pytorch_map: the $named course names in the PyTorch tables are all defined in the sources" "$named names; not found:$missing"

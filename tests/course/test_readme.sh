@@ -150,11 +150,12 @@ run README.md 02_p2p 120 "make -n test" 'tests/run.sh p2p'
 run README.md . 60 "make 04_ddp_spawn" '^built 04_ddp_spawn/04_ddp_spawn; run it from here with \./04_ddp_spawn/04_ddp_spawn'
 exercise README.md . "make check-exercise EX=03/ring_allreduce"
 # Read the diff first: make diffs exits 0 (diff's 1 is not a failure) after
-# the five diffs, 01 -> 04 -> 05 -> 06 -> 07 and 08 -> 09, in that order.
-run README.md . 60 "make diffs" '^\+\+\+ 09_zero_fsdp/09_zero_fsdp\.c$'
+# the diffs, 01 -> 04 -> 05 -> 06 -> 07, then 08 -> 09, 08 -> 10 and 08 -> 11, in that order.
+run README.md . 60 "make diffs" '^\+\+\+ 11_pipeline_parallel/11_pipeline_parallel\.c$'
 order=$(grep '^+++ ' "$TMP/out" | cut -c5- | tr '\n' ' ')
-want="04_ddp_spawn/04_ddp_spawn.c 05_env_launch/05_env_launch.c 06_snapshot_resume/06_snapshot_resume.c 07_multinode/07_multinode.c 09_zero_fsdp/09_zero_fsdp.c "
-[[ "$order" == "$want" ]]; verdict $? "README.md: make diffs prints the five diffs in order" "got: $order"
+want="04_ddp_spawn/04_ddp_spawn.c 05_env_launch/05_env_launch.c 06_snapshot_resume/06_snapshot_resume.c 07_multinode/07_multinode.c "
+want+="09_zero_fsdp/09_zero_fsdp.c 10_tensor_parallel/10_tensor_parallel.c 11_pipeline_parallel/11_pipeline_parallel.c "
+[[ "$order" == "$want" ]]; verdict $? "README.md: make diffs prints the diffs in order" "got: $order"
 run README.md . 60 "make help"
 # make help: every target of the top Makefile, and every chapter with its line.
 missing=""
@@ -213,6 +214,8 @@ second=$(grep '^\[rank 0\]: ' "$TMP/out" | sed -n 2p)
 [[ $second == "[rank 0]: restart 0 of at most 2" ]]
 verdict $? "06_snapshot_resume/README.md: rank 0's second line is the restart count" "it is '$second'"
 exercise 06_snapshot_resume/README.md 06_snapshot_resume "make check-exercise EX=06/atomic_save"
+not_here 06_snapshot_resume/README.md 'cd .. && mkdir -p runs && for node in a b c; do tools/ddprun --nnodes=2:3 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:29400 --rdzv_id=elastic --max_restarts=1 --rdzv_conf=last_call_timeout=1 06_snapshot_resume/06_snapshot_resume --total_epochs 300 --samples 9600 --global_batch_size 96 --features 16 --lr 0.002 --device cpu > runs/elastic-$node.log 2>&1 & sleep 2; done; wait' \
+    "its fixed port would join another test run's job of the same id; tests/tools/test_ddprun_elastic.sh runs it on a free port, kills the third node and checks the losses"
 
 fresh_copy 07_multinode/README.md
 run 07_multinode/README.md 07_multinode 120 "make 07_multinode"
@@ -304,6 +307,55 @@ else
 fi
 exercise 09_zero_fsdp/README.md 09_zero_fsdp "make check-exercise EX=09/zero1_step"
 
+fresh_copy 10_tensor_parallel/README.md
+run 10_tensor_parallel/README.md 10_tensor_parallel 300 "make 10_tensor_parallel"
+if [[ -n "$wikitext" ]]; then
+    student+=(WIKITEXT_DIR="$wikitext")
+    run 10_tensor_parallel/README.md 10_tensor_parallel 600 "./10_tensor_parallel --dp 2 --tp 2 --preset tiny --max_steps 50" \
+        '^mesh: dp 2 x tp 2 \(4 ranks'
+    mesh_valid=$(sed -n 's/^validation after step 50 .*: loss \([0-9.]*\) .*/\1/p' "$TMP/out")
+    run 10_tensor_parallel/README.md 10_tensor_parallel 600 "./10_tensor_parallel --preset tiny --max_steps 50 --batch_size 16" '^test: loss '
+    one_valid=$(sed -n 's/^validation after step 50 .*: loss \([0-9.]*\) .*/\1/p' "$TMP/out")
+    if [[ -n "$mesh_valid" && "$mesh_valid" == "$one_valid" ]]; then
+        pass "10_tensor_parallel/README.md: dp 2 x tp 2 and one process end with the same validation loss ($one_valid)"
+    else fail "10_tensor_parallel/README.md: dp 2 x tp 2 and one process end with the same validation loss" "'$mesh_valid' vs '$one_valid'"; fi
+    run 10_tensor_parallel/README.md 10_tensor_parallel 120 './10_tensor_parallel --generate --prompt "The king"' '^--- sample 1 '
+    unset 'student[${#student[@]}-1]'
+else
+    covered["10_tensor_parallel/README.md|./10_tensor_parallel --dp 2 --tp 2 --preset tiny --max_steps 50"]=1
+    (cd "$course/10_tensor_parallel" && timeout -k 5 60 "${student[@]}" ./10_tensor_parallel --dp 2 --tp 2 --preset tiny --max_steps 50) \
+        >"$TMP/out" 2>&1; status=$?
+    if [[ $status -ne 0 ]] && grep -q "error: WikiText-2 not found: .*make data" "$TMP/out"; then
+        pass "10_tensor_parallel/README.md: ./10_tensor_parallel --dp 2 --tp 2 --preset tiny --max_steps 50 (no WikiText-2 here: an error that says make data)"
+    else fail "10_tensor_parallel/README.md: ./10_tensor_parallel --dp 2 --tp 2 ..." "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+    not_here 10_tensor_parallel/README.md "./10_tensor_parallel --preset tiny --max_steps 50 --batch_size 16" "needs WikiText-2, which is not here"
+    not_here 10_tensor_parallel/README.md './10_tensor_parallel --generate --prompt "The king"' "needs the model of a run on WikiText-2, which is not here"
+fi
+exercise 10_tensor_parallel/README.md 10_tensor_parallel "make check-exercise EX=10/row_parallel"
+
+fresh_copy 11_pipeline_parallel/README.md
+run 11_pipeline_parallel/README.md 11_pipeline_parallel 300 "make"
+for schedule in 1f1b gpipe; do
+    c="./11_pipeline_parallel --pp 4 --micro_batches 8 --schedule $schedule --preset tiny --max_steps 50"
+    if [[ -n "$wikitext" ]]; then
+        student+=(WIKITEXT_DIR="$wikitext")
+        run 11_pipeline_parallel/README.md 11_pipeline_parallel 900 "$c" \
+            "^bubble: $schedule, 4 stages x 8 micro-batches: [0-9.]+% of a step idle, measured .*= 27\\.3%$"
+        unset 'student[${#student[@]}-1]'
+    else
+        # Without WikiText-2 the command must say so, and how to get it.
+        covered["11_pipeline_parallel/README.md|$c"]=1
+        (cd "$course/11_pipeline_parallel" && timeout -k 5 60 "${student[@]}" $c) >"$TMP/out" 2>&1; status=$?
+        [[ $status -ne 0 && $status -ne 124 ]] && grep -q "error: WikiText-2 not found: .*make data" "$TMP/out"
+        verdict $? "11_pipeline_parallel/README.md: $c (no WikiText-2 here: an error line that says make data)" \
+            "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
+    fi
+done
+# The finale: dp x tp x pp = 2 x 2 x 2 on two hosts, one killed (its own corpus: no WikiText-2 needed).
+run 11_pipeline_parallel/README.md 11_pipeline_parallel 400 "make -C ../08_gpt_wikitext 08_gpt_wikitext && ./rehearsal.sh" \
+    '^rehearsal: PASS \((netns|loopback)\): 4 \+ 4 workers on two hosts trained the same model as one process .*host 1 was killed, came back, and the job resumed'
+exercise 11_pipeline_parallel/README.md 11_pipeline_parallel "make check-exercise EX=11/one_f_one_b"
+
 fresh_copy tools/README.md
 run tools/README.md tools 120 "make ddprun && make -C ../05_env_launch"
 run tools/README.md tools 120 "./ddprun --standalone --nproc_per_node=4 ../05_env_launch/05_env_launch --epochs 2" '^\[rank 0\]: final weight'
@@ -312,6 +364,8 @@ for node in "0 8" "1 4"; do
     not_here tools/README.md "./ddprun --nnodes=2 --node_rank=$1 --nproc_per_node=$2 --master_addr=node0 --master_port=29500 ../05_env_launch/05_env_launch" \
         "needs two machines (test_ddprun runs two nodes on one host)"
 done
+not_here tools/README.md "./ddprun --nnodes=2:3 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29400 --rdzv_id=job42 --max_restarts=3 ../06_snapshot_resume/06_snapshot_resume --global_batch_size 1536" \
+    "needs two or three machines (test_ddprun_elastic runs three nodes of 2:3 on one host)"
 
 # ---------------------------------------------------------------- the figures, the data
 # After the chapters, in the union of what their commands built and wrote.

@@ -341,12 +341,12 @@ verdict $? "ddprun: --max_restarts=1, node 1 killed again after the restart: nod
 no_leftovers "ddprun: no worker left after the budget of 1 restart" "$TAG"
 
 # Planted (tests/lib.sh, plant): a silent node restarts the job while
-# generation <= max_restarts, one restart too many. With --max_restarts=0
+# restarts <= max_restarts, one restart too many. With --max_restarts=0
 # node 0 then asks for a restart and waits for a new launcher of node 1.
-ddprun_planted=$(plant restart_budget tools/ddprun.c 'if (watch_restart && job->generation < job->opt.max_restarts) {' \
-    'if (watch_restart && job->generation <= job->opt.max_restarts) {' tools ddprun)
+ddprun_planted=$(plant restart_budget tools/ddprun.c 'if (watch_restart && job->restarts < job->opt.max_restarts) {' \
+    'if (watch_restart && job->restarts <= job->opt.max_restarts) {' tools ddprun)
 [[ -n $ddprun_planted ]] && { budget_zero "$TMP/planted_budget.log" "$ddprun_planted"; grep -q 'restart' "$TMP/planted_budget.log"; }
-verdict $? "planted: a restart budget off by one (generation <= max_restarts) fails 'no restart is asked for'" \
+verdict $? "planted: a restart budget off by one (restarts <= max_restarts) fails 'no restart is asked for'" \
     "$(planted_why restart_budget)$(grep ddprun "$TMP/planted_budget.log" 2>/dev/null | tail -n 3 | tr '\n' '|')"
 no_leftovers "ddprun: no worker left after the planted restart budget" "$TAG"
 exit 0

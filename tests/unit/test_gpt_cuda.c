@@ -11,8 +11,12 @@
 //                    run: what tests/chapters/test_08_gpt_cuda.sh runs under compute-sanitizer.
 //   --mode oom       asks for a model far larger than any GPU: must die with
 //                    "needs X GiB, the GPU has Y GiB free".
+//   --mode graph     only the CUDA-graph step against the uncaptured one
+//                    (what tests/chapters/test_08_gpt_cuda.sh runs on its planted bug).
 //   --mode bench     tokens/s, the step split into forward, backward,
-//                    all-reduce and optimizer, MFU, peak memory: one CSV row.
+//                    all-reduce and optimizer, MFU, peak memory; the step
+//                    as one CUDA graph: its time and the launches per step
+//                    each way: one CSV row.
 //
 // Without a GPU (or in a CPU-only build) the GPU cases print SKIP with the
 // reason; the host-side pieces (parameter layout, buckets, memory plan, the
@@ -636,6 +640,76 @@ static void test_training_tracks(rng_t *r) {
     gpt_free(&init);
 }
 
+// ------------------------------------------------------------------ the step as a CUDA graph
+
+// gpt_cuda_graph_step against the five calls it captures, from the same
+// weights on the same batches, with a learning rate that changes every
+// step (as the schedule's does) and AdamW's bias corrections that change
+// with the step count: a graph that replayed the first step's numbers
+// (the classic bug: a host value baked into the capture) drifts at step 2.
+// Halfway, a smaller batch: the graph is captured again. Losses and
+// parameters agree within what the GPU's atomics leave (fp32 1e-5; bf16
+// 1e-3: both sides round alike, the atomics' order moves bf16 copies by a
+// unit now and then). On the emulated GPU, a replayed step is ONE launch.
+static void test_graph_step(rng_t *r, bool bf16) {
+    enum { B = 2, T = 16, V = 64, STEPS = 4 };
+    gpt_config c = {V, T, 2, 2, 32};
+    gpt_t init;
+    gpt_init(&init, c, rng_next(r));
+    gpt_cuda_t *e = gpt_cuda_create(&c, init.params, B, T, bf16), *h = gpt_cuda_create(&c, init.params, B, T, bf16);
+    const char *precision = bf16 ? "bf16" : "fp32";
+    double tol = bf16 ? 1e-3 : 1e-5, worst_loss = 0;
+#ifdef COURSE_EMU
+    unsigned long long eager_launches = 0, graph_launches = 0;
+#endif
+    uint16_t in[B * T], tg[B * T];
+    for (int s = 0; s < STEPS; s++) {
+        int b = s < STEPS / 2 ? B : B - 1; // the second half: another shape, a new capture
+        random_tokens(r, in, (size_t)b * T, V), random_tokens(r, tg, (size_t)b * T, V);
+        float lr = 2e-3f * (float)(s + 1), max_norm = 0.5f;
+#ifdef COURSE_EMU
+        unsigned long long before = emu_launch_count();
+#endif
+        gpt_cuda_zero_grad(e);
+        gpt_cuda_forward(e, in, tg, b, T);
+        gpt_cuda_backward(e, 1.0f, NULL, NULL);
+        gpt_cuda_clip_grad_norm(e, max_norm);
+        gpt_cuda_adamw(e, lr, 0.9f, 0.95f, 1e-8f, 0.1f);
+#ifdef COURSE_EMU
+        unsigned long long middle = emu_launch_count();
+#endif
+        gpt_cuda_graph_step(h, in, tg, b, T, max_norm, lr, 0.9f, 0.95f, 1e-8f, 0.1f);
+#ifdef COURSE_EMU
+        if (s == 1) eager_launches = middle - before, graph_launches = emu_launch_count() - middle;
+#endif
+        float le = gpt_cuda_take_loss(e, NULL), lh = gpt_cuda_take_loss(h, NULL);
+        worst_loss = fmax(worst_loss, fabs(lh - le) / fabs(le));
+    }
+    size_t n = gpt_cuda_param_count(e);
+    float *pe = xmalloc(n * sizeof(float)), *ph = xmalloc(n * sizeof(float));
+    gpt_cuda_get_params(e, pe), gpt_cuda_get_params(h, ph);
+    double err = rel_error(ph, pe, n, 0);
+    char name[128];
+    snprintf(name, sizeof name, "gpt cuda graph step equals the uncaptured step over %d steps (%s)", STEPS, precision);
+    EXPECT(name, worst_loss <= tol && err <= tol,
+           "losses differ by up to %.2e, parameters by %.2e (relative; tolerance %.0e)", worst_loss, err, tol);
+    printf("info: the step's graph holds %zu operations (kernels, cuBLAS calls, memsets), each a launch of its own "
+           "without the graph\n", gpt_cuda_graph_nodes(h));
+#ifdef COURSE_EMU
+    printf("info: launches the emulator counted for one step (kernels and graphs; cuBLAS calls and copies not "
+           "counted): %llu call by call, %llu as a graph\n", eager_launches, graph_launches);
+    // The emulator counts kernels and graph launches (not cuBLAS calls or copies).
+    snprintf(name, sizeof name, "gpt cuda graph step is one launch (%s)", precision);
+    EXPECT(name, graph_launches == 1 && eager_launches > 1,
+           "the emulator counted %llu launches for a replayed graph step, %llu for the same step call by call",
+           graph_launches, eager_launches);
+#endif
+    free(pe), free(ph);
+    gpt_cuda_free(e);
+    gpt_cuda_free(h);
+    gpt_free(&init);
+}
+
 // ------------------------------------------------------------------ modes
 
 static int run_oom(void) {
@@ -688,8 +762,43 @@ static step_times bench_step(gpt_cuda_t *g, overlap_t *o, const uint16_t *in, co
     return s;
 }
 
+// The same step as one CUDA graph launch (gpt_cuda_graph_step): one
+// process, so no all-reduce; timed whole, with one wait at its end.
+static double bench_graph_step(gpt_cuda_t *g, const uint16_t *in, const uint16_t *tg, int B, int T) {
+    double t0 = now_seconds();
+    gpt_cuda_graph_step(g, in, tg, B, T, 1.0f, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f);
+    CHECK_CUDA(cudaStreamSynchronize(gpt_cuda_stream(g)));
+    return now_seconds() - t0;
+}
+
+// Launches per step: call by call, the operations of the step's graph
+// (cudaGraphGetNodes: kernels, cuBLAS calls, memsets), plus the all-reduce
+// hook's collectives; as a graph, one cudaGraphLaunch after the copies of
+// the tokens and the step's scalars. On the emulated GPU, its own count too.
+typedef struct { size_t eager, graph; } step_launches;
+
+static step_launches count_launches(gpt_cuda_t *g, overlap_t *ov, const uint16_t *in, const uint16_t *tg, int B,
+                                    int T) {
+    step_launches n = {gpt_cuda_graph_nodes(g), 1};
+#ifdef COURSE_EMU
+    unsigned long long a = emu_launch_count();
+    bench_step(g, ov, in, tg, B, T);
+    unsigned long long b = emu_launch_count();
+    bench_graph_step(g, in, tg, B, T);
+    unsigned long long c = emu_launch_count();
+    printf("info: launches per step counted by the emulated GPU (kernels and graphs; not cuBLAS calls, copies, NCCL): "
+           "%llu call by call, %llu as a graph\n", b - a, c - b);
+    n.graph = (size_t)(c - b);
+#else
+    (void)ov, (void)in, (void)tg, (void)B, (void)T;
+#endif
+    printf("info: launches per step: %zu call by call (the graph's nodes: kernels, cuBLAS calls, memsets), %zu as a "
+           "CUDA graph (besides the copies of the tokens and the step's scalars)\n", n.eager, n.graph);
+    return n;
+}
+
 static void print_bench_row(const options *o, const gpt_config *c, size_t params, const step_times *t,
-                            gpt_cuda_t *g, int B) {
+                            double graph_step, step_launches launches, gpt_cuda_t *g, int B) {
     struct cudaDeviceProp prop;
     int gpu = 0;
     CHECK_CUDA(cudaGetDevice(&gpu));
@@ -700,10 +809,10 @@ static void print_bench_row(const options *o, const gpt_config *c, size_t params
     if (peak > 0) snprintf(mfu, sizeof mfu, "%.1f", 100 * tflops / peak);
     for (char *p = prop.name; *p; p++)
         if (*p == ',') *p = ';'; // a CSV field ("emulated GPU (CPU; for testing)")
-    printf("BENCH %s,%s,%s,%s,%d,%d,%zu,%.0f,%.2f,%.2f,%.2f,%.2f,%.2f,%.1f,%s,%.0f,%.0f\n", prop.name, o->config,
+    printf("BENCH %s,%s,%s,%s,%d,%d,%zu,%.0f,%.2f,%.2f,%.2f,%.2f,%.2f,%.1f,%s,%.0f,%.0f,%.2f,%zu,%zu\n", prop.name, o->config,
            o->dtype, gpt_cuda_attention(g), B, c->block_size, params, tokens / step, 1e3 * step, 1e3 * t->forward, 1e3 * t->backward,
            1e3 * t->allreduce, 1e3 * t->optimizer, tflops, mfu, gpt_cuda_allocated_bytes(g) / 1048576.0,
-           gpt_cuda_device_used_bytes() / 1048576.0);
+           gpt_cuda_device_used_bytes() / 1048576.0, 1e3 * graph_step, launches.eager, launches.graph);
 }
 
 static int run_bench(const options *o) {
@@ -737,7 +846,14 @@ static int run_bench(const options *o) {
         sum.forward += t.forward / o->steps, sum.backward += t.backward / o->steps;
         sum.allreduce += t.allreduce / o->steps, sum.optimizer += t.optimizer / o->steps;
     }
-    print_bench_row(o, &c, params, &sum, g, B);
+    double graph_step = 0;
+    bench_graph_step(g, in, tg, B, T); // captures the graph: not timed
+    for (int s = 0; s < o->warmup + o->steps; s++) {
+        double t = bench_graph_step(g, in, tg, B, T);
+        if (s >= o->warmup) graph_step += t / o->steps;
+    }
+    step_launches launches = count_launches(g, &ov, in, tg, B, T);
+    print_bench_row(o, &c, params, &sum, graph_step, launches, g, B);
     CHECK_NCCL(ncclCommDestroy(ov.comm));
     CHECK_CUDA(cudaStreamDestroy(ov.stream));
     gpt_cuda_free(g);
@@ -758,11 +874,16 @@ static void run_tests(const options *o) {
     printf("info: %s; random inputs from seed %llu (--seed repeats a run: the low 31 bits)\n", d.name,
            (unsigned long long)seed);
     rng_t r = rng_seed(seed);
+    if (!strcmp(o->mode, "graph")) {
+        test_graph_step(&r, false);
+        return;
+    }
     for (int bf16 = 0; bf16 <= 1; bf16++) {
         test_layers(&r, bf16);
         test_model(&r, bf16);
         test_model_cublas_attention(&r, bf16);
         test_losses_on_device(&r, bf16);
+        test_graph_step(&r, bf16);
     }
     if (!strcmp(o->mode, "test")) test_training_tracks(&r);
 }
@@ -772,7 +893,7 @@ int main(int argc, char **argv) {
     options o = {.mode = "test", .config = "default", .dtype = "bf16", .batch_size = 8, .steps = 10, .warmup = 3,
                  .vocab_size = 5000, .seed = 0};
     flag_set set = {.program = "test_gpt_cuda", .summary = "the GPU GPT against gpt.h, and its benchmark"};
-    flag_choice(&set, "mode", &o.mode, "test|sanitize|oom|bench", "what to run");
+    flag_choice(&set, "mode", &o.mode, "test|sanitize|graph|oom|bench", "what to run");
     flag_choice(&set, "config", &o.config, "default|large|tiny",
                 "bench model: default (128/4/4/256), large (1024/12/12/768) or tiny (32/2/2/64)");
     flag_choice(&set, "dtype", &o.dtype, "fp32|bf16", "bench precision");
