@@ -82,13 +82,14 @@ data:
 # chapter's main file differs from the one before by that chapter's idea
 # alone (01 -> 04 data parallelism, 04 -> 05 a launcher, 05 -> 06 snapshots
 # and restarts, 06 -> 07 many nodes); chapters 09-11 are 08's training
-# program plus theirs (08 -> 10 tensor parallelism, 08 -> 11 pipeline
-# parallelism). diff exits 1 when files differ; only its 2 (trouble)
-# fails the target.
+# program plus theirs (08 -> 09 sharding, 08 -> 10 tensor parallelism,
+# 08 -> 11 pipeline parallelism). diff exits 1 when files differ; only its
+# 2 (trouble) fails the target.
 DIFFS := 01_single_gpu/01_single_gpu.c:04_ddp_spawn/04_ddp_spawn.c \
          04_ddp_spawn/04_ddp_spawn.c:05_env_launch/05_env_launch.c \
          05_env_launch/05_env_launch.c:06_snapshot_resume/06_snapshot_resume.c \
          06_snapshot_resume/06_snapshot_resume.c:07_multinode/07_multinode.c \
+         08_gpt_wikitext/08_gpt_wikitext.c:09_zero_fsdp/09_zero_fsdp.c \
          08_gpt_wikitext/08_gpt_wikitext.c:10_tensor_parallel/10_tensor_parallel.c \
          08_gpt_wikitext/08_gpt_wikitext.c:11_pipeline_parallel/11_pipeline_parallel.c
 diffs:
@@ -122,7 +123,7 @@ help:
 	@echo "  make speedup      measure speedup vs number of ranks: 1 rank (the baseline) vs DDP, median and range (SPEEDUP_CHAPTER=04: chapter 04, spawned; default 05)"
 	@echo "  make plots        run missing measurements, draw gnuplot figures (PNG) under runs/plots/"
 	@echo "  make data         download WikiText-2 for chapter 08 (if ../shared/data is absent)"
-	@echo "  make diffs        chapters 01->04->05->06->07, 08->10 and 08->11 as diffs: read the diff first"
+	@echo "  make diffs        chapters 01->04->05->06->07, then 08->09, 08->10 and 08->11, as diffs: read the diff first"
 	@echo "  make check-exercise EX=NN/name [SOLUTION=1]   check a classroom exercise, e.g. EX=03/ring_allreduce"
 	@echo "  make clean        remove builds and runs/"
 	@echo "chapters:"

@@ -179,11 +179,25 @@ static inline void device_from_host(const device_t *d, void *dev, const void *ho
 }
 
 // Waits on the host until a CUDA event has happened (on the CPU there are
-// no events: nothing to wait for). The event is a cudaEvent_t.
+// no events, and NULL is no event: nothing to wait for). The event is a
+// cudaEvent_t.
 static inline void device_wait_event(const device_t *d, struct CUevent_st *event) {
 #ifdef COURSE_CUDA
-    if (device_is_cuda(d)) {
+    if (device_is_cuda(d) && event) {
         CHECK_CUDA(cudaEventSynchronize(event));
+        return;
+    }
+#endif
+    (void)d, (void)event;
+}
+
+// Records an event (unless NULL) on the legacy default stream: it happens
+// once the work queued there so far has, the copies of device_from_host
+// included.
+static inline void device_record_event(const device_t *d, struct CUevent_st *event) {
+#ifdef COURSE_CUDA
+    if (device_is_cuda(d) && event) {
+        CHECK_CUDA(cudaEventRecord(event, cudaStreamLegacy));
         return;
     }
 #endif

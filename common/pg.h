@@ -441,20 +441,30 @@ static inline void pg_announce(pg_t *pg, const char *name, size_t count, dtype_t
     pg_debug_collective(&pg->debug, what);
 }
 
-static inline void pg_collective(pg_t *pg, pg_coll_t c, const void *send, void *recv, size_t count, dtype_t t,
-                                 redop_t op, int root) {
+// The checks every collective makes; the bytes it reads and writes in *in, *out.
+static inline void pg_check_collective(pg_t *pg, pg_coll_t c, const void *send, const void *recv, size_t count,
+                                       dtype_t t, redop_t op, int root, size_t *in, size_t *out) {
     const pg_coll_shape_t *s = &pg_coll_shapes[c];
     pg_announce(pg, s->name, count, t, s->has_op ? (int)op : -1, s->has_root ? root : -1);
     size_t world = (size_t)pg->id.world_size;
-    size_t in = pg_bytes(pg, count, t, s->send_blocks == PG_BLOCKS ? world : 1, s->name);
-    size_t out = pg_bytes(pg, count, t, s->recv_blocks == PG_BLOCKS ? world : 1, s->name);
+    *in = pg_bytes(pg, count, t, s->send_blocks == PG_BLOCKS ? world : 1, s->name);
+    *out = pg_bytes(pg, count, t, s->recv_blocks == PG_BLOCKS ? world : 1, s->name);
     if (s->has_op) pg_check_reduction(t, op, s->name);
     if (s->has_root) pg_check_rank(pg, root, "root", s->name);
+    if (pg_who_includes(s->send_who, pg->id.rank, root))
+        pg_check_buffer(send, count, c == PG_BROADCAST ? "" : "send", s->name);
+    if (pg_who_includes(s->recv_who, pg->id.rank, root))
+        pg_check_buffer(recv, count, c == PG_BROADCAST ? "" : "receive", s->name);
+}
+
+static inline void pg_collective(pg_t *pg, pg_coll_t c, const void *send, void *recv, size_t count, dtype_t t,
+                                 redop_t op, int root) {
+    const pg_coll_shape_t *s = &pg_coll_shapes[c];
+    size_t in, out;
+    pg_check_collective(pg, c, send, recv, count, t, op, root, &in, &out);
+    if (count == 0) return;
     bool sends = pg_who_includes(s->send_who, pg->id.rank, root);
     bool receives = pg_who_includes(s->recv_who, pg->id.rank, root);
-    if (sends) pg_check_buffer(send, count, c == PG_BROADCAST ? "" : "send", s->name);
-    if (receives) pg_check_buffer(recv, count, c == PG_BROADCAST ? "" : "receive", s->name);
-    if (count == 0) return;
     if (!pg->stage) {
         pg->backend->collective(pg->impl, c, send, recv, count, t, op, root);
         return;
@@ -533,19 +543,41 @@ static inline void pg_barrier(pg_t *pg) {
 //   - nccl: queued on the group's stream behind `ready`; returns at once.
 //   - cpu, mpi (GPU buffers staged through host memory): waits for `ready`,
 //     then runs now; no overlap, the same result.
+// pg_reduce_scatter_after and pg_all_gather_after do the same for ZeRO's
+// collectives (chapter 09), and record the event `done` (unless NULL) once
+// their result is there: a stream that waits for `done`
+// (cudaStreamWaitEvent) uses the result without the host waiting. `ready`
+// may be NULL: behind nothing.
 // pg_wait_queued returns when everything queued so far has finished (or
 // stops the job with a message, as the blocking calls do).
-static inline void pg_all_reduce_after(pg_t *pg, void *buf, size_t count, dtype_t t, redop_t op,
-                                       pg_event_t ready) {
-    if (!pg->backend->all_reduce_after) {
+static inline void pg_collective_after(pg_t *pg, pg_coll_t c, const void *send, void *recv, size_t count,
+                                       dtype_t t, redop_t op, pg_event_t ready, pg_event_t done) {
+    if (!pg->backend->collective_after) {
         device_wait_event(&pg->device, ready);
-        pg_all_reduce(pg, buf, buf, count, t, op);
+        pg_collective(pg, c, send, recv, count, t, op, -1);
+        device_record_event(&pg->device, done);   // the result is in place already
         return;
     }
-    pg_announce(pg, "all_reduce", count, t, (int)op, -1);
-    pg_bytes(pg, count, t, 1, "all_reduce");
-    pg_check_reduction(t, op, "all_reduce");
-    if (count > 0) pg->backend->all_reduce_after(pg->impl, buf, count, t, op, ready);
+    size_t in, out;
+    pg_check_collective(pg, c, send, recv, count, t, op, -1, &in, &out);
+    pg->backend->collective_after(pg->impl, c, send, recv, count, t, op, ready, done);
+}
+
+static inline void pg_all_reduce_after(pg_t *pg, void *buf, size_t count, dtype_t t, redop_t op,
+                                       pg_event_t ready) {
+    pg_collective_after(pg, PG_ALL_REDUCE, buf, buf, count, t, op, ready, NULL);
+}
+
+// send holds world_size * count elements; rank r receives the reduction of block r.
+static inline void pg_reduce_scatter_after(pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
+                                           redop_t op, pg_event_t ready, pg_event_t done) {
+    pg_collective_after(pg, PG_REDUCE_SCATTER, send, recv, count, t, op, ready, done);
+}
+
+// recv holds world_size * count elements, rank r's part at r * count.
+static inline void pg_all_gather_after(pg_t *pg, const void *send, void *recv, size_t count, dtype_t t,
+                                       pg_event_t ready, pg_event_t done) {
+    pg_collective_after(pg, PG_ALL_GATHER, send, recv, count, t, OP_SUM, ready, done);
 }
 
 static inline void pg_wait_queued(pg_t *pg) {

@@ -94,9 +94,13 @@ typedef struct {
     void (*collective)(void *impl, pg_coll_t c, const void *send, void *recv, size_t count, dtype_t t,
                        redop_t op, int root);
     void (*barrier)(void *impl);
-    // GPU buffers only (nccl); NULL for the host backends, which pg.h then
-    // runs as "wait for the event, then the blocking call".
-    void (*all_reduce_after)(void *impl, void *buf, size_t count, dtype_t t, redop_t op, pg_event_t ready);
+    // GPU buffers only (nccl): the collective queued behind the event
+    // `ready` (NULL: behind nothing), and `done` (unless NULL) recorded once
+    // its result is there; returns at once. NULL for the host backends,
+    // which pg.h then runs as "wait for `ready`, the blocking call, record
+    // `done`".
+    void (*collective_after)(void *impl, pg_coll_t c, const void *send, void *recv, size_t count, dtype_t t,
+                             redop_t op, pg_event_t ready, pg_event_t done);
     void (*wait_queued)(void *impl);
 } pg_backend_t;
 

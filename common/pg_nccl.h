@@ -488,18 +488,8 @@ static inline void nccl_all_to_all(nccl_pg_t *pg, const void *send, void *recv, 
     if (copy) CHECK_CUDA(cudaFree(copy));
 }
 
-// Queued behind `ready` on our stream (which waits for the event, not for
-// the host); pg_wait_queued waits for it, polling as nccl_wait does.
-static inline void nccl_all_reduce_after(nccl_pg_t *pg, void *buf, size_t count, dtype_t t,
-                                         redop_t op, cudaEvent_t ready) {
-    nccl_begin(pg, "all_reduce (overlapped)");
-    CHECK_CUDA(cudaStreamWaitEvent(pg->stream, ready, 0));
-    nccl_check(pg, ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), pg->comm, pg->stream),
-               "ncclAllReduce");
-}
-
 static inline void nccl_wait_queued(nccl_pg_t *pg) {
-    pg->op = "all_reduce (overlapped)";
+    pg->op = "the overlapped collectives";
     nccl_wait(pg, NULL);
 }
 
@@ -553,9 +543,43 @@ static inline void nccl_backend_collective(void *impl, pg_coll_t c, const void *
     }
 }
 
-static inline void nccl_backend_all_reduce_after(void *impl, void *buf, size_t count, dtype_t t, redop_t op,
-                                                 pg_event_t ready) {
-    nccl_all_reduce_after(impl, buf, count, t, op, ready);
+// Queued behind `ready` on our stream (which waits for the event, not for
+// the host), `done` recorded behind it; pg_wait_queued waits for it all,
+// polling as nccl_wait does. The reductions NCCL lacks (BAND, BOR, BXOR)
+// combine on the host: those wait for `ready` and run now.
+static inline void nccl_collective_after(nccl_pg_t *pg, pg_coll_t c, const void *send, void *recv, size_t count,
+                                         dtype_t t, redop_t op, cudaEvent_t ready, cudaEvent_t done) {
+    if (count > 0 && redop_is_bitwise(op) && c != PG_ALL_GATHER) {
+        if (ready) CHECK_CUDA(cudaEventSynchronize(ready));
+        nccl_backend_collective(pg, c, send, recv, count, t, op, -1);
+    } else if (count > 0) {
+        nccl_begin(pg, c == PG_ALL_REDUCE ? "all_reduce (overlapped)"
+                       : c == PG_REDUCE_SCATTER ? "reduce_scatter (overlapped)" : "all_gather (overlapped)");
+        if (ready) CHECK_CUDA(cudaStreamWaitEvent(pg->stream, ready, 0));
+        ncclDataType_t type = nccl_type(t);
+        switch (c) {
+        case PG_ALL_REDUCE:
+            nccl_check(pg, ncclAllReduce(send, recv, count, type, nccl_op(op), pg->comm, pg->stream), "ncclAllReduce");
+            break;
+        case PG_REDUCE_SCATTER:
+            nccl_check(pg, ncclReduceScatter(send, recv, count, type, nccl_op(op), pg->comm, pg->stream),
+                       "ncclReduceScatter");
+            break;
+        case PG_ALL_GATHER:
+            nccl_check(pg, ncclAllGather(send, recv, count, type, pg->comm, pg->stream), "ncclAllGather");
+            break;
+        default:
+            die("%s cannot be queued behind an event (all_reduce, reduce_scatter and all_gather can)",
+                pg_coll_shapes[c].name);
+        }
+    }
+    if (done) CHECK_CUDA(cudaEventRecord(done, pg->stream));
+}
+
+static inline void nccl_backend_collective_after(void *impl, pg_coll_t c, const void *send, void *recv,
+                                                 size_t count, dtype_t t, redop_t op, pg_event_t ready,
+                                                 pg_event_t done) {
+    nccl_collective_after(impl, c, send, recv, count, t, op, ready, done);
 }
 static inline void nccl_backend_wait_queued(void *impl) { nccl_wait_queued(impl); }
 
@@ -565,7 +589,7 @@ static inline const pg_backend_t *nccl_backend(void) {
         .create = nccl_backend_create, .split = nccl_backend_split, .destroy = nccl_backend_destroy,
         .describe = nccl_backend_describe, .isend = nccl_backend_isend, .irecv = nccl_backend_irecv,
         .test = nccl_backend_test, .wait = nccl_backend_wait, .collective = nccl_backend_collective,
-        .barrier = nccl_backend_barrier, .all_reduce_after = nccl_backend_all_reduce_after,
+        .barrier = nccl_backend_barrier, .collective_after = nccl_backend_collective_after,
         .wait_queued = nccl_backend_wait_queued,
     };
     return &table;

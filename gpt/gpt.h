@@ -89,6 +89,11 @@ typedef struct {
     int B, T;
     bool have_targets;
 } gpt_slot;
+// Where a bucket's parameters and gradients are (gpt_layout.h, section 3):
+// the hook is given the model's own (NULL where the model has none) and
+// may point them elsewhere, at arrays laid out as the bucket's part of the
+// flat array. Chapter 09 gathers a block's parameters here.
+typedef void (*gpt_bucket_hook)(void *user, gpt_bucket_event event, int bucket, gpt_real **params, gpt_real **grads);
 
 typedef struct {
     gpt_config cfg;
@@ -120,6 +125,9 @@ typedef struct {
     int tp;
     void (*tp_all_reduce)(void *user, gpt_real *buf, size_t count);
     void *tp_user;
+
+    gpt_bucket_hook hook;         // NULL: every bucket lives in params and grads
+    void *hook_user;
 } gpt_t;
 
 // The table of gpt_layout.h, for this model's configuration, stage (a
@@ -130,19 +138,34 @@ static inline void gpt_build_table(gpt_t *m) {
     m->num_params = gpt_layout_stage_params(&m->cfg, &m->stage, m->tp, m->tensors);
 }
 
-// The block's tensors inside `base`, which is m->params or m->grads.
+// The block's tensors inside `base`, the block's part of the parameters or
+// of the gradients: m->params + the block's offset in this model's array,
+// or what a bucket hook gave instead.
 static inline gpt_block gpt_block_view(const gpt_t *m, gpt_real *base, int layer) {
     gpt_real *p[GPT_BLOCK_TENSORS];
+    size_t start = m->tensors[gpt_block_tensor(layer, 0)].offset;
     for (int i = 0; i < GPT_BLOCK_TENSORS; i++)
-        p[i] = base + m->tensors[gpt_block_tensor(layer, i)].offset;
+        p[i] = base + (m->tensors[gpt_block_tensor(layer, i)].offset - start);
     gpt_block b = {p[B_LN1_W], p[B_LN1_B], p[B_QKV_W], p[B_QKV_B], p[B_ATTPROJ_W], p[B_ATTPROJ_B],
                    p[B_LN2_W], p[B_LN2_B], p[B_FC_W], p[B_FC_B], p[B_FCPROJ_W], p[B_FCPROJ_B]};
     return b;
 }
 
-static inline gpt_real *gpt_tensor_ptr(const gpt_t *m, gpt_real *base, int index) {
-    return base + m->tensors[index].offset;
+// Where bucket `bucket` starts in this model's flat array: at its first
+// tensor, in the whole model's array or in a shard's or a stage's.
+static inline size_t gpt_bucket_start(const gpt_t *m, int bucket) {
+    int L = m->cfg.n_layer;
+    int first = bucket == GPT_BUCKET_LN_F ? gpt_ln_f_tensor(&m->cfg) : bucket <= L ? gpt_block_tensor(L - bucket, 0) : 0;
+    return m->tensors[first].offset;
 }
+
+// Tensor `index` inside the arrays of bucket `bucket`, which start where
+// the bucket starts in the flat array (see gpt_bucket_begin).
+
+static inline gpt_real *gpt_tensor_in(const gpt_t *m, gpt_real *bucket_base, int bucket, int index) {
+    return bucket_base + (m->tensors[index].offset - gpt_bucket_start(m, bucket));
+}
+
 
 // ===================================================================== 3. matrix products
 //
@@ -739,19 +762,20 @@ static inline void gpt_ensure_acts(gpt_t *m, int B, int T) {
 }
 
 // A shard of a block, split over tensor-parallel ranks (section 9).
-static inline void gpt_tp_block_forward(gpt_t *m, int layer, const gpt_real *x, gpt_real *scratch);
-static inline void gpt_tp_block_backward(gpt_t *m, int layer);
+static inline void gpt_tp_block_forward(gpt_t *m, int layer, gpt_real *params, const gpt_real *x, gpt_real *scratch);
+static inline void gpt_tp_block_backward(gpt_t *m, int layer, gpt_real *params, gpt_real *grads);
 
 // One transformer block, pre-LayerNorm (as GPT-2):
 //     res2 = x    + attn(ln_1(x))
 //     res3 = res2 + mlp(ln_2(res2)),   mlp(z) = c_proj(gelu(c_fc(z)))
-static inline void gpt_block_forward(gpt_t *m, int layer, const gpt_real *x, gpt_real *scratch) {
+// `params` is the block's part of the parameters (gpt_block_view).
+static inline void gpt_block_forward(gpt_t *m, int layer, gpt_real *params, const gpt_real *x, gpt_real *scratch) {
     if (m->tp > 1) { // this model holds a shard of the block (chapter 10)
-        gpt_tp_block_forward(m, layer, x, scratch);
+        gpt_tp_block_forward(m, layer, params, x, scratch);
         return;
     }
     int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T;
-    gpt_block p = gpt_block_view(m, m->params, layer);
+    gpt_block p = gpt_block_view(m, params, layer);
     gpt_block_acts a = gpt_block_acts_view(m, layer);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, N, C);
     matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C);
@@ -770,6 +794,21 @@ static inline void gpt_check_tokens(const gpt_t *m, const uint16_t *tokens, size
         if (tokens[i] >= m->cfg.vocab_size)
             die("%s token %u at position %zu is outside the model's vocabulary of %d; "
                 "was the model built for another tokenizer?", what, tokens[i], i, m->cfg.vocab_size);
+}
+
+// Bucket `bucket`'s parameters (and, with grads, its gradients): the
+// model's flat arrays from where the bucket starts, unless the hook points
+// them elsewhere (gpt_layout.h, section 3).
+static inline void gpt_bucket_begin(gpt_t *m, gpt_bucket_event event, int bucket, gpt_real **params, gpt_real **grads) {
+    size_t start = gpt_bucket_start(m, bucket);
+    *params = m->params ? m->params + start : NULL;
+    if (grads) *grads = m->grads ? m->grads + start : NULL;
+    if (m->hook) m->hook(m->hook_user, event, bucket, params, grads);
+}
+
+// The pass is done with the bucket (FORWARD_END, BACKWARD_END).
+static inline void gpt_bucket_end(gpt_t *m, gpt_bucket_event event, int bucket) {
+    if (m->hook) m->hook(m->hook_user, event, bucket, NULL, NULL);
 }
 
 // The residual input of block `layer`: the embeddings, or the previous
@@ -802,17 +841,34 @@ static inline float gpt_forward(gpt_t *m, const uint16_t *inputs, const uint16_t
     // stage's from the gradient the next stage sends.
     m->have_targets = targets != NULL || !m->stage.head;
 
-    int C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->stage.last;
+    int C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->stage.last, emb = gpt_bucket_embeddings(&m->cfg);
     gpt_head_acts h = gpt_head_acts_view(m);
-    gpt_real *wte = m->params + m->tensors[0].offset, *wpe = m->params + m->tensors[1].offset;
-    if (m->stage.embedding) encoder_forward(h.encoded, m->inputs, wte, wpe, B, T, C);
-    for (int l = m->stage.first; l < L; l++) gpt_block_forward(m, l, gpt_block_input(m, l), h.scratch);
-    if (!m->stage.head) return m->last_loss = -1.0f;
+    gpt_real *embeddings = NULL, *block, *ln_f, *wte = NULL;
+    // The embeddings' bucket: the encoder reads wte and wpe, the LM head wte
+    // again (tied weights), on the first and the last stage of a pipeline.
+    bool embedding_bucket = m->stage.embedding || m->stage.head;
+    if (embedding_bucket) {
+        gpt_bucket_begin(m, GPT_FORWARD_BEGIN, emb, &embeddings, NULL);
+        wte = gpt_tensor_in(m, embeddings, emb, 0);
+    }
+    if (m->stage.embedding) encoder_forward(h.encoded, m->inputs, wte, gpt_tensor_in(m, embeddings, emb, 1), B, T, C);
+    for (int l = m->stage.first; l < L; l++) {
+        gpt_bucket_begin(m, GPT_FORWARD_BEGIN, gpt_bucket_of_block(&m->cfg, l), &block, NULL);
+        gpt_block_forward(m, l, block, gpt_block_input(m, l), h.scratch);
+        gpt_bucket_end(m, GPT_FORWARD_END, gpt_bucket_of_block(&m->cfg, l));
+    }
+    if (!m->stage.head) {
+        if (embedding_bucket) gpt_bucket_end(m, GPT_FORWARD_END, emb);
+        return m->last_loss = -1.0f;
+    }
     int lnf = gpt_ln_f_tensor(&m->cfg);
-    layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, gpt_block_input(m, L),
-                      gpt_tensor_ptr(m, m->params, lnf), gpt_tensor_ptr(m, m->params, lnf + 1), (int)N, C);
+    gpt_bucket_begin(m, GPT_FORWARD_BEGIN, GPT_BUCKET_LN_F, &ln_f, NULL);
+    layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, gpt_block_input(m, L), gpt_tensor_in(m, ln_f, GPT_BUCKET_LN_F, lnf),
+                      gpt_tensor_in(m, ln_f, GPT_BUCKET_LN_F, lnf + 1), (int)N, C);
     matmul_forward(h.logits, h.lnf, wte, NULL, (int)N, C, V); // the LM head is wte: tied weights
     m->last_loss = targets ? crossentropy_forward(h.losses, h.logits, m->targets, (int)N, V) : -1.0f;
+    gpt_bucket_end(m, GPT_FORWARD_END, GPT_BUCKET_LN_F);
+    gpt_bucket_end(m, GPT_FORWARD_END, emb);
     return m->last_loss;
 }
 
@@ -822,14 +878,15 @@ static inline const gpt_real *gpt_logits(const gpt_t *m, int b, int t) {
 }
 
 // The block's backward pass, in the reverse order of its forward pass.
-// On entry g.dres is d(loss)/d(res3); on return d(loss)/d(x).
-static inline void gpt_block_backward(gpt_t *m, int layer) {
+// On entry g.dres is d(loss)/d(res3); on return d(loss)/d(x). params and
+// grads are the block's parts of the parameters and gradients.
+static inline void gpt_block_backward(gpt_t *m, int layer, gpt_real *params, gpt_real *grads) {
     if (m->tp > 1) {
-        gpt_tp_block_backward(m, layer);
+        gpt_tp_block_backward(m, layer, params, grads);
         return;
     }
     int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T;
-    gpt_block p = gpt_block_view(m, m->params, layer), d = gpt_block_view(m, m->grads, layer);
+    gpt_block p = gpt_block_view(m, params, layer), d = gpt_block_view(m, grads, layer);
     gpt_block_acts a = gpt_block_acts_view(m, layer);
     gpt_grad_acts g = gpt_grad_acts_view(m);
     const gpt_real *x = gpt_block_input(m, layer);
@@ -859,21 +916,32 @@ static inline void gpt_backward(gpt_t *m, float grad_scale) {
     if (!m->have_targets) die("gpt_backward needs a gpt_forward with targets just before it");
     m->have_targets = false;
     int B = m->B, T = m->T, C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->stage.last, N = B * T;
+    int emb = gpt_bucket_embeddings(&m->cfg), lnf = gpt_ln_f_tensor(&m->cfg), F = GPT_BUCKET_LN_F;
     gpt_head_acts h = gpt_head_acts_view(m);
     gpt_grad_acts g = gpt_grad_acts_view(m);
-    gpt_real *wte = m->params + m->tensors[0].offset, *dwte = m->grads + m->tensors[0].offset;
-    int lnf = gpt_ln_f_tensor(&m->cfg);
+    gpt_real *embeddings = NULL, *dembeddings = NULL, *ln_f = NULL, *dln_f = NULL, *block, *dblock, *wte = NULL, *dwte = NULL;
+    bool embedding_bucket = m->stage.embedding || m->stage.head;
+    if (m->stage.head) gpt_bucket_begin(m, GPT_BACKWARD_BEGIN, F, &ln_f, &dln_f);
+    if (embedding_bucket) {
+        gpt_bucket_begin(m, GPT_BACKWARD_BEGIN, emb, &embeddings, &dembeddings);
+        wte = gpt_tensor_in(m, embeddings, emb, 0), dwte = gpt_tensor_in(m, dembeddings, emb, 0);
+    }
 
     if (m->stage.head) {
         crossentropy_backward(h.logits, m->targets, N, V, (gpt_real)grad_scale / N);
         matmul_backward(g.dtmp, dwte, NULL, h.logits, h.lnf, wte, N, C, V); // LM head: adds into dwte
         memset(g.dres, 0, sizeof(gpt_real) * (size_t)N * C);
-        layernorm_backward(g.dres, gpt_tensor_ptr(m, m->grads, lnf), gpt_tensor_ptr(m, m->grads, lnf + 1),
-                           g.dtmp, gpt_block_input(m, L), gpt_tensor_ptr(m, m->params, lnf),
-                           h.lnf_mean, h.lnf_rstd, N, C);
+        layernorm_backward(g.dres, gpt_tensor_in(m, dln_f, F, lnf), gpt_tensor_in(m, dln_f, F, lnf + 1), g.dtmp,
+                           gpt_block_input(m, L), gpt_tensor_in(m, ln_f, F, lnf), h.lnf_mean, h.lnf_rstd, N, C);
+        gpt_bucket_end(m, GPT_BACKWARD_END, F);
     }
-    for (int l = L - 1; l >= m->stage.first; l--) gpt_block_backward(m, l);
-    if (m->stage.embedding) encoder_backward(dwte, m->grads + m->tensors[1].offset, g.dres, m->inputs, B, T, C);
+    for (int l = L - 1; l >= m->stage.first; l--) {
+        gpt_bucket_begin(m, GPT_BACKWARD_BEGIN, gpt_bucket_of_block(&m->cfg, l), &block, &dblock);
+        gpt_block_backward(m, l, block, dblock);
+        gpt_bucket_end(m, GPT_BACKWARD_END, gpt_bucket_of_block(&m->cfg, l));
+    }
+    if (m->stage.embedding) encoder_backward(dwte, gpt_tensor_in(m, dembeddings, emb, 1), g.dres, m->inputs, B, T, C);
+    if (embedding_bucket) gpt_bucket_end(m, GPT_BACKWARD_END, emb);
 }
 
 static inline void gpt_zero_grad(gpt_t *m) { memset(m->grads, 0, sizeof(gpt_real) * m->num_params); }
@@ -987,30 +1055,44 @@ static inline float gpt_clip_grad_norm(gpt_t *m, float max_norm) {
     return gpt_clip_grads(m, gpt_grad_square_sum(m, 0, true), max_norm);
 }
 
-// AdamW (Loshchilov & Hutter), as torch.optim.AdamW:
+// AdamW (Loshchilov & Hutter), as torch.optim.AdamW, on the parameters
+// [first, first + count) of the flat array, whose values, gradients and
+// moments lie in params[0 .. count), grads[...], ...: the whole model
+// (gpt_adamw_step), or one rank's slice in arrays of its own (chapter 09).
+// The table says which tensors decay; step counts from 1:
 //     m = b1 m + (1-b1) g,  v = b2 v + (1-b2) g^2        running moments
 //     p -= lr * wd * p                                     decoupled weight decay (matrices only)
 //     p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+static inline void gpt_adamw_range(const gpt_tensor *tensors, int num_tensors, size_t first, size_t count,
+                                   gpt_real *params, const gpt_real *grads, gpt_real *adam_m, gpt_real *adam_v,
+                                   int step, float lr, float beta1, float beta2, float eps, float weight_decay) {
+    double c1 = 1 - pow((double)beta1, step), c2 = 1 - pow((double)beta2, step);
+    for (int t = 0; t < num_tensors; t++) {
+        const gpt_tensor *ten = &tensors[t];
+        size_t begin = ten->offset > first ? ten->offset : first;
+        size_t end = ten->offset + ten->count < first + count ? ten->offset + ten->count : first + count;
+        if (begin >= end) continue;
+        gpt_real decay = ten->decay ? (gpt_real)(lr * weight_decay) : 0;
+#pragma omp parallel for simd
+        for (size_t k = begin - first; k < end - first; k++) { // k: the position in this slice's arrays
+            gpt_real g = grads[k];
+            adam_m[k] = beta1 * adam_m[k] + (1 - beta1) * g;
+            adam_v[k] = beta2 * adam_v[k] + (1 - beta2) * g * g;
+            gpt_real mhat = adam_m[k] / (gpt_real)c1, vhat = adam_v[k] / (gpt_real)c2;
+            params[k] -= decay * params[k];
+            params[k] -= lr * mhat / (sqrt(vhat) + eps);
+        }
+    }
+}
+
 static inline void gpt_adamw_step(gpt_t *m, float lr, float beta1, float beta2, float eps, float weight_decay) {
     if (!m->adam_m) {
         m->adam_m = xcalloc(m->num_params, sizeof(gpt_real));
         m->adam_v = xcalloc(m->num_params, sizeof(gpt_real));
     }
     m->adam_step++;
-    double c1 = 1 - pow((double)beta1, m->adam_step), c2 = 1 - pow((double)beta2, m->adam_step);
-    for (int t = 0; t < m->num_tensors; t++) {
-        const gpt_tensor *ten = &m->tensors[t];
-        gpt_real decay = ten->decay ? (gpt_real)(lr * weight_decay) : 0;
-#pragma omp parallel for simd
-        for (size_t i = ten->offset; i < ten->offset + ten->count; i++) {
-            gpt_real g = m->grads[i];
-            m->adam_m[i] = beta1 * m->adam_m[i] + (1 - beta1) * g;
-            m->adam_v[i] = beta2 * m->adam_v[i] + (1 - beta2) * g * g;
-            gpt_real mhat = m->adam_m[i] / (gpt_real)c1, vhat = m->adam_v[i] / (gpt_real)c2;
-            m->params[i] -= decay * m->params[i];
-            m->params[i] -= lr * mhat / (sqrt(vhat) + eps);
-        }
-    }
+    gpt_adamw_range(m->tensors, m->num_tensors, 0, m->num_params, m->params, m->grads, m->adam_m, m->adam_v,
+                    m->adam_step, lr, beta1, beta2, eps, weight_decay);
 }
 
 // ===================================================================== 7. sampling
@@ -1260,9 +1342,9 @@ static inline void residual_bias_forward(gpt_real *out, const gpt_real *a, const
 // of heads (NH/tp heads of C/NH channels), H = 4C/tp hidden units. The
 // replicated layers run whole on every rank, on the same numbers; the two
 // row-parallel layers write partial sums, which the ranks add up (g).
-static inline void gpt_tp_block_forward(gpt_t *m, int layer, const gpt_real *x, gpt_real *scratch) {
+static inline void gpt_tp_block_forward(gpt_t *m, int layer, gpt_real *params, const gpt_real *x, gpt_real *scratch) {
     int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T, Cs = C / m->tp, H = 4 * C / m->tp;
-    gpt_block p = gpt_block_view(m, m->params, layer);
+    gpt_block p = gpt_block_view(m, params, layer);
     gpt_block_acts a = gpt_block_acts_view(m, layer);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, N, C);
     matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * Cs);      // column-parallel: my heads' q, k, v
@@ -1284,9 +1366,9 @@ static inline void gpt_tp_block_forward(gpt_t *m, int layer, const gpt_real *x, 
 // out the same everywhere. A column-parallel layer's input gradient is
 // only this rank's part (through its own heads or units): the ranks add
 // them up (f) before the LayerNorm below it.
-static inline void gpt_tp_block_backward(gpt_t *m, int layer) {
+static inline void gpt_tp_block_backward(gpt_t *m, int layer, gpt_real *params, gpt_real *grads) {
     int B = m->B, T = m->T, C = m->cfg.n_embd, N = B * T, Cs = C / m->tp, H = 4 * C / m->tp;
-    gpt_block p = gpt_block_view(m, m->params, layer), d = gpt_block_view(m, m->grads, layer);
+    gpt_block p = gpt_block_view(m, params, layer), d = gpt_block_view(m, grads, layer);
     gpt_block_acts a = gpt_block_acts_view(m, layer);
     gpt_grad_acts g = gpt_grad_acts_view(m);
     const gpt_real *x = gpt_block_input(m, layer);

@@ -1062,6 +1062,22 @@ struct gpt_cuda {
     cuda_slot *slots; // pipeline stages: the slots not in use; NULL otherwise
     int num_slots, slot;
     size_t slot_bytes; // the device memory of one slot
+
+    // Sharded training (chapter 09; gpt_cuda_create_keeping): what of the
+    // training state this model holds, and the hook that gives it the rest
+    // bucket by bucket. Without a flat parameter array a bf16 model makes
+    // bf16 copies of a bucket's weights as it computes it: of the
+    // embeddings (head_pad zeros, then wte: the LM head) and of one block.
+    // A sharded model is always a whole model (no stages, tp 1).
+    bool keeps_params, keeps_grads, keeps_adam;
+    gpt_cuda_bucket_hook hook;
+    void *hook_user;
+    bf16 *bucket_lp[2];
+    size_t allocated_parts[6];        // gpt_cuda_memory_parts
+    struct slice_chunk *slice_chunks; // device: gpt_cuda_adamw_slices's table, for the slices in slices_key
+    int num_slice_chunks, num_slices_key;
+    gpt_cuda_slice *slices_key;
+    double *sum_squares;              // device: gpt_cuda_sum_squares's result
 };
 
 // Section 9's graph of a training step, and what it was captured for.
@@ -1083,16 +1099,23 @@ static void step_graph_free(struct step_graph *sg);
 // --- the memory plan: gpt_cuda_memory_needed and gpt_cuda_create share it.
 typedef struct {
     size_t params, grads, adam, params_lp, acts, stats, logits, dlogits, scores, dscores, grad_acts, tokens,
-        partials, chunks, scalars, workspace;
+        partials, chunks, scalars, workspace, bucket_lp;
 } memory_plan;
+
+// What of the training state a model holds (all of it, but in chapter 09).
+typedef struct {
+    bool params, grads, adam;
+} state_kept;
+static const state_kept keep_all = {true, true, true};
 
 static const int NORM_BLOCKS = 264; // two per SM of an H100: enough to fill it, few partials to add
 
 // A pipeline stage (s) plans for its blocks only, and only the last stage
 // for the logits and the LM head's padding; a tensor-parallel shard (tp)
-// for its part of each block.
+// for its part of each block; a sharded model (chapter 09) without the
+// state it does not keep.
 static memory_plan plan_memory(const gpt_config *c, const gpt_stage *s, int tp, int B, int T, bool use_bf16, bool flash,
-                               size_t num_params) {
+                               size_t num_params, state_kept keep) {
     size_t N = (size_t)B * T, Vp = s->head ? (size_t)padded_vocab(c->vocab_size) : 0;
     size_t L = (size_t)(s->last - s->first), act = use_bf16 ? 2 : 4;
     size_t att = flash ? 0 : gpt_block_act_size_tp(c, tp, A_ATT, (size_t)B, (size_t)T);
@@ -1114,18 +1137,26 @@ static memory_plan plan_memory(const gpt_config *c, const gpt_stage *s, int tp, 
     // At most one chunk per ADAM_CHUNK parameters plus one partial chunk per tensor.
     p.chunks = (num_params / ADAM_CHUNK + (size_t)gpt_num_tensors(c)) * sizeof(adam_chunk);
     p.workspace = CUBLAS_WORKSPACE_BYTES;
+    // Chapter 09: the state the caller keeps in slices is not allocated here.
+    p.bucket_lp = 0;
+    if (!keep.params) {
+        p.params = p.params_lp = 0;
+        p.bucket_lp = use_bf16 ? (head_pad(c) + (size_t)c->vocab_size * c->n_embd + gpt_block_params_tp(c, tp)) * 2 : 0;
+    }
+    if (!keep.grads) p.grads = 0;
+    if (!keep.adam) p.adam = p.chunks = 0;
     return p;
 }
 
 static size_t plan_total(const memory_plan *p) {
     return p->params + p->grads + p->adam + p->params_lp + p->acts + p->stats + p->logits + p->dlogits + p->scores +
            p->dscores + p->grad_acts + p->tokens + p->partials + p->chunks +
-           p->scalars + p->workspace;
+           p->scalars + p->workspace + p->bucket_lp;
 }
 
 extern "C" size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool use_bf16) {
     gpt_stage whole = gpt_stage_of(cfg, 0, 1);
-    memory_plan p = plan_memory(cfg, &whole, 1, B, T, use_bf16, use_flash(cfg), gpt_num_params(cfg));
+    memory_plan p = plan_memory(cfg, &whole, 1, B, T, use_bf16, use_flash(cfg), gpt_num_params(cfg), keep_all);
     return plan_total(&p);
 }
 
@@ -1212,7 +1243,11 @@ template <typename Act> static const Act *weights(const gpt_cuda_t *g) {
 // copy, gradients): the padding rows in front of wte, then wte.
 template <typename T> static T *lm_head(const gpt_cuda_t *g, T *flat) { return flat - g->head_pad; }
 
-static size_t off(const gpt_cuda_t *g, int layer, int i) { return g->tensors[gpt_block_tensor(layer, i)].offset; }
+// Where tensor i of block `layer` lies in the block's part of a flat array.
+// (this model's own table: a tp shard's and a pipeline stage's too).
+static size_t off(const gpt_cuda_t *g, int layer, int i) {
+    return g->tensors[gpt_block_tensor(layer, i)].offset - g->tensors[gpt_block_tensor(layer, 0)].offset;
+}
 
 // A pipeline stage's first block reads `encoded` too: the previous stage's
 // output is received there (gpt_cuda_stage_input).
@@ -1243,14 +1278,15 @@ static void residual_after_row_parallel(gpt_cuda_t *g, Act *out, const Act *a, A
     residual_bias_forward(&g->ctx, out, a, scratch, bias, N, C);
 }
 
-// With tp > 1 (section 9) this is gpt_tp_block_forward: the same steps on
-// this rank's shard - Cs = C/tp channels of NH/tp heads, H = 4C/tp hidden
-// units - the row-parallel layers' biases left to residual_after_row_parallel.
-template <typename Act> static void block_forward(gpt_cuda_t *g, int l) {
+// p and w: the block's part of the fp32 parameters and of the weights the
+// products read (bucket_weights). With tp > 1 (section 9) this is
+// gpt_tp_block_forward: the same steps on this rank's shard - Cs = C/tp
+// channels of NH/tp heads, H = 4C/tp hidden units - the row-parallel
+// layers' biases left to residual_after_row_parallel.
+template <typename Act> static void block_forward(gpt_cuda_t *g, int l, const float *p, const Act *w) {
     int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T, Cs = C / g->tp, H = 4 * C / g->tp, NHs = g->cfg.n_head / g->tp;
     const gpu_ctx *x = &g->ctx;
-    const float *p = g->params;
-    const Act *w = weights<Act>(g), *in = block_input<Act>(g, l);
+    const Act *in = block_input<Act>(g, l);
     block_acts<Act> a = block_view<Act>(g, l);
     Act *scratch = head_view<Act>(g).scratch;
     const float *attproj_b = p + off(g, l, B_ATTPROJ_B), *fcproj_b = p + off(g, l, B_FCPROJ_B);
@@ -1267,20 +1303,79 @@ template <typename Act> static void block_forward(gpt_cuda_t *g, int l) {
     residual_after_row_parallel(g, a.res3, a.res2, scratch, fcproj_b, N, C);
 }
 
+// Where bucket k starts in this model's flat array: at its first tensor
+// (the model's own table, so in a tp shard or a pipeline stage too).
+static size_t bucket_start(const gpt_cuda_t *g, int k) {
+    int L = g->cfg.n_layer;
+    int first = k == GPT_BUCKET_LN_F ? gpt_ln_f_tensor(&g->cfg) : k <= L ? gpt_block_tensor(L - k, 0) : 0;
+    return g->tensors[first].offset;
+}
+
+// Bucket k's fp32 parameters (and, with grads, its gradients): the flat
+// arrays from where the bucket starts, unless the hook points them
+// elsewhere (gpt_layout.h, section 3; gpt_cuda_set_bucket_hook).
+static void bucket_begin(gpt_cuda_t *g, gpt_bucket_event event, int k, float **params, float **grads) {
+    size_t start = bucket_start(g, k);
+    *params = g->params ? g->params + start : NULL;
+    if (grads) *grads = g->grads ? g->grads + start : NULL;
+    if (g->hook) g->hook(g->hook_user, event, k, params, grads, NULL);
+}
+
+// The pass is done with bucket k: the hook gets an event recorded after its last kernel.
+static void bucket_end(gpt_cuda_t *g, gpt_bucket_event event, int k) {
+    if (!g->hook) return;
+    CHECK_CUDA(cudaEventRecord(g->bucket_events[k], g->ctx.stream));
+    g->hook(g->hook_user, event, k, NULL, NULL, g->bucket_events[k]);
+}
+
+// The weights the products of bucket k read, whose fp32 parameters are p:
+// p itself in fp32; in bf16 the flat bf16 copy, or, for parameters that
+// came from the hook, a bf16 copy made now (of wte only, for the
+// embeddings: the encoder reads fp32). The copy is queued on the model's
+// stream, so the previous bucket's products have read the buffer before.
+template <typename Act> static const Act *bucket_weights(gpt_cuda_t *g, int k, const float *p) {
+    if (!g->bf16_mode) return (const Act *)(const void *)p;
+    if (g->params_lp) return (const Act *)(const void *)(g->params_lp + bucket_start(g, k));
+    bool emb = k == gpt_bucket_embeddings(&g->cfg);
+    bf16 *copy = emb ? g->bucket_lp[0] + g->head_pad : g->bucket_lp[1];
+    convert(g->ctx.stream, copy, p, emb ? (size_t)g->cfg.vocab_size * g->cfg.n_embd : gpt_layout_bucket(&g->cfg, k).count);
+    return (const Act *)(const void *)copy;
+}
+
 // A pipeline stage computes its part: the embeddings on the first stage
-// only, its own blocks, the head on the last stage only.
+// only, its own blocks, the head on the last stage only. The embeddings'
+// bucket is read on the first stage (the encoder) and the last (the LM
+// head: tied weights).
 template <typename Act> static void model_forward(gpt_cuda_t *g, bool with_targets) {
     int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->stage.last, N = B * T;
+    int emb = gpt_bucket_embeddings(&g->cfg);
     const gpu_ctx *x = &g->ctx;
     head_acts<Act> h = head_view<Act>(g);
-    const float *p = g->params;
-    size_t wpe = g->tensors[1].offset, lnf = g->tensors[g->num_tensors - 2].offset;
-    if (g->stage.embedding) encoder_forward(x, h.encoded, g->inputs, p, p + wpe, B, T, C);
-    for (int l = g->stage.first; l < L; l++) block_forward<Act>(g, l);
-    if (!g->stage.head) return;
-    layernorm_forward(x, h.lnf, h.lnf_mean, h.lnf_rstd, block_input<Act>(g, L), p + lnf, p + lnf + C, N, C);
-    matmul_forward<Act, float>(x, g->logits, h.lnf, lm_head(g, weights<Act>(g)), NULL, N, C, Vp); // tied: wte
+    size_t wpe = g->tensors[1].offset - g->tensors[0].offset; // in the embeddings' bucket; ln_f starts its bucket
+    bool embedding_bucket = g->stage.embedding || g->stage.head;
+    float *pe = NULL, *pb, *pf;
+    const Act *we = NULL;
+    if (embedding_bucket) {
+        bucket_begin(g, GPT_FORWARD_BEGIN, emb, &pe, NULL);
+        we = bucket_weights<Act>(g, emb, pe);
+    }
+    if (g->stage.embedding) encoder_forward(x, h.encoded, g->inputs, pe, pe + wpe, B, T, C);
+    for (int l = g->stage.first; l < L; l++) {
+        int k = gpt_bucket_of_block(&g->cfg, l);
+        bucket_begin(g, GPT_FORWARD_BEGIN, k, &pb, NULL);
+        block_forward<Act>(g, l, pb, bucket_weights<Act>(g, k, pb));
+        bucket_end(g, GPT_FORWARD_END, k);
+    }
+    if (!g->stage.head) {
+        if (embedding_bucket) bucket_end(g, GPT_FORWARD_END, emb);
+        return;
+    }
+    bucket_begin(g, GPT_FORWARD_BEGIN, GPT_BUCKET_LN_F, &pf, NULL);
+    layernorm_forward(x, h.lnf, h.lnf_mean, h.lnf_rstd, block_input<Act>(g, L), pf, pf + C, N, C);
+    matmul_forward<Act, float>(x, g->logits, h.lnf, lm_head(g, we), NULL, N, C, Vp); // tied: wte
     if (with_targets) crossentropy_forward(x, h.losses, h.lse, g->logits, g->targets, N, V, Vp);
+    bucket_end(g, GPT_FORWARD_END, GPT_BUCKET_LN_F);
+    bucket_end(g, GPT_FORWARD_END, emb);
 }
 
 static void check_tokens(const gpt_cuda_t *g, const uint16_t *tokens, size_t n, const char *what) {
@@ -1385,16 +1480,15 @@ extern "C" void gpt_cuda_logits(gpt_cuda_t *g, int b, int t, float *out_host) {
 
 // The block's backward pass, in the reverse order of its forward pass,
 // exactly as gpt_block_backward. On entry dres = d(loss)/d(res3); on return d(loss)/d(x).
-// With tp > 1 (section 9) it is gpt_tp_block_backward: the same steps on
-// this rank's shard - Cs = C/tp channels of NH/tp heads, H = 4C/tp hidden
-// units - and the input gradients of the two column-parallel layers summed
-// over the tp ranks (f). With tp 1 those are C, NH and 4C, and nothing is summed.
-template <typename Act> static void block_backward(gpt_cuda_t *g, int l) {
+// p, w, d: the block's part of the fp32 parameters, of the weights the
+// products read and of the gradients. With tp > 1 (section 9) it is
+// gpt_tp_block_backward: the same steps on this rank's shard - Cs = C/tp
+// channels of NH/tp heads, H = 4C/tp hidden units - and the input
+// gradients of the two column-parallel layers summed over the tp ranks
+// (f). With tp 1 those are C, NH and 4C, and nothing is summed.
+template <typename Act> static void block_backward(gpt_cuda_t *g, int l, const float *p, const Act *w, float *d) {
     int B = g->B, T = g->T, C = g->cfg.n_embd, N = B * T, Cs = C / g->tp, H = 4 * C / g->tp, NHs = g->cfg.n_head / g->tp;
     const gpu_ctx *x = &g->ctx;
-    const float *p = g->params;
-    float *d = g->grads;
-    const Act *w = weights<Act>(g);
     block_acts<Act> a = block_view<Act>(g, l);
     grad_acts<Act> ga = grad_view<Act>(g);
     float *dp = g->bf16_mode ? g->scores : (float *)g->dscores; // cuBLAS attention's scratch
@@ -1432,27 +1526,41 @@ static void bucket_done(gpt_cuda_t *g, int i, gpt_cuda_bucket_fn fn, void *user)
 // with d(loss)/d(its input) there. The buckets are the whole model's.
 template <typename Act> static void model_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn fn, void *user) {
     int B = g->B, T = g->T, C = g->cfg.n_embd, V = g->cfg.vocab_size, Vp = g->Vp, L = g->stage.last, N = B * T;
+    int emb = gpt_bucket_embeddings(&g->cfg), F = GPT_BUCKET_LN_F;
     const gpu_ctx *x = &g->ctx;
     head_acts<Act> h = head_view<Act>(g);
     grad_acts<Act> ga = grad_view<Act>(g);
-    size_t wpe = g->tensors[1].offset, lnf = g->tensors[g->num_tensors - 2].offset;
+    size_t wpe = g->tensors[1].offset - g->tensors[0].offset; // in the embeddings' bucket
     Act *dlogits = (Act *)g->dlogits;
+    bool embedding_bucket = g->stage.embedding || g->stage.head;
+    float *pf = NULL, *df = NULL, *pe = NULL, *de = NULL, *pb, *db;
+    const Act *we = NULL;
+    if (g->stage.head) bucket_begin(g, GPT_BACKWARD_BEGIN, F, &pf, &df);
+    if (embedding_bucket) {
+        bucket_begin(g, GPT_BACKWARD_BEGIN, emb, &pe, &de);
+        we = bucket_weights<Act>(g, emb, pe);
+    }
 
     if (g->stage.head) {
         crossentropy_backward(x, dlogits, g->logits, h.lse, g->targets, N, V, Vp, grad_scale / (float)N);
-        matmul_backward<Act>(x, ga.dtmp, lm_head(g, g->grads), NULL, dlogits, h.lnf, lm_head(g, weights<Act>(g)), N,
-                             C, Vp); // adds into dwte
+        matmul_backward<Act>(x, ga.dtmp, lm_head(g, de), NULL, dlogits, h.lnf, lm_head(g, we), N, C, Vp); // adds into dwte
         CHECK_CUDA(cudaMemsetAsync(ga.dres, 0, sizeof(Act) * (size_t)N * C, x->stream));
-        layernorm_backward(x, ga.dres, g->grads + lnf, g->grads + lnf + C, ga.dtmp, block_input<Act>(g, L),
-                           g->params + lnf, h.lnf_mean, h.lnf_rstd, N, C);
+        layernorm_backward(x, ga.dres, df, df + C, ga.dtmp, block_input<Act>(g, L), pf, h.lnf_mean, h.lnf_rstd, N, C);
+        bucket_done(g, F, fn, user);
+        bucket_end(g, GPT_BACKWARD_END, F);
     }
-    bucket_done(g, 0, fn, user);
     for (int l = L - 1; l >= g->stage.first; l--) {
-        block_backward<Act>(g, l);
-        bucket_done(g, L - l, fn, user);
+        int k = gpt_bucket_of_block(&g->cfg, l);
+        bucket_begin(g, GPT_BACKWARD_BEGIN, k, &pb, &db);
+        block_backward<Act>(g, l, pb, bucket_weights<Act>(g, k, pb), db);
+        bucket_done(g, k, fn, user);
+        bucket_end(g, GPT_BACKWARD_END, k);
     }
-    if (g->stage.embedding) encoder_backward(x, g->grads, g->grads + wpe, ga.dres, g->inputs, B, T, C);
-    bucket_done(g, L + 1, fn, user);
+    if (g->stage.embedding) encoder_backward(x, de, de + wpe, ga.dres, g->inputs, B, T, C);
+    if (embedding_bucket) {
+        bucket_done(g, emb, fn, user);
+        bucket_end(g, GPT_BACKWARD_END, emb);
+    }
 }
 
 extern "C" void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn bucket_ready, void *user) {
@@ -1481,6 +1589,7 @@ extern "C" void gpt_cuda_widen_grads(gpt_cuda_t *g) {
 }
 
 extern "C" void gpt_cuda_zero_grad(gpt_cuda_t *g) {
+    if (!g->grads) die("gpt_cuda_zero_grad: this model keeps no gradient array (the bucket hook gives it one bucket at a time)");
     CHECK_CUDA(cudaMemsetAsync(g->grads, 0, g->num_params * sizeof(float), g->ctx.stream));
 }
 
@@ -1506,6 +1615,12 @@ static void check_fits(const gpt_config *c, int B, int T, bool use_bf16, size_t 
             total_bytes / 1073741824.0, use_bf16 ? "" : ", or --dtype bf16");
 }
 
+// A flat array with head_pad elements in front (NULL when it is not kept).
+template <typename T> static T *after_head_pad(gpt_cuda_t *g, size_t bytes, const char *what) {
+    T *p = (T *)device_buffer(g, bytes, what);
+    return p ? p + g->head_pad : NULL;
+}
+
 // What one forward pass keeps: the slot in use (gpt_cuda_use_slot).
 static void allocate_slot(gpt_cuda_t *g, const memory_plan *p) {
     g->acts = device_buffer(g, p->acts, "activations");
@@ -1519,11 +1634,19 @@ static void allocate_slot(gpt_cuda_t *g, const memory_plan *p) {
 
 static void allocate_buffers(gpt_cuda_t *g, const memory_plan *p) {
     if (g->bf16_mode) g->dlogits = device_buffer(g, p->dlogits, "logit gradients"); // scratch: one for all slots
-    g->params = (float *)device_buffer(g, p->params, "parameters") + g->head_pad;
-    g->grads = (float *)device_buffer(g, p->grads, "gradients") + g->head_pad;
+    g->params = after_head_pad<float>(g, p->params, "parameters");
+    g->grads = after_head_pad<float>(g, p->grads, "gradients");
     g->adam_m = (float *)device_buffer(g, p->adam / 2, "AdamW first moments");
     g->adam_v = (float *)device_buffer(g, p->adam / 2, "AdamW second moments");
-    if (g->bf16_mode) g->params_lp = (bf16 *)device_buffer(g, p->params_lp, "bf16 weight copy") + g->head_pad;
+    if (g->bf16_mode) g->params_lp = after_head_pad<bf16>(g, p->params_lp, "bf16 weight copy");
+    if (p->bucket_lp) {
+        g->bucket_lp[0] = (bf16 *)device_buffer(g, p->bucket_lp, "bf16 copies of a bucket's weights");
+        g->bucket_lp[1] = g->bucket_lp[0] + g->head_pad + (size_t)g->cfg.vocab_size * g->cfg.n_embd;
+    }
+    g->allocated_parts[0] = p->params + p->params_lp, g->allocated_parts[1] = p->grads;
+    g->allocated_parts[2] = p->adam;
+    g->allocated_parts[3] = p->acts + p->stats + p->logits + p->dlogits + p->scores + p->dscores + p->grad_acts + p->tokens;
+    g->allocated_parts[4] = p->partials + p->chunks + p->scalars + p->workspace, g->allocated_parts[5] = p->bucket_lp;
     allocate_slot(g, p);
     g->scores = (float *)device_buffer(g, p->scores, "attention scores");
     g->dscores = device_buffer(g, p->dscores, "attention score gradients");
@@ -1538,8 +1661,9 @@ static void allocate_buffers(gpt_cuda_t *g, const memory_plan *p) {
 // gradient, times the zero gradient of that logit, stays 0).
 static void zero_head_padding(gpt_cuda_t *g) {
     cudaStream_t s = g->ctx.stream;
-    CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->params), 0, g->head_pad * sizeof(float), s));
+    if (g->params) CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->params), 0, g->head_pad * sizeof(float), s));
     if (g->params_lp) CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->params_lp), 0, g->head_pad * sizeof(bf16), s));
+    if (g->bucket_lp[0]) CHECK_CUDA(cudaMemsetAsync(g->bucket_lp[0], 0, g->head_pad * sizeof(bf16), s));
 }
 
 static void upload_adam_chunks(gpt_cuda_t *g) {
@@ -1552,28 +1676,21 @@ static void upload_adam_chunks(gpt_cuda_t *g) {
 }
 
 static void refresh_bf16_copy(gpt_cuda_t *g) {
-    if (g->bf16_mode) convert(g->ctx.stream, g->params_lp, g->params, g->num_params);
+    if (g->params_lp) convert(g->ctx.stream, g->params_lp, g->params, g->num_params);
 }
 
 static void tp_setup(gpt_cuda_t *g);
 
-extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *params_host, int B, int T, bool use_bf16) {
-    gpt_stage whole = gpt_stage_of(cfg, 0, 1);
-    return gpt_cuda_create_stage(cfg, &whole, 1, params_host, B, T, use_bf16);
-}
-
-extern "C" gpt_cuda_t *gpt_cuda_create_tp(const gpt_config *cfg, int tp, const float *params_host, int B, int T,
-                                          bool use_bf16) {
-    gpt_stage whole = gpt_stage_of(cfg, 0, 1);
-    return gpt_cuda_create_stage(cfg, &whole, tp, params_host, B, T, use_bf16);
-}
-
-extern "C" gpt_cuda_t *gpt_cuda_create_stage(const gpt_config *cfg, const gpt_stage *stage, int tp,
-                                             const float *params_host, int B, int T, bool use_bf16) {
+// Every model is created here: a pipeline stage of tp shards that keeps
+// `keep` of the training state. gpt_cuda_create is stage 0 of 1, tp 1,
+// keeping all; gpt_cuda_create_keeping a whole model that keeps less.
+static gpt_cuda_t *create(const gpt_config *cfg, const gpt_stage *stage, int tp, const float *params_host, int B, int T,
+                          bool use_bf16, state_kept keep) {
     check_config(cfg, B, T);
     const char *problem = gpt_tp_problem(cfg, tp);
     if (problem) die("gpt_cuda_create_tp: cannot split the model over %d ranks: %s", tp, problem);
     gpt_cuda_t *g = (gpt_cuda_t *)xcalloc(1, sizeof *g);
+    g->keeps_params = keep.params, g->keeps_grads = keep.grads, g->keeps_adam = keep.adam;
     g->cfg = *cfg, g->stage = *stage, g->bf16_mode = use_bf16, g->max_B = g->B = B, g->max_T = g->T = T, g->tp = tp;
     g->num_tensors = gpt_num_tensors(cfg);
     g->tensors = (gpt_tensor *)xmalloc(sizeof(gpt_tensor) * (size_t)g->num_tensors);
@@ -1581,7 +1698,7 @@ extern "C" gpt_cuda_t *gpt_cuda_create_stage(const gpt_config *cfg, const gpt_st
     g->Vp = padded_vocab(cfg->vocab_size), g->head_pad = stage->head ? head_pad(cfg) : 0;
     g->num_adam_chunks = build_adam_chunks(g->tensors, g->num_tensors, NULL);
     g->flash = use_flash(cfg);
-    memory_plan plan = plan_memory(cfg, stage, tp, B, T, use_bf16, g->flash, g->num_params);
+    memory_plan plan = plan_memory(cfg, stage, tp, B, T, use_bf16, g->flash, g->num_params, keep);
     check_fits(cfg, B, T, use_bf16, plan_total(&plan));
     CHECK_CUDA(cudaStreamCreateWithFlags(&g->ctx.stream, cudaStreamNonBlocking));
     allocate_buffers(g, &plan);
@@ -1593,26 +1710,53 @@ extern "C" gpt_cuda_t *gpt_cuda_create_stage(const gpt_config *cfg, const gpt_st
     g->bucket_events = (cudaEvent_t *)xmalloc(sizeof(cudaEvent_t) * (size_t)g->num_buckets);
     for (int i = 0; i < g->num_buckets; i++)
         CHECK_CUDA(cudaEventCreateWithFlags(&g->bucket_events[i], cudaEventDisableTiming));
-    upload_adam_chunks(g);
+    if (g->adam_m) upload_adam_chunks(g);
     if (tp > 1) tp_setup(g);
     zero_head_padding(g);
-    gpt_cuda_set_params(g, params_host);
-    CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->grads), 0, plan.grads, g->ctx.stream));
-    CHECK_CUDA(cudaMemsetAsync(g->adam_m, 0, plan.adam / 2, g->ctx.stream));
-    CHECK_CUDA(cudaMemsetAsync(g->adam_v, 0, plan.adam / 2, g->ctx.stream));
+    if (g->params) gpt_cuda_set_params(g, params_host);
+    if (g->grads) CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->grads), 0, plan.grads, g->ctx.stream));
+    if (g->adam_m) CHECK_CUDA(cudaMemsetAsync(g->adam_m, 0, plan.adam / 2, g->ctx.stream));
+    if (g->adam_v) CHECK_CUDA(cudaMemsetAsync(g->adam_v, 0, plan.adam / 2, g->ctx.stream));
     CHECK_CUDA(cudaMemsetAsync(g->scalars, 0, plan.scalars, g->ctx.stream));
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
     return g;
+}
+
+extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *params_host, int B, int T, bool use_bf16) {
+    gpt_stage whole = gpt_stage_of(cfg, 0, 1);
+    return create(cfg, &whole, 1, params_host, B, T, use_bf16, keep_all);
+}
+
+extern "C" gpt_cuda_t *gpt_cuda_create_tp(const gpt_config *cfg, int tp, const float *params_host, int B, int T,
+                                          bool use_bf16) {
+    gpt_stage whole = gpt_stage_of(cfg, 0, 1);
+    return create(cfg, &whole, tp, params_host, B, T, use_bf16, keep_all);
+}
+
+extern "C" gpt_cuda_t *gpt_cuda_create_stage(const gpt_config *cfg, const gpt_stage *stage, int tp,
+                                             const float *params_host, int B, int T, bool use_bf16) {
+    return create(cfg, stage, tp, params_host, B, T, use_bf16, keep_all);
+}
+
+// Sharded training keeps parts of the state in slices of its own, over
+// the data-parallel ranks of a whole model: it does not combine with
+// tensor or pipeline parallelism (chapters 10, 11) here.
+extern "C" gpt_cuda_t *gpt_cuda_create_keeping(const gpt_config *cfg, const float *params_host, int B, int T,
+                                               bool use_bf16, bool params, bool grads, bool adam) {
+    gpt_stage whole = gpt_stage_of(cfg, 0, 1);
+    state_kept keep = {params, grads, adam};
+    return create(cfg, &whole, 1, params_host, B, T, use_bf16, keep);
 }
 
 extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
     if (!g) return;
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
     CHECK_CUBLAS(cublasDestroy(g->ctx.cublas)); // before its workspace goes
-    void *bufs[] = {lm_head(g, g->params), lm_head(g, g->grads), g->adam_m, g->adam_v,
-                    g->params_lp ? lm_head(g, g->params_lp) : NULL, g->acts, g->stats, g->logits,
+    void *bufs[] = {g->params ? lm_head(g, g->params) : NULL, g->grads ? lm_head(g, g->grads) : NULL, g->adam_m,
+                    g->adam_v, g->params_lp ? lm_head(g, g->params_lp) : NULL, g->acts, g->stats, g->logits,
                     g->bf16_mode ? g->dlogits : NULL, g->scores, g->dscores, g->grad_acts, g->inputs,
-                    g->norm_partials, g->adam_chunks, g->scalars, g->ctx.workspace, g->grads_bf16};
+                    g->norm_partials, g->adam_chunks, g->scalars, g->ctx.workspace, g->grads_bf16, g->bucket_lp[0],
+                    g->slice_chunks, g->sum_squares};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) CHECK_CUDA(cudaFree(bufs[i]));
     for (int k = 0; k < g->num_slots; k++) {
@@ -1629,7 +1773,7 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
     CHECK_CUDA(cudaEventDestroy(g->tokens_copied));
     CHECK_CUDA(cudaFreeHost(g->tokens_host));
     step_graph_free(g->graph);
-    free(g->bucket_events), free(g->buckets), free(g->tensors);
+    free(g->bucket_events), free(g->buckets), free(g->tensors), free(g->slices_key);
     free(g);
 }
 
@@ -1649,7 +1793,9 @@ extern "C" void gpt_cuda_use_slot(gpt_cuda_t *g, int k) {
     cuda_slot *next = &g->slots[k];
     g->slot = k;
     if (!next->inputs) { // its first use: allocate it, as large as the first slot
-        memory_plan plan = plan_memory(&g->cfg, &g->stage, g->tp, g->max_B, g->max_T, g->bf16_mode, g->flash, g->num_params);
+        state_kept keep = {g->keeps_params, g->keeps_grads, g->keeps_adam};
+        memory_plan plan =
+            plan_memory(&g->cfg, &g->stage, g->tp, g->max_B, g->max_T, g->bf16_mode, g->flash, g->num_params, keep);
         allocate_slot(g, &plan);
         g->have_targets = false;
         return;
@@ -1796,6 +1942,20 @@ extern "C" float gpt_cuda_grad_norm(gpt_cuda_t *g) {
     return read_scalar(g, &g->scalars->grad_norm);
 }
 
+// One parameter's update: its moments and value, from its gradient g
+// (already times the clip scale). Returns the new value. adamw_kernel and
+// chapter 09's adamw_slices_kernel share it.
+static __device__ __forceinline__ float adamw_update(float *param, float g, float *m, float *v, float decay, float lr,
+                                                     float beta1, float beta2, float c1, float c2, float eps) {
+    float mi = beta1 * *m + (1.0f - beta1) * g, vi = beta2 * *v + (1.0f - beta2) * g * g;
+    *m = mi, *v = vi;
+    float p = *param;
+    p -= decay * p;
+    p -= lr * (mi / c1) / (sqrtf(vi / c2) + eps);
+    *param = p;
+    return p;
+}
+
 // gpt_adamw_step's arithmetic in the same order, on the gradient times
 // the clip scale (NULL: no clipping). In bf16 mode it also writes the
 // parameter's bf16 copy, so the next forward pass reads the updated weights
@@ -1810,13 +1970,7 @@ static __global__ void adamw_kernel(float *params, bf16 *params_lp, const float 
     float decay = ch.decay ? lr * weight_decay : 0.0f, scale = clip_scale ? *clip_scale : 1.0f;
     for (unsigned k = threadIdx.x; k < ch.count; k += blockDim.x) {
         size_t i = ch.offset + k;
-        float g = grads[i] * scale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * g, vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi, v[i] = vi;
-        float p = params[i];
-        p -= decay * p;
-        p -= lr * (mi / c1) / (sqrtf(vi / c2) + eps);
-        params[i] = p;
+        float p = adamw_update(&params[i], grads[i] * scale, &m[i], &v[i], decay, lr, beta1, beta2, c1, c2, eps);
         if (params_lp) params_lp[i] = __float2bfloat16(p);
     }
 }
@@ -1833,6 +1987,115 @@ extern "C" void gpt_cuda_adamw(gpt_cuda_t *g, float lr, float beta1, float beta2
     g->clip_pending = false;
 }
 
+// --- AdamW on slices (chapter 09): each slice is parameters [first, first
+// + count) of the flat array with buffers of its own. The table cuts them
+// in chunks as the model's own table cuts the flat array (at most
+// ADAM_CHUNK numbers, never across two tensors), each with its pointers.
+struct slice_chunk {
+    float *params, *m, *v;
+    const float *grads;
+    unsigned count, decay;
+};
+
+static __global__ void adamw_slices_kernel(const slice_chunk *chunks, float grad_scale, float lr, float beta1,
+                                           float beta2, float c1, float c2, float eps, float weight_decay) {
+    slice_chunk ch = chunks[blockIdx.x];
+    float decay = ch.decay ? lr * weight_decay : 0.0f;
+    for (unsigned k = threadIdx.x; k < ch.count; k += blockDim.x)
+        adamw_update(&ch.params[k], ch.grads[k] * grad_scale, &ch.m[k], &ch.v[k], decay, lr, beta1, beta2, c1, c2, eps);
+}
+
+// Fills out (NULL: only counts); returns the number of chunks.
+static int build_slice_chunks(const gpt_cuda_t *g, const gpt_cuda_slice *slices, int n, slice_chunk *out) {
+    int count = 0;
+    for (int i = 0; i < n; i++) {
+        const gpt_cuda_slice *s = &slices[i];
+        for (int t = 0; t < g->num_tensors; t++) {
+            const gpt_tensor *ten = &g->tensors[t];
+            size_t lo = ten->offset > s->first ? ten->offset : s->first;
+            size_t hi = ten->offset + ten->count < s->first + s->count ? ten->offset + ten->count : s->first + s->count;
+            for (size_t at = lo; at < hi; at += ADAM_CHUNK, count++) {
+                size_t k = at - s->first, left = hi - at;
+                if (out) out[count] = slice_chunk{s->params + k, s->adam_m + k, s->adam_v + k, s->grads + k,
+                                                  (unsigned)(left < ADAM_CHUNK ? left : ADAM_CHUNK), ten->decay ? 1u : 0u};
+            }
+        }
+    }
+    return count;
+}
+
+extern "C" void gpt_cuda_adamw_slices(gpt_cuda_t *g, const gpt_cuda_slice *slices, int n, int step, float grad_scale,
+                                      float lr, float beta1, float beta2, float eps, float weight_decay) {
+    // The table is built once, and again only when the slices change.
+    bool same = g->num_slices_key == n && !memcmp(g->slices_key, slices, sizeof *slices * (size_t)n);
+    if (!same) {
+        if (g->slice_chunks) CHECK_CUDA(cudaFree(g->slice_chunks));
+        g->num_slice_chunks = build_slice_chunks(g, slices, n, NULL);
+        slice_chunk *table = (slice_chunk *)xmalloc(sizeof(slice_chunk) * (size_t)(g->num_slice_chunks + 1));
+        build_slice_chunks(g, slices, n, table);
+        CHECK_CUDA(cudaMalloc(&g->slice_chunks, sizeof(slice_chunk) * (size_t)(g->num_slice_chunks + 1)));
+        CHECK_CUDA(cudaMemcpyAsync(g->slice_chunks, table, sizeof(slice_chunk) * (size_t)g->num_slice_chunks,
+                                   cudaMemcpyHostToDevice, g->ctx.stream));
+        CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream)); // before the host table goes
+        free(table);
+        free(g->slices_key);
+        g->slices_key = (gpt_cuda_slice *)xmalloc(sizeof *slices * (size_t)(n + 1));
+        memcpy(g->slices_key, slices, sizeof *slices * (size_t)n);
+        g->num_slices_key = n;
+    }
+    if (g->num_slice_chunks == 0) return;
+    double c1 = 1 - pow((double)beta1, step), c2 = 1 - pow((double)beta2, step);
+    adamw_slices_kernel<<<g->num_slice_chunks, 256, 0, g->ctx.stream>>>(g->slice_chunks, grad_scale, lr, beta1, beta2,
+                                                                        (float)c1, (float)c2, eps, weight_decay);
+    launched("adamw_slices_kernel");
+}
+
+// One warp adds the partial sums of sum_squares_kernel.
+static __global__ void sum_partials_kernel(double *out, const double *partials, int count) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < count; i += WARP) s += partials[i];
+    s = warp_sum_double(s);
+    if (threadIdx.x == 0) *out = s;
+}
+
+extern "C" double gpt_cuda_sum_squares(gpt_cuda_t *g, const float *x, size_t n) {
+    if (n == 0) return 0.0;
+    cudaStream_t s = g->ctx.stream;
+    if (!g->sum_squares) g->sum_squares = (double *)device_buffer(g, sizeof(double), "sum of squares");
+    int blocks = (int)blocks_for(n, 256 * 16);
+    if (blocks > NORM_BLOCKS) blocks = NORM_BLOCKS;
+    sum_squares_kernel<<<blocks, 256, 0, s>>>(g->norm_partials, x, n);
+    launched("sum_squares_kernel");
+    sum_partials_kernel<<<1, WARP, 0, s>>>(g->sum_squares, g->norm_partials, blocks);
+    launched("sum_partials_kernel");
+    return read_scalar(g, g->sum_squares);
+}
+
+static __global__ void add_kernel(float *dst, const float *src, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] += src[i];
+}
+
+extern "C" void gpt_cuda_add(gpt_cuda_t *g, float *dst, const float *src, size_t n) {
+    if (n == 0) return;
+    add_kernel<<<blocks_for(n, 256), 256, 0, g->ctx.stream>>>(dst, src, n);
+    launched("add_kernel");
+}
+
+extern "C" void gpt_cuda_params_changed(gpt_cuda_t *g) { refresh_bf16_copy(g); }
+
+extern "C" void gpt_cuda_set_bucket_hook(gpt_cuda_t *g, gpt_cuda_bucket_hook hook, void *user) {
+    g->hook = hook, g->hook_user = user;
+}
+
+extern "C" size_t gpt_cuda_bucket_front(const gpt_cuda_t *g, int bucket) {
+    return bucket == gpt_bucket_embeddings(&g->cfg) ? g->head_pad : 0;
+}
+
+extern "C" void gpt_cuda_memory_parts(const gpt_cuda_t *g, size_t parts[6]) {
+    memcpy(parts, g->allocated_parts, sizeof g->allocated_parts);
+}
+
 // ===================================================================== 8. copies, and layers one at a time
 
 static void copy_in(gpt_cuda_t *g, float *dev, const float *host) {
@@ -1844,27 +2107,43 @@ static void copy_out(gpt_cuda_t *g, float *host, const float *dev) {
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
 }
 
+// The whole state, where the model keeps it (chapter 09's may not).
+static void need(const void *buffer, const char *what) {
+    if (!buffer) die("gpt_cuda: this model keeps no %s (it was created without them)", what);
+}
+
 extern "C" void gpt_cuda_set_params(gpt_cuda_t *g, const float *host) {
+    need(g->params, "parameter array");
     copy_in(g, g->params, host);
     refresh_bf16_copy(g);
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream)); // the host buffer may be reused at once
 }
 
-extern "C" void gpt_cuda_get_params(gpt_cuda_t *g, float *host) { copy_out(g, host, g->params); }
-extern "C" void gpt_cuda_get_grads(gpt_cuda_t *g, float *host) { copy_out(g, host, g->grads); }
+extern "C" void gpt_cuda_get_params(gpt_cuda_t *g, float *host) {
+    need(g->params, "parameter array");
+    copy_out(g, host, g->params);
+}
+
+extern "C" void gpt_cuda_get_grads(gpt_cuda_t *g, float *host) {
+    need(g->grads, "gradient array");
+    copy_out(g, host, g->grads);
+}
 
 extern "C" void gpt_cuda_set_grads(gpt_cuda_t *g, const float *host) {
+    need(g->grads, "gradient array");
     copy_in(g, g->grads, host);
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
 }
 
 extern "C" void gpt_cuda_get_adam(gpt_cuda_t *g, float *m_host, float *v_host, int *step) {
+    need(g->adam_m, "AdamW moments");
     copy_out(g, m_host, g->adam_m);
     copy_out(g, v_host, g->adam_v);
     *step = g->adam_step;
 }
 
 extern "C" void gpt_cuda_set_adam(gpt_cuda_t *g, const float *m_host, const float *v_host, int step) {
+    need(g->adam_m, "AdamW moments");
     copy_in(g, g->adam_m, m_host);
     copy_in(g, g->adam_v, v_host);
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));

@@ -208,6 +208,64 @@ void gpt_cuda_set_tp_all_reduce(gpt_cuda_t *g, gpt_cuda_tp_fn fn, void *user);
 // split tensors' squares summed over the tp ranks with the all-reduce
 // above, the replicated ones counted once). With tp 1, gpt_cuda_clip_grad_norm.
 void gpt_cuda_clip_grad_norm_tp(gpt_cuda_t *g, float max_norm);
+// ---------------------------------------------------------------- sharded training (chapter 09)
+//
+// gpt_cuda_create keeps the whole training state on the device. Chapter
+// 09's ZeRO stages keep parts of it in slices of their own, and create the
+// model without them:
+//   params false: no flat parameter array (nor its bf16 copy): the bucket
+//     hook gives every bucket's fp32 parameters as the passes reach it, and
+//     a bf16 model makes the bf16 copies its products read then;
+//   grads false: no flat gradient array: the hook gives each bucket's;
+//   adam false: no AdamW moments (the caller steps its slices:
+//     gpt_cuda_adamw_slices).
+// gpt_cuda_memory_needed and the functions that copy or step the whole
+// state need what they touch (they stop with a message otherwise).
+gpt_cuda_t *gpt_cuda_create_keeping(const gpt_config *cfg, const float *params_host, int B, int T, bool bf16,
+                                    bool params, bool grads, bool adam);
+
+// Where bucket `bucket`'s parameters and gradients are (gpt_layout.h,
+// section 3): the hook is given the model's own (NULL where it keeps none)
+// and may point them at device arrays laid out as the bucket's part of the
+// flat array, with gpt_cuda_bucket_front zeros in front. It is called from
+// the host as the passes queue their work; at FORWARD_END and BACKWARD_END
+// `done` is an event recorded on gpt_cuda_stream after the bucket's last
+// kernel (NULL at the BEGIN events): a buffer may be reused, or a bucket's
+// gradients read, once it has happened. Arrays given at BEGIN must be
+// ready for work queued on gpt_cuda_stream from then on.
+typedef void (*gpt_cuda_bucket_hook)(void *user, gpt_bucket_event event, int bucket, float **params, float **grads,
+                                     cudaEvent_t done);
+void gpt_cuda_set_bucket_hook(gpt_cuda_t *g, gpt_cuda_bucket_hook hook, void *user);
+// Zeros in front of a bucket's arrays that the model reads and writes: the
+// LM head's padding rows before wte (see gpt_cuda.cu, "the vocabulary,
+// padded"); 0 for every other bucket.
+size_t gpt_cuda_bucket_front(const gpt_cuda_t *g, int bucket);
+
+// AdamW (gpt_cuda_adamw's arithmetic) on slices of the flat array that
+// live in buffers of their own: slice i is parameters [first, first +
+// count), its values, gradients and moments at params[0..count) and so on
+// (device memory). Every gradient is multiplied by grad_scale (clipping);
+// step counts from 1. Queued on gpt_cuda_stream. It does not touch the
+// bf16 copy: call gpt_cuda_params_changed once the parameters are whole.
+typedef struct {
+    size_t first, count;
+    float *params;
+    const float *grads;
+    float *adam_m, *adam_v;
+} gpt_cuda_slice;
+void gpt_cuda_adamw_slices(gpt_cuda_t *g, const gpt_cuda_slice *slices, int n, int step, float grad_scale, float lr,
+                           float beta1, float beta2, float eps, float weight_decay);
+// The sum of x[i]^2 over n device floats, in double. Waits for the GPU.
+double gpt_cuda_sum_squares(gpt_cuda_t *g, const float *x, size_t n);
+// dst[i] += src[i], queued on gpt_cuda_stream.
+void gpt_cuda_add(gpt_cuda_t *g, float *dst, const float *src, size_t n);
+// The caller wrote the flat fp32 parameters: the bf16 copy follows (queued).
+void gpt_cuda_params_changed(gpt_cuda_t *g);
+// Bytes allocated, by kind: parts[0] parameters (and their bf16 copy), [1]
+// gradients, [2] AdamW's moments, [3] activations and their gradients,
+// logits, tokens, [4] the rest (cuBLAS workspace, small tables), [5] the
+// bf16 copies of the buckets the hook gives (a model without parameters).
+void gpt_cuda_memory_parts(const gpt_cuda_t *g, size_t parts[6]);
 
 // ---------------------------------------------------------------- one layer at a time, for the parity tests
 // Each takes host float arrays, runs the layer's forward then backward on

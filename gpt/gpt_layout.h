@@ -207,30 +207,60 @@ static inline size_t gpt_block_offset_tp(const gpt_config *c, int tp, int layer)
 static inline size_t gpt_block_params(const gpt_config *c) { return gpt_block_params_tp(c, 1); }
 static inline size_t gpt_block_offset(const gpt_config *c, int layer) { return gpt_block_offset_tp(c, 1, layer); }
 
-// Fills up to max buckets (out may be NULL); returns how many there are
-// (n_layer + 2). In a shard of tp ranks, the buckets of the shard's array.
-static inline int gpt_layout_buckets_tp(const gpt_config *c, int tp, gpt_bucket *out, int max) {
-    int L = c->n_layer, n = 0;
-    for (int k = 0; k < L + 2; k++, n++) {
-        if (!out || n >= max) continue;
-        gpt_bucket *b = &out[n];
-        if (k == 0) { // ln_f: its weight and bias follow the last block
-            b->offset = gpt_block_offset_tp(c, tp, L), b->count = 2 * (size_t)c->n_embd;
-            snprintf(b->name, sizeof b->name, "ln_f");
-        } else if (k <= L) { // block L-k
-            b->offset = gpt_block_offset_tp(c, tp, L - k), b->count = gpt_block_params_tp(c, tp);
-            snprintf(b->name, sizeof b->name, "h.%d", L - k);
-        } else {
-            b->offset = 0, b->count = gpt_embedding_params(c);
-            snprintf(b->name, sizeof b->name, "wte+wpe");
-        }
+// Bucket k of gpt_layout_buckets_tp (0 <= k < n_layer + 2). In a shard of
+// tp ranks, the buckets of the shard's array.
+static inline gpt_bucket gpt_layout_bucket_tp(const gpt_config *c, int tp, int k) {
+    int L = c->n_layer;
+    gpt_bucket b;
+    if (k == 0) { // ln_f: its weight and bias follow the last block
+        b.offset = gpt_block_offset_tp(c, tp, L), b.count = 2 * (size_t)c->n_embd;
+        snprintf(b.name, sizeof b.name, "ln_f");
+    } else if (k <= L) { // block L-k
+        b.offset = gpt_block_offset_tp(c, tp, L - k), b.count = gpt_block_params_tp(c, tp);
+        snprintf(b.name, sizeof b.name, "h.%d", L - k);
+    } else {
+        b.offset = 0, b.count = gpt_embedding_params(c);
+        snprintf(b.name, sizeof b.name, "wte+wpe");
     }
+    return b;
+}
+static inline gpt_bucket gpt_layout_bucket(const gpt_config *c, int k) { return gpt_layout_bucket_tp(c, 1, k); }
+
+// Fills up to max buckets (out may be NULL); returns how many there are (n_layer + 2).
+static inline int gpt_layout_buckets_tp(const gpt_config *c, int tp, gpt_bucket *out, int max) {
+    int n = c->n_layer + 2;
+    for (int k = 0; out && k < n && k < max; k++) out[k] = gpt_layout_bucket_tp(c, tp, k);
     return n;
 }
 
 static inline int gpt_layout_buckets(const gpt_config *c, gpt_bucket *out, int max) {
     return gpt_layout_buckets_tp(c, 1, out, max);
 }
+
+// Which bucket holds what: ln_f is bucket 0, block l bucket n_layer - l,
+// the embeddings (wte+wpe) the last one.
+enum { GPT_BUCKET_LN_F = 0 };
+static inline int gpt_bucket_of_block(const gpt_config *c, int layer) { return c->n_layer - layer; }
+static inline int gpt_bucket_embeddings(const gpt_config *c) { return c->n_layer + 1; }
+
+// Sharded data parallelism (chapter 09) keeps only a slice of each
+// bucket's parameters on each rank, and gathers a bucket's parameters just
+// before it computes. So both models can ask, bucket by bucket, where the
+// parameters and gradients are, through a hook the caller sets (gpt.h's
+// gpt_t.hook, gpt_cuda.h's gpt_cuda_set_bucket_hook); without one they are
+// the model's own flat arrays. The hook hears, for each bucket in the
+// order the passes use them:
+typedef enum {
+    GPT_FORWARD_BEGIN,  // the forward pass needs the bucket's parameters: where are they?
+    GPT_FORWARD_END,    // it is done with them (until the backward pass)
+    GPT_BACKWARD_BEGIN, // the backward pass needs the parameters, and where to add the gradients
+    GPT_BACKWARD_END,   // the bucket's gradients are final; the parameters are no longer needed
+} gpt_bucket_event;
+// The forward pass: embeddings BEGIN, then each block BEGIN ... END in
+// order, ln_f BEGIN, then ln_f END and embeddings END (the LM head reads
+// wte). The backward pass: ln_f BEGIN, embeddings BEGIN, ln_f END, each
+// block from the last BEGIN ... END, embeddings END (wte gets gradients at
+// the start, from the LM head, and at the end, from the encoder).
 
 // ===================================================================== 4. activations
 //

@@ -40,6 +40,15 @@
 
 typedef struct model model_t;
 
+// What the model keeps of the training state. 08's keeps all of it;
+// chapter 09's sharded stages keep less, and the rest in slices of their
+// own: the model then has no AdamW moments, no gradient array (the bucket
+// hook gives it one bucket at a time), or no parameter array on the
+// device (the same).
+typedef struct {
+    bool params, grads, adam;
+} model_keeps;
+
 // The buffers neighbouring stages of a pipeline exchange (model_stage_buffer).
 typedef enum { STAGE_INPUT, STAGE_OUTPUT, STAGE_GRAD } model_stage_buffer_t;
 
@@ -88,6 +97,7 @@ struct model {
     pg_t *tp_group;         // tensor parallelism (chapter 10): the ranks the blocks are split over
     double tp_bytes;        // what the blocks all-reduced over tp_group so far: bytes
     double tp_numbers;      // and numbers
+    model_keeps keeps;      // chapter 09: what of the training state the model itself holds
 };
 
 static inline const model_ops *model_cpu_ops(void);
@@ -143,14 +153,28 @@ static inline void model_to_device(model_t *m) { m->ops->to_device(m); }
 static inline const float *model_logits(model_t *m, int t, float *scratch) { return m->ops->logits(m, t, scratch); }
 
 // Takes over `host` (initialised or loaded); on a GPU, copies it there and
-// sizes the GPU's buffers for batches of up to B x T tokens.
-static inline void model_create(model_t *m, gpt_t host, const device_t *d, bool bf16, int B, int T) {
+// sizes the GPU's buffers for batches of up to B x T tokens. It keeps what
+// `keeps` says of the training state (model_create: all of it).
+static inline void model_create_keeping(model_t *m, gpt_t host, const device_t *d, bool bf16, int B, int T,
+                                        model_keeps keeps) {
+    // Sharding (chapter 09) slices the state of a whole model over the
+    // data-parallel ranks; a pipeline stage or a tensor-parallel shard
+    // (chapters 10, 11) is not sharded as well here.
+    if (!(keeps.params && keeps.grads && keeps.adam) && (host.stage.count > 1 || gpt_tp_ways(host.tp) > 1))
+        die("a sharded model (ZeRO, chapter 09) cannot also be a pipeline stage (%d stages) or a tensor-parallel "
+            "shard (tp %d): shard whole models only", host.stage.count, gpt_tp_ways(host.tp));
     memset(m, 0, sizeof *m);
     m->host = host;
     m->on_gpu = device_is_cuda(d) && model_gpu_ops();
     m->bf16 = m->on_gpu && bf16;
+    m->keeps = keeps;
     m->ops = m->on_gpu ? model_gpu_ops() : model_cpu_ops();
     m->ops->create(m, B, T);
+}
+
+static inline void model_create(model_t *m, gpt_t host, const device_t *d, bool bf16, int B, int T) {
+    model_keeps all = {true, true, true};
+    model_create_keeping(m, host, d, bf16, B, T, all);
 }
 
 static inline void model_free(model_t *m) {
@@ -352,7 +376,13 @@ static inline void model_cpu_adamw(model_t *m, float lr, float beta1, float beta
 
 // Nothing to move or free: the CPU model's state is the host copy itself.
 static inline void model_cpu_nothing(model_t *m) { (void)m; }
-static inline void model_cpu_create(model_t *m, int B, int T) { (void)m, (void)B, (void)T; }
+static inline void model_cpu_create(model_t *m, int B, int T) {
+    (void)B, (void)T;
+    if (!m->keeps.grads) { // the bucket hook gives the backward pass a bucket's gradients at a time
+        free(m->host.grads);
+        m->host.grads = NULL;
+    }
+}
 
 static inline const float *model_cpu_logits(model_t *m, int t, float *scratch) {
     (void)scratch;
@@ -391,7 +421,12 @@ static inline const model_ops *model_cpu_ops(void) {
 // the file that asks.
 #ifdef COURSE_CUDA
 static inline void model_gpu_create(model_t *m, int B, int T) {
-    m->gpu = gpt_cuda_create_stage(&m->host.cfg, &m->host.stage, gpt_tp_ways(m->host.tp), m->host.params, B, T, m->bf16);
+    if (m->keeps.params && m->keeps.grads && m->keeps.adam) {
+        m->gpu = gpt_cuda_create_stage(&m->host.cfg, &m->host.stage, gpt_tp_ways(m->host.tp), m->host.params, B, T, m->bf16);
+        return;
+    }
+    m->gpu = gpt_cuda_create_keeping(&m->host.cfg, m->host.params, B, T, m->bf16, m->keeps.params, m->keeps.grads,
+                                     m->keeps.adam);
 }
 
 static inline float model_gpu_forward(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T, bool wait) {
@@ -436,9 +471,10 @@ static inline void model_gpu_adamw(model_t *m, float lr, float beta1, float beta
     m->host.adam_step++; // the step count is known on the host; the moments stay on the GPU
 }
 
+// What the model keeps (model_keeps); a sharded stage moves its slices itself.
 static inline void model_gpu_to_host(model_t *m) {
-    gpt_cuda_get_params(m->gpu, m->host.params);
-    if (m->host.adam_step > 0) {
+    if (m->keeps.params) gpt_cuda_get_params(m->gpu, m->host.params);
+    if (m->host.adam_step > 0 && m->keeps.adam) {
         if (!m->host.adam_m) m->host.adam_m = xcalloc(m->host.num_params, sizeof(gpt_real));
         if (!m->host.adam_v) m->host.adam_v = xcalloc(m->host.num_params, sizeof(gpt_real));
         int step;
@@ -447,8 +483,8 @@ static inline void model_gpu_to_host(model_t *m) {
 }
 
 static inline void model_gpu_to_device(model_t *m) {
-    gpt_cuda_set_params(m->gpu, m->host.params);
-    if (m->host.adam_m && m->host.adam_v)
+    if (m->keeps.params) gpt_cuda_set_params(m->gpu, m->host.params);
+    if (m->keeps.adam && m->host.adam_m && m->host.adam_v)
         gpt_cuda_set_adam(m->gpu, m->host.adam_m, m->host.adam_v, m->host.adam_step);
 }
 

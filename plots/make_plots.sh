@@ -130,6 +130,36 @@ for schedule in gpipe 1f1b; do
     fi
     [[ -s $csv11 ]] && draw "11_timeline_$schedule" 11_timeline.gp "infile='$csv11'; subtitle=\"$(subtitle "$csv11")\""
 done
+# --- 09: the bytes each rank holds against N, for DDP and the three ZeRO
+# stages. Memory does not depend on the text, so this needs no WikiText-2:
+# a few steps of the tiny preset on a small generated corpus, one run per
+# stage and number of ranks, each writing its memory.csv; their rows
+# together are the figure's table.
+zero_dir=$runs/09_zero_fsdp
+zero_csv=$zero_dir/memory.csv
+if [[ ! -s $zero_csv ]]; then
+    echo "plots: measuring 09_zero_fsdp (--preset tiny, 2 steps; --shard 0-3 on 1, 2, 4, 8 ranks)"
+    mkdir -p "$zero_dir/corpus"
+    for f in train valid test; do
+        awk -v n=$([[ $f == train ]] && echo 400 || echo 40) 'BEGIN { srand(7); for (i = 0; i < n; i++)
+            printf " the %s cat %d sees a dog %d . \n", (i % 3 ? "small" : "big"), i % 7, i % 5 }' >"$zero_dir/corpus/$f.txt"
+    done
+    ok=1
+    for n in 1 2 4 8; do
+        for s in 0 1 2 3; do
+            OMP_NUM_THREADS=1 09_zero_fsdp/09_zero_fsdp --data_dir "$zero_dir/corpus" --verify_data=false --preset tiny \
+                --vocab_size 300 --max_steps 2 --batch_size 1 --num_samples 0 --device cpu --shard $s --nprocs $n \
+                --out_dir "$zero_dir/memory/s${s}n$n" >"$runs/plots/09_zero_fsdp.s${s}n$n.log" 2>&1 || ok=0
+        done
+    done
+    if [[ $ok == 1 ]]; then
+        { head -n 1 "$zero_dir/memory/s0n1/memory.csv"
+          echo "# command: 09_zero_fsdp --preset tiny --max_steps 2 --shard 0-3 --nprocs 1,2,4,8"
+          grep '^# [^c]' "$zero_dir/memory/s0n1/memory.csv"
+          for d in "$zero_dir"/memory/*/; do grep '^[0-9]' "$d/memory.csv"; done | sort -t, -k1,1n -k2,2n; } >"$zero_csv"
+    else failed+=("09 runs (see $runs/plots/09_zero_fsdp.*.log)"); fi
+fi
+[[ -s $zero_csv ]] && draw 09_zero_memory 09_zero_memory.gp "infile='$zero_csv'; subtitle=\"$(subtitle "$zero_csv")\""
 
 # On a GPU machine the measurements run on the GPU and through NCCL.
 if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then

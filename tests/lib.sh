@@ -159,21 +159,6 @@ gpu_count() {
     else nvidia-smi -L 2>/dev/null | grep -c '^GPU'; fi
 }
 
-# gpt_corpus DIR : a small corpus in WikiText's layout (train.txt,
-# valid.txt, test.txt of short sentences in articles) for chapter 08's
-# tests, which need no real data.
-gpt_corpus() {
-    awk -v dir="$1" 'BEGIN { system("mkdir -p " dir); srand(11)
-    split("the a one every some my your this that no", D, " "); split("cat dog bird river city king song train", N, " ")
-    split("sees likes finds eats builds sings", V, " ")
-    for (f = 1; f <= 3; f++) {
-        file = dir "/" (f == 1 ? "train.txt" : f == 2 ? "valid.txt" : "test.txt")
-        for (i = 0; i < (f == 1 ? 2000 : 200); i++) {
-            if (i % 40 == 0) printf " \n = Article %d = \n \n", i > file
-            printf " %s %s %s %s %s . \n", D[int(rand() * 10) + 1], N[int(rand() * 8) + 1], V[int(rand() * 6) + 1],
-                D[int(rand() * 10) + 1], N[int(rand() * 8) + 1] > file } } }'
-}
-
 # free_port : a port on 127.0.0.1 that nothing listens on now, for a test
 # that must name its port in advance (a rendezvous by hand, two nodes). It
 # lies below the kernel's ephemeral range, where connect() takes the ports of

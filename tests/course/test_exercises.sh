@@ -84,6 +84,8 @@ starter 07/global_rank "global_rank\(node 1, local rank 0\) = 0, expected 2 .*th
 solution 07/global_rank
 starter 08/layernorm_backward "dinp\[row 0, channel 0\]: got 0.5, .*dinp was not changed at all"
 solution 08/layernorm_backward
+starter 09/zero1_step "1 rank\(s\): rank 0, parameter 0 \(slice 0\): got 0, expected .*the parameters never changed"
+solution 09/zero1_step
 starter 10/row_parallel "1 rank\(s\): out\[row 0, output 0\] on rank 0: got 777, .*out was never written"
 solution 10/row_parallel
 starter 11/one_f_one_b "stage 0 ran F0 F1 F2 F3 B0 B1 B2 B3; 1F1B runs F0 F1 B0 F2 B1 F3 B2 B3 .*that is GPipe's memory"
@@ -271,6 +273,11 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *
 EOF
 broken 08/layernorm_backward "an overwritten dinp" "$TMP/layernorm_backward.c" "it REPLACED dinp's old contents: add it"
 
+# ZeRO-1 with a sum where the mean belongs: Adam's step hides it, its moments do not.
+if $have_solutions; then
+    sed 's/OP_AVG/OP_SUM/' "$ROOT/solutions/09_zero_fsdp/zero1_step.c" >"$TMP/zero1_step.c"
+    broken 09/zero1_step "a sum instead of a mean" "$TMP/zero1_step.c" "N and N\^2 times too large, the moments of the SUM"
+fi
 # The bias added on every rank before the sum: it counts once per rank.
 if $have_solutions; then
     sed -e 's/out\[n \* OC + o\] = s;/out[n * OC + o] = s + bias[o];/' -e 's/out\[n \* OC + o\] += bias\[o\];/out[n * OC + o] += 0;/' \

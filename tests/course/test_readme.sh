@@ -150,11 +150,11 @@ run README.md 02_p2p 120 "make -n test" 'tests/run.sh p2p'
 run README.md . 60 "make 04_ddp_spawn" '^built 04_ddp_spawn/04_ddp_spawn; run it from here with \./04_ddp_spawn/04_ddp_spawn'
 exercise README.md . "make check-exercise EX=03/ring_allreduce"
 # Read the diff first: make diffs exits 0 (diff's 1 is not a failure) after
-# the diffs, 01 -> 04 -> 05 -> 06 -> 07, then 08 -> 10 and 08 -> 11, in that order.
+# the diffs, 01 -> 04 -> 05 -> 06 -> 07, then 08 -> 09, 08 -> 10 and 08 -> 11, in that order.
 run README.md . 60 "make diffs" '^\+\+\+ 11_pipeline_parallel/11_pipeline_parallel\.c$'
 order=$(grep '^+++ ' "$TMP/out" | cut -c5- | tr '\n' ' ')
 want="04_ddp_spawn/04_ddp_spawn.c 05_env_launch/05_env_launch.c 06_snapshot_resume/06_snapshot_resume.c 07_multinode/07_multinode.c "
-want+="10_tensor_parallel/10_tensor_parallel.c 11_pipeline_parallel/11_pipeline_parallel.c "
+want+="09_zero_fsdp/09_zero_fsdp.c 10_tensor_parallel/10_tensor_parallel.c 11_pipeline_parallel/11_pipeline_parallel.c "
 [[ "$order" == "$want" ]]; verdict $? "README.md: make diffs prints the diffs in order" "got: $order"
 run README.md . 60 "make help"
 # make help: every target of the top Makefile, and every chapter with its line.
@@ -283,6 +283,30 @@ else
     for c in "${tok_commands[@]}"; do not_here 08_gpt_wikitext/README.tokenizer.md "$c" "needs a tokenizer trained on WikiText-2, which is not here"; done
 fi
 
+fresh_copy 09_zero_fsdp/README.md
+run 09_zero_fsdp/README.md 09_zero_fsdp 300 "make 09_zero_fsdp"
+zero_snap="--preset tiny --max_steps 50 --save_every 1 --snapshot_path ../runs/zero/snapshot.safetensors"
+zero_cmds=("./09_zero_fsdp --shard 3 --nprocs 4 --preset tiny --max_steps 50"
+           "./09_zero_fsdp --shard 1 --nprocs 4 $zero_snap" "./09_zero_fsdp --shard 3 --nprocs 3 $zero_snap"
+           "./09_zero_fsdp --consolidate --snapshot_path ../runs/zero/snapshot.safetensors --out_dir ../runs/zero/model")
+if [[ -n "$wikitext" ]]; then
+    student+=(WIKITEXT_DIR="$wikitext")
+    run 09_zero_fsdp/README.md 09_zero_fsdp 600 "${zero_cmds[0]}" '^  model states \(1-3\) '
+    run 09_zero_fsdp/README.md 09_zero_fsdp 600 "${zero_cmds[1]}" '^snapshot saved: .*: 4 shard\(s\) and an index'
+    run 09_zero_fsdp/README.md 09_zero_fsdp 600 "${zero_cmds[2]}" "^resharded: the snapshot's 4 shard\(s\) loaded as 3"
+    run 09_zero_fsdp/README.md 09_zero_fsdp 120 "${zero_cmds[3]}" '^consolidated: 3 shard\(s\) of step 50'
+    unset 'student[${#student[@]}-1]'
+else
+    # Without WikiText-2 the first command says so, as 08's does; the others need its snapshot.
+    covered["09_zero_fsdp/README.md|${zero_cmds[0]}"]=1
+    (cd "$course/09_zero_fsdp" && timeout -k 5 60 "${student[@]}" bash -c "${zero_cmds[0]}") >"$TMP/out" 2>&1; status=$?
+    [[ $status -eq 1 ]] && grep -q "^error: WikiText-2 not found: .*make data" "$TMP/out"
+    verdict $? "09_zero_fsdp/README.md: ${zero_cmds[0]} (no WikiText-2 here: one error line that says make data)" \
+        "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
+    for c in "${zero_cmds[@]:1}"; do not_here 09_zero_fsdp/README.md "$c" "needs WikiText-2 (make data), which is not here"; done
+fi
+exercise 09_zero_fsdp/README.md 09_zero_fsdp "make check-exercise EX=09/zero1_step"
+
 fresh_copy 10_tensor_parallel/README.md
 run 10_tensor_parallel/README.md 10_tensor_parallel 300 "make 10_tensor_parallel"
 if [[ -n "$wikitext" ]]; then
@@ -358,7 +382,7 @@ else
         "$(head -n 3 "$course/runs/speedup/speedup_large.csv" 2>/dev/null | tr '\n' '|')"
     run README.md . 600 "make plots"
     if command -v gnuplot >/dev/null; then
-        missing="" want="01_loss 02_p2p 03_collectives speedup"
+        missing="" want="01_loss 02_p2p 03_collectives speedup 09_zero_memory"
         [[ -n "$wikitext" ]] || expect_output "README.md: make plots says why 08's figures are skipped" "$TMP/out" '^plots: skipped 08_gpt_loss, 08_gpt_tokens: WikiText-2 is not here'
         for f in $want; do [[ -s "$course/runs/plots/$f.png" ]] || missing+=" $f"; done
         [[ -z $missing ]]; verdict $? "README.md: make plots drew every figure ($want) in the fresh copy" "missing:$missing"
