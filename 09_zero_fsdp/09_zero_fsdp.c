@@ -35,6 +35,7 @@
 #include <time.h>
 
 #include "bpe.h"
+#include "corpus.h"
 #include "data_check.h"
 #include "ddp.h"
 #include "device.h"
@@ -52,6 +53,7 @@
 #include "sha256.h"
 #include "snapshot.h"
 #include "spawn.h"
+#include "threads.h"
 #include "timer.h"
 #include "wikitext.h"
 #include "zero.h"
@@ -161,117 +163,14 @@ static bool announce_device(const options *o, const device_t *d) {
     return bf16;
 }
 
-// OpenMP threads that reach a barrier first wait for the others by
-// spinning (libgomp: 300,000 rounds) before they sleep. On a machine that
-// also runs other work, the spinning thread holds the very core that the
-// thread it waits for needs: on this course's shared 2-core machine,
-// training ran 3-8x slower. Spinning briefly (GOMP_SPINCOUNT=1000) costs
-// nothing measurable on an idle machine. libgomp reads its variables
-// before main() runs, so we set it and start this program again, once.
-// Set GOMP_SPINCOUNT or OMP_WAIT_POLICY yourself to choose otherwise.
-static void spin_briefly_in_openmp(char **argv) {
-#ifdef _OPENMP
-    if (getenv("GOMP_SPINCOUNT") || getenv("OMP_WAIT_POLICY")) return;
-    if (setenv("GOMP_SPINCOUNT", "1000", 1) != 0) return;
-    execv("/proc/self/exe", argv); // returns only if it failed: then go on with the default
-#endif
-    (void)argv;
-}
-
-// One process on the machine uses every core. Several processes on one
-// machine (data parallelism) share them: each takes its part, unless
-// OMP_NUM_THREADS says otherwise, as torchrun does.
-static void choose_threads(void) {
-    gpt_blas_single_threaded();
-    launch_env_t env = launch_env_read();
-    const char *why = "OMP_NUM_THREADS";
-    if (!launch_env_has("OMP_NUM_THREADS")) {
-#ifdef _OPENMP
-        long share = sysconf(_SC_NPROCESSORS_ONLN) / (env.local_world_size > 0 ? env.local_world_size : 1);
-        omp_set_num_threads(share > 0 ? (int)share : 1);
-#endif
-        why = env.local_world_size > 1 ? "the cores shared between this machine's ranks" : "all cores";
-    }
-    log_main("threads: %d (%s); matrix products: %s\n", gpt_num_threads(), why, gpt_matmul_backend());
-}
+// How many threads, and how they wait: gpt/threads.h (spin_briefly_in_openmp,
+// choose_threads).
 
 // ===================================================================== data
 
-typedef struct {
-    bpe_t *tokenizer;
-    uint16_t *split[3]; // train, valid, test
-    size_t count[3];
-} corpus_t;
-
-static const char *const split_names[3] = {"train", "valid", "test"};
-
-// The tokenizer trained on this training text with this vocabulary size:
-// from the cache when it was trained before, else trained now (a few
-// seconds to a minute) and cached. The name carries the text's checksum,
-// so another corpus never picks up this one's tokenizer.
-static bpe_t *load_or_train_tokenizer(const char *text, size_t len, int vocab, const char *cache_dir) {
-    uint8_t digest[SHA256_DIGEST_BYTES];
-    char hex[SHA256_HEX_BYTES], path[1200], err[2048];
-    sha256(text, len, digest);
-    sha256_to_hex(digest, hex);
-    snprintf(path, sizeof path, "%s/tokenizer-v%d-%.16s.json", cache_dir, vocab, hex);
-    bpe_t *t = access(path, R_OK) == 0 ? bpe_load_json(path, err, sizeof err) : NULL;
-    if (t) {
-        log_main("tokenizer: %d tokens, loaded from %s\n", bpe_vocab_size(t), path);
-        return t;
-    }
-    if (access(path, F_OK) == 0) log_main("tokenizer: cached file unusable (%s); training again\n", err);
-    double start = now_seconds();
-    t = bpe_train(text, len, vocab);
-    log_main("tokenizer: trained %d tokens on %zu bytes in %.1f s\n", bpe_vocab_size(t), len, now_seconds() - start);
-    if (!bpe_save_json(t, path, err, sizeof err)) log_main("tokenizer: not cached: %s\n", err);
-    return t;
-}
-
-// Without verification the folder may hold any text corpus (tests use a
-// small generated one); the token cache is then keyed by the text itself.
-static uint16_t *encode_split(const wikitext_t *w, const char *split, const bpe_t *t, const char *cache_dir,
-                              bool verify, size_t *count) {
-    if (verify) return wikitext_tokens(w, split, t, cache_dir, count);
-    size_t len;
-    char *text = wikitext_read_split(w, split, &len, false);
-    char path[1200];
-    snprintf(path, sizeof path, "%s/corpus.%s.%016llx.tokens", cache_dir, split,
-             (unsigned long long)bpe_fingerprint(t));
-    uint16_t *ids = wikitext_encode_cached(t, text, len, path, count, NULL);
-    free(text);
-    return ids;
-}
-
-static wikitext_t find_data(const options *o) {
-    if (o->verify_data) return wikitext_find(o->data_dir, NULL);
-    wikitext_t w;
-    memset(&w, 0, sizeof w);
-    if (!o->data_dir) die("--verify_data=false needs --data_dir (a folder with train.txt, valid.txt, test.txt)");
-    snprintf(w.dir, sizeof w.dir, "%s", o->data_dir);
-    snprintf(w.root, sizeof w.root, "%s", files_course_root());
-    for (int s = 0; s < 3; s++) {
-        char path[1100];
-        snprintf(path, sizeof path, "%s/%s.txt", w.dir, split_names[s]);
-        if (access(path, R_OK) != 0)
-            die("cannot read %s: %s (--data_dir needs train.txt, valid.txt and test.txt)", path, strerror(errno));
-    }
-    return w;
-}
-
+// The text, its tokenizer and the three splits as tokens: gpt/corpus.h.
 static corpus_t load_corpus(const options *o, const char *cache_dir) {
-    corpus_t c;
-    memset(&c, 0, sizeof c);
-    wikitext_t w = find_data(o);
-    log_main("data: %s%s\n", w.dir, o->verify_data ? " (WikiText-2, sha256 verified)" : " (not verified)");
-    size_t len;
-    char *train_text = wikitext_read_split(&w, "train", &len, false);
-    c.tokenizer = load_or_train_tokenizer(train_text, len, o->vocab_size, cache_dir);
-    free(train_text);
-    for (int s = 0; s < 3; s++)
-        c.split[s] = encode_split(&w, split_names[s], c.tokenizer, cache_dir, o->verify_data, &c.count[s]);
-    log_main("data: %zu train, %zu valid, %zu test tokens\n", c.count[0], c.count[1], c.count[2]);
-    return c;
+    return corpus_load(o->data_dir, o->verify_data, o->vocab_size, cache_dir);
 }
 
 // ===================================================================== evaluation
