@@ -4,6 +4,9 @@
 # emulated-GPU commands, which go first in emu/README.md's copy), with
 # nothing beside it (no ../shared, so no WikiText-2), each from the folder
 # of the README that shows it, in the README's order.
+# time limit: 1500 s (a fresh copy per chapter, each built as the student
+# builds it: with nvcc found, chapters 08-11 each compile gpt_cuda.cu; on a
+# busy 2-core machine that took longer than the default 600 s, 2026-11-25)
 #
 # Every command in a README's ```sh blocks must be run here (or skipped here
 # with the reason): a command that is added or changed in a README and not
