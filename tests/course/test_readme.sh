@@ -303,7 +303,7 @@ else
     # Without WikiText-2 the first command says so, as 08's does; the others need its snapshot.
     covered["09_zero_fsdp/README.md|${zero_cmds[0]}"]=1
     (cd "$course/09_zero_fsdp" && timeout -k 5 60 "${student[@]}" bash -c "${zero_cmds[0]}") >"$TMP/out" 2>&1; status=$?
-    [[ $status -eq 1 ]] && grep -q "^error: WikiText-2 not found: .*make data" "$TMP/out"
+    [[ $status -eq 1 ]] && grep -Eq "^(\[rank 0\] )?error: WikiText-2 not found: .*make data" "$TMP/out"
     verdict $? "09_zero_fsdp/README.md: ${zero_cmds[0]} (no WikiText-2 here: one error line that says make data)" \
         "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
     for c in "${zero_cmds[@]:1}"; do not_here 09_zero_fsdp/README.md "$c" "needs WikiText-2 (make data), which is not here"; done
