@@ -233,11 +233,13 @@ static inline size_t cpu_ring_index(int a, int b, int members) {
 }
 
 // NULL (and why) when the segment cannot be made: the group then uses TCP.
-// Map the segment with its page tables filled in now (MAP_POPULATE). Left
-// lazy, each 4 KiB page of a ring costs a page fault in both processes the
-// first time a message passes over it: a few microseconds every other
-// message of 2 KiB until the rings have wrapped once, measured as a
-// "latency hole" at 2-4 KiB that vanished after some thousands of messages.
+// Map the segment with its page tables filled in now (MAP_POPULATE), so
+// that no message pays a page fault. That did not close the "latency hole"
+// at 2-4 KiB on this virtual machine: the first pass over a ring's memory
+// stays slow with every page mapped, and even written once at setup (the
+// host's own lazy memory, or cold caches; measured, not explained). What
+// closed it is a small ring, which wraps within a benchmark's warm-up
+// (CPU_RING_MAX in pg_cpu_stream.h).
 static inline char *cpu_shm_map(int fd, size_t bytes) {
     return mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
 }

@@ -34,7 +34,7 @@ enum {
     CPU_SEGMENT_BYTES = 512 << 10,   // pipeline unit of the large broadcast
     CPU_BOUNCE_BYTES = 256 << 10,    // TCP: most bytes taken from the kernel per recv()
     CPU_PASS_BYTES = 4 << 20,        // most bytes read from one peer per pass (fairness)
-    CPU_RING_MAX = 4 << 20,          // shared-memory ring per ordered pair of ranks
+    CPU_RING_MAX = 256 << 10,        // shared-memory ring per ordered pair of ranks (see below)
     CPU_RING_MIN = 64 << 10,
     CPU_CHUNK_BYTES = 64 << 10,      // shared memory: bytes published or consumed at a time
     CPU_SINGLE_COPY_MIN = 512 << 10, // shared memory: the receiver reads payloads of these sizes
@@ -42,6 +42,15 @@ enum {
     CPU_SHM_BUDGET = 48 << 20,       // all rings of a host (Docker's /dev/shm is 64 MiB)
     CPU_PREFETCH_BYTES = 1 << 10,    // shared memory: bytes of a message asked for at once (cpu_ring_peek)
 };
+// Why a ring of 256 KiB, not more: a message costs most the first time it
+// passes over a part of the ring's memory (2 ranks, 2 KiB ping-pong: 9.5 us
+// a message until a 4 MiB ring had wrapped once, 1.0 us after, page tables
+// filled in or not; 2026-11-28). A small ring wraps after a few hundred
+// messages and stays in the caches; 4 MiB kept 2-32 KiB messages 3-20x
+// slower than MPI for a thousand of them. What a large ring bought - a
+// sender dumping a whole 4 MiB block - was worth at most 30% at 8 MiB
+// all-reduces (2 ranks: 1.3 -> 1.8 ms; MPI 2.1 ms), and payloads from 512
+// KiB go by single copy anyway. (03's MEASUREMENTS.md, "Small messages".)
 // How a rank waits for bytes (cpu_idle): first it spins, polling the rings
 // with a pause instruction in between, for CPU_SPIN_SECONDS, if every rank
 // of the host has a core of its own. Then it polls with sched_yield() in
