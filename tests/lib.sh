@@ -41,6 +41,7 @@ verdict() {
     if [[ ! ${1:-} =~ ^[0-9]+$ ]]; then
         fail "${1:-verdict}" "verdict's first argument must be the condition's exit status (\$?), before the name"
     elif [[ $1 -eq 0 ]]; then pass "$2"
+    elif [[ ${3:-} == "$PLANT_SKIPPED"* ]]; then skip "$2" "$PLANT_SKIPPED"   # see plant
     else fail "$2" "${3:-the condition was false}"; fi
 }
 
@@ -200,8 +201,18 @@ free_port() {
 # nothing and fails when OLD does not occur exactly once in FILE (the code
 # changed: the planted bug must move with it, never be dropped without a
 # word) or the build fails; planted_why NAME then says which.
+#
+# PLANTED_BUGS=skip leaves the CPU copies out (they SKIP, saying why): they
+# are the same programs whatever the build under test, so CI runs them in
+# its CPU-only pass only and spares its other passes the builds (.ci/run).
+# The copies for the emulated GPU (PLANT_CUDA=emu) run in every pass.
+PLANT_SKIPPED="planted bug not built in this pass (PLANTED_BUGS=skip): its copy is a CPU build, the same whatever the build under test; CI runs it in its CPU-only pass"
 plant() {
     local copy=$TMP/plant-$1 why=$TMP/plant-$1.why file=$2 old=$3 new=$4 text rest count
+    if [[ ${PLANTED_BUGS:-run} == skip && ${PLANT_CUDA:-0} != emu ]]; then
+        echo "$PLANT_SKIPPED" >"$why"
+        return 1
+    fi
     rm -rf "$copy" "$why" && mkdir -p "$copy" || return 1
     (cd "$ROOT" && find common gpt tools tests/unit tests/Makefile [0-9][0-9]_*/ -maxdepth 1 -type f \
         \( -name '*.[ch]' -o -name '*.cu' -o -name '*.mk' -o -name Makefile \) -print0 |

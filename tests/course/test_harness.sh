@@ -42,6 +42,18 @@ harness "$TMP/typo" -- alpha no_such_test; status=$?
 [[ $status -eq 2 ]] && grep -q "no test file in .* matches 'no_such_test'" "$TMP/typo" && ! grep -q '^test_alpha ' "$TMP/typo"
 verdict $? "harness: a name that matches no test file is an error, not a green run" "status $status: $(head -n 2 "$TMP/typo" | tr '\n' '|')"
 
+harness "$TMP/skipfile" TEST_SKIP=beta "TEST_SKIP_WHY=ran elsewhere" -- alpha beta; status=$?
+[[ $status -eq 0 && "$(tail -n 1 "$TMP/skipfile")" == "2 passed, 0 failed, 1 skipped" ]] &&
+   grep -q 'test_beta: the whole file: ran elsewhere' "$TMP/skipfile" && ! grep -q 'test_beta: b2' "$TMP/skipfile"
+verdict $? "harness: TEST_SKIP leaves a file out as one SKIP with TEST_SKIP_WHY" "status $status: $(tr '\n' '|' <"$TMP/skipfile")"
+
+# PLANTED_BUGS=skip: a planted-bug case SKIPs with the reason, builds
+# nothing, and never passes; any other failing case still fails.
+got=$(PLANTED_BUGS=skip; bin=$(plant none tests/Makefile x y tests no_target); [[ -n $bin ]]
+      verdict $? "planted case" "$(planted_why none)more"; verdict 1 "other case" "why"; ls "$TMP/plant-none" 2>&1 | head -c 0)
+[[ "$(tr '\n' '|' <<<"$got")" == "SKIP planted case: $PLANT_SKIPPED|FAIL other case: why|" ]]
+verdict $? "harness: PLANTED_BUGS=skip turns a planted-bug case into a SKIP saying why, and nothing else" "got: $(tr '\n' '|' <<<"$got")"
+
 # ---------------------------------------------------------------- lib.sh's verdicts
 # The helpers every test file states its cases with, on inputs whose answers
 # are known: a helper that passed what it should fail would turn whole
