@@ -76,7 +76,10 @@ typedef struct {
     int is_host;              // c10d: serve the store here: 1 yes, 0 no, -1 if the endpoint is local
     const char *master_addr;
     int master_port;
-    bool standalone, no_python, use_env, pass_local_rank;
+    bool standalone, no_python, use_env, pass_local_rank, module;
+    const char *start_method, *role, *run_path;   // torchrun's; see parse_options
+    const char *ranks_filter; // --local_ranks_filter: "0,3"; NULL: every local rank
+    uint64_t shown_ranks;     // bit L: local rank L's lines go to the terminal
     int max_restarts;
     double monitor_interval, rdzv_timeout;
     const char *run_id, *log_dir;
@@ -435,6 +438,23 @@ static void parse_backend(const flag_set *set, options_t *o) {
     o->dynamic = elastic || (b && !strcmp(b, "c10d"));
 }
 
+// --local_ranks_filter 0,3: the local ranks whose lines reach the terminal
+// (all of them still go to --log_dir's files), as a bit set.
+static uint64_t parse_ranks_filter(const flag_set *set, const char *text, int nproc) {
+    uint64_t bits = 0;
+    const char *p = text;
+    do {
+        char *end;
+        long r = strtol(p, &end, 10);
+        if (end == p || r < 0 || r >= nproc || r >= 64 || (*end && *end != ','))
+            flags_fail(set, "--local_ranks_filter=%s: give local ranks 0 to %d, separated by commas",
+                       text, (nproc < 64 ? nproc : 64) - 1);
+        bits |= (uint64_t)1 << r;
+        p = *end ? end + 1 : end;
+    } while (*p);
+    return bits;
+}
+
 static void check_options(const flag_set *set, options_t *o) {
     o->nproc = parse_nproc(set, o->nproc_text);
     parse_nnodes(set, o->nnodes_text, o);
@@ -456,6 +476,16 @@ static void check_options(const flag_set *set, options_t *o) {
     if (!o->master_addr[0]) flags_fail(set, "--master_addr must not be empty");
     if (o->run_id && (!o->run_id[0] || strlen(o->run_id) > 64))
         flags_fail(set, "--run_id must have 1 to 64 characters");
+    // torchrun's ways of naming a Python program: ddprun runs PROGRAM itself.
+    if (o->module)
+        flags_fail(set, "-m/--module runs a Python module under torchrun; ddprun runs a program: "
+                   "give its path (./program, or a name in PATH)");
+    if (o->run_path)
+        flags_fail(set, "--run_path runs a Python file by path under torchrun; ddprun runs a "
+                   "program: give its path as PROGRAM");
+    if (!o->role[0]) flags_fail(set, "--role must not be empty");
+    o->shown_ranks = ~(uint64_t)0;
+    if (o->ranks_filter) o->shown_ranks = parse_ranks_filter(set, o->ranks_filter, o->nproc);
     if ((o->redirects || o->tee) && !o->log_dir)
         flags_fail(set, "--redirects and --tee choose what goes to the files of --log_dir, "
                    "which is not given");
@@ -464,7 +494,7 @@ static void check_options(const flag_set *set, options_t *o) {
 static void parse_options(options_t *o, int argc, char **argv) {
     *o = (options_t){.nproc_text = "1", .nnodes_text = "1", .master_addr = "127.0.0.1",
                      .master_port = 29500, .monitor_interval = 0.1, .rdzv_timeout = 300,
-                     .last_call = 30, .is_host = -1};
+                     .last_call = 30, .is_host = -1, .start_method = "spawn", .role = "default"};
     // One set for the whole run: the_job keeps it for usage errors found later.
     static flag_set set = {.program = "ddprun",
                            .summary = "start N workers of PROGRAM as one distributed job (like torchrun)",
@@ -493,6 +523,13 @@ static void parse_options(options_t *o, int argc, char **argv) {
     flag_bool(&set, "no_python", &o->no_python, "accepted for torchrun compatibility: PROGRAM always runs directly");
     flag_bool(&set, "pass_local_rank", &o->pass_local_rank, "also pass --local_rank=N to PROGRAM, as torch.distributed.launch did");
     flag_bool(&set, "use_env", &o->use_env, "accepted for torch.distributed.launch compatibility: LOCAL_RANK is always set");
+    flag_choice(&set, "start_method", &o->start_method, "spawn|fork|forkserver",
+                "accepted for torchrun compatibility: every worker starts as fork, then exec of PROGRAM");
+    flag_string(&set, "role", &o->role, "the workers' role, in ROLE_NAME (torchrun's --role)")->env = "PET_ROLE";
+    flag_t *module = flag_bool(&set, "module", &o->module, "refused with a reason: torchrun's way to run a Python module");
+    module->short_name = "m";
+    flag_string(&set, "run_path", &o->run_path, "refused with a reason: torchrun's way to run a Python file");
+    flag_string(&set, "local_ranks_filter", &o->ranks_filter, "only these local ranks' lines reach the terminal: 0,3 (all go to --log_dir)");
     the_job.flags = &set;
     int first = flags_parse(&set, argc, argv);
     if (first >= argc) flags_fail(&set, "missing PROGRAM: what should the workers run?");
@@ -607,7 +644,7 @@ static envlist_t worker_environment(const job_t *job, const worker_t *w) {
     env_put_int(&e, "GROUP_WORLD_SIZE", job->nnodes);
     env_put_int(&e, "ROLE_RANK", w->rank);
     env_put_int(&e, "ROLE_WORLD_SIZE", job->world_size);
-    env_put(&e, "ROLE_NAME", "default");
+    env_put(&e, "ROLE_NAME", job->opt.role);
     env_put(&e, "MASTER_ADDR", job->master_addr);
     env_put_int(&e, "MASTER_PORT", job->master_port);
     env_put(&e, "TORCHELASTIC_RUN_ID", job->run_id);
@@ -798,8 +835,9 @@ static void exec_worker(const job_t *job, int out_fd, int err_fd, char **argv, c
     _exit(127);
 }
 
-static void stream_open(job_t *job, stream_t *s, int rank, int console, int *write_end,
+static void stream_open(job_t *job, stream_t *s, const worker_t *w, int console, int *write_end,
                         const char *name) {
+    int rank = w->rank;
     int fds[2];
     CHECK_SYS(pipe2(fds, O_CLOEXEC));
     s->fd = fds[0];
@@ -807,7 +845,8 @@ static void stream_open(job_t *job, stream_t *s, int rank, int console, int *wri
     s->len = 0;
     int bit = console == 1 ? 1 : 2;
     bool file_only = (job->opt.redirects & bit) && !(job->opt.tee & bit);
-    s->console = file_only ? -1 : console;
+    bool shown = w->local_rank >= 64 || (job->opt.shown_ranks >> w->local_rank & 1);
+    s->console = file_only || !shown ? -1 : console;
     s->file = job->opt.log_dir ? open_log(job, rank, name) : -1;
 }
 
@@ -830,8 +869,8 @@ static char **worker_argv(const job_t *job, const worker_t *w) {
 
 static void start_worker(job_t *job, worker_t *w) {
     int out_w, err_w;
-    stream_open(job, &w->out, w->rank, 1, &out_w, "stdout");
-    stream_open(job, &w->err, w->rank, 2, &err_w, "stderr");
+    stream_open(job, &w->out, w, 1, &out_w, "stdout");
+    stream_open(job, &w->err, w, 2, &err_w, "stderr");
     envlist_t env = worker_environment(job, w);
     char **argv = worker_argv(job, w);
     sigset_t all, old;

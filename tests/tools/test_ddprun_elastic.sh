@@ -91,6 +91,18 @@ planted=$(plant first_prefix common/flags.h 'if (ambiguous)' 'if (0 && ambiguous
 [[ -n $planted ]] && ! refused "$planted" "ambiguous flag '--master'" --master 1 "$WORKER" env
 verdict $? "planted: a prefix taken as the first flag it begins fails the ambiguous-prefix check" \
     "$(planted_why first_prefix)status $status: $(head -n 2 "$TMP/bad.log" | tr '\n' '|')"
+# torchrun's flags for Python programs: -m and --run_path are refused with
+# the reason, --start_method is accepted (workers start as fork + exec),
+# --role reaches the workers as ROLE_NAME.
+bad_flag "torchrun's -m is refused with the reason" "-m/--module runs a Python module under torchrun; ddprun runs a program" -m pkg.train
+bad_flag "torchrun's --run_path is refused with the reason" "--run_path runs a Python file by path under torchrun" --run_path train.py "$WORKER"
+run_capture $LIMIT "$TMP/role.log" "$DDPRUN" --standalone --nproc_per_node=2 --start_method=fork --role=trainer env; status=$?
+[[ $status -eq 0 && $(grep -c '^\[rank [01]\]: ROLE_NAME=trainer$' "$TMP/role.log") -eq 2 ]]
+verdict $? "ddprun: --start_method is accepted and --role reaches every worker as ROLE_NAME" "status $status: $(grep -m2 -E 'ROLE_NAME|error' "$TMP/role.log" | tr '\n' '|')"
+run_capture $LIMIT "$TMP/filter.log" "$DDPRUN" --standalone --nproc_per_node=3 --local-ranks-filter=0,2 env; status=$?
+[[ $status -eq 0 && $(grep -c '^\[rank [02]\]: ROLE_NAME=default$' "$TMP/filter.log") -eq 2 ]] && ! grep -q '^\[rank 1\]' "$TMP/filter.log"
+verdict $? "ddprun: --local-ranks-filter=0,2 shows the lines of local ranks 0 and 2 only" "status $status: $(grep -c '^\[rank' "$TMP/filter.log") rank lines, rank 1's: $(grep -c '^\[rank 1\]' "$TMP/filter.log")"
+bad_flag "a --local_ranks_filter beyond the node's ranks is refused" "--local_ranks_filter=0,5: give local ranks 0 to 2" --standalone --nproc_per_node=3 --local_ranks_filter=0,5 env
 bad_flag "an elastic range with the static rendezvous is refused" "--nnodes=1:3 asks for an elastic job, which needs --rdzv_backend=c10d" --nnodes=1:3 --rdzv_backend=static "$WORKER"
 bad_flag "an unknown --rdzv_conf key is named" "--rdzv_conf: ddprun knows join_timeout, last_call_timeout and is_host, not 'read_timeout'" --nnodes=1:2 --rdzv_conf=read_timeout=5 "$WORKER"
 
