@@ -50,6 +50,7 @@
 #include "nodes.h"
 #include "rng.h"
 #include "sampler.h"
+#include "samples.h"
 #include "sha256.h"
 #include "snapshot.h"
 #include "spawn.h"
@@ -217,70 +218,32 @@ static double evaluate(model_t *m, dist_t *d, const uint16_t *tokens, size_t cou
     return sums[0] / sums[1];
 }
 
-// ===================================================================== sampling
+// ===================================================================== sampling and saving
 
-// Continuations of the prompt; the same seed gives the same text.
+// What the run prints and leaves behind (gpt/samples.h): continuations of
+// the prompt - the same seed gives the same text - and the model with its
+// tokenizer in --out_dir, which --generate reads back.
 static void print_samples(model_t *m, const bpe_t *t, const options *o) {
-    size_t prompt_len;
-    uint16_t *prompt = bpe_encode(t, o->prompt, strlen(o->prompt), &prompt_len);
-    if (prompt_len == 0) { // an empty prompt starts a new document
-        free(prompt);
-        prompt = xmalloc(sizeof(uint16_t));
-        prompt[0] = (uint16_t)bpe_eot_id(t);
-        prompt_len = 1;
-    }
-    int total = (int)prompt_len + o->sample_tokens;
-    uint16_t *tokens = xmalloc(sizeof(uint16_t) * (size_t)total);
-    rng_t rng = rng_seed((uint64_t)o->seed);
-    for (int s = 0; s < o->num_samples; s++) {
-        memcpy(tokens, prompt, sizeof(uint16_t) * prompt_len);
-        model_generate(m, tokens, (int)prompt_len, total, (float)o->temperature, o->top_k, &rng);
-        size_t len;
-        char *text = bpe_decode(t, tokens, (size_t)total, &len);
-        log_main("--- sample %d (temperature %g, top_k %d, seed %d) ---\n%.*s\n", s + 1, o->temperature,
-                 o->top_k, o->seed, (int)len, text);
-        free(text);
-    }
-    free(tokens);
-    free(prompt);
+    samples_opts_t how = {o->prompt, o->num_samples, o->sample_tokens, o->temperature, o->top_k, o->seed};
+    samples_print(t, &how, samples_from_model, m);
 }
 
-// ===================================================================== saving
-
-static void model_paths(const options *o, char *model, char *tokenizer, size_t size) {
-    snprintf(model, size, "%s/model.safetensors", o->out_dir);
-    snprintf(tokenizer, size, "%s/tokenizer.json", o->out_dir);
-}
-
-// The model as safetensors and, beside it, the tokenizer that gives its token ids meaning.
 static void save_model(model_t *m, const bpe_t *t, const options *o) {
-    char model[1100], tokenizer[1100], err[2048];
-    model_paths(o, model, tokenizer, sizeof model);
-    model_to_host(m);
-    if (!gpt_save_safetensors(&m->host, model, err, sizeof err)) die("saving the model: %s", err);
-    if (!bpe_save_json(t, tokenizer, err, sizeof err)) die("saving the tokenizer: %s", err);
-    log_main("saved: %s (%zu parameters) and %s\n", model, m->host.num_params, tokenizer);
+    model_to_host(m); // the parameters, back from the device
+    run_save(&m->host, t, o->out_dir);
 }
 
 // --generate: no data, no training; the saved model and tokenizer only.
 static int generate_only(const options *o) {
-    char model[1100], tokenizer[1100], err[2048];
-    model_paths(o, model, tokenizer, sizeof model);
-    if (access(model, R_OK) != 0)
-        die("no trained model at %s: train one first (./%s --preset tiny), or point --out_dir at a run", model, CHAPTER);
+    char path[1100];
     gpt_t loaded;
-    if (!gpt_load_safetensors(&loaded, model, err, sizeof err)) die("loading the model: %s", err);
-    bpe_t *t = bpe_load_json(tokenizer, err, sizeof err);
-    if (!t) die("loading the tokenizer: %s", err);
-    if (bpe_vocab_size(t) != loaded.cfg.vocab_size)
-        die("%s has %d tokens but the model %s expects %d: they are not from the same run", tokenizer,
-            bpe_vocab_size(t), model, loaded.cfg.vocab_size);
+    bpe_t *t = run_load(o->out_dir, CHAPTER, &loaded, path, sizeof path);
     device_t d = device_choose(o->device, launch_env_read().local_rank);
     bool bf16 = announce_device(o, &d);
     choose_threads();
     model_t m;
     model_create(&m, loaded, &d, bf16, 1, loaded.cfg.block_size);
-    log_main("model: %s: %zu parameters (block %d, %d layers, %d heads, %d channels, vocabulary %d), %s\n", model,
+    log_main("model: %s: %zu parameters (block %d, %d layers, %d heads, %d channels, vocabulary %d), %s\n", path,
              m.host.num_params, m.host.cfg.block_size, m.host.cfg.n_layer, m.host.cfg.n_head, m.host.cfg.n_embd,
              m.host.cfg.vocab_size, model_precision(&m));
     print_samples(&m, t, o);
