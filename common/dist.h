@@ -65,7 +65,7 @@ static inline void dist_init(dist_t *d, const dist_options *opt) {
 // All-reduce a few numbers that live on the host (a loss, a count). The
 // process group works on the device's memory, so they go through it.
 static inline void dist_all_reduce_host(dist_t *d, double *values, int count, redop_t op) {
-    if (d->world_size == 1) return;
+    if (d->world_size == 1 || count <= 0) return;
     size_t bytes = sizeof(double) * (size_t)count;
     double *on_device = device_alloc(&d->device, bytes);
     device_from_host(&d->device, on_device, values, bytes);
