@@ -23,6 +23,11 @@ emu-library:
 	@$(MAKE) --no-print-directory -C emu ASAN=$(ASAN)
 endif
 
+# Chapters 05-11 build tools/ddprun too (their programs are started with
+# it): under make -j two of them would build it at once, into the same
+# files. So the launcher is built first.
+$(CHAPTERS) unit-tests: | $(TOOLS)
+
 # `make 04_ddp_spawn` here builds 04_ddp_spawn/04_ddp_spawn; ./04_ddp_spawn is
 # the folder, so the last line says how to run the program from here.
 $(CHAPTERS) tools:
