@@ -18,6 +18,7 @@
 #   N passed, N failed, N skipped
 # TEST_FILE_TIMEOUT (seconds; default 600, 1800 under make asan) bounds each file; TEST_DIR (default
 # tests/) is where the files are looked for (the harness's own test uses it).
+# TEST_JOBS=N runs N files at a time (see below).
 # TEST_SKIP="NAME..." (matched as NAMEs are) leaves those files out of this
 # run, each one SKIP line saying TEST_SKIP_WHY: CI runs a file whose code is
 # the same in every build in one of its passes only (.ci/run).
@@ -56,23 +57,41 @@ skipped_here() {   # FILE: does TEST_SKIP name it?
     for pattern in ${TEST_SKIP:-}; do [[ "$(where "$1")" == *"$pattern"* ]] && return 0; done
     return 1
 }
-for file in "${files[@]}"; do
+# A file may ask for more time with a line "# time limit: N s" (when
+# TEST_FILE_TIMEOUT is not set): test_readme builds a fresh copy per chapter.
+own_limit() { sed -n 's/^# time limit: \([0-9][0-9]*\) s.*/\1/p' "$1" | head -n 1; }
+log_of() { echo "$log_dir/$(basename "$1" .sh).log"; }
+limit_of() {
+    local own; own=$(own_limit "$1")
+    if [[ -z ${TEST_FILE_TIMEOUT:-} && -n $own ]] && (( own > per_file_limit )); then echo "$own"; else echo "$per_file_limit"; fi
+}
+
+# TEST_JOBS=N runs N files at a time (default 1). Most files wait more than
+# they compute (ranks meeting, timeouts, processes killed on purpose), so two
+# at a time on two cores take less time; results are still reported in
+# order. Files that ask for a long limit start first.
+jobs_max=${TEST_JOBS:-1}
+[[ $jobs_max =~ ^[1-9][0-9]*$ ]] || { echo "tests/run.sh: TEST_JOBS must be a number from 1, not '$jobs_max'" >&2; exit 2; }
+done_dir=$(mktemp -d) || exit 1
+trap 'rm -rf "$done_dir"' EXIT
+run_one() {   # INDEX FILE: runs it into its log, then leaves "STATUS SECONDS" in done_dir
+    local start status
+    start=$(date +%s)
+    timeout -k 10 "$(limit_of "$2")" bash "$2" >"$(log_of "$2")" 2>&1
+    status=$?
+    echo "$status $(( $(date +%s) - start ))" >"$done_dir/$1.tmp" && mv "$done_dir/$1.tmp" "$done_dir/$1"
+}
+report() {   # INDEX: counts and prints a finished (or skipped) file
+    local file=${files[$1]} name log status secs p f s line why limit
     name=$(where "$file")                        # e.g. library/test_store
-    if skipped_here "$file"; then
+    read -r status secs <"$done_dir/$1"
+    if [[ $status == skip ]]; then
         skipped=$((skipped + 1))
         skips+=("$name: the whole file: ${TEST_SKIP_WHY:-TEST_SKIP names it}")
         printf '%-36s %3d passed %3d failed %3d skipped  (TEST_SKIP)\n' "$name" 0 0 1
-        continue
+        return
     fi
-    log="$log_dir/$(basename "$file" .sh).log"
-    start=$(date +%s)
-    # A file may ask for more time with a line "# time limit: N s" (when
-    # TEST_FILE_TIMEOUT is not set): test_readme builds a fresh copy per chapter.
-    limit=$per_file_limit own=$(sed -n 's/^# time limit: \([0-9][0-9]*\) s.*/\1/p' "$file" | head -n 1)
-    [[ -z ${TEST_FILE_TIMEOUT:-} && -n $own ]] && (( own > limit )) && limit=$own
-    timeout -k 10 "$limit" bash "$file" >"$log" 2>&1
-    status=$?
-    secs=$(( $(date +%s) - start ))
+    log=$(log_of "$file") limit=$(limit_of "$file")
     p=$(grep -c '^PASS ' "$log"); f=$(grep -c '^FAIL ' "$log"); s=$(grep -c '^SKIP ' "$log")
     while IFS= read -r line; do failures+=("$name: ${line#FAIL }"); done < <(grep '^FAIL ' "$log")
     while IFS= read -r line; do skips+=("$name: ${line#SKIP }"); done < <(grep '^SKIP ' "$log")
@@ -83,7 +102,26 @@ for file in "${files[@]}"; do
     fi
     passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
     printf '%-36s %3d passed %3d failed %3d skipped  (%ds)\n' "$name" "$p" "$f" "$s" "$secs"
+}
+next=0
+flush() {   # prints the finished files, in order, up to the first still running
+    while (( next < ${#files[@]} )) && [[ -e $done_dir/$next ]]; do report "$next"; next=$((next + 1)); done
+}
+order=("${!files[@]}")
+if (( jobs_max > 1 )); then
+    order=()
+    for i in "${!files[@]}"; do [[ -n $(own_limit "${files[$i]}") ]] && order+=("$i"); done
+    for i in "${!files[@]}"; do [[ -z $(own_limit "${files[$i]}") ]] && order+=("$i"); done
+fi
+running=0
+for i in "${order[@]}"; do
+    if skipped_here "${files[$i]}"; then echo skip >"$done_dir/$i"; flush; continue; fi
+    while (( running >= jobs_max )); do wait -n; running=$((running - 1)); flush; done
+    run_one "$i" "${files[$i]}" &
+    running=$((running + 1))
 done
+wait
+flush
 
 if [[ ${#skips[@]} -gt 0 ]]; then
     echo; echo "skipped:"; printf '  %s\n' "${skips[@]}"

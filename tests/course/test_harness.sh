@@ -13,6 +13,8 @@ printf 'echo "PASS a1"\necho "PASS a2"\n' >"$stubs/test_alpha.sh"
 printf 'echo "PASS b1"\necho "SKIP b2: not here"\n' >"$stubs/test_beta.sh"
 printf 'echo "PASS c1"\nexit 3\n' >"$stubs/test_crash.sh"
 printf 'echo "PASS h1"\nsleep 60\n' >"$stubs/test_hang.sh"
+printf 'sleep 4\necho "PASS s1"\n' >"$stubs/test_slow1.sh"
+printf 'sleep 3\necho "PASS s2"\necho "FAIL s3: planted"\n' >"$stubs/test_slow2.sh"
 harness() { # OUT [ENV=VALUE ...] -- NAMES...
     local out=$1; shift
     local envs=()
@@ -41,6 +43,16 @@ verdict $? "harness: a file that hangs is stopped at TEST_FILE_TIMEOUT and fails
 harness "$TMP/typo" -- alpha no_such_test; status=$?
 [[ $status -eq 2 ]] && grep -q "no test file in .* matches 'no_such_test'" "$TMP/typo" && ! grep -q '^test_alpha ' "$TMP/typo"
 verdict $? "harness: a name that matches no test file is an error, not a green run" "status $status: $(head -n 2 "$TMP/typo" | tr '\n' '|')"
+
+# TEST_JOBS=2: two files at a time (the 4 s and the 3 s sleeper overlap),
+# reported in the files' order, not the order they finish in.
+start=$SECONDS
+harness "$TMP/jobs" TEST_JOBS=2 -- slow alpha; status=$?
+took=$((SECONDS - start))
+[[ $status -ne 0 && $took -lt 7 && "$(tail -n 1 "$TMP/jobs")" == "4 passed, 1 failed, 0 skipped" ]] &&
+   [[ "$(grep -o '^test_[a-z0-9]*' "$TMP/jobs" | tr '\n' ' ')" == "test_alpha test_slow1 test_slow2 " ]] &&
+   grep -q 'test_slow2: s3: planted' "$TMP/jobs"
+verdict $? "harness: TEST_JOBS=2 runs two files at once and reports them in order ($took s for sleeps of 4 and 3 s)" "status $status after $took s: $(tr '\n' '|' <"$TMP/jobs")"
 
 harness "$TMP/skipfile" TEST_SKIP=beta "TEST_SKIP_WHY=ran elsewhere" -- alpha beta; status=$?
 [[ $status -eq 0 && "$(tail -n 1 "$TMP/skipfile")" == "2 passed, 0 failed, 1 skipped" ]] &&
