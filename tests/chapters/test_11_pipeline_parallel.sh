@@ -92,6 +92,7 @@ done
 # forwards). The gradients stay the same - only the order and the memory
 # checks see that the later stages no longer alternate and hold every
 # micro-batch.
+got="" held=""   # set by the planted run (none with PLANTED_BUGS=skip)
 planted=$(plant warmup_same 11_pipeline_parallel/11_pipeline_parallel.c 'int warmup = S - p->stage - 1 < M ? S - p->stage - 1 : M' \
     'int warmup = S - 1 < M ? S - 1 : M' 11_pipeline_parallel 11_pipeline_parallel)
 [[ -n $planted ]] && run_capture 120 "$TMP/planted_w" "$planted" "${common[@]}" --pp 4 --micro_batches 4 --schedule 1f1b \

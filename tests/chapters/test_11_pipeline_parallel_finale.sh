@@ -33,6 +33,7 @@ verdict $? "finale: dp x tp x pp = 2 x 2 x 2 on 8 CPU ranks equals one process (
 # Planted: the gradient norm for clipping counts the tensors every tp rank
 # holds whole (embeddings, LayerNorms, row-parallel biases) once per tp
 # rank instead of once: the clipping, and so the run, differ from one process.
+c=""   # set by the planted run (none with PLANTED_BUGS=skip)
 planted=$(plant norm_twice gpt/model.h 'bool replicated = !m->tp_group || pg_rank(m->tp_group) == 0;' \
     'bool replicated = true;' 11_pipeline_parallel 11_pipeline_parallel)
 [[ -n $planted ]] && run_capture 300 "$TMP/planted" "$planted" "${common[@]}" --device cpu --max_steps 8 "${mesh[@]}" \
