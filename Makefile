@@ -28,6 +28,14 @@ endif
 # files. So the launcher is built first.
 $(CHAPTERS) unit-tests: | $(TOOLS)
 
+# The GPU model (gpt/gpt_cuda.cu) is compiled once, in gpt/build/, for the
+# four GPT chapters and the unit tests that link it (gpt/gpt_cuda.mk): it
+# is made first, for the same reason.
+$(CHAPTERS) unit-tests: | gpt-object
+.PHONY: gpt-object
+gpt-object:
+	@$(MAKE) --no-print-directory -C gpt object
+
 # `make 04_ddp_spawn` here builds 04_ddp_spawn/04_ddp_spawn; ./04_ddp_spawn is
 # the folder, so the last line says how to run the program from here.
 $(CHAPTERS) tools:
@@ -112,7 +120,7 @@ check-exercise:
 	@bash tools/check_exercise.sh "$(EX)" $(if $(filter 1,$(SOLUTION)),--solution)
 
 clean:
-	@for d in $(CHAPTERS) $(TOOLS) tests tests/emu emu; do $(MAKE) --no-print-directory -C $$d clean; done
+	@for d in $(CHAPTERS) $(TOOLS) gpt tests tests/emu emu; do $(MAKE) --no-print-directory -C $$d clean; done
 	rm -rf runs build */exercises/build tests/fuzz/build
 
 help:

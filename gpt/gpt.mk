@@ -1,12 +1,13 @@
 # gpt/gpt.mk - included by the folders that build the GPT of chapters 08-11
-# (after common/course.mk; set CU_SRCS := $(COURSE_ROOT)/gpt/gpt_cuda.cu before
-# it, so that a CUDA build links the GPU model).
+# (after common/course.mk): the model's headers and CPU flags, and in a CUDA
+# or emulated-GPU build the GPU model (gpt_cuda.mk).
 #
 # The model's headers are found here. On the CPU its matrix products call
 # OpenBLAS when it is installed, and its element-wise loops are compiled
 # for this CPU: both below.
 GPT_DIR := $(COURSE_ROOT)/gpt
 CFLAGS += -I$(GPT_DIR)
+include $(GPT_DIR)/gpt_cuda.mk
 
 # OpenBLAS for the CPU matrix products (see 08_gpt_wikitext/README.md, "Speed"):
 # found when a program including <cblas.h> links with -lopenblas. BLAS=0
