@@ -58,6 +58,8 @@
 #include "timer.h"
 #include "wikitext.h"
 #include "zero.h"
+#include "zero_devices.h"
+#include "zero_report.h"
 
 #define CHAPTER "09_zero_fsdp"
 
@@ -719,7 +721,7 @@ static int run_rank(int rank, int world, void *arg) {
              model.host.num_params, cfg.vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd,
              model_precision(&model));
     zero_t zero;
-    zero_setup(&zero, o->shard, &dist, &model, o->grad_accum);
+    zero_setup(&zero, o->shard, &dist, &model, o->grad_accum, zero_ops_for(&model));
     log_main("sharding: %s; %d rank(s), each owning 1/%d of every bucket: %zu parameters a rank (padding included)\n",
              zero_stage_name(o->shard), dist.world_size, dist.world_size, zero.shard_len);
 

@@ -9,8 +9,10 @@
 //   4. the bucket hook: ZeRO-2's gradients and ZeRO-3's parameters, bucket
 //      by bucket, while the model computes
 //   5. the optimizer step on this rank's slices
-// and, in headers of their own, how the CPU and a GPU do it
-// (zero_devices.h) and the tables the program prints (zero_report.h).
+// and, in headers of their own that build on this one (09_zero_fsdp.c
+// includes all three), how the CPU and a GPU do it (zero_devices.h: the
+// two tables of section 3's zero_device_ops) and the tables the program
+// prints (zero_report.h).
 #ifndef ZERO_H
 #define ZERO_H
 
@@ -135,9 +137,6 @@ struct zero {
     int steps_counted;
 };
 
-static inline const zero_device_ops *zero_cpu_ops(void);
-static inline const zero_device_ops *zero_gpu_ops(void); // NULL in a CPU-only build
-
 static inline const char *zero_stage_name(int stage) {
     static const char *const names[4] = {"DDP (no sharding)", "ZeRO-1 (optimizer state sharded)",
                                          "ZeRO-2 (optimizer state and gradients sharded)",
@@ -214,10 +213,12 @@ static inline void zero_scatter_host(zero_t *z, const float *full, float *shard)
 // (zero_model_keeps); ZeRO-3 takes its slices of the model's initial
 // parameters (the host copy), which then go. With grad_accum micro-batches
 // per step, ZeRO-2 and 3 need a slice of scratch to add each one's slice.
-static inline void zero_setup(zero_t *z, int stage, dist_t *d, model_t *m, int grad_accum) {
+// ops: how the model's device does it (zero_devices.h's zero_ops_for).
+static inline void zero_setup(zero_t *z, int stage, dist_t *d, model_t *m, int grad_accum,
+                              const zero_device_ops *ops) {
     memset(z, 0, sizeof *z);
     z->stage = stage, z->dist = d, z->model = m, z->rank = d->rank, z->world = d->world_size;
-    z->ops = m->on_gpu ? zero_gpu_ops() : zero_cpu_ops();
+    z->ops = ops;
     z->front = z->ops->front(z);
     const gpt_config *c = &m->host.cfg;
     z->num_params = m->host.num_params;
@@ -523,9 +524,5 @@ static inline void zero_slices_from_host(zero_t *z, float *slices[3], int adam_s
     else z->adam_step = adam_step;
     if (z->stage < 3) model_to_device(z->model);
 }
-
-// How the devices do it, and the tables.
-#include "zero_devices.h"
-#include "zero_report.h"
 
 #endif

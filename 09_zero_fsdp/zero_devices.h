@@ -1,7 +1,7 @@
 // zero_devices.h - how the CPU and a GPU do what zero.h asks: copies,
 // sums, AdamW on the slices, and the bucket hook's collectives. One table
 // of functions per device, as ../gpt/model.h has (zero.h, section 3,
-// declares it; zero_setup picks one).
+// declares it; zero_ops_for picks one for zero_setup).
 #ifndef ZERO_DEVICES_H
 #define ZERO_DEVICES_H
 
@@ -205,5 +205,10 @@ static inline const zero_device_ops *zero_gpu_ops(void) {
 #else
 static inline const zero_device_ops *zero_gpu_ops(void) { return NULL; }
 #endif
+
+// The table for the device the model computes on.
+static inline const zero_device_ops *zero_ops_for(const model_t *m) {
+    return m->on_gpu ? zero_gpu_ops() : zero_cpu_ops();
+}
 
 #endif
