@@ -29,9 +29,11 @@ endif
 $(CHAPTERS) unit-tests: | $(TOOLS)
 
 # The GPU model (gpt/gpt_cuda.cu) is compiled once, in gpt/build/, for the
-# four GPT chapters and the unit tests that link it (gpt/gpt_cuda.mk): it
-# is made first, for the same reason.
-$(CHAPTERS) unit-tests: | gpt-object
+# GPT chapters (those whose Makefile includes gpt/gpt.mk) and the unit tests
+# that link it (gpt/gpt_cuda.mk): it is made first, for the same reason.
+# The other chapters never wait for it (`make 04_ddp_spawn` compiles no GPT).
+GPT_CHAPTERS := $(patsubst %/Makefile,%,$(shell grep -l 'gpt/gpt\.mk' $(addsuffix /Makefile,$(CHAPTERS))))
+$(GPT_CHAPTERS) unit-tests: | gpt-object
 .PHONY: gpt-object
 gpt-object:
 	@$(MAKE) --no-print-directory -C gpt object
