@@ -65,7 +65,7 @@
 typedef struct {
     int epochs, batch_size, grad_accum, max_steps, warmup_steps, eval_every, log_every, save_every, seed;
     int vocab_size, block_size, n_layer, n_head, n_embd;
-    double lr, min_lr, weight_decay, grad_clip, temperature;
+    double lr, min_lr, weight_decay, grad_clip, temperature, loss_scale;
     int top_k, num_samples, sample_tokens, nprocs, num_workers;
     double timeout;
     const char *backend;
@@ -113,7 +113,8 @@ static flag_set option_flags(options *o) {
     flag_int(&set, "num_samples", &o->num_samples, 0, 100, "continuations to print");
     flag_int(&set, "sample_tokens", &o->sample_tokens, 1, 100000, "tokens per continuation");
     flag_choice(&set, "device", &o->device, "auto|cpu|cuda", "where to compute")->env = "COURSE_DEVICE";
-    flag_choice(&set, "precision", &o->precision, "auto|bf16|fp32", "number format on a GPU (auto: bf16 there, fp32 on the CPU)");
+    flag_choice(&set, "precision", &o->precision, "auto|bf16|fp16|fp32", "number format on a GPU (auto: bf16 there, fp32 on the CPU; fp16 for GPUs without bf16)");
+    flag_double(&set, "loss_scale", &o->loss_scale, 1, 1099511627776.0, "fp16: the first loss scale, a power of two (GradScaler's init_scale)");
     flag_bool(&set, "cuda_graph", &o->cuda_graph, "on a GPU, one process, no --grad_accum: each step is one CUDA graph launch");
     return set;
 }
@@ -137,7 +138,7 @@ static options parse_options(int argc, char **argv) {
                  .lr = 1e-3, .min_lr = -1, .weight_decay = 0.1, .grad_clip = 1.0, .temperature = 0.8,
                  .top_k = 40, .num_samples = 3, .sample_tokens = 64, .verify_data = true, .cuda_graph = true,
                  .preset = "default", .prompt = "The", .device = "auto", .nprocs = 1, .backend = "auto",
-                 .precision = "auto", .grad_compress = "none", .num_workers = 0};
+                 .precision = "auto", .grad_compress = "none", .num_workers = 0, .loss_scale = 65536};
     static char default_out_dir[1024]; // outlives this function: o.out_dir points at it
     files_runs_dir(default_out_dir, sizeof default_out_dir, CHAPTER);
     o.out_dir = default_out_dir;
@@ -147,21 +148,29 @@ static options parse_options(int argc, char **argv) {
     if (o.min_lr < 0) o.min_lr = o.lr / 10;
     if (o.min_lr > o.lr) flags_fail(&set, "--min_lr %g is above --lr %g", o.min_lr, o.lr);
     if (strlen(o.out_dir) > 900) flags_fail(&set, "--out_dir is too long (at most 900 characters)");
-    if (!strcmp(o.device, "cpu") && !strcmp(o.precision, "bf16"))
-        flags_fail(&set, "--precision bf16 needs a GPU: the CPU model computes in fp32 (use --device auto or cuda)");
+    if (!strcmp(o.device, "cpu") && (!strcmp(o.precision, "bf16") || !strcmp(o.precision, "fp16")))
+        flags_fail(&set, "--precision %s needs a GPU: the CPU model computes in fp32 (use --device auto or cuda)",
+                   o.precision);
+    // A power of two: multiplying and dividing by it changes no digit of a
+    // gradient, only its exponent (the scaler halves and doubles it).
+    int exponent;
+    if (frexp(o.loss_scale, &exponent) != 0.5)
+        flags_fail(&set, "--loss_scale %g is not a power of two (65536 is GradScaler's default)", o.loss_scale);
     return o;
 }
 
 // ===================================================================== device and threads
 
 // The first line: where this run computes, and why. A GPU trains in bf16
-// unless --precision fp32 says otherwise; the CPU always in fp32.
-static bool announce_device(const options *o, const device_t *d) {
+// unless --precision says otherwise; the CPU always in fp32.
+static gpt_precision announce_device(const options *o, const device_t *d) {
     log_main("%s: running on %s; why: %s\n", CHAPTER, d->name, d->why);
-    bool bf16 = device_is_cuda(d) && strcmp(o->precision, "fp32") != 0;
-    if (!device_is_cuda(d) && !strcmp(o->precision, "bf16"))
-        die("--precision bf16 needs a GPU, and this run computes on the CPU (in fp32): use --precision fp32 or auto");
-    return bf16;
+    bool gpu = device_is_cuda(d), auto_or_fp32 = !strcmp(o->precision, "auto") || !strcmp(o->precision, "fp32");
+    if (!gpu && !auto_or_fp32)
+        die("--precision %s needs a GPU, and this run computes on the CPU (in fp32): use --precision fp32 or auto",
+            o->precision);
+    if (!gpu || !strcmp(o->precision, "fp32")) return GPT_FP32;
+    return !strcmp(o->precision, "fp16") ? GPT_FP16 : GPT_BF16;
 }
 
 // How many threads, and how they wait: gpt/threads.h (spin_briefly_in_openmp,
@@ -232,10 +241,10 @@ static int generate_only(const options *o) {
     gpt_t loaded;
     bpe_t *t = run_load(o->out_dir, CHAPTER, &loaded, path, sizeof path);
     device_t d = device_choose(o->device, launch_env_read().local_rank);
-    bool bf16 = announce_device(o, &d);
+    gpt_precision precision = announce_device(o, &d);
     choose_threads();
     model_t m;
-    model_create(&m, loaded, &d, bf16, 1, loaded.cfg.block_size);
+    model_create(&m, loaded, &d, precision, 1, loaded.cfg.block_size);
     log_main("model: %s: %zu parameters (block %d, %d layers, %d heads, %d channels, vocabulary %d), %s\n", path,
              m.host.num_params, m.host.cfg.block_size, m.host.cfg.n_layer, m.host.cfg.n_head, m.host.cfg.n_embd,
              m.host.cfg.vocab_size, model_precision(&m));
@@ -343,6 +352,19 @@ static void format_duration(double seconds, char *buf, size_t size) {
     else snprintf(buf, size, "%ldm%02lds", s / 60, s % 60);
 }
 
+// fp16 only: the loss scale now, and the steps skipped for overflow so far
+// (every rank skips the same ones: the gradients were averaged first).
+static const char *loss_scale_note(model_t *m) {
+    static char note[96];
+    gpt_scaler s = model_get_scaler(m); // waits for the GPU; scale 0: not fp16
+    if (s.scale == 0) return "";
+    if (s.scale < 1)
+        die("fp16: the loss scale fell below 1 after %d skipped steps: the gradients overflow even unscaled, "
+            "so the run has diverged (try a lower --lr, or --precision bf16)", s.skipped_total);
+    snprintf(note, sizeof note, " | loss scale %.0f, %d step(s) skipped", s.scale, s.skipped_total);
+    return note;
+}
+
 // The progress line: the loss averaged since the last line over all ranks,
 // the speed (of all ranks together), the time left.
 static void report_progress(model_t *m, trainer_t *tr, const options *o, int step, int epoch) {
@@ -353,8 +375,8 @@ static void report_progress(model_t *m, trainer_t *tr, const options *o, int ste
     double tok_per_s = tokens / (now - tr->interval_start);
     char eta[32];
     format_duration(tr->train_time / step * (tr->total_steps - step), eta, sizeof eta);
-    log_main("epoch %d | step %d/%d | loss %.4f | lr %.2e | %.0f tokens/s | ETA %s\n", epoch + 1, step,
-             tr->total_steps, loss, learning_rate(tr, o, step - 1), tok_per_s, eta);
+    log_main("epoch %d | step %d/%d | loss %.4f | lr %.2e | %.0f tokens/s | ETA %s%s\n", epoch + 1, step,
+             tr->total_steps, loss, learning_rate(tr, o, step - 1), tok_per_s, eta, loss_scale_note(m));
     metrics_row(&tr->csv, "%d,%d,%.5f,,%.1f", step, epoch + 1, loss, tok_per_s);
     tr->loss_count = 0;
     tr->interval_start = now_seconds();
@@ -392,6 +414,12 @@ static void save_snapshot(model_t *model, const options *o, int epochs_done, int
     meta[n++] = safetensors_meta_of("step", "%d", step);
     meta[n++] = safetensors_meta_of("adam_step", "%d", m->adam_step);
     meta[n++] = safetensors_meta_of("world_size", "%d", world);
+    gpt_scaler scaler = model_get_scaler(model); // fp16: the loss scale goes on where it was
+    if (scaler.scale >= 1) {
+        meta[n++] = safetensors_meta_of("loss_scale", "%.0f", scaler.scale);
+        meta[n++] = safetensors_meta_of("loss_scale_good_steps", "%d", scaler.good_steps);
+        meta[n++] = safetensors_meta_of("steps_skipped", "%d", scaler.skipped_total);
+    }
     char err[1400];
     if (!snapshot_save_step(o->snapshot_path, step, t, 3, meta, n, 2, err, sizeof err))
         die("could not save the snapshot: %s", err);
@@ -410,7 +438,7 @@ static int64_t snapshot_int(const safetensors_t *s, const char *key) {
 // Returns the epochs already done (0: a fresh start) and sets *step.
 static int resume(model_t *model, const options *o, dist_t *d, int *step) {
     gpt_t *m = &model->host;
-    int64_t where[3] = {0, 0, 0}; // epoch, step, adam_step
+    int64_t where[6] = {0, 0, 0, 0, 0, 0}; // epoch, step, adam_step; fp16's loss scale, good steps, skipped
     if (d->rank == 0 && o->snapshot_path) {
         safetensors_t s;
         char report[4096], err[1400], want[2][200];
@@ -433,10 +461,14 @@ static int resume(model_t *model, const options *o, dist_t *d, int *step) {
                 die("cannot resume from %s: %s", s.path, err);
             where[0] = snapshot_int(&s, "epoch"), where[1] = snapshot_int(&s, "step");
             where[2] = snapshot_int(&s, "adam_step");
+            if (safetensors_meta_get(&s, "loss_scale")) { // an fp16 run's
+                where[3] = snapshot_int(&s, "loss_scale"), where[4] = snapshot_int(&s, "loss_scale_good_steps");
+                where[5] = snapshot_int(&s, "steps_skipped");
+            }
             safetensors_release(&s);
         }
     }
-    dist_broadcast_host(d, where, 3, DTYPE_I64, 0);
+    dist_broadcast_host(d, where, 6, DTYPE_I64, 0);
     if (where[2] > 0) {
         if (!m->adam_m) m->adam_m = xcalloc(m->num_params, sizeof(gpt_real));
         if (!m->adam_v) m->adam_v = xcalloc(m->num_params, sizeof(gpt_real));
@@ -444,6 +476,10 @@ static int resume(model_t *model, const options *o, dist_t *d, int *step) {
         log_main("Resuming training from snapshot at Epoch %lld (step %lld)\n", (long long)where[0], (long long)where[1]);
     }
     model_broadcast_state(model, d); // equal replicas from the start
+    // fp16: the loss scale to start from, --loss_scale or the snapshot's.
+    gpt_scaler scaler = {(float)o->loss_scale, 0, 0, 0};
+    if (where[3] >= 1) scaler = (gpt_scaler){(float)where[3], (int)where[4], 0, (int)where[5]};
+    model_set_scaler(model, scaler);
     *step = (int)where[1];
     return (int)where[0];
 }
@@ -511,7 +547,7 @@ static int run_rank(int rank, int world, void *arg) {
     dist_t dist;
     dist_options how = {"env://", o->backend, o->device, o->timeout};
     dist_init(&dist, &how);
-    bool bf16 = announce_device(o, &dist.device);
+    gpt_precision precision = announce_device(o, &dist.device);
     choose_threads();
     nodes_report(&dist); // one line per node: host, ranks, device, transport
     char cache_dir[1000]; // --out_dir has at most 900 bytes
@@ -533,7 +569,7 @@ static int run_rank(int rank, int world, void *arg) {
     gpt_t initial;
     gpt_init(&initial, cfg, (uint64_t)o->seed);
     model_t model;
-    model_create(&model, initial, &dist.device, bf16, o->batch_size, o->block_size);
+    model_create(&model, initial, &dist.device, precision, o->batch_size, o->block_size);
     log_main("model: %zu parameters (vocabulary %d, block %d, %d layers, %d heads, %d channels), %s\n",
              model.host.num_params, cfg.vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd,
              model_precision(&model));

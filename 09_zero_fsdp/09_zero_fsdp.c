@@ -157,13 +157,15 @@ static options parse_options(int argc, char **argv) {
 // ===================================================================== device and threads
 
 // The first line: where this run computes, and why. A GPU trains in bf16
-// unless --precision fp32 says otherwise; the CPU always in fp32.
-static bool announce_device(const options *o, const device_t *d) {
+// unless --precision says otherwise; the CPU always in fp32.
+static gpt_precision announce_device(const options *o, const device_t *d) {
     log_main("%s: running on %s; why: %s\n", CHAPTER, d->name, d->why);
-    bool bf16 = device_is_cuda(d) && strcmp(o->precision, "fp32") != 0;
-    if (!device_is_cuda(d) && !strcmp(o->precision, "bf16"))
-        die("--precision bf16 needs a GPU, and this run computes on the CPU (in fp32): use --precision fp32 or auto");
-    return bf16;
+    bool gpu = device_is_cuda(d), auto_or_fp32 = !strcmp(o->precision, "auto") || !strcmp(o->precision, "fp32");
+    if (!gpu && !auto_or_fp32)
+        die("--precision %s needs a GPU, and this run computes on the CPU (in fp32): use --precision fp32 or auto",
+            o->precision);
+    if (!gpu || !strcmp(o->precision, "fp32")) return GPT_FP32;
+    return !strcmp(o->precision, "fp16") ? GPT_FP16 : GPT_BF16;
 }
 
 // How many threads, and how they wait: gpt/threads.h (spin_briefly_in_openmp,
@@ -241,10 +243,10 @@ static int generate_only(const options *o) {
     gpt_t loaded;
     bpe_t *t = run_load(o->out_dir, CHAPTER, &loaded, path, sizeof path);
     device_t d = device_choose(o->device, launch_env_read().local_rank);
-    bool bf16 = announce_device(o, &d);
+    gpt_precision precision = announce_device(o, &d);
     choose_threads();
     model_t m;
-    model_create(&m, loaded, &d, bf16, 1, loaded.cfg.block_size);
+    model_create(&m, loaded, &d, precision, 1, loaded.cfg.block_size);
     log_main("model: %s: %zu parameters (block %d, %d layers, %d heads, %d channels, vocabulary %d), %s\n", path,
              m.host.num_params, m.host.cfg.block_size, m.host.cfg.n_layer, m.host.cfg.n_head, m.host.cfg.n_embd,
              m.host.cfg.vocab_size, model_precision(&m));
@@ -692,7 +694,7 @@ static int run_rank(int rank, int world, void *arg) {
     dist_t dist;
     dist_options how = {"env://", o->backend, o->device, o->timeout};
     dist_init(&dist, &how);
-    bool bf16 = announce_device(o, &dist.device);
+    gpt_precision precision = announce_device(o, &dist.device);
     choose_threads();
     nodes_report(&dist); // one line per node: host, ranks, device, transport
     char cache_dir[1000]; // --out_dir has at most 900 bytes
@@ -716,7 +718,7 @@ static int run_rank(int rank, int world, void *arg) {
     gpt_init(&initial, cfg, (uint64_t)o->seed);
     dist_broadcast_host(&dist, initial.params, initial.num_params, DTYPE_F32, 0);
     model_t model;
-    model_create_keeping(&model, initial, &dist.device, bf16, o->batch_size, o->block_size, zero_model_keeps(o->shard));
+    model_create_keeping(&model, initial, &dist.device, precision, o->batch_size, o->block_size, zero_model_keeps(o->shard));
     log_main("model: %zu parameters (vocabulary %d, block %d, %d layers, %d heads, %d channels), %s\n",
              model.host.num_params, cfg.vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd,
              model_precision(&model));

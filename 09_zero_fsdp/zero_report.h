@@ -43,11 +43,11 @@ static inline void zero_report_memory(zero_t *z, metrics_csv *csv) {
     dist_all_reduce_host(z->dist, all, N * MEM_KINDS, OP_SUM);
     // p: fp32 parameters, and on a GPU in bf16 their bf16 copy too (ZeRO-3
     // keeps only fp32 slices, and makes bf16 copies of a gathered bucket).
-    double P = (double)z->num_params, p = z->model->bf16 && z->stage < 3 ? 6 : 4, g = 4, k = 8;
+    double P = (double)z->num_params, p = z->model->precision != GPT_FP32 && z->stage < 3 ? 6 : 4, g = 4, k = 8;
     double per[3] = {p, g, k};
     bool sharded[3] = {z->stage == 3, z->stage >= 2, z->stage >= 1};
     log_main("memory per rank, KiB (%s, N = %d, P = %zu parameters; %s):\n", zero_stage_name(z->stage), N, z->num_params,
-             z->model->on_gpu ? (z->model->bf16 ? "GPU, bf16 copies of fp32 weights" : "GPU, fp32") : "CPU, fp32");
+             z->model->on_gpu ? (z->model->precision == GPT_BF16 ? "GPU, bf16 copies of fp32 weights" : "GPU, fp32") : "CPU, fp32");
     char line[400];
     int used = snprintf(line, sizeof line, "  %-20s", "");
     for (int r = 0; r < cols; r++) used += snprintf(line + used, sizeof line - (size_t)used, "   rank %-3d", r);

@@ -1,5 +1,5 @@
 // gpt_cuda.cu - the GPT of gpt.h on the GPU: our kernels for the layers,
-// cuBLAS for the matrix products, fp32 or bf16 mixed precision.
+// cuBLAS for the matrix products, fp32, or bf16 or fp16 mixed precision.
 //
 // Read it beside gpt.h: every layer here has the same name, the same
 // arguments and the same formulas as there, so each kernel is a loop of
@@ -17,16 +17,20 @@
 //  10. the training step as one CUDA graph: captured once, replayed
 //
 // Precision. Templates take the activation type Act: float (fp32 mode,
-// the reference) or __nv_bfloat16 (bf16 mode). Whatever Act is:
+// the reference), __nv_bfloat16 (bf16 mode) or __half (fp16 mode).
+// Whatever Act is:
 //   - arithmetic inside kernels is fp32: values are widened on load and
 //     rounded once on store;
 //   - LayerNorm mean/rstd, the attention scores before softmax, the
 //     logits, the losses are fp32 buffers;
-//   - parameters, their gradients and AdamW's moments are fp32; bf16 mode
-//     keeps a bf16 copy of the parameters for the matrix products only
+//   - parameters, their gradients and AdamW's moments are fp32; the 16-bit
+//     modes keep a 16-bit copy of the parameters for the matrix products only
 //     (vectors - LayerNorm gains, biases - and the embeddings are read
 //     from the fp32 master copy: they are small and it costs nothing);
-//   - cuBLAS accumulates in fp32 (CUBLAS_COMPUTE_32F) in both modes.
+//   - cuBLAS accumulates in fp32 (CUBLAS_COMPUTE_32F) in every mode;
+//   - fp16 mode scales the loss's gradient by a loss scale kept on the
+//     device, and the gradient norm's kernel unscales, skips a step whose
+//     gradients overflowed and adjusts the scale (section 7).
 //
 // Streams. Every kernel of a model goes to its own non-blocking stream.
 // The steps of training (zero_grad, forward, backward, clipping, AdamW)
@@ -34,6 +38,7 @@
 // the host asks for them. Functions that return data to the host wait.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -50,7 +55,7 @@ static const char *cublas_hint(cublasStatus_t st) {
     switch (st) {
     case CUBLAS_STATUS_NOT_INITIALIZED: return "no usable GPU, or the CUDA context failed to start";
     case CUBLAS_STATUS_ALLOC_FAILED: return "the GPU is out of memory";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "this GPU cannot do this product (bf16 needs compute capability 8.0 or newer)";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "this GPU cannot do this product (bf16 needs compute capability 8.0 or newer: use --precision fp16)";
     case CUBLAS_STATUS_NOT_SUPPORTED: return "this combination of types is not supported by this cuBLAS";
     default: return "";
     }
@@ -75,17 +80,26 @@ static unsigned blocks_for(size_t threads, unsigned per_block) {
 }
 
 typedef __nv_bfloat16 bf16;
+typedef __half f16;
 
-// Widen to fp32 on load, round (to nearest even) on store.
+// Widen to fp32 on load, round (to nearest even) on store. A value past
+// fp16's 65504 rounds to infinity: the loss scale's overflow (section 7).
 static __device__ __forceinline__ float to_f(float x) { return x; }
 static __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+static __device__ __forceinline__ float to_f(f16 x) { return __half2float(x); }
 template <typename Act> static __device__ __forceinline__ Act from_f(float x);
 template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ f16 from_f<f16>(float x) { return __float2half(x); }
 
 template <typename Act> static cudaDataType cuda_type() {
-    return std::is_same<Act, float>::value ? CUDA_R_32F : CUDA_R_16BF;
+    return std::is_same<Act, float>::value ? CUDA_R_32F : std::is_same<Act, bf16>::value ? CUDA_R_16BF : CUDA_R_16F;
 }
+
+// A host function templated on Act, called with the type of a precision:
+// BY_PRECISION(p, f, args) is f<bf16>(args), f<f16>(args) or f<float>(args).
+#define BY_PRECISION(p, f, ...) \
+    ((p) == GPT_BF16 ? f<bf16>(__VA_ARGS__) : (p) == GPT_FP16 ? f<f16>(__VA_ARGS__) : f<float>(__VA_ARGS__))
 
 template <typename Out, typename In>
 static __global__ void convert_kernel(Out *out, const In *in, size_t n) {
@@ -492,13 +506,15 @@ static __global__ void crossentropy_forward_kernel(float *losses, float *lse, co
 
 // Backward: dlogits = (softmax - onehot(target)) * dloss, element by
 // element (p = exp(z - lse)), and 0 for the padding. In fp32 mode dlogits
-// may be the logits buffer.
+// may be the logits buffer. fp16 mode passes the loss scale (section 7):
+// read here, on the device, so a step never waits to learn it.
 template <typename Act>
 static __global__ void crossentropy_backward_kernel(Act *dlogits, const float *logits, const float *lse,
                                                     const uint16_t *targets, int V, int Vp, size_t total,
-                                                    float dloss) {
+                                                    float dloss, const float *loss_scale) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
+    if (loss_scale) dloss *= *loss_scale;
     size_t n = i / Vp;
     int v = (int)(i % Vp) - (Vp - V); // the token this column stands for; < 0: padding
     float d = 0.0f;
@@ -514,10 +530,11 @@ static void crossentropy_forward(const gpu_ctx *x, float *losses, float *lse, co
 
 template <typename Act>
 static void crossentropy_backward(const gpu_ctx *x, Act *dlogits, const float *logits, const float *lse,
-                                  const uint16_t *targets, int N, int V, int Vp, float dloss) {
+                                  const uint16_t *targets, int N, int V, int Vp, float dloss,
+                                  const float *loss_scale = NULL) {
     size_t total = (size_t)N * Vp;
-    crossentropy_backward_kernel<Act><<<blocks_for(total, 256), 256, 0, x->stream>>>(dlogits, logits, lse,
-                                                                                     targets, V, Vp, total, dloss);
+    crossentropy_backward_kernel<Act><<<blocks_for(total, 256), 256, 0, x->stream>>>(
+        dlogits, logits, lse, targets, V, Vp, total, dloss, loss_scale);
     launched("crossentropy_backward_kernel");
 }
 
@@ -970,6 +987,7 @@ typedef struct {
     float clip_scale; // 1, or max_norm / norm when clipping: the next AdamW multiplies the gradients by it
     step_scalars step; // graph steps: this step's AdamW scalars, copied in before the graph's launch
     double square_sum; // a pipeline stage's sum of squared gradients (gpt_cuda_grad_square_sum)
+    gpt_scaler scaler; // fp16 mode: the loss scale, kept and updated here (section 7)
 } device_scalars;
 
 // Which attention a model uses: the flash kernels (the default), or the
@@ -1010,7 +1028,7 @@ typedef struct {
 struct gpt_cuda {
     gpt_config cfg;
     gpt_stage stage;  // the blocks and ends held here (gpt_layout.h, section 6)
-    bool bf16_mode;
+    gpt_precision precision; // of the activations and the weights' copy (gpt_layout.h)
     bool flash;       // the attention path (use_flash)
     int max_B, max_T; // what the buffers were sized for
     int B, T;         // the last forward pass
@@ -1024,7 +1042,7 @@ struct gpt_cuda {
     gpu_ctx ctx;
 
     float *params, *grads, *adam_m, *adam_v; // fp32, num_params each (params, grads: head_pad more in front)
-    bf16 *params_lp;                         // bf16 mode: the copy the products read (head_pad more in front)
+    void *params_lp;                         // 16-bit modes: the copy the products read (head_pad more in front)
     void *acts;       // Act: the head's, then each block's (gpt_layout.h, kind GPT_ACT)
     float *stats;     // fp32: the head's and the loss's log-sum-exps, then each block's (GPT_STAT)
     float *logits;    // (N, Vp) fp32
@@ -1072,7 +1090,7 @@ struct gpt_cuda {
     bool keeps_params, keeps_grads, keeps_adam;
     gpt_cuda_bucket_hook hook;
     void *hook_user;
-    bf16 *bucket_lp[2];
+    void *bucket_lp[2];
     size_t allocated_parts[6];        // gpt_cuda_memory_parts
     struct slice_chunk *slice_chunks; // device: gpt_cuda_adamw_slices's table, for the slices in slices_key
     int num_slice_chunks, num_slices_key;
@@ -1114,21 +1132,22 @@ static const int NORM_BLOCKS = 264; // two per SM of an H100: enough to fill it,
 // for the logits and the LM head's padding; a tensor-parallel shard (tp)
 // for its part of each block; a sharded model (chapter 09) without the
 // state it does not keep.
-static memory_plan plan_memory(const gpt_config *c, const gpt_stage *s, int tp, int B, int T, bool use_bf16, bool flash,
+static memory_plan plan_memory(const gpt_config *c, const gpt_stage *s, int tp, int B, int T, gpt_precision precision, bool flash,
                                size_t num_params, state_kept keep) {
     size_t N = (size_t)B * T, Vp = s->head ? (size_t)padded_vocab(c->vocab_size) : 0;
-    size_t L = (size_t)(s->last - s->first), act = use_bf16 ? 2 : 4;
+    bool lowp = precision != GPT_FP32; // 16-bit activations, and a 16-bit copy of the weights
+    size_t L = (size_t)(s->last - s->first), act = lowp ? 2 : 4;
     size_t att = flash ? 0 : gpt_block_act_size_tp(c, tp, A_ATT, (size_t)B, (size_t)T);
     size_t padded = num_params + (s->head ? head_pad(c) : 0);
     memory_plan p;
     p.params = p.grads = padded * 4;
     p.adam = 2 * num_params * 4;
-    p.params_lp = use_bf16 ? padded * 2 : 0;
+    p.params_lp = lowp ? padded * 2 : 0;
     p.acts = (gpt_head_acts_size(c, GPT_ACT, N, 1) + L * gpt_block_acts_size_tp(c, tp, GPT_ACT, flash, (size_t)B, (size_t)T)) * act;
     p.stats = (head_stats(c, N) + L * gpt_block_acts_size_tp(c, tp, GPT_STAT, flash, (size_t)B, (size_t)T)) * 4;
     p.logits = N * Vp * 4;
-    p.dlogits = use_bf16 ? N * Vp * 2 : 0;
-    p.scores = flash ? gpt_block_act_size_tp(c, tp, A_ATT_LSE, (size_t)B, (size_t)T) * 4 : use_bf16 ? att * 4 : 0;
+    p.dlogits = lowp ? N * Vp * 2 : 0;
+    p.scores = flash ? gpt_block_act_size_tp(c, tp, A_ATT_LSE, (size_t)B, (size_t)T) * 4 : lowp ? att * 4 : 0;
     p.dscores = att * act;
     p.grad_acts = gpt_grad_acts_size_tp(c, tp, (size_t)B, (size_t)T) * act;
     p.tokens = 2 * N * sizeof(uint16_t);
@@ -1141,7 +1160,7 @@ static memory_plan plan_memory(const gpt_config *c, const gpt_stage *s, int tp, 
     p.bucket_lp = 0;
     if (!keep.params) {
         p.params = p.params_lp = 0;
-        p.bucket_lp = use_bf16 ? (head_pad(c) + (size_t)c->vocab_size * c->n_embd + gpt_block_params_tp(c, tp)) * 2 : 0;
+        p.bucket_lp = lowp ? (head_pad(c) + (size_t)c->vocab_size * c->n_embd + gpt_block_params_tp(c, tp)) * 2 : 0;
     }
     if (!keep.grads) p.grads = 0;
     if (!keep.adam) p.adam = p.chunks = 0;
@@ -1154,9 +1173,9 @@ static size_t plan_total(const memory_plan *p) {
            p->scalars + p->workspace + p->bucket_lp;
 }
 
-extern "C" size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool use_bf16) {
+extern "C" size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, gpt_precision precision) {
     gpt_stage whole = gpt_stage_of(cfg, 0, 1);
-    memory_plan p = plan_memory(cfg, &whole, 1, B, T, use_bf16, use_flash(cfg), gpt_num_params(cfg), keep_all);
+    memory_plan p = plan_memory(cfg, &whole, 1, B, T, precision, use_flash(cfg), gpt_num_params(cfg), keep_all);
     return plan_total(&p);
 }
 
@@ -1234,9 +1253,9 @@ template <typename Act> static grad_acts<Act> grad_view(const gpt_cuda_t *g) {
     return v;
 }
 
-// The weights the matrix products read: the fp32 master or its bf16 copy.
+// The weights the matrix products read: the fp32 master or its 16-bit copy.
 template <typename Act> static const Act *weights(const gpt_cuda_t *g) {
-    return g->bf16_mode ? (const Act *)(const void *)g->params_lp : (const Act *)(const void *)g->params;
+    return g->params_lp ? (const Act *)(const void *)g->params_lp : (const Act *)(const void *)g->params;
 }
 
 // The LM head's Vp x C matrix in a flat array (parameters, their bf16
@@ -1257,7 +1276,7 @@ template <typename Act> static const Act *block_input(const gpt_cuda_t *g, int l
 
 // fp32 mode computes the scores in place in att and needs no extra buffer.
 template <typename Act> static float *scores_buffer(const gpt_cuda_t *g, Act *att) {
-    return g->bf16_mode ? g->scores : (float *)(void *)att;
+    return g->precision != GPT_FP32 ? g->scores : (float *)(void *)att;
 }
 
 static void tp_sum(gpt_cuda_t *g, void *buf, size_t count);
@@ -1334,10 +1353,10 @@ static void bucket_end(gpt_cuda_t *g, gpt_bucket_event event, int k) {
 // embeddings: the encoder reads fp32). The copy is queued on the model's
 // stream, so the previous bucket's products have read the buffer before.
 template <typename Act> static const Act *bucket_weights(gpt_cuda_t *g, int k, const float *p) {
-    if (!g->bf16_mode) return (const Act *)(const void *)p;
-    if (g->params_lp) return (const Act *)(const void *)(g->params_lp + bucket_start(g, k));
+    if (g->precision == GPT_FP32) return (const Act *)(const void *)p;
+    if (g->params_lp) return (const Act *)g->params_lp + bucket_start(g, k);
     bool emb = k == gpt_bucket_embeddings(&g->cfg);
-    bf16 *copy = emb ? g->bucket_lp[0] + g->head_pad : g->bucket_lp[1];
+    Act *copy = emb ? (Act *)g->bucket_lp[0] + g->head_pad : (Act *)g->bucket_lp[1];
     convert(g->ctx.stream, copy, p, emb ? (size_t)g->cfg.vocab_size * g->cfg.n_embd : gpt_layout_bucket(&g->cfg, k).count);
     return (const Act *)(const void *)copy;
 }
@@ -1419,16 +1438,17 @@ static __global__ void mean_loss_kernel(device_scalars *out, const float *losses
     }
 }
 
+template <typename Act> static float *losses_of(const gpt_cuda_t *g) { return head_view<Act>(g).losses; }
+
 // The forward pass on the tokens already on the device (a graph step
 // captures this, without the copy of the tokens).
 static void queue_forward(gpt_cuda_t *g, int B, int T, bool with_targets) {
     // The last stage's backward pass starts from the targets; another
     // stage's from the gradient the next stage sends (gpt_cuda_stage_grad).
     g->B = B, g->T = T, g->have_targets = with_targets || !g->stage.head;
-    if (g->bf16_mode) model_forward<bf16>(g, with_targets);
-    else model_forward<float>(g, with_targets);
+    BY_PRECISION(g->precision, model_forward, g, with_targets);
     if (!with_targets) return;
-    float *losses = g->bf16_mode ? head_view<bf16>(g).losses : head_view<float>(g).losses;
+    float *losses = BY_PRECISION(g->precision, losses_of, g);
     mean_loss_kernel<<<1, 256, 0, g->ctx.stream>>>(g->scalars, losses, B * T);
     launched("mean_loss_kernel");
     g->have_loss = true, g->losses_summed++;
@@ -1491,7 +1511,7 @@ template <typename Act> static void block_backward(gpt_cuda_t *g, int l, const f
     const gpu_ctx *x = &g->ctx;
     block_acts<Act> a = block_view<Act>(g, l);
     grad_acts<Act> ga = grad_view<Act>(g);
-    float *dp = g->bf16_mode ? g->scores : (float *)g->dscores; // cuBLAS attention's scratch
+    float *dp = g->precision != GPT_FP32 ? g->scores : (float *)g->dscores; // cuBLAS attention's scratch
     Act *ds = (Act *)g->dscores;
 
     matmul_backward(x, ga.dhidden, d + off(g, l, B_FCPROJ_W), d + off(g, l, B_FCPROJ_B), ga.dres, a.fch_gelu,
@@ -1542,7 +1562,8 @@ template <typename Act> static void model_backward(gpt_cuda_t *g, float grad_sca
     }
 
     if (g->stage.head) {
-        crossentropy_backward(x, dlogits, g->logits, h.lse, g->targets, N, V, Vp, grad_scale / (float)N);
+        crossentropy_backward(x, dlogits, g->logits, h.lse, g->targets, N, V, Vp, grad_scale / (float)N,
+                              g->precision == GPT_FP16 ? &g->scalars->scaler.scale : NULL);
         matmul_backward<Act>(x, ga.dtmp, lm_head(g, de), NULL, dlogits, h.lnf, lm_head(g, we), N, C, Vp); // adds into dwte
         CHECK_CUDA(cudaMemsetAsync(ga.dres, 0, sizeof(Act) * (size_t)N * C, x->stream));
         layernorm_backward(x, ga.dres, df, df + C, ga.dtmp, block_input<Act>(g, L), pf, h.lnf_mean, h.lnf_rstd, N, C);
@@ -1567,8 +1588,7 @@ extern "C" void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_buck
     if (!g->have_targets) die("gpt_cuda_backward needs a gpt_cuda_forward with targets just before it");
     if (bucket_ready && g->stage.count > 1) die("gpt_cuda_backward: a pipeline stage has no gradient buckets");
     g->have_targets = false; // in fp32 mode the logits have become dlogits
-    if (g->bf16_mode) model_backward<bf16>(g, grad_scale, bucket_ready, user);
-    else model_backward<float>(g, grad_scale, bucket_ready, user);
+    BY_PRECISION(g->precision, model_backward, g, grad_scale, bucket_ready, user);
 }
 
 extern "C" uint16_t *gpt_cuda_grads_bf16(gpt_cuda_t *g) {
@@ -1605,14 +1625,14 @@ static void check_config(const gpt_config *c, int B, int T) {
 }
 
 // Fail before allocating anything, with the numbers a user can act on.
-static void check_fits(const gpt_config *c, int B, int T, bool use_bf16, size_t need) {
+static void check_fits(const gpt_config *c, int B, int T, gpt_precision precision, size_t need) {
     size_t free_bytes = 0, total_bytes = 0;
     CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
     if (need > free_bytes)
         die("the GPT (%d layers x %d channels, batch %d x %d, %s) needs %.1f GiB, the GPU has %.1f GiB free "
             "(of %.1f GiB); use a smaller batch_size or block_size%s",
-            c->n_layer, c->n_embd, B, T, use_bf16 ? "bf16" : "fp32", need / 1073741824.0, free_bytes / 1073741824.0,
-            total_bytes / 1073741824.0, use_bf16 ? "" : ", or --dtype bf16");
+            c->n_layer, c->n_embd, B, T, gpt_precision_name(precision), need / 1073741824.0,
+            free_bytes / 1073741824.0, total_bytes / 1073741824.0, precision != GPT_FP32 ? "" : ", or --precision bf16");
 }
 
 // A flat array with head_pad elements in front (NULL when it is not kept).
@@ -1626,22 +1646,22 @@ static void allocate_slot(gpt_cuda_t *g, const memory_plan *p) {
     g->acts = device_buffer(g, p->acts, "activations");
     g->stats = (float *)device_buffer(g, p->stats, "LayerNorm statistics and losses");
     g->logits = (float *)device_buffer(g, p->logits, "logits");
-    g->dlogits = g->bf16_mode ? g->dlogits : (void *)g->logits; // fp32 mode: the logits become their gradient
+    g->dlogits = g->precision != GPT_FP32 ? g->dlogits : (void *)g->logits; // fp32 mode: the logits become their gradient
     g->inputs = (uint16_t *)device_buffer(g, p->tokens, "tokens");
     g->targets = g->inputs + (size_t)g->max_B * g->max_T;
     g->slot_bytes = p->acts + p->stats + p->logits + p->tokens;
 }
 
 static void allocate_buffers(gpt_cuda_t *g, const memory_plan *p) {
-    if (g->bf16_mode) g->dlogits = device_buffer(g, p->dlogits, "logit gradients"); // scratch: one for all slots
+    if (p->dlogits) g->dlogits = device_buffer(g, p->dlogits, "logit gradients"); // scratch: one for all slots
     g->params = after_head_pad<float>(g, p->params, "parameters");
     g->grads = after_head_pad<float>(g, p->grads, "gradients");
     g->adam_m = (float *)device_buffer(g, p->adam / 2, "AdamW first moments");
     g->adam_v = (float *)device_buffer(g, p->adam / 2, "AdamW second moments");
-    if (g->bf16_mode) g->params_lp = after_head_pad<bf16>(g, p->params_lp, "bf16 weight copy");
+    if (p->params_lp) g->params_lp = after_head_pad<uint16_t>(g, p->params_lp, "16-bit weight copy");
     if (p->bucket_lp) {
-        g->bucket_lp[0] = (bf16 *)device_buffer(g, p->bucket_lp, "bf16 copies of a bucket's weights");
-        g->bucket_lp[1] = g->bucket_lp[0] + g->head_pad + (size_t)g->cfg.vocab_size * g->cfg.n_embd;
+        uint16_t *lp = (uint16_t *)device_buffer(g, p->bucket_lp, "16-bit copies of a bucket's weights");
+        g->bucket_lp[0] = lp, g->bucket_lp[1] = lp + g->head_pad + (size_t)g->cfg.vocab_size * g->cfg.n_embd;
     }
     g->allocated_parts[0] = p->params + p->params_lp, g->allocated_parts[1] = p->grads;
     g->allocated_parts[2] = p->adam;
@@ -1662,8 +1682,8 @@ static void allocate_buffers(gpt_cuda_t *g, const memory_plan *p) {
 static void zero_head_padding(gpt_cuda_t *g) {
     cudaStream_t s = g->ctx.stream;
     if (g->params) CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->params), 0, g->head_pad * sizeof(float), s));
-    if (g->params_lp) CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->params_lp), 0, g->head_pad * sizeof(bf16), s));
-    if (g->bucket_lp[0]) CHECK_CUDA(cudaMemsetAsync(g->bucket_lp[0], 0, g->head_pad * sizeof(bf16), s));
+    if (g->params_lp) CHECK_CUDA(cudaMemsetAsync(lm_head(g, (uint16_t *)g->params_lp), 0, g->head_pad * 2, s));
+    if (g->bucket_lp[0]) CHECK_CUDA(cudaMemsetAsync(g->bucket_lp[0], 0, g->head_pad * 2, s));
 }
 
 static void upload_adam_chunks(gpt_cuda_t *g) {
@@ -1675,8 +1695,10 @@ static void upload_adam_chunks(gpt_cuda_t *g) {
     free(table);
 }
 
-static void refresh_bf16_copy(gpt_cuda_t *g) {
-    if (g->params_lp) convert(g->ctx.stream, g->params_lp, g->params, g->num_params);
+static void refresh_lp_copy(gpt_cuda_t *g) {
+    if (!g->params_lp) return;
+    if (g->precision == GPT_FP16) convert(g->ctx.stream, (f16 *)g->params_lp, g->params, g->num_params);
+    else convert(g->ctx.stream, (bf16 *)g->params_lp, g->params, g->num_params);
 }
 
 static void tp_setup(gpt_cuda_t *g);
@@ -1685,21 +1707,27 @@ static void tp_setup(gpt_cuda_t *g);
 // `keep` of the training state. gpt_cuda_create is stage 0 of 1, tp 1,
 // keeping all; gpt_cuda_create_keeping a whole model that keeps less.
 static gpt_cuda_t *create(const gpt_config *cfg, const gpt_stage *stage, int tp, const float *params_host, int B, int T,
-                          bool use_bf16, state_kept keep) {
+                          gpt_precision precision, state_kept keep) {
     check_config(cfg, B, T);
     const char *problem = gpt_tp_problem(cfg, tp);
     if (problem) die("gpt_cuda_create_tp: cannot split the model over %d ranks: %s", tp, problem);
+    // fp16's loss scale lives in the whole-model step (clip_grad_norm, then
+    // AdamW); the sharded, tensor- and pipeline-parallel steps train in bf16.
+    bool whole = stage->first == 0 && stage->last == cfg->n_layer && stage->embedding && stage->head;
+    if (precision == GPT_FP16 && (tp > 1 || !whole || !keep.params || !keep.grads || !keep.adam))
+        die("fp16 is built for a whole model on each GPU (chapter 08); sharded, tensor- and pipeline-parallel "
+            "models train in bf16 or fp32 here");
     gpt_cuda_t *g = (gpt_cuda_t *)xcalloc(1, sizeof *g);
     g->keeps_params = keep.params, g->keeps_grads = keep.grads, g->keeps_adam = keep.adam;
-    g->cfg = *cfg, g->stage = *stage, g->bf16_mode = use_bf16, g->max_B = g->B = B, g->max_T = g->T = T, g->tp = tp;
+    g->cfg = *cfg, g->stage = *stage, g->precision = precision, g->max_B = g->B = B, g->max_T = g->T = T, g->tp = tp;
     g->num_tensors = gpt_num_tensors(cfg);
     g->tensors = (gpt_tensor *)xmalloc(sizeof(gpt_tensor) * (size_t)g->num_tensors);
     g->num_params = gpt_layout_stage_params(cfg, stage, tp, g->tensors);
     g->Vp = padded_vocab(cfg->vocab_size), g->head_pad = stage->head ? head_pad(cfg) : 0;
     g->num_adam_chunks = build_adam_chunks(g->tensors, g->num_tensors, NULL);
     g->flash = use_flash(cfg);
-    memory_plan plan = plan_memory(cfg, stage, tp, B, T, use_bf16, g->flash, g->num_params, keep);
-    check_fits(cfg, B, T, use_bf16, plan_total(&plan));
+    memory_plan plan = plan_memory(cfg, stage, tp, B, T, precision, g->flash, g->num_params, keep);
+    check_fits(cfg, B, T, precision, plan_total(&plan));
     CHECK_CUDA(cudaStreamCreateWithFlags(&g->ctx.stream, cudaStreamNonBlocking));
     allocate_buffers(g, &plan);
     CHECK_CUDA(cudaMallocHost(&g->tokens_host, plan.tokens));
@@ -1718,34 +1746,35 @@ static gpt_cuda_t *create(const gpt_config *cfg, const gpt_stage *stage, int tp,
     if (g->adam_m) CHECK_CUDA(cudaMemsetAsync(g->adam_m, 0, plan.adam / 2, g->ctx.stream));
     if (g->adam_v) CHECK_CUDA(cudaMemsetAsync(g->adam_v, 0, plan.adam / 2, g->ctx.stream));
     CHECK_CUDA(cudaMemsetAsync(g->scalars, 0, plan.scalars, g->ctx.stream));
+    if (precision == GPT_FP16) gpt_cuda_set_scaler(g, gpt_scaler{GPT_CUDA_SCALE_INIT, 0, 0, 0});
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
     return g;
 }
 
-extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *params_host, int B, int T, bool use_bf16) {
+extern "C" gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *params_host, int B, int T, gpt_precision precision) {
     gpt_stage whole = gpt_stage_of(cfg, 0, 1);
-    return create(cfg, &whole, 1, params_host, B, T, use_bf16, keep_all);
+    return create(cfg, &whole, 1, params_host, B, T, precision, keep_all);
 }
 
 extern "C" gpt_cuda_t *gpt_cuda_create_tp(const gpt_config *cfg, int tp, const float *params_host, int B, int T,
-                                          bool use_bf16) {
+                                          gpt_precision precision) {
     gpt_stage whole = gpt_stage_of(cfg, 0, 1);
-    return create(cfg, &whole, tp, params_host, B, T, use_bf16, keep_all);
+    return create(cfg, &whole, tp, params_host, B, T, precision, keep_all);
 }
 
 extern "C" gpt_cuda_t *gpt_cuda_create_stage(const gpt_config *cfg, const gpt_stage *stage, int tp,
-                                             const float *params_host, int B, int T, bool use_bf16) {
-    return create(cfg, stage, tp, params_host, B, T, use_bf16, keep_all);
+                                             const float *params_host, int B, int T, gpt_precision precision) {
+    return create(cfg, stage, tp, params_host, B, T, precision, keep_all);
 }
 
 // Sharded training keeps parts of the state in slices of its own, over
 // the data-parallel ranks of a whole model: it does not combine with
 // tensor or pipeline parallelism (chapters 10, 11) here.
 extern "C" gpt_cuda_t *gpt_cuda_create_keeping(const gpt_config *cfg, const float *params_host, int B, int T,
-                                               bool use_bf16, bool params, bool grads, bool adam) {
+                                               gpt_precision precision, bool params, bool grads, bool adam) {
     gpt_stage whole = gpt_stage_of(cfg, 0, 1);
     state_kept keep = {params, grads, adam};
-    return create(cfg, &whole, 1, params_host, B, T, use_bf16, keep);
+    return create(cfg, &whole, 1, params_host, B, T, precision, keep);
 }
 
 extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
@@ -1753,8 +1782,8 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
     CHECK_CUBLAS(cublasDestroy(g->ctx.cublas)); // before its workspace goes
     void *bufs[] = {g->params ? lm_head(g, g->params) : NULL, g->grads ? lm_head(g, g->grads) : NULL, g->adam_m,
-                    g->adam_v, g->params_lp ? lm_head(g, g->params_lp) : NULL, g->acts, g->stats, g->logits,
-                    g->bf16_mode ? g->dlogits : NULL, g->scores, g->dscores, g->grad_acts, g->inputs,
+                    g->adam_v, g->params_lp ? lm_head(g, (uint16_t *)g->params_lp) : NULL, g->acts, g->stats, g->logits,
+                    g->precision != GPT_FP32 ? g->dlogits : NULL, g->scores, g->dscores, g->grad_acts, g->inputs,
                     g->norm_partials, g->adam_chunks, g->scalars, g->ctx.workspace, g->grads_bf16, g->bucket_lp[0],
                     g->slice_chunks, g->sum_squares};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -1795,14 +1824,14 @@ extern "C" void gpt_cuda_use_slot(gpt_cuda_t *g, int k) {
     if (!next->inputs) { // its first use: allocate it, as large as the first slot
         state_kept keep = {g->keeps_params, g->keeps_grads, g->keeps_adam};
         memory_plan plan =
-            plan_memory(&g->cfg, &g->stage, g->tp, g->max_B, g->max_T, g->bf16_mode, g->flash, g->num_params, keep);
+            plan_memory(&g->cfg, &g->stage, g->tp, g->max_B, g->max_T, g->precision, g->flash, g->num_params, keep);
         allocate_slot(g, &plan);
         g->have_targets = false;
         return;
     }
     g->acts = next->acts, g->stats = next->stats, g->logits = next->logits, g->inputs = next->inputs;
     g->targets = g->inputs + (size_t)g->max_B * g->max_T;
-    if (!g->bf16_mode) g->dlogits = g->logits;
+    if (g->precision == GPT_FP32) g->dlogits = g->logits;
     g->B = next->B, g->T = next->T, g->have_targets = next->have_targets;
 }
 
@@ -1819,9 +1848,13 @@ extern "C" void *gpt_cuda_stage_input(gpt_cuda_t *g, int B, int T) {
     return g->acts; // `encoded`, the first of the activations, whatever the batch
 }
 
+template <typename Act> static void *stage_output(const gpt_cuda_t *g, int last) {
+    return block_view<Act>(g, last).res3;
+}
+
 extern "C" void *gpt_cuda_stage_output(gpt_cuda_t *g) {
     int last = g->stage.last - 1;
-    return g->bf16_mode ? (void *)block_view<bf16>(g, last).res3 : (void *)block_view<float>(g, last).res3;
+    return BY_PRECISION(g->precision, stage_output, g, last);
 }
 
 extern "C" void *gpt_cuda_stage_grad(gpt_cuda_t *g) { return g->grad_acts; } // dres, the first of them
@@ -1854,16 +1887,34 @@ static __global__ void sum_squares_kernel(double *partials, const float *x, size
     if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
+// GradScaler's update, after the norm of a step's scaled gradients: an
+// overflow anywhere (inf or NaN: the norm is not finite) skips the step
+// and halves the scale; GPT_CUDA_SCALE_GROWTH clean steps double it.
+static __device__ void update_scaler(gpt_scaler *s, bool finite) {
+    s->skipped = !finite;
+    if (!finite) {
+        s->scale *= 0.5f, s->good_steps = 0, s->skipped_total++;
+    } else if (++s->good_steps == GPT_CUDA_SCALE_GROWTH) {
+        s->scale *= 2.0f, s->good_steps = 0;
+    }
+}
+
 // As gpt_clip_grad_norm: scale = max_norm / (norm + 1e-6) when the norm
-// exceeds max_norm (max_norm <= 0: never). Launched as one warp.
-static __global__ void grad_norm_kernel(device_scalars *out, const double *partials, int count, float max_norm) {
+// exceeds max_norm (max_norm <= 0: never). Launched as one warp. With
+// `scaled` (fp16 mode) the gradients are loss-scale times too large: the
+// norm is divided by it, and so is the clip scale AdamW multiplies by, so
+// unscaling costs no pass of its own; then the scaler is updated.
+static __global__ void grad_norm_kernel(device_scalars *out, const double *partials, int count, float max_norm,
+                                        bool scaled) {
     double s = 0.0;
     for (int i = threadIdx.x; i < count; i += WARP) s += partials[i];
     s = warp_sum_double(s);
     if (threadIdx.x == 0) {
-        double norm = sqrt(s);
+        double loss_scale = scaled ? out->scaler.scale : 1.0, norm = sqrt(s) / loss_scale;
         out->grad_norm = (float)norm;
-        out->clip_scale = max_norm > 0 && norm > max_norm ? (float)(max_norm / (norm + 1e-6)) : 1.0f;
+        double clip = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+        out->clip_scale = (float)(clip / loss_scale);
+        if (scaled) update_scaler(&out->scaler, isfinite(norm));
     }
 }
 
@@ -1876,7 +1927,7 @@ extern "C" void gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm) {
     if (blocks > NORM_BLOCKS) blocks = NORM_BLOCKS;
     sum_squares_kernel<<<blocks, 256, 0, s>>>(g->norm_partials, g->grads, g->num_params);
     launched("sum_squares_kernel");
-    grad_norm_kernel<<<1, WARP, 0, s>>>(g->scalars, g->norm_partials, blocks, max_norm);
+    grad_norm_kernel<<<1, WARP, 0, s>>>(g->scalars, g->norm_partials, blocks, max_norm, g->precision == GPT_FP16);
     launched("grad_norm_kernel");
     g->clip_pending = true, g->have_norm = true;
 }
@@ -1932,10 +1983,25 @@ extern "C" double *gpt_cuda_grad_square_sum(gpt_cuda_t *g, size_t from, bool rep
 }
 
 extern "C" void gpt_cuda_clip_grads(gpt_cuda_t *g, float max_norm) {
-    grad_norm_kernel<<<1, WARP, 0, g->ctx.stream>>>(g->scalars, &g->scalars->square_sum, 1, max_norm);
+    grad_norm_kernel<<<1, WARP, 0, g->ctx.stream>>>(g->scalars, &g->scalars->square_sum, 1, max_norm, false);
     launched("grad_norm_kernel");
     g->clip_pending = true, g->have_norm = true;
 }
+
+// A kernel, not a copy: it is queued behind the step that reads the scaler.
+// Field by field: the struct's 4-byte alignment allows no wider store.
+static __global__ void set_scaler_kernel(device_scalars *out, gpt_scaler s) {
+    gpt_scaler *d = &out->scaler;
+    d->scale = s.scale, d->good_steps = s.good_steps, d->skipped = s.skipped, d->skipped_total = s.skipped_total;
+}
+
+extern "C" void gpt_cuda_set_scaler(gpt_cuda_t *g, gpt_scaler s) {
+    if (!(s.scale > 0) || !isfinite(s.scale)) die("gpt_cuda_set_scaler: the loss scale must be a positive number, not %g", s.scale);
+    set_scaler_kernel<<<1, 1, 0, g->ctx.stream>>>(g->scalars, s);
+    launched("set_scaler_kernel");
+}
+
+extern "C" gpt_scaler gpt_cuda_get_scaler(gpt_cuda_t *g) { return read_scalar(g, &g->scalars->scaler); }
 
 extern "C" float gpt_cuda_grad_norm(gpt_cuda_t *g) {
     if (!g->have_norm) die("gpt_cuda_grad_norm: no gpt_cuda_clip_grad_norm yet");
@@ -1957,32 +2023,49 @@ static __device__ __forceinline__ float adamw_update(float *param, float g, floa
 }
 
 // gpt_adamw_step's arithmetic in the same order, on the gradient times
-// the clip scale (NULL: no clipping). In bf16 mode it also writes the
-// parameter's bf16 copy, so the next forward pass reads the updated weights
-// without another pass over memory. With `step` (a graph step, section 10)
-// lr, c1 and c2 are read from the device, not taken from the arguments.
-static __global__ void adamw_kernel(float *params, bf16 *params_lp, const float *grads, float *m, float *v,
+// the clip scale (NULL: no clipping). In a 16-bit mode it also writes the
+// parameter's 16-bit copy (Lp), so the next forward pass reads the updated
+// weights without another pass over memory. With `step` (a graph step,
+// section 10) lr, c1 and c2 are read from the device, not taken from the
+// arguments. With `skip` (fp16 mode) a step whose gradients overflowed
+// changes nothing. (Its bias corrections c1, c2 still count it, where
+// PyTorch's skipped optimizer.step() does not: after the first hundred
+// steps both are 1 to within 1e-4 either way.)
+template <typename Lp>
+static __global__ void adamw_kernel(float *params, Lp *params_lp, const float *grads, float *m, float *v,
                                     const adam_chunk *chunks, const float *clip_scale, const step_scalars *step,
-                                    float lr, float beta1, float beta2, float c1, float c2, float eps,
-                                    float weight_decay) {
+                                    const int *skip, float lr, float beta1, float beta2, float c1, float c2,
+                                    float eps, float weight_decay) {
+    if (skip && *skip) return;
     if (step) lr = step->lr, c1 = step->c1, c2 = step->c2;
     adam_chunk ch = chunks[blockIdx.x];
     float decay = ch.decay ? lr * weight_decay : 0.0f, scale = clip_scale ? *clip_scale : 1.0f;
     for (unsigned k = threadIdx.x; k < ch.count; k += blockDim.x) {
         size_t i = ch.offset + k;
         float p = adamw_update(&params[i], grads[i] * scale, &m[i], &v[i], decay, lr, beta1, beta2, c1, c2, eps);
-        if (params_lp) params_lp[i] = __float2bfloat16(p);
+        if (params_lp) params_lp[i] = from_f<Lp>(p);
     }
 }
 
 extern "C" void gpt_cuda_adamw(gpt_cuda_t *g, float lr, float beta1, float beta2, float eps, float weight_decay) {
     g->adam_step++;
     double c1 = 1 - pow((double)beta1, g->adam_step), c2 = 1 - pow((double)beta2, g->adam_step);
+    bool fp16 = g->precision == GPT_FP16;
+    if (fp16 && !g->clip_pending)
+        die("gpt_cuda_adamw: in fp16 mode the gradients are loss-scaled; gpt_cuda_clip_grad_norm unscales them, "
+            "call it first");
     const float *clip = g->clip_pending ? &g->scalars->clip_scale : NULL;
     const step_scalars *from_device = g->graph && g->graph->capturing ? &g->scalars->step : NULL; // section 10
-    adamw_kernel<<<g->num_adam_chunks, 256, 0, g->ctx.stream>>>(g->params, g->params_lp, g->grads, g->adam_m,
-                                                                 g->adam_v, g->adam_chunks, clip, from_device, lr,
-                                                                 beta1, beta2, (float)c1, (float)c2, eps, weight_decay);
+    const int *skip = fp16 ? &g->scalars->scaler.skipped : NULL;
+    unsigned blocks = (unsigned)g->num_adam_chunks;
+    if (fp16)
+        adamw_kernel<f16><<<blocks, 256, 0, g->ctx.stream>>>(g->params, (f16 *)g->params_lp, g->grads, g->adam_m,
+                                                              g->adam_v, g->adam_chunks, clip, from_device, skip, lr,
+                                                              beta1, beta2, (float)c1, (float)c2, eps, weight_decay);
+    else
+        adamw_kernel<bf16><<<blocks, 256, 0, g->ctx.stream>>>(g->params, (bf16 *)g->params_lp, g->grads, g->adam_m,
+                                                               g->adam_v, g->adam_chunks, clip, from_device, skip, lr,
+                                                               beta1, beta2, (float)c1, (float)c2, eps, weight_decay);
     launched("adamw_kernel");
     g->clip_pending = false;
 }
@@ -2082,7 +2165,7 @@ extern "C" void gpt_cuda_add(gpt_cuda_t *g, float *dst, const float *src, size_t
     launched("add_kernel");
 }
 
-extern "C" void gpt_cuda_params_changed(gpt_cuda_t *g) { refresh_bf16_copy(g); }
+extern "C" void gpt_cuda_params_changed(gpt_cuda_t *g) { refresh_lp_copy(g); }
 
 extern "C" void gpt_cuda_set_bucket_hook(gpt_cuda_t *g, gpt_cuda_bucket_hook hook, void *user) {
     g->hook = hook, g->hook_user = user;
@@ -2115,7 +2198,7 @@ static void need(const void *buffer, const char *what) {
 extern "C" void gpt_cuda_set_params(gpt_cuda_t *g, const float *host) {
     need(g->params, "parameter array");
     copy_in(g, g->params, host);
-    refresh_bf16_copy(g);
+    refresh_lp_copy(g);
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream)); // the host buffer may be reused at once
 }
 
@@ -2224,11 +2307,10 @@ static void test_encoder(int B, int T, int C, int V, const uint16_t *tokens, con
     test_end(&r);
 }
 
-extern "C" void gpt_cuda_test_encoder(bool bf16_mode, int B, int T, int C, int V, const uint16_t *tokens,
+extern "C" void gpt_cuda_test_encoder(gpt_precision precision, int B, int T, int C, int V, const uint16_t *tokens,
                                       const float *wte, const float *wpe, float *out, const float *dout, float *dwte,
                                       float *dwpe) {
-    if (bf16_mode) test_encoder<bf16>(B, T, C, V, tokens, wte, wpe, out, dout, dwte, dwpe);
-    else test_encoder<float>(B, T, C, V, tokens, wte, wpe, out, dout, dwte, dwpe);
+    BY_PRECISION(precision, test_encoder, B, T, C, V, tokens, wte, wpe, out, dout, dwte, dwpe);
 }
 
 template <typename Act>
@@ -2248,11 +2330,10 @@ static void test_layernorm(int N, int C, const float *inp, const float *weight, 
     test_end(&r);
 }
 
-extern "C" void gpt_cuda_test_layernorm(bool bf16_mode, int N, int C, const float *inp, const float *weight,
+extern "C" void gpt_cuda_test_layernorm(gpt_precision precision, int N, int C, const float *inp, const float *weight,
                                         const float *bias, float *out, float *mean, float *rstd, const float *dout,
                                         float *dinp, float *dweight, float *dbias) {
-    if (bf16_mode) test_layernorm<bf16>(N, C, inp, weight, bias, out, mean, rstd, dout, dinp, dweight, dbias);
-    else test_layernorm<float>(N, C, inp, weight, bias, out, mean, rstd, dout, dinp, dweight, dbias);
+    BY_PRECISION(precision, test_layernorm, N, C, inp, weight, bias, out, mean, rstd, dout, dinp, dweight, dbias);
 }
 
 template <typename Act>
@@ -2272,11 +2353,10 @@ static void test_matmul(int N, int C, int OC, const float *inp, const float *wei
     test_end(&r);
 }
 
-extern "C" void gpt_cuda_test_matmul(bool bf16_mode, int N, int C, int OC, const float *inp, const float *weight,
+extern "C" void gpt_cuda_test_matmul(gpt_precision precision, int N, int C, int OC, const float *inp, const float *weight,
                                      const float *bias, float *out, const float *dout, float *dinp, float *dweight,
                                      float *dbias) {
-    if (bf16_mode) test_matmul<bf16>(N, C, OC, inp, weight, bias, out, dout, dinp, dweight, dbias);
-    else test_matmul<float>(N, C, OC, inp, weight, bias, out, dout, dinp, dweight, dbias);
+    BY_PRECISION(precision, test_matmul, N, C, OC, inp, weight, bias, out, dout, dinp, dweight, dbias);
 }
 
 template <typename Act>
@@ -2296,10 +2376,9 @@ static void test_attention(int B, int T, int C, int NH, const float *qkv, float 
     test_end(&r);
 }
 
-extern "C" void gpt_cuda_test_attention(bool bf16_mode, int B, int T, int C, int NH, const float *qkv, float *out,
+extern "C" void gpt_cuda_test_attention(gpt_precision precision, int B, int T, int C, int NH, const float *qkv, float *out,
                                         float *att, const float *dout, float *dqkv) {
-    if (bf16_mode) test_attention<bf16>(B, T, C, NH, qkv, out, att, dout, dqkv);
-    else test_attention<float>(B, T, C, NH, qkv, out, att, dout, dqkv);
+    BY_PRECISION(precision, test_attention, B, T, C, NH, qkv, out, att, dout, dqkv);
 }
 
 template <typename Act>
@@ -2316,11 +2395,10 @@ static void test_flash_attention(int B, int T, int C, int NH, const float *qkv, 
     test_end(&r);
 }
 
-extern "C" void gpt_cuda_test_flash_attention(bool bf16_mode, int B, int T, int C, int NH, const float *qkv,
+extern "C" void gpt_cuda_test_flash_attention(gpt_precision precision, int B, int T, int C, int NH, const float *qkv,
                                               float *out, float *lse, const float *dout, float *dqkv) {
     if (flash_head_size(C / NH) == 0) die("gpt_cuda_test_flash_attention: heads of %d channels are too large", C / NH);
-    if (bf16_mode) test_flash_attention<bf16>(B, T, C, NH, qkv, out, lse, dout, dqkv);
-    else test_flash_attention<float>(B, T, C, NH, qkv, out, lse, dout, dqkv);
+    BY_PRECISION(precision, test_flash_attention, B, T, C, NH, qkv, out, lse, dout, dqkv);
 }
 
 template <typename Act>
@@ -2333,10 +2411,9 @@ static void test_gelu(size_t n, const float *inp, float *out, const float *dout,
     test_end(&r);
 }
 
-extern "C" void gpt_cuda_test_gelu(bool bf16_mode, size_t n, const float *inp, float *out, const float *dout,
+extern "C" void gpt_cuda_test_gelu(gpt_precision precision, size_t n, const float *inp, float *out, const float *dout,
                                    float *dinp) {
-    if (bf16_mode) test_gelu<bf16>(n, inp, out, dout, dinp);
-    else test_gelu<float>(n, inp, out, dout, dinp);
+    BY_PRECISION(precision, test_gelu, n, inp, out, dout, dinp);
 }
 
 template <typename Act> static void test_residual(size_t n, const float *a, const float *b, float *out) {
@@ -2347,9 +2424,8 @@ template <typename Act> static void test_residual(size_t n, const float *a, cons
     test_end(&r);
 }
 
-extern "C" void gpt_cuda_test_residual(bool bf16_mode, size_t n, const float *a, const float *b, float *out) {
-    if (bf16_mode) test_residual<bf16>(n, a, b, out);
-    else test_residual<float>(n, a, b, out);
+extern "C" void gpt_cuda_test_residual(gpt_precision precision, size_t n, const float *a, const float *b, float *out) {
+    BY_PRECISION(precision, test_residual, n, a, b, out);
 }
 
 template <typename Act>
@@ -2369,10 +2445,9 @@ static float test_crossentropy(int N, int V, int Vp, const float *logits, const 
     return (float)(total / N);
 }
 
-extern "C" float gpt_cuda_test_crossentropy(bool bf16_mode, int N, int V, int Vp, const float *logits,
+extern "C" float gpt_cuda_test_crossentropy(gpt_precision precision, int N, int V, int Vp, const float *logits,
                                             const uint16_t *targets, float *losses, float dloss, float *dlogits) {
-    if (bf16_mode) return test_crossentropy<bf16>(N, V, Vp, logits, targets, losses, dloss, dlogits);
-    return test_crossentropy<float>(N, V, Vp, logits, targets, losses, dloss, dlogits);
+    return BY_PRECISION(precision, test_crossentropy, N, V, Vp, logits, targets, losses, dloss, dlogits);
 }
 
 // ===================================================================== 9. tensor parallelism
@@ -2399,7 +2474,7 @@ extern "C" int gpt_cuda_tp(const gpt_cuda_t *g) { return g->tp; }
 // In place: buf (count numbers of the activation type) <- its sum over the tp ranks.
 static void tp_sum(gpt_cuda_t *g, void *buf, size_t count) {
     if (!g->tp_all_reduce) die("a tensor-parallel GPU model (tp %d) needs gpt_cuda_set_tp_all_reduce", g->tp);
-    g->tp_all_reduce(g->tp_user, buf, count, g->bf16_mode ? GPT_CUDA_BF16 : GPT_CUDA_F32, g->ctx.stream);
+    g->tp_all_reduce(g->tp_user, buf, count, g->precision == GPT_BF16 ? GPT_CUDA_BF16 : GPT_CUDA_F32, g->ctx.stream);
 }
 
 // out = a + (b + bias): the residual add, the row-parallel bias added once to the all-reduced b.

@@ -8,12 +8,14 @@
 // parameters and gradients coming out, when it asks: a training step only
 // queues work on the GPU and never waits for it.
 //
-// Two precisions (--dtype):
+// Three precisions (gpt_precision, --precision):
 //   fp32  everything in float: the reference, equal to gpt.h within 1e-4.
 //   bf16  mixed precision: fp32 master weights, fp32 gradients and fp32
 //         AdamW moments; matrix products read a bf16 copy of the weights
 //         and bf16 activations and accumulate in fp32; LayerNorm
 //         statistics, softmax and the loss are computed in fp32.
+//   fp16  the same with fp16 (GPUs before Ampere have no bf16 products),
+//         plus a dynamic loss scale (gpt_cuda_scaler below).
 //
 // Data parallelism: the gradients lie in one flat device buffer in the
 // parameter layout (gpt_cuda_grads_device). gpt_cuda_backward can call the
@@ -48,14 +50,14 @@ typedef struct gpt_cuda gpt_cuda_t;
 
 // Device bytes gpt_cuda_create allocates for batches up to B x T (with the
 // attention path it will choose: see gpt_cuda_attention).
-size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, bool bf16);
+size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, gpt_precision precision);
 
 // ---------------------------------------------------------------- the model on the device
 
 // Copies the parameters (gpt.h layout, num_params floats) to the current
 // GPU and allocates room for batches up to B x T. Dies with the size asked
 // for when the model does not fit in the free device memory.
-gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *params_host, int B, int T, bool bf16);
+gpt_cuda_t *gpt_cuda_create(const gpt_config *cfg, const float *params_host, int B, int T, gpt_precision precision);
 void gpt_cuda_free(gpt_cuda_t *g);
 
 // The stream every kernel of the model runs on (non-blocking: it does not
@@ -110,11 +112,32 @@ void gpt_cuda_widen_grads(gpt_cuda_t *g);
 // As gpt_clip_grad_norm, but queued: the norm and the clip scale are
 // computed on the device, and the next gpt_cuda_adamw applies the scale as
 // it reads each gradient (the gradient buffer keeps the unclipped values).
+// In fp16 mode it also unscales (below): call it before every AdamW.
 void gpt_cuda_clip_grad_norm(gpt_cuda_t *g, float max_norm);
 // The norm before clipping of the last gpt_cuda_clip_grad_norm. Waits for the GPU.
 float gpt_cuda_grad_norm(gpt_cuda_t *g);
 // As gpt_adamw_step (decay on 2-D tensors only): one launch, queued.
 void gpt_cuda_adamw(gpt_cuda_t *g, float lr, float beta1, float beta2, float eps, float weight_decay);
+
+// ---------------------------------------------------------------- fp16: the loss scale
+//
+// fp16 stops at 65504 and loses digits below 6e-5, where many gradients of
+// the backward pass lie. So fp16 mode does what PyTorch's GradScaler does,
+// on the device: gpt_cuda_backward multiplies the loss's gradient by
+// `scale`, so every gradient is `scale` times larger; gpt_cuda_clip_grad_norm
+// divides the norm by it and AdamW the gradients. Too large a scale makes
+// some gradient overflow to inf (or NaN): the norm is not finite, AdamW
+// skips the step (parameters and moments untouched), and the scale halves.
+// After GPT_CUDA_SCALE_GROWTH steps in a row without overflow it doubles.
+// The gradients are all-reduced before the norm, so every rank of a
+// data-parallel group sees the same inf and skips the same step. The
+// scaler's state is a gpt_scaler (gpt_layout.h): snapshots keep it.
+#define GPT_CUDA_SCALE_INIT 65536.0f // GradScaler's init_scale, 2^16
+#define GPT_CUDA_SCALE_GROWTH 2000   // GradScaler's growth_interval
+
+// Queued: sets the scaler (a snapshot's, or a first scale). Waits: reads it.
+void gpt_cuda_set_scaler(gpt_cuda_t *g, gpt_scaler s);
+gpt_scaler gpt_cuda_get_scaler(gpt_cuda_t *g);
 
 // ---------------------------------------------------------------- the step as one CUDA graph
 
@@ -154,7 +177,7 @@ void gpt_cuda_set_adam(gpt_cuda_t *g, const float *m_host, const float *v_host, 
 // starts, on every stage but the last, from the gradient the next stage
 // sent into gpt_cuda_stage_grad, and takes no bucket callback.
 gpt_cuda_t *gpt_cuda_create_stage(const gpt_config *cfg, const gpt_stage *stage, int tp, const float *params_host,
-                                  int B, int T, bool bf16);
+                                  int B, int T, gpt_precision precision);
 // Slot k keeps one micro-batch's activations from its forward pass to its
 // backward pass; forward writes, and backward reads, the slot in use. A
 // slot is allocated on the device when it is first used.
@@ -193,7 +216,8 @@ size_t gpt_cuda_device_used_bytes(void);
 // (gpt_layout.h, section 5): params_host is the shard's flat array
 // (gpt_layout_params_tp), and every buffer is sized for the shard. tp 1 is
 // gpt_cuda_create.
-gpt_cuda_t *gpt_cuda_create_tp(const gpt_config *cfg, int tp, const float *params_host, int B, int T, bool bf16);
+gpt_cuda_t *gpt_cuda_create_tp(const gpt_config *cfg, int tp, const float *params_host, int B, int T,
+                               gpt_precision precision);
 int gpt_cuda_tp(const gpt_cuda_t *g);
 
 // The sums over the tp ranks that a shard's blocks need: the caller's
@@ -221,7 +245,7 @@ void gpt_cuda_clip_grad_norm_tp(gpt_cuda_t *g, float max_norm);
 //     gpt_cuda_adamw_slices).
 // gpt_cuda_memory_needed and the functions that copy or step the whole
 // state need what they touch (they stop with a message otherwise).
-gpt_cuda_t *gpt_cuda_create_keeping(const gpt_config *cfg, const float *params_host, int B, int T, bool bf16,
+gpt_cuda_t *gpt_cuda_create_keeping(const gpt_config *cfg, const float *params_host, int B, int T, gpt_precision precision,
                                     bool params, bool grads, bool adam);
 
 // Where bucket `bucket`'s parameters and gradients are (gpt_layout.h,
@@ -274,28 +298,28 @@ void gpt_cuda_memory_parts(const gpt_cuda_t *g, size_t parts[6]);
 // floats. Gradients of parameters are ADDED to (as gpt.h's layers do);
 // the names and shapes are those of the layer in gpt.h.
 
-void gpt_cuda_test_encoder(bool bf16, int B, int T, int C, int V, const uint16_t *tokens, const float *wte,
+void gpt_cuda_test_encoder(gpt_precision precision, int B, int T, int C, int V, const uint16_t *tokens, const float *wte,
                            const float *wpe, float *out, const float *dout, float *dwte, float *dwpe);
-void gpt_cuda_test_layernorm(bool bf16, int N, int C, const float *inp, const float *weight, const float *bias,
+void gpt_cuda_test_layernorm(gpt_precision precision, int N, int C, const float *inp, const float *weight, const float *bias,
                              float *out, float *mean, float *rstd, const float *dout, float *dinp,
                              float *dweight, float *dbias);
 // bias may be NULL (then dbias is not touched).
-void gpt_cuda_test_matmul(bool bf16, int N, int C, int OC, const float *inp, const float *weight,
+void gpt_cuda_test_matmul(gpt_precision precision, int N, int C, int OC, const float *inp, const float *weight,
                           const float *bias, float *out, const float *dout, float *dinp, float *dweight,
                           float *dbias);
 // The cuBLAS path: att receives the probabilities (B, NH, T, T).
-void gpt_cuda_test_attention(bool bf16, int B, int T, int C, int NH, const float *qkv, float *out, float *att,
+void gpt_cuda_test_attention(gpt_precision precision, int B, int T, int C, int NH, const float *qkv, float *out, float *att,
                              const float *dout, float *dqkv);
 // The flash path: lse receives each row's log-sum-exp of the scaled scores
 // (B, NH, T), in place of the probabilities. Heads of up to 128 channels.
-void gpt_cuda_test_flash_attention(bool bf16, int B, int T, int C, int NH, const float *qkv, float *out, float *lse,
+void gpt_cuda_test_flash_attention(gpt_precision precision, int B, int T, int C, int NH, const float *qkv, float *out, float *lse,
                                    const float *dout, float *dqkv);
-void gpt_cuda_test_gelu(bool bf16, size_t n, const float *inp, float *out, const float *dout, float *dinp);
-void gpt_cuda_test_residual(bool bf16, size_t n, const float *a, const float *b, float *out);
+void gpt_cuda_test_gelu(gpt_precision precision, size_t n, const float *inp, float *out, const float *dout, float *dinp);
+void gpt_cuda_test_residual(gpt_precision precision, size_t n, const float *a, const float *b, float *out);
 // Logits stay fp32 in both precisions; bf16 only changes dlogits' type.
 // Rows of logits and dlogits are Vp >= V long, as in the model: Vp - V
 // padding columns first (ignored by the loss, gradient 0), then the V logits.
-float gpt_cuda_test_crossentropy(bool bf16, int N, int V, int Vp, const float *logits, const uint16_t *targets,
+float gpt_cuda_test_crossentropy(gpt_precision precision, int N, int V, int Vp, const float *logits, const uint16_t *targets,
                                  float *losses, float dloss, float *dlogits);
 
 #ifdef __cplusplus

@@ -43,6 +43,28 @@ typedef struct {
     int n_embd;     // width of the residual stream (channels)
 } gpt_config;
 
+// The number format a model computes its activations in (the CPU model:
+// fp32 only). bf16 and fp16 are mixed precision: fp32 master weights,
+// gradients and AdamW moments, 16-bit copies of the weights and 16-bit
+// activations for the matrix products (gpt_cuda.h). fp16 keeps more digits
+// than bf16 (11 significant bits against 8) but only 5 bits of exponent:
+// nothing above 65504, and below 6e-5 the digits run out, so the small
+// gradients of the backward pass need a loss scale (gpt_cuda.h).
+typedef enum { GPT_FP32, GPT_BF16, GPT_FP16 } gpt_precision;
+
+static inline const char *gpt_precision_name(gpt_precision p) {
+    return p == GPT_BF16 ? "bf16" : p == GPT_FP16 ? "fp16" : "fp32";
+}
+
+// fp16's dynamic loss scale (gpt_cuda.h explains it): kept on the GPU,
+// read by the training loop for its progress line and its snapshots.
+typedef struct {
+    float scale;       // what the loss's gradient is multiplied by (0: no loss scaling)
+    int good_steps;    // steps in a row without overflow since the scale last changed
+    int skipped;       // 1: the last step overflowed and was skipped
+    int skipped_total; // steps skipped since training began
+} gpt_scaler;
+
 // "default": the chapter's model (4.47 M parameters with vocabulary 5000).
 // "tiny": small enough for tests and for a demo that finishes in a minute.
 // The vocabulary comes from the tokenizer, so a preset leaves it alone.

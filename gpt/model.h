@@ -16,7 +16,8 @@
 //
 // Precision: fp32 on the CPU; on a GPU bf16 by default (fp32 master
 // weights, gradients and AdamW moments, bf16 copies of the weights and
-// activations for the matrix products; gpt_cuda.h explains it) or fp32.
+// activations for the matrix products; gpt_cuda.h explains it), fp16 (the
+// same, with a loss scale: for GPUs without bf16) or fp32.
 //
 // Data parallelism (ddp.h's three rules): model_backward, given the
 // process group on the last micro-batch, lets each bucket of gradients
@@ -87,7 +88,8 @@ typedef struct {
 struct model {
     const model_ops *ops;
     gpt_t host;             // the CPU model; on a GPU run, the host copy of the state
-    bool on_gpu, bf16;
+    bool on_gpu;
+    gpt_precision precision; // always GPT_FP32 on the CPU
     double loss_sum;        // CPU: the training losses since take_train_loss
     int loss_count;
     struct gpt_cuda *gpu;   // GPU runs: the model on the device
@@ -104,8 +106,9 @@ static inline const model_ops *model_cpu_ops(void);
 static inline const model_ops *model_gpu_ops(void); // NULL in a CPU-only build
 
 static inline const char *model_precision(const model_t *m) {
-    if (!m->on_gpu) return "fp32";
-    return m->bf16 ? "bf16 (fp32 master weights, gradients and AdamW)" : "fp32";
+    if (m->precision == GPT_BF16) return "bf16 (fp32 master weights, gradients and AdamW)";
+    if (m->precision == GPT_FP16) return "fp16 (fp32 master weights, gradients and AdamW; dynamic loss scale)";
+    return "fp32";
 }
 
 // ---------------------------------------------------------------- the calls the training loop makes
@@ -155,7 +158,7 @@ static inline const float *model_logits(model_t *m, int t, float *scratch) { ret
 // Takes over `host` (initialised or loaded); on a GPU, copies it there and
 // sizes the GPU's buffers for batches of up to B x T tokens. It keeps what
 // `keeps` says of the training state (model_create: all of it).
-static inline void model_create_keeping(model_t *m, gpt_t host, const device_t *d, bool bf16, int B, int T,
+static inline void model_create_keeping(model_t *m, gpt_t host, const device_t *d, gpt_precision precision, int B, int T,
                                         model_keeps keeps) {
     // Sharding (chapter 09) slices the state of a whole model over the
     // data-parallel ranks; a pipeline stage or a tensor-parallel shard
@@ -166,15 +169,15 @@ static inline void model_create_keeping(model_t *m, gpt_t host, const device_t *
     memset(m, 0, sizeof *m);
     m->host = host;
     m->on_gpu = device_is_cuda(d) && model_gpu_ops();
-    m->bf16 = m->on_gpu && bf16;
+    m->precision = m->on_gpu ? precision : GPT_FP32;
     m->keeps = keeps;
     m->ops = m->on_gpu ? model_gpu_ops() : model_cpu_ops();
     m->ops->create(m, B, T);
 }
 
-static inline void model_create(model_t *m, gpt_t host, const device_t *d, bool bf16, int B, int T) {
+static inline void model_create(model_t *m, gpt_t host, const device_t *d, gpt_precision precision, int B, int T) {
     model_keeps all = {true, true, true};
-    model_create_keeping(m, host, d, bf16, B, T, all);
+    model_create_keeping(m, host, d, precision, B, T, all);
 }
 
 static inline void model_free(model_t *m) {
@@ -231,7 +234,7 @@ static inline size_t model_slot_bytes(model_t *m) { return m->ops->slot_bytes(m)
 static inline void *model_stage_buffer(model_t *m, model_stage_buffer_t which, int B, int T) {
     return m->ops->stage_buffer(m, which, B, T);
 }
-static inline dtype_t model_stage_dtype(const model_t *m) { return m->bf16 ? DTYPE_BF16 : DTYPE_F32; }
+static inline dtype_t model_stage_dtype(const model_t *m) { return m->precision == GPT_BF16 ? DTYPE_BF16 : DTYPE_F32; }
 
 // Returns when the device has done what was queued: before a process group
 // reads what the model wrote (a GPU model computes on a stream of its own),
@@ -422,10 +425,10 @@ static inline const model_ops *model_cpu_ops(void) {
 #ifdef COURSE_CUDA
 static inline void model_gpu_create(model_t *m, int B, int T) {
     if (m->keeps.params && m->keeps.grads && m->keeps.adam) {
-        m->gpu = gpt_cuda_create_stage(&m->host.cfg, &m->host.stage, gpt_tp_ways(m->host.tp), m->host.params, B, T, m->bf16);
+        m->gpu = gpt_cuda_create_stage(&m->host.cfg, &m->host.stage, gpt_tp_ways(m->host.tp), m->host.params, B, T, m->precision);
         return;
     }
-    m->gpu = gpt_cuda_create_keeping(&m->host.cfg, m->host.params, B, T, m->bf16, m->keeps.params, m->keeps.grads,
+    m->gpu = gpt_cuda_create_keeping(&m->host.cfg, m->host.params, B, T, m->precision, m->keeps.params, m->keeps.grads,
                                      m->keeps.adam);
 }
 
@@ -539,6 +542,15 @@ static inline void model_tp_sum_gpu(void *user, void *buf, size_t count, gpt_cud
 }
 
 static inline void model_gpu_tensor_parallel(model_t *m) { gpt_cuda_set_tp_all_reduce(m->gpu, model_tp_sum_gpu, m); }
+
+// fp16's loss scale (gpt_cuda.h): read (waits for the GPU) and set (a
+// snapshot's). Other precisions have none: scale 0.
+static inline gpt_scaler model_get_scaler(model_t *m) {
+    return m->precision == GPT_FP16 ? gpt_cuda_get_scaler(m->gpu) : (gpt_scaler){0};
+}
+static inline void model_set_scaler(model_t *m, gpt_scaler s) {
+    if (m->precision == GPT_FP16) gpt_cuda_set_scaler(m->gpu, s);
+}
 static inline void model_gpu_grads_to_host(model_t *m) { gpt_cuda_get_grads(m->gpu, m->host.grads); }
 static inline size_t model_gpu_allocated_bytes(const model_t *m) { return gpt_cuda_allocated_bytes(m->gpu); }
 
@@ -565,6 +577,8 @@ static inline void model_graph_step(model_t *m, const uint16_t *in, const uint16
     die("model_graph_step: CUDA graphs need a GPU build");
 }
 static inline void model_gpu_tensor_parallel(model_t *m) { (void)m; }
+static inline gpt_scaler model_get_scaler(model_t *m) { (void)m; return (gpt_scaler){0}; }
+static inline void model_set_scaler(model_t *m, gpt_scaler s) { (void)m, (void)s; }
 static inline void model_gpu_tp_agree(model_t *m) { (void)m; }
 static inline void model_gpu_grads_to_host(model_t *m) { (void)m; }
 static inline size_t model_gpu_allocated_bytes(const model_t *m) { (void)m; return 0; }

@@ -13,6 +13,7 @@
 
 #include "cublas_v2.h"
 #include "cuda_bf16.h"
+#include "cuda_fp16.h"
 #include "emu_internal.h"
 
 #define HANDLE_MAGIC 0x43424c53u
@@ -135,15 +136,19 @@ typedef struct {
     long long stride_a, stride_b, stride_c;
 } gemm;
 
-static size_t type_size(cudaDataType t) { return t == CUDA_R_16BF ? 2 : 4; }
+static size_t type_size(cudaDataType t) { return t == CUDA_R_16BF || t == CUDA_R_16F ? 2 : 4; }
 
 static float load(cudaDataType t, const void *base, long long i) {
     if (t == CUDA_R_16BF) return emu_bf16_bits_to_float(((const unsigned short *)base)[i]);
+    if (t == CUDA_R_16F) return emu_half_bits_to_float(((const unsigned short *)base)[i]);
     return ((const float *)base)[i];
 }
 
+// Rounded once, to nearest even; a value past half's 65504 becomes inf, as
+// on a GPU (what fp16 training's loss scaling watches for).
 static void store(cudaDataType t, void *base, long long i, float v) {
     if (t == CUDA_R_16BF) ((unsigned short *)base)[i] = emu_float_to_bf16_bits(v);
+    else if (t == CUDA_R_16F) ((unsigned short *)base)[i] = emu_float_to_half_bits(v);
     else ((float *)base)[i] = v;
 }
 
@@ -221,7 +226,8 @@ static cublasStatus_t check_matrix(const char *call, const char *which, const vo
 }
 
 static bool supported(cudaDataType a, cudaDataType b, cudaDataType c, cublasComputeType_t compute) {
-    bool inputs = (a == CUDA_R_32F && b == CUDA_R_32F) || (a == CUDA_R_16BF && b == CUDA_R_16BF);
+    bool inputs = (a == CUDA_R_32F && b == CUDA_R_32F) || (a == CUDA_R_16BF && b == CUDA_R_16BF) ||
+                  (a == CUDA_R_16F && b == CUDA_R_16F);
     bool output = c == a || c == CUDA_R_32F;
     bool accumulate = compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_PEDANTIC ||
                       compute == CUBLAS_COMPUTE_32F_FAST_TF32 || compute == CUBLAS_COMPUTE_32F_FAST_16BF;

@@ -4,7 +4,8 @@
 # 1. unit/test_gpt_cuda: everywhere, the host-side pieces (parameter layout,
 #    gradient buckets, memory plan, MFU arithmetic); with a GPU, every layer's
 #    forward and backward, the whole model's loss, gradients, clipping and
-#    AdamW step, the bucket callbacks, and bf16 training against fp32.
+#    AdamW step, the bucket callbacks, bf16 and fp16 training against fp32,
+#    and fp16's loss scale.
 # 2. out of memory: a model far larger than the GPU stops with the size it
 #    asked for, not a crash (GPU only).
 # 3. compute-sanitizer memcheck over the parity checks on small shapes
@@ -67,6 +68,20 @@ else
         grep -q '^FAIL gpt cuda graph step equals the uncaptured step' "$TMP/graph_lr.log"
     verdict $? "planted: a graph step replaying the captured learning rate fails the graph test ($(field "$TMP/graph_lr.log" 'FAIL gpt cuda graph step [^:]*: (losses differ .*) \(relative'))" \
         "$(planted_why graph_lr)$(grep -m2 -E '^(PASS|FAIL) gpt cuda graph' "$TMP/graph_lr.log" 2>/dev/null | tr '\n' '|')"
+fi
+
+# fp16's loss scale: a step whose gradients overflowed must change nothing
+# (the unit test's scaler mode compares parameters and AdamW moments bit
+# for bit). Its planted bug: AdamW ignoring the skip flag, so an overflowed
+# step writes inf and NaN into the weights - what GradScaler exists to stop.
+if ! is_emu; then
+    skip "planted: AdamW that ignores fp16's overflow" "the planted copy is built for the emulated GPU (make CUDA=emu test)"
+else
+    no_skip=$(PLANT_CUDA=emu plant no_skip gpt/gpt_cuda.cu '    if (skip && *skip) return;' '' tests unit/test_gpt_cuda)
+    [[ -n $no_skip ]] && { run_capture 300 "$TMP/no_skip.log" "$no_skip" --mode scaler --seed 3; true; } &&
+        grep -q '^FAIL gpt cuda fp16 overflow: the step is skipped' "$TMP/no_skip.log"
+    verdict $? "planted: AdamW that ignores fp16's overflow fails the scaler test ($(field "$TMP/no_skip.log" 'FAIL gpt cuda fp16 overflow: the step is skipped[^:]*: (.*)'))" \
+        "$(planted_why no_skip)$(grep -m2 -E '^(PASS|FAIL) gpt cuda fp16' "$TMP/no_skip.log" 2>/dev/null | tr '\n' '|')"
 fi
 
 # The benchmark's own code (make bench-gpt), at the tests' tiny size: on a

@@ -69,7 +69,8 @@ verdict $? "gpt snapshot: another model size is refused with both values" "statu
 # the ranks talk NCCL). With one real GPU, several ranks share it and the
 # cpu backend stages through host memory.
 if ! has_gpu; then
-    for what in "trains in bf16 and fp32" "fp32 equals the CPU" "DDP 2 and 4 ranks" "bf16 DDP" "resume across devices"; do
+    for what in "trains in bf16, fp16 and fp32" "fp32 equals the CPU" "DDP 2 and 4 ranks" "bf16 DDP" \
+                "fp16 loss scale: overflow skipped, DDP, snapshot" "resume across devices"; do
         skip "gpt gpu: $what" "no GPU here (a CPU-only build, or no GPU: make CUDA=emu test runs these on the emulated GPU)"
     done
     no_leftovers "gpt ddp: no process left behind" "08_gpt_wikitext/08_gpt_wikitext"
@@ -87,8 +88,8 @@ gpu=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300
 # the l2 norm by 4e-7, within its 1e-5): still caught.
 valid_tol=1.5e-4
 
-# Both precisions train: the loss of step 20 is below that of step 5.
-for precision in bf16 fp32; do
+# Every precision trains: the loss of step 20 is below that of step 5.
+for precision in bf16 fp16 fp32; do
     run_capture 300 "$TMP/g_$precision" "$prog" "${gpu[@]}" --precision "$precision" --max_steps 20 --log_every 5 \
         --out_dir "$TMP/g_$precision.d"; status=$?
     first=$(field "$TMP/g_$precision" '^epoch [0-9]* \| step 5/[0-9]* \| loss ([0-9.]*) ')
@@ -138,6 +139,39 @@ run_capture 300 "$TMP/h_two" "$prog" "${gpu[@]}" --precision bf16 --max_steps 15
 a=$(field "$TMP/h_one" "$l2"); c=$(field "$TMP/h_two" "$l2"); va=$(field "$TMP/h_one" "$valid"); vb=$(field "$TMP/h_two" "$valid")
 [[ $status -eq 0 && -n "$a" && -n "$c" ]] && rel_near "$a" "$c" 2e-2 && rel_near "$va" "$vb" 2e-2
 verdict $? "gpt gpu: bf16 DDP 2 ranks x batch 4 equal 1 rank x batch 8 within 2e-2 (l2 $a vs $c)" "status $status, l2 '$a' vs '$c', valid $va vs $vb"
+
+# fp16 with its loss scale (GradScaler). At the default scale, 2 ranks x
+# batch 4 end where 1 rank x batch 8 does, within fp16's rounding; the
+# snapshot keeps the scale, and a run that resumes it with another
+# --loss_scale goes on with the snapshot's. Started at 2^24 instead, the
+# loss's gradient (2^24 / 128 tokens = 2^17) overflows fp16's 65504: the
+# first steps are skipped, the scale halves until it fits, then it trains.
+fp16=("${gpu[@]}" --precision fp16 --max_steps 15 --log_every 5)
+scale_re='loss scale ([0-9]+), ([0-9]+) step\(s\) skipped'
+run_capture 300 "$TMP/q_one" "$prog" "${fp16[@]}" --batch_size 8 --out_dir "$TMP/q_one.d" --save_every 1 \
+    --snapshot_path "$TMP/q_one.d/s.safetensors"
+run_capture 300 "$TMP/q_two" "$prog" "${fp16[@]}" --batch_size 4 --nprocs 2 --out_dir "$TMP/q_two.d"; status=$?
+a=$(field "$TMP/q_one" "$l2"); c=$(field "$TMP/q_two" "$l2"); scale=$(field "$TMP/q_one" "step 15/.*$scale_re")
+[[ $status -eq 0 && -n "$a" && -n "$c" && $scale == 65536 ]] && rel_near "$a" "$c" 2e-2 &&
+    grep -q "parameters (.*), fp16 (.*dynamic loss scale)" "$TMP/q_two"
+verdict $? "gpt gpu: fp16 DDP 2 ranks x batch 4 equal 1 rank x batch 8 within 2e-2 (l2 $a vs $c, loss scale $scale)" \
+    "status $status, l2 '$a' vs '$c', scale '$scale': $(grep -m1 -E 'error|step 15/' "$TMP/q_two")"
+saved=$(cat "$TMP/q_one.d"/s*.safetensors 2>/dev/null | head -c 4096 | grep -a -o '"loss_scale":"[0-9]*"' | grep -o '[0-9][0-9]*')
+run_capture 300 "$TMP/q_resume" "$prog" "${gpu[@]}" --precision fp16 --loss_scale 2 --max_steps 20 --log_every 5 \
+    --batch_size 8 --epochs 2 --out_dir "$TMP/q_resume.d" --snapshot_path "$TMP/q_one.d/s.safetensors"; status=$?
+resumed=$(field "$TMP/q_resume" "step 20/.*$scale_re")
+[[ $status -eq 0 && -n "$saved" && $saved == "$scale" && $resumed == "$saved" ]] &&
+    grep -q 'Resuming training from snapshot' "$TMP/q_resume"
+verdict $? "gpt gpu: fp16's snapshot keeps the loss scale ($saved); the resumed run goes on with it, not --loss_scale 2" \
+    "status $status, printed '$scale', saved '$saved', after resuming '$resumed': $(grep -m1 -E 'error|Resuming' "$TMP/q_resume")"
+run_capture 300 "$TMP/q_big" "$prog" "${fp16[@]}" --batch_size 8 --loss_scale 16777216 --out_dir "$TMP/q_big.d"; status=$?
+skipped=$(field "$TMP/q_big" "step 15/.*$scale_re" '\2'); scale=$(field "$TMP/q_big" "step 15/.*$scale_re")
+first=$(field "$TMP/q_big" '^epoch [0-9]* \| step 5/[0-9]* \| loss ([0-9.]*) ')
+last=$(field "$TMP/q_big" '^epoch [0-9]* \| step 15/[0-9]* \| loss ([0-9.]*) ')
+[[ $status -eq 0 && -n "$skipped" && -n "$last" ]] && (( skipped >= 1 && skipped < 10 && scale < 16777216 )) &&
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'
+verdict $? "gpt gpu: fp16 from loss scale 2^24: $skipped step(s) skipped for overflow, scale $scale, then it trains (loss $first -> $last)" \
+    "status $status, skipped '$skipped', scale '$scale', losses '$first' -> '$last': $(grep -m2 -E 'error|step 15/' "$TMP/q_big" | tr '\n' '|')"
 
 # Snapshots move between devices: a run on one resumes the end-of-epoch
 # snapshot of the other and, with no step left to take, saves exactly the

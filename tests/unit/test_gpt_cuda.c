@@ -3,8 +3,10 @@
 //
 //   --mode test      (default) parity of every layer's forward and backward,
 //                    of the whole model's loss, gradients, clipping and AdamW
-//                    step, fp32 within 1e-4 and bf16 within 2e-2 (relative,
-//                    in the L2 norm); bf16 training tracks fp32 training.
+//                    step, fp32 within 1e-4, bf16 and fp16 within 2e-2
+//                    (relative, in the L2 norm); bf16 and fp16 training track
+//                    fp32 training; fp16's loss scale skips a step that
+//                    overflows, halves and doubles as GradScaler does.
 //                    Inputs are fresh random numbers each run (the seed is
 //                    printed; --seed repeats a run).
 //   --mode sanitize  the same parity checks, small and without the training
@@ -33,7 +35,7 @@
 #endif
 
 #define TOL_FP32 1e-4
-#define TOL_BF16 2e-2
+#define TOL_16BIT 2e-2 // bf16 and fp16 (fp16 keeps more digits: it passes with room)
 
 typedef struct {
     const char *mode, *config, *dtype;
@@ -90,8 +92,8 @@ static void check_mfu_arithmetic(void) {
 static void check_memory_plan(void) {
     gpt_config c = {50257, 1024, 12, 12, 768};
     size_t p = gpt_num_params(&c);
-    size_t fp32 = gpt_cuda_memory_needed(&c, 8, 1024, false), bf16 = gpt_cuda_memory_needed(&c, 8, 1024, true);
-    size_t small = gpt_cuda_memory_needed(&c, 4, 1024, true);
+    size_t fp32 = gpt_cuda_memory_needed(&c, 8, 1024, GPT_FP32), bf16 = gpt_cuda_memory_needed(&c, 8, 1024, GPT_BF16);
+    size_t small = gpt_cuda_memory_needed(&c, 4, 1024, GPT_BF16);
     printf("info: GPT-2 small, batch 8 x 1024: %.2f GiB fp32, %.2f GiB bf16\n", fp32 / 1073741824.0,
            bf16 / 1073741824.0);
     EXPECT("gpt cuda memory plan: weights, grads, moments at least; bf16 smaller; grows with the batch",
@@ -113,11 +115,11 @@ static double rel_error(const float *a, const float *b, size_t n, double floor_n
     return sqrt(d) / fmax(fmax(r, floor_norm), 1e-30);
 }
 
-static void expect_close(const char *layer, const char *what, bool bf16, const float *gpu, const float *cpu,
+static void expect_close(const char *layer, const char *what, gpt_precision p, const float *gpu, const float *cpu,
                          size_t n) {
-    double err = rel_error(gpu, cpu, n, 0), tol = bf16 ? TOL_BF16 : TOL_FP32;
+    double err = rel_error(gpu, cpu, n, 0), tol = p != GPT_FP32 ? TOL_16BIT : TOL_FP32;
     char name[128];
-    snprintf(name, sizeof name, "gpt cuda %s %s matches the CPU (%s)", layer, what, bf16 ? "bf16" : "fp32");
+    snprintf(name, sizeof name, "gpt cuda %s %s matches the CPU (%s)", layer, what, gpt_precision_name(p));
     EXPECT(name, err <= tol, "relative error %.3e > %.0e over %zu numbers", err, tol, n);
 }
 
@@ -135,7 +137,7 @@ static float *copy_array(const float *x, size_t n) {
 
 // ------------------------------------------------------------------ one layer at a time
 
-static void test_encoder(rng_t *r, bool bf16) {
+static void test_encoder(rng_t *r, gpt_precision p) {
     int B = 3, T = 7, C = 48, V = 50;
     size_t NC = (size_t)B * T * C;
     uint16_t tokens[21];
@@ -147,14 +149,14 @@ static void test_encoder(rng_t *r, bool bf16) {
     float *gdwte = copy_array(dwte, (size_t)V * C), *gdwpe = copy_array(dwpe, (size_t)T * C);
     encoder_forward(out, tokens, wte, wpe, B, T, C);
     encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
-    gpt_cuda_test_encoder(bf16, B, T, C, V, tokens, wte, wpe, gout, dout, gdwte, gdwpe);
-    expect_close("encoder", "forward", bf16, gout, out, NC);
-    expect_close("encoder", "dwte", bf16, gdwte, dwte, (size_t)V * C);
-    expect_close("encoder", "dwpe", bf16, gdwpe, dwpe, (size_t)T * C);
+    gpt_cuda_test_encoder(p, B, T, C, V, tokens, wte, wpe, gout, dout, gdwte, gdwpe);
+    expect_close("encoder", "forward", p, gout, out, NC);
+    expect_close("encoder", "dwte", p, gdwte, dwte, (size_t)V * C);
+    expect_close("encoder", "dwpe", p, gdwpe, dwpe, (size_t)T * C);
     free(wte), free(wpe), free(dout), free(dwte), free(dwpe), free(out), free(gout), free(gdwte), free(gdwpe);
 }
 
-static void test_layernorm(rng_t *r, bool bf16) {
+static void test_layernorm(rng_t *r, gpt_precision p) {
     int N = 37, C = 80;
     size_t NC = (size_t)N * C;
     float *x = random_array(r, NC, 2, 0.5), *w = random_array(r, C, 0.2, 1), *b = random_array(r, C, 0.2, 0);
@@ -165,18 +167,18 @@ static void test_layernorm(rng_t *r, bool bf16) {
     float *gm = xcalloc(N, 4), *gs = xcalloc(N, 4);
     layernorm_forward(y, m, s, x, w, b, N, C);
     layernorm_backward(dx, dw, db, dy, x, w, m, s, N, C);
-    gpt_cuda_test_layernorm(bf16, N, C, x, w, b, gy, gm, gs, dy, gdx, gdw, gdb);
-    expect_close("layernorm", "forward", bf16, gy, y, NC);
-    expect_close("layernorm", "mean", bf16, gm, m, N);
-    expect_close("layernorm", "rstd", bf16, gs, s, N);
-    expect_close("layernorm", "dinp", bf16, gdx, dx, NC);
-    expect_close("layernorm", "dweight", bf16, gdw, dw, C);
-    expect_close("layernorm", "dbias", bf16, gdb, db, C);
+    gpt_cuda_test_layernorm(p, N, C, x, w, b, gy, gm, gs, dy, gdx, gdw, gdb);
+    expect_close("layernorm", "forward", p, gy, y, NC);
+    expect_close("layernorm", "mean", p, gm, m, N);
+    expect_close("layernorm", "rstd", p, gs, s, N);
+    expect_close("layernorm", "dinp", p, gdx, dx, NC);
+    expect_close("layernorm", "dweight", p, gdw, dw, C);
+    expect_close("layernorm", "dbias", p, gdb, db, C);
     free(x), free(w), free(b), free(dy), free(dx), free(dw), free(db), free(gdx), free(gdw), free(gdb);
     free(y), free(gy), free(m), free(s), free(gm), free(gs);
 }
 
-static void test_matmul(rng_t *r, bool bf16, int N, int C, int OC, bool with_bias) {
+static void test_matmul(rng_t *r, gpt_precision p, int N, int C, int OC, bool with_bias) {
     float *x = random_array(r, (size_t)N * C, 1, 0), *w = random_array(r, (size_t)OC * C, 0.1, 0);
     float *bias = with_bias ? random_array(r, OC, 1, 0) : NULL, *dy = random_array(r, (size_t)N * OC, 1, 0);
     float *dw = random_array(r, (size_t)OC * C, 1, 0), *db = random_array(r, OC, 1, 0);
@@ -185,12 +187,12 @@ static void test_matmul(rng_t *r, bool bf16, int N, int C, int OC, bool with_bia
     float *dx = xcalloc((size_t)N * C, 4), *gdx = xcalloc((size_t)N * C, 4);
     matmul_forward(y, x, w, bias, N, C, OC);
     matmul_backward(dx, dw, with_bias ? db : NULL, dy, x, w, N, C, OC);
-    gpt_cuda_test_matmul(bf16, N, C, OC, x, w, bias, gy, dy, gdx, gdw, with_bias ? gdb : NULL);
+    gpt_cuda_test_matmul(p, N, C, OC, x, w, bias, gy, dy, gdx, gdw, with_bias ? gdb : NULL);
     const char *layer = with_bias ? "matmul" : "matmul without bias";
-    expect_close(layer, "forward", bf16, gy, y, (size_t)N * OC);
-    expect_close(layer, "dinp", bf16, gdx, dx, (size_t)N * C);
-    expect_close(layer, "dweight", bf16, gdw, dw, (size_t)OC * C);
-    if (with_bias) expect_close(layer, "dbias", bf16, gdb, db, OC);
+    expect_close(layer, "forward", p, gy, y, (size_t)N * OC);
+    expect_close(layer, "dinp", p, gdx, dx, (size_t)N * C);
+    expect_close(layer, "dweight", p, gdw, dw, (size_t)OC * C);
+    if (with_bias) expect_close(layer, "dbias", p, gdb, db, OC);
     free(x), free(w), free(bias), free(dy), free(dw), free(db), free(gdw), free(gdb);
     free(y), free(gy), free(dx), free(gdx);
 }
@@ -219,7 +221,7 @@ static void reference_lse(double *lse, const float *qkv, int B, int T, int C, in
 // Attention both ways - the cuBLAS path (with the T x T probabilities) and
 // the flash kernels (with one log-sum-exp per row) - on the same inputs,
 // against gpt.h's attention.
-static void test_attention(rng_t *r, bool bf16, int B, int T, int C, int NH) {
+static void test_attention(rng_t *r, gpt_precision p, int B, int T, int C, int NH) {
     size_t NC = (size_t)B * T * C, natt = (size_t)B * NH * T * T, rows = (size_t)B * NH * T;
     float *qkv = random_array(r, 3 * NC, 1, 0), *dy = random_array(r, NC, 1, 0);
     float *y = xcalloc(NC, 4), *gy = xcalloc(NC, 4), *att = xcalloc(natt, 4), *gatt = xcalloc(natt, 4);
@@ -231,39 +233,39 @@ static void test_attention(rng_t *r, bool bf16, int B, int T, int C, int NH) {
     for (size_t i = 0; i < rows; i++) lse[i] = (float)lse64[i];
     char layer[96];
     snprintf(layer, sizeof layer, "attention (cuBLAS path, B %d T %d C %d NH %d)", B, T, C, NH);
-    gpt_cuda_test_attention(bf16, B, T, C, NH, qkv, gy, gatt, dy, gdqkv);
-    expect_close(layer, "forward", bf16, gy, y, NC);
-    expect_close(layer, "probabilities", bf16, gatt, att, natt);
-    expect_close(layer, "dqkv", bf16, gdqkv, dqkv, 3 * NC);
+    gpt_cuda_test_attention(p, B, T, C, NH, qkv, gy, gatt, dy, gdqkv);
+    expect_close(layer, "forward", p, gy, y, NC);
+    expect_close(layer, "probabilities", p, gatt, att, natt);
+    expect_close(layer, "dqkv", p, gdqkv, dqkv, 3 * NC);
     snprintf(layer, sizeof layer, "attention (flash path, B %d T %d C %d NH %d)", B, T, C, NH);
     memset(gy, 0, NC * 4), memset(gdqkv, 0, 3 * NC * 4);
-    gpt_cuda_test_flash_attention(bf16, B, T, C, NH, qkv, gy, glse, dy, gdqkv);
-    expect_close(layer, "forward", bf16, gy, y, NC);
-    expect_close(layer, "log-sum-exp", bf16, glse, lse, rows);
-    expect_close(layer, "dqkv", bf16, gdqkv, dqkv, 3 * NC);
+    gpt_cuda_test_flash_attention(p, B, T, C, NH, qkv, gy, glse, dy, gdqkv);
+    expect_close(layer, "forward", p, gy, y, NC);
+    expect_close(layer, "log-sum-exp", p, glse, lse, rows);
+    expect_close(layer, "dqkv", p, gdqkv, dqkv, 3 * NC);
     free(qkv), free(dy), free(y), free(gy), free(att), free(gatt), free(dqkv), free(gdqkv), free(glse), free(lse);
     free(lse64);
 }
 
-static void test_elementwise(rng_t *r, bool bf16) {
+static void test_elementwise(rng_t *r, gpt_precision p) {
     size_t n = 1000;
     float *x = random_array(r, n, 2.5, 0), *x2 = random_array(r, n, 1, 0), *dy = random_array(r, n, 1, 0);
     float *y = xcalloc(n, 4), *gy = xcalloc(n, 4), *dx = xcalloc(n, 4), *gdx = xcalloc(n, 4);
     gelu_forward(y, x, n);
     gelu_backward(dx, x, dy, n);
-    gpt_cuda_test_gelu(bf16, n, x, gy, dy, gdx);
-    expect_close("gelu", "forward", bf16, gy, y, n);
-    expect_close("gelu", "backward", bf16, gdx, dx, n);
+    gpt_cuda_test_gelu(p, n, x, gy, dy, gdx);
+    expect_close("gelu", "forward", p, gy, y, n);
+    expect_close("gelu", "backward", p, gdx, dx, n);
     residual_forward(y, x, x2, n);
-    gpt_cuda_test_residual(bf16, n, x, x2, gy);
-    expect_close("residual", "forward", bf16, gy, y, n);
+    gpt_cuda_test_residual(p, n, x, x2, gy);
+    expect_close("residual", "forward", p, gy, y, n);
     free(x), free(x2), free(dy), free(y), free(gy), free(dx), free(gdx);
 }
 
 // The GPU's rows of logits are padded to Vp (a multiple of 64) with the
 // padding first; here the padding holds huge logits, which would swamp
 // the softmax if the kernels read them.
-static void test_crossentropy(rng_t *r, bool bf16) {
+static void test_crossentropy(rng_t *r, gpt_precision p) {
     int N = 19, V = 301, Vp = 320, pad = Vp - V;
     size_t NV = (size_t)N * V;
     float *z = random_array(r, NV, 3, 0), *zp = xcalloc((size_t)N * Vp, 4), *gz = xcalloc((size_t)N * Vp, 4);
@@ -273,7 +275,7 @@ static void test_crossentropy(rng_t *r, bool bf16) {
     uint16_t targets[19];
     for (int i = 0; i < N; i++) targets[i] = (uint16_t)rng_below(r, (uint64_t)V);
     float dloss = 1.0f / N;
-    float gmean = gpt_cuda_test_crossentropy(bf16, N, V, Vp, zp, targets, gl, dloss, gz);
+    float gmean = gpt_cuda_test_crossentropy(p, N, V, Vp, zp, targets, gl, dloss, gz);
     float mean = crossentropy_forward(l, z, targets, N, V); // z becomes probabilities, then dlogits
     crossentropy_backward(z, targets, N, V, dloss);
     bool pad_zero = true;
@@ -282,32 +284,40 @@ static void test_crossentropy(rng_t *r, bool bf16) {
             if (i < pad) pad_zero = pad_zero && gz[(size_t)n * Vp + i] == 0.0f;
             else gz_real[(size_t)n * V + i - pad] = gz[(size_t)n * Vp + i];
         }
-    expect_close("crossentropy", "losses", bf16, gl, l, N);
-    expect_close("crossentropy", "mean loss", bf16, &gmean, &mean, 1);
-    expect_close("crossentropy", "dlogits", bf16, gz_real, z, NV);
+    expect_close("crossentropy", "losses", p, gl, l, N);
+    expect_close("crossentropy", "mean loss", p, &gmean, &mean, 1);
+    expect_close("crossentropy", "dlogits", p, gz_real, z, NV);
     char name[128];
-    snprintf(name, sizeof name, "gpt cuda crossentropy: padding logits get gradient 0 (%s)", bf16 ? "bf16" : "fp32");
+    snprintf(name, sizeof name, "gpt cuda crossentropy: padding logits get gradient 0 (%s)", gpt_precision_name(p));
     EXPECT(name, pad_zero, "a padding column of dlogits is not 0");
     free(z), free(zp), free(gz), free(l), free(gl), free(gz_real);
 }
 
-static void test_layers(rng_t *r, bool bf16) {
-    test_encoder(r, bf16);
-    test_layernorm(r, bf16);
-    test_matmul(r, bf16, 37, 48, 72, true);
-    test_matmul(r, bf16, 21, 64, 50, false);
+static void test_layers(rng_t *r, gpt_precision p) {
+    test_encoder(r, p);
+    test_layernorm(r, p);
+    test_matmul(r, p, 37, 48, 72, true);
+    test_matmul(r, p, 21, 64, 50, false);
     // Head sizes 16 (the flash kernels pad it to 32) and 64; T below one
     // tile, T = 1, T across several tiles and blocks with a partial last
     // one (32 keys a tile, 64 rows a block), and a full GPT-2 context.
-    test_attention(r, bf16, 2, 13, 48, 3);
-    test_attention(r, bf16, 3, 1, 48, 3);
-    test_attention(r, bf16, 1, 100, 128, 2);
-    test_attention(r, bf16, 1, 1024, 64, 2);
-    test_elementwise(r, bf16);
-    test_crossentropy(r, bf16);
+    test_attention(r, p, 2, 13, 48, 3);
+    test_attention(r, p, 3, 1, 48, 3);
+    test_attention(r, p, 1, 100, 128, 2);
+    test_attention(r, p, 1, 1024, 64, 2);
+    test_elementwise(r, p);
+    test_crossentropy(r, p);
 }
 
 // ------------------------------------------------------------------ the whole model
+
+// fp16 mode's gradients are loss-scale times the true ones (gpt_cuda.h):
+// the comparisons with the CPU divide the scale out (1 in other modes).
+static float loss_scale(gpt_cuda_t *g, gpt_precision p) { return p == GPT_FP16 ? gpt_cuda_get_scaler(g).scale : 1.0f; }
+
+static void unscale(float *grads, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) grads[i] /= scale;
+}
 
 static void random_tokens(rng_t *r, uint16_t *t, size_t n, int vocab) {
     for (size_t i = 0; i < n; i++) t[i] = (uint16_t)rng_below(r, (uint64_t)vocab);
@@ -318,10 +328,10 @@ static void random_tokens(rng_t *r, uint16_t *t, size_t n, int vocab) {
 // exact gradient is near zero (the key bias's is exactly zero: softmax
 // ignores a constant added to every score) is judged by the size of the
 // rounding it receives from elsewhere, not divided by its own zero.
-static void expect_grads_close(const gpt_t *cpu, const float *gpu_grads, bool bf16, const char *when) {
+static void expect_grads_close(const gpt_t *cpu, const float *gpu_grads, gpt_precision p, const char *when) {
     double all = 0;
     for (size_t i = 0; i < cpu->num_params; i++) all += (double)cpu->grads[i] * cpu->grads[i];
-    double rms = sqrt(all / (double)cpu->num_params), worst = 0, tol = bf16 ? TOL_BF16 : TOL_FP32;
+    double rms = sqrt(all / (double)cpu->num_params), worst = 0, tol = p != GPT_FP32 ? TOL_16BIT : TOL_FP32;
     const char *worst_name = "";
     for (int t = 0; t < cpu->num_tensors; t++) {
         const gpt_tensor *ten = &cpu->tensors[t];
@@ -330,7 +340,7 @@ static void expect_grads_close(const gpt_t *cpu, const float *gpu_grads, bool bf
         if (e > worst || isnan(e)) worst = e, worst_name = ten->name;
     }
     char name[128];
-    snprintf(name, sizeof name, "gpt cuda model gradients match the CPU %s (%s)", when, bf16 ? "bf16" : "fp32");
+    snprintf(name, sizeof name, "gpt cuda model gradients match the CPU %s (%s)", when, gpt_precision_name(p));
     EXPECT(name, worst <= tol, "worst tensor %s: relative error %.3e > %.0e", worst_name, worst, tol);
 }
 
@@ -357,7 +367,7 @@ static void probe_bucket(void *user, const gpt_bucket *b, cudaEvent_t ready) {
 
 // Backward with the probe: the callbacks come in the planned order, and the
 // copy each one started equals the final gradient, bit for bit.
-static void backward_with_probe(gpt_cuda_t *g, const gpt_config *c, bool bf16, float *grads_host) {
+static void backward_with_probe(gpt_cuda_t *g, const gpt_config *c, gpt_precision prec, float *grads_host) {
     int nb = gpt_layout_buckets(c, NULL, 0);
     gpt_bucket *plan = xmalloc(sizeof *plan * (size_t)nb);
     gpt_layout_buckets(c, plan, nb);
@@ -373,7 +383,7 @@ static void backward_with_probe(gpt_cuda_t *g, const gpt_config *c, bool bf16, f
     CHECK_CUDA(cudaMemcpy(snap, p.snapshot, n * sizeof(float), cudaMemcpyDeviceToHost));
     gpt_cuda_get_grads(g, grads_host);
     char name[128];
-    snprintf(name, sizeof name, "gpt cuda backward announces finished buckets in order (%s)", bf16 ? "bf16" : "fp32");
+    snprintf(name, sizeof name, "gpt cuda backward announces finished buckets in order (%s)", gpt_precision_name(prec));
     EXPECT(name, p.calls == nb && p.in_order && !memcmp(snap, grads_host, n * sizeof(float)),
            "%d of %d callbacks, in order: %s, copies taken at the events equal the final gradients: %s", p.calls,
            nb, p.in_order ? "yes" : "no", memcmp(snap, grads_host, n * sizeof(float)) ? "no" : "yes");
@@ -385,8 +395,11 @@ static void backward_with_probe(gpt_cuda_t *g, const gpt_config *c, bool bf16, f
 // Clipping and AdamW on identical gradients: fp32 arithmetic in both
 // precisions, so both match closely. The limit is half the norm, so the
 // clipping path runs.
-static void test_optimizer(gpt_t *cpu, gpt_cuda_t *g, bool bf16) {
-    gpt_cuda_set_grads(g, cpu->grads);
+static void test_optimizer(gpt_t *cpu, gpt_cuda_t *g, gpt_precision p) {
+    float *scaled = copy_array(cpu->grads, cpu->num_params), scale = loss_scale(g, p);
+    for (size_t i = 0; i < cpu->num_params; i++) scaled[i] *= scale; // as an fp16 backward pass leaves them
+    gpt_cuda_set_grads(g, scaled);
+    free(scaled);
     double sum = 0;
     for (size_t i = 0; i < cpu->num_params; i++) sum += (double)cpu->grads[i] * cpu->grads[i];
     float limit = (float)(0.5 * sqrt(sum));
@@ -394,27 +407,27 @@ static void test_optimizer(gpt_t *cpu, gpt_cuda_t *g, bool bf16) {
     gpt_cuda_clip_grad_norm(g, limit);
     float ng = gpt_cuda_grad_norm(g);
     char name[128];
-    snprintf(name, sizeof name, "gpt cuda gradient norm matches the CPU (%s)", bf16 ? "bf16" : "fp32");
+    snprintf(name, sizeof name, "gpt cuda gradient norm matches the CPU (%s)", gpt_precision_name(p));
     EXPECT(name, fabs(nc - ng) <= 1e-5 * nc, "gpu %.8g, cpu %.8g", ng, nc);
     gpt_adamw_step(cpu, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
     gpt_cuda_adamw(g, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
     float *params = xmalloc(sizeof(float) * cpu->num_params);
     gpt_cuda_get_params(g, params);
     double err = rel_error(params, cpu->params, cpu->num_params, 0);
-    snprintf(name, sizeof name, "gpt cuda clipped AdamW step matches the CPU (%s)", bf16 ? "bf16" : "fp32");
+    snprintf(name, sizeof name, "gpt cuda clipped AdamW step matches the CPU (%s)", gpt_precision_name(p));
     EXPECT(name, err <= 1e-5, "parameters differ by %.3e (relative)", err);
     free(params);
 }
 
-static void test_model(rng_t *r, bool bf16) {
+static void test_model(rng_t *r, gpt_precision p) {
     gpt_config c = {211, 32, 2, 2, 64};
     int B = 4, T = 32, V = c.vocab_size;
     gpt_t cpu;
     gpt_init(&cpu, c, rng_next(r));
-    gpt_cuda_t *g = gpt_cuda_create(&c, cpu.params, B, T, bf16);
+    gpt_cuda_t *g = gpt_cuda_create(&c, cpu.params, B, T, p);
     if (!getenv("GPT_CUDA_ATTENTION")) {
         char name[96];
-        snprintf(name, sizeof name, "gpt cuda attention is the flash path by default (%s)", bf16 ? "bf16" : "fp32");
+        snprintf(name, sizeof name, "gpt cuda attention is the flash path by default (%s)", gpt_precision_name(p));
         EXPECT(name, !strcmp(gpt_cuda_attention(g), "flash"), "the model uses %s", gpt_cuda_attention(g));
     }
     uint16_t in[4 * 32], tg[4 * 32];
@@ -424,19 +437,20 @@ static void test_model(rng_t *r, bool bf16) {
     gpt_forward(&cpu, in, NULL, B, T);
     gpt_cuda_forward(g, in, NULL, B, T);
     gpt_cuda_logits(g, B - 1, T - 1, logits);
-    expect_close("model", "logits", bf16, logits, gpt_logits(&cpu, B - 1, T - 1), (size_t)V);
+    expect_close("model", "logits", p, logits, gpt_logits(&cpu, B - 1, T - 1), (size_t)V);
 
     float lc = gpt_forward(&cpu, in, tg, B, T);
     gpt_cuda_forward(g, in, tg, B, T);
     float lg = gpt_cuda_loss(g);
-    expect_close("model", "loss", bf16, &lg, &lc, 1);
+    expect_close("model", "loss", p, &lg, &lc, 1);
     gpt_zero_grad(&cpu);
     gpt_backward(&cpu, 1.0f);
     gpt_cuda_zero_grad(g);
     float *grads = xmalloc(sizeof(float) * cpu.num_params);
-    backward_with_probe(g, &c, bf16, grads);
-    expect_grads_close(&cpu, grads, bf16, "after one step");
-    test_optimizer(&cpu, g, bf16);
+    backward_with_probe(g, &c, p, grads);
+    unscale(grads, cpu.num_params, loss_scale(g, p));
+    expect_grads_close(&cpu, grads, p, "after one step");
+    test_optimizer(&cpu, g, p);
 
     // A second step on a smaller batch, from the updated weights.
     int B2 = 3, T2 = 20;
@@ -444,13 +458,14 @@ static void test_model(rng_t *r, bool bf16) {
     lc = gpt_forward(&cpu, in, tg, B2, T2);
     gpt_cuda_forward(g, in, tg, B2, T2);
     lg = gpt_cuda_loss(g);
-    expect_close("model", "loss after an AdamW step, smaller batch", bf16, &lg, &lc, 1);
+    expect_close("model", "loss after an AdamW step, smaller batch", p, &lg, &lc, 1);
     gpt_zero_grad(&cpu);
     gpt_backward(&cpu, 0.5f);
     gpt_cuda_zero_grad(g);
     gpt_cuda_backward(g, 0.5f, NULL, NULL);
     gpt_cuda_get_grads(g, grads);
-    expect_grads_close(&cpu, grads, bf16, "after an AdamW step, smaller batch, grad_scale 0.5");
+    unscale(grads, cpu.num_params, loss_scale(g, p));
+    expect_grads_close(&cpu, grads, p, "after an AdamW step, smaller batch, grad_scale 0.5");
     gpt_cuda_free(g);
     gpt_free(&cpu);
     free(logits), free(grads);
@@ -459,17 +474,17 @@ static void test_model(rng_t *r, bool bf16) {
 // The whole model with the cuBLAS attention path, the reference the flash
 // kernels replaced by default (GPT_CUDA_ATTENTION picks the path when a
 // model is created): logits, loss and gradients against the CPU.
-static void test_model_cublas_attention(rng_t *r, bool bf16) {
+static void test_model_cublas_attention(rng_t *r, gpt_precision p) {
     gpt_config c = {211, 32, 2, 2, 64};
     int B = 3, T = 29, V = c.vocab_size;
     gpt_t cpu;
     gpt_init(&cpu, c, rng_next(r));
     setenv("GPT_CUDA_ATTENTION", "cublas", 1);
-    gpt_cuda_t *g = gpt_cuda_create(&c, cpu.params, B, T, bf16);
+    gpt_cuda_t *g = gpt_cuda_create(&c, cpu.params, B, T, p);
     unsetenv("GPT_CUDA_ATTENTION");
     char name[128];
     snprintf(name, sizeof name, "gpt cuda GPT_CUDA_ATTENTION=cublas picks the cuBLAS path (%s)",
-             bf16 ? "bf16" : "fp32");
+             gpt_precision_name(p));
     EXPECT(name, !strcmp(gpt_cuda_attention(g), "cublas"), "the model uses %s", gpt_cuda_attention(g));
     uint16_t in[3 * 29], tg[3 * 29];
     random_tokens(r, in, (size_t)B * T, V), random_tokens(r, tg, (size_t)B * T, V);
@@ -477,21 +492,22 @@ static void test_model_cublas_attention(rng_t *r, bool bf16) {
     gpt_forward(&cpu, in, NULL, B, T); // with targets, gpt.h turns its logits into probabilities
     gpt_cuda_forward(g, in, tg, B, T);
     gpt_cuda_logits(g, B - 1, T - 1, logits);
-    expect_close("model with cuBLAS attention", "logits", bf16, logits, gpt_logits(&cpu, B - 1, T - 1), (size_t)V);
+    expect_close("model with cuBLAS attention", "logits", p, logits, gpt_logits(&cpu, B - 1, T - 1), (size_t)V);
     float lc = gpt_forward(&cpu, in, tg, B, T), lg = gpt_cuda_loss(g);
-    expect_close("model with cuBLAS attention", "loss", bf16, &lg, &lc, 1);
+    expect_close("model with cuBLAS attention", "loss", p, &lg, &lc, 1);
     gpt_zero_grad(&cpu);
     gpt_backward(&cpu, 1.0f);
     gpt_cuda_zero_grad(g);
     gpt_cuda_backward(g, 1.0f, NULL, NULL);
     gpt_cuda_get_grads(g, grads);
-    expect_grads_close(&cpu, grads, bf16, "with cuBLAS attention");
+    unscale(grads, cpu.num_params, loss_scale(g, p));
+    expect_grads_close(&cpu, grads, p, "with cuBLAS attention");
     gpt_cuda_free(g);
     gpt_free(&cpu);
     free(logits), free(grads);
 }
 
-// ------------------------------------------------------------------ bf16 training follows fp32 training
+// ------------------------------------------------------------------ bf16 and fp16 training follow fp32 training
 
 // A made-up language over V tokens: each token is followed by its partner
 // perm[token] nine times in ten, by a random token otherwise.
@@ -518,16 +534,16 @@ static void train_step(gpt_cuda_t *g, const uint16_t *in, const uint16_t *tg, in
 // must come back right when asked for - also when the host runs ahead and
 // refills the tokens' staging buffer while the GPU may not yet have copied
 // the last step's tokens out of it.
-static void test_losses_on_device(rng_t *r, bool bf16) {
+static void test_losses_on_device(rng_t *r, gpt_precision p) {
     enum { B = 2, T = 16, V = 64, PASSES = 3 };
     gpt_config c = {V, T, 1, 2, 32};
     gpt_t init;
     gpt_init(&init, c, rng_next(r));
-    gpt_cuda_t *g = gpt_cuda_create(&c, init.params, B, T, bf16);
+    gpt_cuda_t *g = gpt_cuda_create(&c, init.params, B, T, p);
     uint16_t in[PASSES][B * T], tg[PASSES][B * T];
     for (int i = 0; i < PASSES; i++) random_tokens(r, in[i], B * T, V), random_tokens(r, tg[i], B * T, V);
     char name[128];
-    const char *precision = bf16 ? "bf16" : "fp32";
+    const char *precision = gpt_precision_name(p);
 #ifdef COURSE_EMU
     // The emulated GPU's default schedule runs queued work only when
     // something waits for it. A copy queued on the model's stream before a
@@ -602,7 +618,8 @@ static void test_training_tracks(rng_t *r) {
     gpt_config c = {V, T, 2, 2, 64};
     gpt_t init;
     gpt_init(&init, c, rng_next(r));
-    gpt_cuda_t *f = gpt_cuda_create(&c, init.params, B, T, false), *h = gpt_cuda_create(&c, init.params, B, T, true);
+    gpt_cuda_t *f = gpt_cuda_create(&c, init.params, B, T, GPT_FP32), *h = gpt_cuda_create(&c, init.params, B, T, GPT_BF16);
+    gpt_cuda_t *q = gpt_cuda_create(&c, init.params, B, T, GPT_FP16);
     uint16_t perm[V], in[B * T], tg[B * T];
     for (int i = 0; i < V; i++) perm[i] = (uint16_t)i;
     for (int i = V - 1; i > 0; i--) {
@@ -610,34 +627,93 @@ static void test_training_tracks(rng_t *r) {
         uint16_t t = perm[i];
         perm[i] = perm[j], perm[j] = t;
     }
-    double lf[STEPS / WINDOW] = {0}, lh[STEPS / WINDOW] = {0}, worst = 0;
+    double lf[STEPS / WINDOW] = {0}, lh[STEPS / WINDOW] = {0}, lq[STEPS / WINDOW] = {0}, worst = 0, worst_q = 0;
     int counted = 0;
     for (int s = 0; s < STEPS; s++) {
         make_batch(r, perm, V, in, tg, B, T);
         train_step(f, in, tg, B, T);
         train_step(h, in, tg, B, T);
+        train_step(q, in, tg, B, T);
         if ((s + 1) % WINDOW) continue;
-        int nf, nh; // the window's mean losses, summed on the device: one wait per window
+        int nf, nh, nq; // the window's mean losses, summed on the device: one wait per window
         lf[s / WINDOW] = gpt_cuda_take_loss(f, &nf), lh[s / WINDOW] = gpt_cuda_take_loss(h, &nh);
-        counted += nf + nh;
+        lq[s / WINDOW] = gpt_cuda_take_loss(q, &nq);
+        counted += nf + nh + nq;
     }
-    EXPECT("gpt cuda loss sums on the device count every step", counted == 2 * STEPS, "%d of %d losses", counted,
-           2 * STEPS);
-    printf("info: mean loss per %d steps, fp32 vs bf16:", WINDOW);
+    EXPECT("gpt cuda loss sums on the device count every step", counted == 3 * STEPS, "%d of %d losses", counted,
+           3 * STEPS);
+    printf("info: mean loss per %d steps, fp32 / bf16 / fp16:", WINDOW);
     for (int w = 0; w < STEPS / WINDOW; w++) {
-        printf(" %.3f/%.3f", lf[w], lh[w]);
-        worst = fmax(worst, fabs(lh[w] - lf[w]) / lf[w]);
+        printf(" %.3f/%.3f/%.3f", lf[w], lh[w], lq[w]);
+        worst = fmax(worst, fabs(lh[w] - lf[w]) / lf[w]), worst_q = fmax(worst_q, fabs(lq[w] - lf[w]) / lf[w]);
     }
-    printf("\n");
+    gpt_scaler sq = gpt_cuda_get_scaler(q);
+    printf("\ninfo: fp16's loss scale after %d steps: %.0f, %d step(s) skipped\n", STEPS, sq.scale, sq.skipped_total);
     int last = STEPS / WINDOW - 1;
     EXPECT("gpt cuda fp32 training learns the made-up language", lf[last] < 0.6 * lf[0],
            "mean loss %.3f in the first %d steps, %.3f in the last %d", lf[0], WINDOW, lf[last], WINDOW);
     char name[100];
     snprintf(name, sizeof name, "gpt cuda bf16 training tracks fp32 within 5%% over %d steps", STEPS);
     EXPECT(name, worst <= 0.05, "window means differ by up to %.1f%%", 100 * worst);
+    snprintf(name, sizeof name, "gpt cuda fp16 training (loss scale) tracks fp32 within 5%% over %d steps", STEPS);
+    EXPECT(name, worst_q <= 0.05, "window means differ by up to %.1f%%", 100 * worst_q);
     gpt_cuda_free(f);
     gpt_cuda_free(h);
+    gpt_cuda_free(q);
     gpt_free(&init);
+}
+
+// ------------------------------------------------------------------ fp16's loss scale
+
+// GradScaler's three rules on a real step. A scale of 2^40 makes the loss's
+// gradient (2^40 / 64 tokens) overflow fp16 at once: the step must change
+// no parameter and no AdamW moment (they are compared bit for bit), and
+// halve the scale. A sane scale: the step trains. One clean step short of
+// GPT_CUDA_SCALE_GROWTH: the next clean one doubles the scale.
+static void test_loss_scaler(rng_t *r) {
+    enum { B = 2, T = 32, V = 64 };
+    gpt_config c = {V, T, 1, 2, 32};
+    gpt_t init;
+    gpt_init(&init, c, rng_next(r));
+    gpt_cuda_t *g = gpt_cuda_create(&c, init.params, B, T, GPT_FP16);
+    gpt_scaler s = gpt_cuda_get_scaler(g);
+    EXPECT("gpt cuda fp16 starts with GradScaler's scale", s.scale == GPT_CUDA_SCALE_INIT && s.skipped_total == 0,
+           "scale %g, %d skipped", s.scale, s.skipped_total);
+    uint16_t in[B * T], tg[B * T];
+    random_tokens(r, in, B * T, V), random_tokens(r, tg, B * T, V);
+    size_t n = gpt_cuda_param_count(g);
+    // params, AdamW's m and v: before the step that overflows, and after it
+    float *state[2][3];
+    for (int k = 0; k < 6; k++) state[k / 3][k % 3] = xmalloc(n * sizeof(float));
+    int adam_step;
+    train_step(g, in, tg, B, T); // one ordinary step: AdamW's moments are no longer zero
+    gpt_cuda_get_params(g, state[0][0]);
+    gpt_cuda_get_adam(g, state[0][1], state[0][2], &adam_step);
+    gpt_cuda_set_scaler(g, (gpt_scaler){1099511627776.0f, 5, 0, 0}); // 2^40
+    train_step(g, in, tg, B, T);
+    gpt_cuda_get_params(g, state[1][0]);
+    gpt_cuda_get_adam(g, state[1][1], state[1][2], &adam_step);
+    s = gpt_cuda_get_scaler(g);
+    bool same = true;
+    for (int k = 0; k < 3; k++) same = same && !memcmp(state[0][k], state[1][k], n * sizeof(float));
+    EXPECT("gpt cuda fp16 overflow: the step is skipped (parameters and AdamW moments unchanged)",
+           same && s.skipped == 1 && s.skipped_total == 1, "parameters and moments %s; skipped %d, %d in all",
+           same ? "unchanged" : "CHANGED", s.skipped, s.skipped_total);
+    EXPECT("gpt cuda fp16 overflow: the scale halves and the count of clean steps restarts",
+           s.scale == 549755813888.0f && s.good_steps == 0, "scale %g (expected 2^39), good steps %d", s.scale,
+           s.good_steps);
+    gpt_cuda_set_scaler(g, (gpt_scaler){1024.0f, GPT_CUDA_SCALE_GROWTH - 1, 0, s.skipped_total});
+    train_step(g, in, tg, B, T);
+    gpt_cuda_get_params(g, state[1][0]);
+    s = gpt_cuda_get_scaler(g);
+    bool trained = memcmp(state[0][0], state[1][0], n * sizeof(float)) != 0;
+    EXPECT("gpt cuda fp16: a clean step trains, and the growth interval's last one doubles the scale",
+           trained && s.skipped == 0 && s.scale == 2048.0f && s.good_steps == 0,
+           "parameters %s; skipped %d, scale %g (expected 2048), good steps %d", trained ? "changed" : "UNCHANGED",
+           s.skipped, s.scale, s.good_steps);
+    for (int k = 0; k < 6; k++) free(state[k / 3][k % 3]);
+    gpt_free(&init);
+    gpt_cuda_free(g);
 }
 
 // ------------------------------------------------------------------ the step as a CUDA graph
@@ -651,14 +727,14 @@ static void test_training_tracks(rng_t *r) {
 // parameters agree within what the GPU's atomics leave (fp32 1e-5; bf16
 // 1e-3: both sides round alike, the atomics' order moves bf16 copies by a
 // unit now and then). On the emulated GPU, a replayed step is ONE launch.
-static void test_graph_step(rng_t *r, bool bf16) {
+static void test_graph_step(rng_t *r, gpt_precision p) {
     enum { B = 2, T = 16, V = 64, STEPS = 4 };
     gpt_config c = {V, T, 2, 2, 32};
     gpt_t init;
     gpt_init(&init, c, rng_next(r));
-    gpt_cuda_t *e = gpt_cuda_create(&c, init.params, B, T, bf16), *h = gpt_cuda_create(&c, init.params, B, T, bf16);
-    const char *precision = bf16 ? "bf16" : "fp32";
-    double tol = bf16 ? 1e-3 : 1e-5, worst_loss = 0;
+    gpt_cuda_t *e = gpt_cuda_create(&c, init.params, B, T, p), *h = gpt_cuda_create(&c, init.params, B, T, p);
+    const char *precision = gpt_precision_name(p);
+    double tol = p != GPT_FP32 ? 1e-3 : 1e-5, worst_loss = 0;
 #ifdef COURSE_EMU
     unsigned long long eager_launches = 0, graph_launches = 0;
 #endif
@@ -717,7 +793,7 @@ static int run_oom(void) {
     gpt_config c = {5000, 8192, 2, 4, 256};
     gpt_t m;
     gpt_init(&m, c, 1);
-    gpt_cuda_create(&c, m.params, 4096, 8192, false); // must die with the size asked for
+    gpt_cuda_create(&c, m.params, 4096, 8192, GPT_FP32); // must die with the size asked for
     printf("FAIL gpt cuda out of memory: gpt_cuda_create accepted a model of %.0f GiB\n",
            gpt_cuda_memory_needed(&c, 4096, 8192, false) / 1073741824.0);
     gpt_free(&m);
@@ -830,7 +906,8 @@ static int run_bench(const options *o) {
     gpt_t m;
     gpt_init(&m, c, 1);
     size_t params = m.num_params;
-    gpt_cuda_t *g = gpt_cuda_create(&c, m.params, B, T, !strcmp(o->dtype, "bf16"));
+    gpt_precision p = !strcmp(o->dtype, "bf16") ? GPT_BF16 : !strcmp(o->dtype, "fp16") ? GPT_FP16 : GPT_FP32;
+    gpt_cuda_t *g = gpt_cuda_create(&c, m.params, B, T, p);
     printf("info: attention: %s (GPT_CUDA_ATTENTION=cublas|flash picks it)\n", gpt_cuda_attention(g));
     gpt_free(&m);
     overlap_t ov = {NULL, NULL, gpt_cuda_grads_device(g)};
@@ -866,7 +943,7 @@ static void run_tests(const options *o) {
     char why[200];
     if (device_count_gpus(why, sizeof why) == 0) {
         SKIP("gpt cuda parity with the CPU", "no usable GPU (%s)", why);
-        SKIP("gpt cuda bf16 training tracks fp32", "no usable GPU (%s)", why);
+        SKIP("gpt cuda bf16 and fp16 training track fp32", "no usable GPU (%s)", why);
         return;
     }
     device_t d = device_choose("cuda", 0);
@@ -875,16 +952,22 @@ static void run_tests(const options *o) {
            (unsigned long long)seed);
     rng_t r = rng_seed(seed);
     if (!strcmp(o->mode, "graph")) {
-        test_graph_step(&r, false);
+        test_graph_step(&r, GPT_FP32);
         return;
     }
-    for (int bf16 = 0; bf16 <= 1; bf16++) {
-        test_layers(&r, bf16);
-        test_model(&r, bf16);
-        test_model_cublas_attention(&r, bf16);
-        test_losses_on_device(&r, bf16);
-        test_graph_step(&r, bf16);
+    if (!strcmp(o->mode, "scaler")) {
+        test_loss_scaler(&r);
+        return;
     }
+    gpt_precision all[] = {GPT_FP32, GPT_BF16, GPT_FP16};
+    for (int i = 0; i < 3; i++) {
+        test_layers(&r, all[i]);
+        test_model(&r, all[i]);
+        test_model_cublas_attention(&r, all[i]);
+        test_losses_on_device(&r, all[i]);
+        test_graph_step(&r, all[i]);
+    }
+    test_loss_scaler(&r);
     if (!strcmp(o->mode, "test")) test_training_tracks(&r);
 }
 #endif // COURSE_CUDA
@@ -893,10 +976,10 @@ int main(int argc, char **argv) {
     options o = {.mode = "test", .config = "default", .dtype = "bf16", .batch_size = 8, .steps = 10, .warmup = 3,
                  .vocab_size = 5000, .seed = 0};
     flag_set set = {.program = "test_gpt_cuda", .summary = "the GPU GPT against gpt.h, and its benchmark"};
-    flag_choice(&set, "mode", &o.mode, "test|sanitize|graph|oom|bench", "what to run");
+    flag_choice(&set, "mode", &o.mode, "test|sanitize|graph|scaler|oom|bench", "what to run");
     flag_choice(&set, "config", &o.config, "default|large|tiny",
                 "bench model: default (128/4/4/256), large (1024/12/12/768) or tiny (32/2/2/64)");
-    flag_choice(&set, "dtype", &o.dtype, "fp32|bf16", "bench precision");
+    flag_choice(&set, "dtype", &o.dtype, "fp32|bf16|fp16", "bench precision");
     flag_int(&set, "batch_size", &o.batch_size, 1, 4096, "bench sequences per step")->short_name = "b";
     flag_int(&set, "steps", &o.steps, 1, 100000, "bench steps timed");
     flag_int(&set, "warmup", &o.warmup, 0, 1000, "bench steps before timing");
