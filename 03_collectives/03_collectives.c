@@ -57,7 +57,7 @@ static options parse_options(int argc, char **argv, const launch_env_t *env) {
     flag_int(&set, "warmup_iters", &o.b.warmup_iters, 0, 1000000, "untimed operations per size first")->short_name = "w";
     flag_choice(&set, "op", &o.b.op, "sum|prod|min|max|avg|band|bor|bxor|all",
                 "reduction (all: a row for each; band/bor/bxor: integer types)")->short_name = "o";
-    flag_choice(&set, "datatype", &o.b.datatype, "float|double|int32|int64|uint8|bfloat16|all",
+    flag_choice(&set, "datatype", &o.b.datatype, "float|double|int32|int64|uint8|bfloat16|half|all",
                 "element type (all: a row for each)")->short_name = "d";
     flag_choice(&set, "collective", &o.b.collective,
                 "all|broadcast|reduce|all_reduce|gather|all_gather|scatter|reduce_scatter|all_to_all|barrier",
@@ -65,7 +65,8 @@ static options parse_options(int argc, char **argv, const launch_env_t *env) {
     flag_int(&set, "root", &o.b.root, 0, 4095, "root rank of broadcast, reduce, gather, scatter")->short_name = "r";
     flags_parse(&set, argc, argv);
     bool bitwise = !strcmp(o.b.op, "band") || !strcmp(o.b.op, "bor") || !strcmp(o.b.op, "bxor");
-    bool floating = !strcmp(o.b.datatype, "float") || !strcmp(o.b.datatype, "double") || !strcmp(o.b.datatype, "bfloat16");
+    bool floating = !strcmp(o.b.datatype, "float") || !strcmp(o.b.datatype, "double") ||
+                    !strcmp(o.b.datatype, "bfloat16") || !strcmp(o.b.datatype, "half");
     if (bitwise && floating)
         flags_fail(&set, "-o %s works on integer types (int32, int64, uint8), not -d %s", o.b.op, o.b.datatype);
     if (o.b.minbytes > o.b.maxbytes)

@@ -45,6 +45,7 @@ static const type_info TYPES[] = {
     {"float", DTYPE_F32, 4, 0x1p-23}, {"double", DTYPE_F64, 8, 0x1p-52},
     {"int32", DTYPE_I32, 4, 0},       {"int64", DTYPE_I64, 8, 0},
     {"uint8", DTYPE_U8, 1, 0},        {"bfloat16", DTYPE_BF16, 2, 0x1p-7},
+    {"half", DTYPE_F16, 2, 0x1p-10},
 };
 
 typedef struct { const char *name; redop_t op; } op_info;
@@ -65,7 +66,8 @@ static double load_value(dtype_t t, const void *base, size_t i) {
     case DTYPE_I32: return ((const int32_t *)base)[i];
     case DTYPE_I64: return (double)((const int64_t *)base)[i];
     case DTYPE_U8: return ((const uint8_t *)base)[i];
-    case DTYPE_BF16: return bf16_to_f32(((const uint16_t *)base)[i]);
+    case DTYPE_BF16:
+    case DTYPE_F16: return float16_to_f32(t, ((const uint16_t *)base)[i]);
     default: die("03_collectives: unknown data type %d", (int)t);
     }
 }
@@ -78,7 +80,8 @@ static void store_value(dtype_t t, void *base, size_t i, double v) {
     case DTYPE_I32: ((int32_t *)base)[i] = (int32_t)v; break;
     case DTYPE_I64: ((int64_t *)base)[i] = (int64_t)v; break;
     case DTYPE_U8: ((uint8_t *)base)[i] = (uint8_t)v; break;
-    case DTYPE_BF16: ((uint16_t *)base)[i] = f32_to_bf16((float)v); break;
+    case DTYPE_BF16:
+    case DTYPE_F16: ((uint16_t *)base)[i] = f32_to_float16(t, (float)v); break;
     default: die("03_collectives: unknown data type %d", (int)t);
     }
 }

@@ -48,7 +48,7 @@ static options parse_options(int argc, char **argv) {
     flag_int(&set, "seed", &o.seed, 0, 2147483647, "seed for data and shuffling");
     flag_choice(&set, "backend", &o.backend, "auto|cpu|nccl|mpi", "communication backend")->env = "COURSE_BACKEND";
     flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where to compute")->env = "COURSE_DEVICE";
-    flag_choice(&set, "grad_compress", &o.grad_compress, "none|bf16", "gradients all-reduced as fp32, or rounded to bf16 (DDP's bf16_compress_hook)");
+    flag_choice(&set, "grad_compress", &o.grad_compress, "none|bf16|fp16", "gradients all-reduced as fp32, or rounded to bf16 or fp16 (DDP's bf16_ and fp16_compress_hook)");
     flag_string(&set, "init_method", &o.init_method, "how ranks meet: env://, tcp://HOST:PORT, file:///path");
     flag_int(&set, "check_replicas", &o.check_replicas, 0, 1000000000, "every N steps, stop if the replicas differ (0: never)");
     flag_double(&set, "timeout", &o.timeout, 0, 86400, "seconds any rank waits for another (0: COURSE_TIMEOUT or 300)");
@@ -138,7 +138,7 @@ int main(int argc, char **argv) {
                  params[opt.features], (unsigned long long)checksum_bytes(params, sizeof(float) * nparams));
         if (dist.world_size > 1)
             log_main("gradients all-reduced: %zu bytes per step per rank (%s)\n",
-                     ddp_bytes_reduced() / (size_t)(step > 0 ? step : 1), compress == DDP_COMPRESS_BF16 ? "bf16" : "fp32");
+                     ddp_bytes_reduced() / (size_t)(step > 0 ? step : 1), ddp_wire_name(compress));
         log_main("training time %.6f s on %d rank(s) (%.0f samples/s)\n", seconds, dist.world_size,
                  (double)opt.samples * opt.epochs / seconds);
     }

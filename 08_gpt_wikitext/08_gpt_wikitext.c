@@ -95,7 +95,7 @@ static flag_set option_flags(options *o) {
     flag_int(&set, "nprocs", &o->nprocs, 1, 256, "ranks to spawn for data parallelism (under ddprun: ignored)");
     flag_choice(&set, "backend", &o->backend, "auto|cpu|nccl|mpi", "communication backend")->env = "COURSE_BACKEND";
     flag_double(&set, "timeout", &o->timeout, 0, 86400, "seconds a rank waits for another (0: COURSE_TIMEOUT or 300)");
-    flag_choice(&set, "grad_compress", &o->grad_compress, "none|bf16", "gradients all-reduced as fp32, or rounded to bf16: half the bytes (DDP's bf16_compress_hook)");
+    flag_choice(&set, "grad_compress", &o->grad_compress, "none|bf16|fp16", "gradients all-reduced as fp32, or rounded to bf16 or fp16: half the bytes (DDP's bf16_ and fp16_compress_hook)");
     flag_int(&set, "seed", &o->seed, 0, 2147483647, "seed for the weights, the shuffle and the samples");
     flag_choice(&set, "preset", &o->preset, "default|tiny", "model size: default (128/4/4/256) or tiny (32/2/2/64)");
     flag_int(&set, "vocab_size", &o->vocab_size, 258, 65536, "BPE vocabulary: 256 bytes + merges + <|endoftext|>");
@@ -531,7 +531,7 @@ static void train(model_t *m, const corpus_t *c, const options *o, trainer_t *tr
     int steps_run = step - first_step;
     if (tr->dist->world_size > 1 && steps_run > 0)
         log_main("gradients all-reduced: %.0f bytes per step per rank (%s), %zu parameters\n",
-                 (double)ddp_bytes_reduced() / steps_run, m->grad_compress == DDP_COMPRESS_BF16 ? "bf16" : "fp32",
+                 (double)ddp_bytes_reduced() / steps_run, ddp_wire_name(m->grad_compress),
                  m->host.num_params);
 }
 

@@ -16,8 +16,8 @@
 // (tests/library/test_ddp.sh makes ranks drift on purpose, to see it work).
 //
 // How a bucket travels is DDP's communication hook (register_comm_hook):
-// fp32 as computed, or bf16_compress_hook's half the bytes (--grad_compress,
-// ddp_compress_t below).
+// fp32 as computed, or bf16_compress_hook's or fp16_compress_hook's half
+// the bytes (--grad_compress, ddp_compress_t below).
 #ifndef COURSE_DDP_H
 #define COURSE_DDP_H
 
@@ -30,20 +30,33 @@
 
 #define DDP_BUCKET_BYTES (25u << 20)
 
-// The hook: --grad_compress none (all-reduce the fp32 gradients) or bf16
+// The hook: --grad_compress none (all-reduce the fp32 gradients), bf16
 // (PyTorch's bf16_compress_hook: round each bucket to bfloat16, all-reduce
-// half the bytes, widen the average back to fp32). bf16 keeps fp32's range
+// half the bytes, widen the average back to fp32) or fp16 (its
+// fp16_compress_hook, the same with IEEE half). bf16 keeps fp32's range
 // (8 exponent bits) but 8 bits of mantissa instead of 24: each gradient is
 // off by up to 1 part in 256 before the sum, and each partial sum is rounded
-// again, so the update is not quite the fp32 one. Whether the loss notices
-// is measured, not assumed: chapter 08's README shows both curves. The
-// replicas stay identical either way: every rank widens the same bf16 bytes.
-typedef enum { DDP_COMPRESS_NONE, DDP_COMPRESS_BF16 } ddp_compress_t;
+// again, so the update is not quite the fp32 one. fp16 keeps 11 bits, 8
+// times finer, but only 5 exponent bits: a gradient below 6e-8 becomes 0 and
+// one above 65504 becomes inf (fp16 training's loss scale lifts the small
+// ones; see gpt/gpt_cuda.h). Whether the loss notices is measured, not
+// assumed: chapter 08's README shows the curves. The replicas stay identical
+// either way: every rank widens the same 16-bit bytes.
+typedef enum { DDP_COMPRESS_NONE, DDP_COMPRESS_BF16, DDP_COMPRESS_FP16 } ddp_compress_t;
 
 static inline ddp_compress_t ddp_compress_from_name(const char *name) {
     if (!strcmp(name, "none")) return DDP_COMPRESS_NONE;
     if (!strcmp(name, "bf16")) return DDP_COMPRESS_BF16;
-    die("unknown gradient compression '%s' (none or bf16)", name);
+    if (!strcmp(name, "fp16")) return DDP_COMPRESS_FP16;
+    die("unknown gradient compression '%s' (none, bf16 or fp16)", name);
+}
+
+// What the buckets travel as: its name for the log, its process-group type.
+static inline const char *ddp_wire_name(ddp_compress_t how) {
+    return how == DDP_COMPRESS_BF16 ? "bf16" : how == DDP_COMPRESS_FP16 ? "fp16" : "fp32";
+}
+static inline dtype_t ddp_wire_dtype(ddp_compress_t how) {
+    return how == DDP_COMPRESS_BF16 ? DTYPE_BF16 : how == DDP_COMPRESS_FP16 ? DTYPE_F16 : DTYPE_F32;
 }
 
 // The samples each rank trains on per step: batch_size, or its share of a
@@ -101,28 +114,33 @@ static inline void ddp_average_gradients_in_buckets(pg_t *pg, float *grads, size
     }
 }
 
-// The bf16 hook: round, average in the same buckets, widen. grads may lie on
-// the process group's GPU: then the rounding is done on the host, through
+// The 16-bit hooks: round, average in the same buckets, widen. wire is
+// DTYPE_BF16 or DTYPE_F16. The average cannot overflow fp16 on the way:
+// NCCL's average multiplies each rank's part by 1/W before adding, the cpu
+// backend adds in fp32. (The mpi backend adds fp16 to fp16, in our own MPI
+// op, then divides: there a sum past 65504 would become inf.) grads may lie
+// on the process group's GPU: then the rounding is done on the host, through
 // copies (fine for chapters 04-07's few parameters; chapter 08's GPU model
-// rounds on the GPU, ddp_average_bf16_bucket_after).
-static inline void ddp_average_gradients_bf16(pg_t *pg, float *grads, size_t count, size_t bucket_bytes) {
+// rounds on the GPU, ddp_average_16bit_bucket_after).
+static inline void ddp_average_gradients_16bit(pg_t *pg, float *grads, size_t count, size_t bucket_bytes,
+                                               dtype_t wire_type) {
     const device_t *device = &pg->device;
     bool on_gpu = device_is_cuda(device);
     float *host = on_gpu ? xmalloc(count * sizeof(float)) : grads;
     uint16_t *half = xmalloc(count * sizeof(uint16_t));
     if (on_gpu) device_to_host(device, host, grads, count * sizeof(float));
-    for (size_t i = 0; i < count; i++) half[i] = f32_to_bf16(host[i]);   // round to nearest even
+    for (size_t i = 0; i < count; i++) half[i] = f32_to_float16(wire_type, host[i]);   // round to nearest even
     uint16_t *wire = on_gpu ? device_alloc(device, count * sizeof(uint16_t)) : half;
     if (on_gpu) device_from_host(device, wire, half, count * sizeof(uint16_t));
     size_t bucket = bucket_bytes / sizeof(float);   // the same gradients per bucket as in fp32
     if (bucket == 0) bucket = 1;
     for (size_t first = 0; first < count; first += bucket) {
         size_t n = count - first < bucket ? count - first : bucket;
-        pg_all_reduce(pg, wire + first, wire + first, n, DTYPE_BF16, OP_AVG);
+        pg_all_reduce(pg, wire + first, wire + first, n, wire_type, OP_AVG);
         *ddp_bytes_counter() += n * sizeof(uint16_t);
     }
     if (on_gpu) device_to_host(device, half, wire, count * sizeof(uint16_t));
-    for (size_t i = 0; i < count; i++) host[i] = bf16_to_f32(half[i]);   // widen: exact
+    for (size_t i = 0; i < count; i++) host[i] = float16_to_f32(wire_type, half[i]);   // widen: exact
     if (on_gpu) {
         device_from_host(device, grads, host, count * sizeof(float));
         device_free(device, wire);
@@ -134,8 +152,8 @@ static inline void ddp_average_gradients_bf16(pg_t *pg, float *grads, size_t cou
 // grads <- mean over ranks of grads, sent as `how` says.
 static inline void ddp_average_gradients_with(pg_t *pg, float *grads, size_t count, ddp_compress_t how) {
     if (pg_world_size(pg) == 1) return;
-    if (how == DDP_COMPRESS_BF16) ddp_average_gradients_bf16(pg, grads, count, ddp_bucket_bytes());
-    else ddp_average_gradients_in_buckets(pg, grads, count, ddp_bucket_bytes());
+    if (how == DDP_COMPRESS_NONE) ddp_average_gradients_in_buckets(pg, grads, count, ddp_bucket_bytes());
+    else ddp_average_gradients_16bit(pg, grads, count, ddp_bucket_bytes(), ddp_wire_dtype(how));
 }
 
 static inline void ddp_average_gradients(pg_t *pg, float *grads, size_t count) {
@@ -155,12 +173,14 @@ static inline void ddp_average_bucket_after(pg_t *pg, float *grads, size_t count
     *ddp_bytes_counter() += count * sizeof(float);
 }
 
-// The bf16 hook on a GPU: the model has rounded the bucket into `wire` by the
-// time `ready` happens; the average replaces it there, and the model widens
-// it back into its fp32 gradients after ddp_finish_gradients.
-static inline void ddp_average_bf16_bucket_after(pg_t *pg, uint16_t *wire, size_t count, cudaEvent_t ready) {
+// A 16-bit hook on a GPU: the model has rounded the bucket into `wire` (of
+// wire_type) by the time `ready` happens; the average replaces it there,
+// and the model widens it back into its fp32 gradients after
+// ddp_finish_gradients.
+static inline void ddp_average_16bit_bucket_after(pg_t *pg, uint16_t *wire, size_t count, dtype_t wire_type,
+                                                  cudaEvent_t ready) {
     if (pg_world_size(pg) == 1) return;
-    pg_all_reduce_after(pg, wire, count, DTYPE_BF16, OP_AVG, ready);
+    pg_all_reduce_after(pg, wire, count, wire_type, OP_AVG, ready);
     *ddp_bytes_counter() += count * sizeof(uint16_t);
 }
 

@@ -134,27 +134,27 @@ static inline void cpu_all_reduce_core(cpu_pg_t *pg, const void *send, void *rec
     }
 }
 
-static inline float *cpu_widen_bf16(const void *src, size_t count) {
+static inline float *cpu_widen(const void *src, size_t count, dtype_t t) {
     const uint16_t *h = src;
     float *wide = xcalloc(count, sizeof *wide);   // calloc: large blocks come zeroed for free
-    for (size_t i = 0; i < count; i++) wide[i] = bf16_to_f32(h[i]);
+    for (size_t i = 0; i < count; i++) wide[i] = float16_to_f32(t, h[i]);
     return wide;
 }
 
-static inline void cpu_narrow_bf16(const float *wide, void *dst, size_t count) {
+static inline void cpu_narrow(const float *wide, void *dst, size_t count, dtype_t t) {
     uint16_t *h = dst;
-    for (size_t i = 0; i < count; i++) h[i] = f32_to_bf16(wide[i]);
+    for (size_t i = 0; i < count; i++) h[i] = f32_to_float16(t, wide[i]);
 }
 
-// bf16 is reduced in float32 and rounded once at the end, so a sum over
-// many ranks loses no more than one rounding. AVG is SUM, then a division
-// that every rank applies to the same bytes.
+// bf16 and fp16 are reduced in float32 and rounded once at the end, so a
+// sum over many ranks loses no more than one rounding. AVG is SUM, then a
+// division that every rank applies to the same bytes.
 static inline void cpu_all_reduce_any(cpu_pg_t *pg, const void *send, void *recv, size_t count,
                                       dtype_t t, redop_t op) {
-    if (t == DTYPE_BF16) {
-        float *wide = cpu_widen_bf16(send, count);
+    if (dtype_is_float16(t)) {
+        float *wide = cpu_widen(send, count, t);
         cpu_all_reduce_any(pg, wide, wide, count, DTYPE_F32, op);
-        cpu_narrow_bf16(wide, recv, count);
+        cpu_narrow(wide, recv, count, t);
         free(wide);
         return;
     }
@@ -213,11 +213,11 @@ static inline void cpu_reduce_scatter_core(cpu_pg_t *pg, const char *send, char 
 
 static inline void cpu_reduce_scatter_any(cpu_pg_t *pg, const void *send, void *recv, size_t count,
                                           dtype_t t, redop_t op) {
-    if (t == DTYPE_BF16) {
-        float *wide_send = cpu_widen_bf16(send, count * (size_t)pg->world);
+    if (dtype_is_float16(t)) {
+        float *wide_send = cpu_widen(send, count * (size_t)pg->world, t);
         float *wide_recv = xmalloc(count * sizeof(float));
         cpu_reduce_scatter_any(pg, wide_send, wide_recv, count, DTYPE_F32, op);
-        cpu_narrow_bf16(wide_recv, recv, count);
+        cpu_narrow(wide_recv, recv, count, t);
         free(wide_send);
         free(wide_recv);
         return;

@@ -17,9 +17,9 @@
 //                           MPI_Allgather, MPI_Scatter, MPI_Reduce_scatter_block,
 //                           MPI_Alltoall, MPI_Barrier
 //   dtypes                  MPI_FLOAT, MPI_DOUBLE, MPI_INT32_T, MPI_INT64_T,
-//                           MPI_UINT8_T; bf16, which MPI does not know, moves
-//                           as MPI_UINT16_T and reduces with ops of our own
-//                           (MPI_Op_create) that call pg.h's bf16 kernel
+//                           MPI_UINT8_T; bf16 and fp16, which MPI does not
+//                           know, move as MPI_UINT16_T and reduce with ops of
+//                           our own (MPI_Op_create) that call pg.h's kernel
 //   sum prod min max, band bor bxor
 //                           MPI_SUM ... MPI_BXOR; AVG is MPI_SUM and then a
 //                           division by the world size, as in the other backends
@@ -111,7 +111,8 @@ static inline MPI_Datatype mpi_type(dtype_t t) {
     case DTYPE_I32: return MPI_INT32_T;
     case DTYPE_I64: return MPI_INT64_T;
     case DTYPE_U8: return MPI_UINT8_T;
-    case DTYPE_BF16: return MPI_UINT16_T;   // moved as 16-bit words; reduced by our ops below
+    case DTYPE_BF16:
+    case DTYPE_F16: return MPI_UINT16_T;    // moved as 16-bit words; reduced by our ops below
     }
     die("unknown dtype %d", (int)t);
 }
@@ -126,33 +127,37 @@ static inline MPI_Datatype mpi_reduce_type(dtype_t t, redop_t op) {
     return mpi_type(t);
 }
 
-// bf16 reductions: MPI calls fn(in, inout, len, type) and wants
+// bf16 and fp16 reductions: MPI calls fn(in, inout, len, type) and wants
 // inout[i] = in[i] op inout[i]; pg.h's kernel does exactly that.
-#define PG_MPI_BF16_OP(name, op)                                                       \
-    static inline void mpi_bf16_##name(void *in, void *inout, int *len, MPI_Datatype *t) { \
+#define PG_MPI_FLOAT16_OP(name, dtype, op)                                             \
+    static inline void mpi_##name(void *in, void *inout, int *len, MPI_Datatype *t) {  \
         (void)t;                                                                       \
-        pg_combine_bf16(inout, in, inout, (size_t)*len, op);                              \
+        pg_combine_float16(inout, in, inout, (size_t)*len, dtype, op);                 \
     }
-PG_MPI_BF16_OP(sum, OP_SUM)
-PG_MPI_BF16_OP(prod, OP_PROD)
-PG_MPI_BF16_OP(min, OP_MIN)
-PG_MPI_BF16_OP(max, OP_MAX)
+PG_MPI_FLOAT16_OP(bf16_sum, DTYPE_BF16, OP_SUM)
+PG_MPI_FLOAT16_OP(bf16_prod, DTYPE_BF16, OP_PROD)
+PG_MPI_FLOAT16_OP(bf16_min, DTYPE_BF16, OP_MIN)
+PG_MPI_FLOAT16_OP(bf16_max, DTYPE_BF16, OP_MAX)
+PG_MPI_FLOAT16_OP(f16_sum, DTYPE_F16, OP_SUM)
+PG_MPI_FLOAT16_OP(f16_prod, DTYPE_F16, OP_PROD)
+PG_MPI_FLOAT16_OP(f16_min, DTYPE_F16, OP_MIN)
+PG_MPI_FLOAT16_OP(f16_max, DTYPE_F16, OP_MAX)
 
-static inline MPI_Op mpi_bf16_op(redop_t op) {
-    static MPI_User_function *const kernels[] = {mpi_bf16_sum, mpi_bf16_prod, mpi_bf16_min,
-                                                 mpi_bf16_max};
-    static MPI_Op made[4];
-    static bool ready[4];
-    int i = op == OP_AVG ? OP_SUM : (int)op;   // OP_SUM .. OP_MAX are 0..3
-    if (!ready[i]) {
-        mpi_check(MPI_Op_create(kernels[i], 1, &made[i]), "MPI_Op_create", "bf16 reduction");
-        ready[i] = true;
+static inline MPI_Op mpi_float16_op(dtype_t t, redop_t op) {
+    static MPI_User_function *const kernels[2][4] = {{mpi_bf16_sum, mpi_bf16_prod, mpi_bf16_min, mpi_bf16_max},
+                                                     {mpi_f16_sum, mpi_f16_prod, mpi_f16_min, mpi_f16_max}};
+    static MPI_Op made[2][4];
+    static bool ready[2][4];
+    int k = t == DTYPE_F16, i = op == OP_AVG ? OP_SUM : (int)op;   // OP_SUM .. OP_MAX are 0..3
+    if (!ready[k][i]) {
+        mpi_check(MPI_Op_create(kernels[k][i], 1, &made[k][i]), "MPI_Op_create", "16-bit float reduction");
+        ready[k][i] = true;
     }
-    return made[i];
+    return made[k][i];
 }
 
 static inline MPI_Op mpi_op(dtype_t t, redop_t op) {
-    if (t == DTYPE_BF16) return mpi_bf16_op(op);   // pg.h has refused bitwise ops on bf16
+    if (dtype_is_float16(t)) return mpi_float16_op(t, op);   // pg.h has refused bitwise ops on them
     switch (op) {
     case OP_SUM:
     case OP_AVG: return MPI_SUM;

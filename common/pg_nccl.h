@@ -234,6 +234,7 @@ static inline ncclDataType_t nccl_type(dtype_t t) {
     case DTYPE_I64: return ncclInt64;
     case DTYPE_U8: return ncclUint8;
     case DTYPE_BF16: return ncclBfloat16;
+    case DTYPE_F16: return ncclFloat16;
     }
     die("nccl: unknown dtype %d", (int)t);
 }

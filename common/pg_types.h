@@ -7,6 +7,7 @@
 #ifndef COURSE_PG_TYPES_H
 #define COURSE_PG_TYPES_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,21 +20,21 @@
 
 // ---------------------------------------------------------------- types
 
-typedef enum { DTYPE_F32, DTYPE_F64, DTYPE_I32, DTYPE_I64, DTYPE_U8, DTYPE_BF16 } dtype_t;
+typedef enum { DTYPE_F32, DTYPE_F64, DTYPE_I32, DTYPE_I64, DTYPE_U8, DTYPE_BF16, DTYPE_F16 } dtype_t;
 typedef enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_AVG, OP_BAND, OP_BOR, OP_BXOR } redop_t;
 typedef enum { BACKEND_AUTO, BACKEND_CPU, BACKEND_NCCL, BACKEND_MPI } backend_kind_t;
 
-static inline bool dtype_valid(dtype_t t) { return (unsigned)t <= DTYPE_BF16; }
+static inline bool dtype_valid(dtype_t t) { return (unsigned)t <= DTYPE_F16; }
 static inline bool redop_valid(redop_t op) { return (unsigned)op <= OP_BXOR; }
 
 static inline size_t dtype_size(dtype_t t) {
-    static const size_t sizes[] = {4, 8, 4, 8, 1, 2};
+    static const size_t sizes[] = {4, 8, 4, 8, 1, 2, 2};
     if (!dtype_valid(t)) die("unknown dtype %d", (int)t);
     return sizes[t];
 }
 
 static inline const char *dtype_name(dtype_t t) {
-    static const char *names[] = {"f32", "f64", "i32", "i64", "u8", "bf16"};
+    static const char *names[] = {"f32", "f64", "i32", "i64", "u8", "bf16", "f16"};
     return dtype_valid(t) ? names[t] : "unknown dtype";
 }
 
@@ -92,6 +93,46 @@ static inline uint16_t f32_to_bf16(float f) {
     bits += 0x7fffu + ((bits >> 16) & 1u);
     return (uint16_t)(bits >> 16);
 }
+
+// ---------------------------------------------------------------- fp16
+//
+// IEEE half: 5 bits of exponent (bias 15), 10 of mantissa. Largest 65504;
+// below 2^-14 (6.1e-5) subnormal, down to 2^-24 (6e-8). Also uint16_t.
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    if (exp == 0) { // zero or subnormal: man * 2^-24, exact in float
+        float f = (float)man * 0x1p-24f;
+        return sign ? -f : f;
+    }
+    bits = sign | (exp == 0x1f ? 0x7f800000u : (exp + 112u) << 23) | man << 13; // 112: bias 127 - 15
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// Round to nearest, ties to even, as GPUs and NCCL do; past 65504 (from
+// 65520 on) infinity; NaN stays NaN.
+static inline uint16_t f32_to_f16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
+    uint32_t mag = bits & 0x7fffffffu;
+    if (mag > 0x7f800000u) return sign | 0x7e00u;   // NaN
+    if (mag >= 0x477ff000u) return sign | 0x7c00u;  // 65520 or more: infinity
+    if (mag < 0x38800000u) {                        // below 2^-14: subnormal, in units of 2^-24
+        float units = fabsf(f) * 0x1p24f;           // exact: a power of two
+        return sign | (uint16_t)nearbyintf(units);  // ties to even (the default rounding); 1024 is 2^-14, right
+    }
+    uint32_t h = (mag >> 13) - (112u << 10), rest = mag & 0x1fffu; // exponent rebiased, top 10 mantissa bits
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;       // a carry into the exponent is right too
+    return sign | (uint16_t)h;
+}
+
+// The two 16-bit floats, for code that handles both the same way.
+static inline bool dtype_is_float16(dtype_t t) { return t == DTYPE_BF16 || t == DTYPE_F16; }
+static inline float float16_to_f32(dtype_t t, uint16_t h) { return t == DTYPE_F16 ? f16_to_f32(h) : bf16_to_f32(h); }
+static inline uint16_t f32_to_float16(dtype_t t, float f) { return t == DTYPE_F16 ? f32_to_f16(f) : f32_to_bf16(f); }
 
 // ---------------------------------------------------------------- reduction kernels
 //
@@ -218,15 +259,15 @@ static inline void pg_combine_u8(uint8_t *d, const uint8_t *a, const uint8_t *b,
     }
 }
 
-// bf16 element by element through float32, rounding each result. (The cpu
-// backend does not use this for its sums: it widens whole buffers to f32 so
-// that a sum over many ranks is rounded only once.)
-static inline void pg_combine_bf16(uint16_t *d, const uint16_t *a, const uint16_t *b, size_t n,
-                                   redop_t op) {
+// bf16 or fp16 element by element through float32, rounding each result.
+// (The cpu backend does not use this for its sums: it widens whole buffers
+// to f32 so that a sum over many ranks is rounded only once.)
+static inline void pg_combine_float16(uint16_t *d, const uint16_t *a, const uint16_t *b, size_t n, dtype_t t,
+                                      redop_t op) {
     for (size_t i = 0; i < n; i++) {
-        float x = bf16_to_f32(a[i]), y = bf16_to_f32(b[i]), r;
+        float x = float16_to_f32(t, a[i]), y = float16_to_f32(t, b[i]), r;
         pg_combine_f32(&r, &x, &y, 1, op);
-        d[i] = f32_to_bf16(r);
+        d[i] = f32_to_float16(t, r);
     }
 }
 
@@ -238,7 +279,8 @@ static inline void pg_combine(void *dst, const void *a, const void *b, size_t n,
     case DTYPE_I32: pg_combine_i32(dst, a, b, n, op); break;
     case DTYPE_I64: pg_combine_i64(dst, a, b, n, op); break;
     case DTYPE_U8: pg_combine_u8(dst, a, b, n, op); break;
-    case DTYPE_BF16: pg_combine_bf16(dst, a, b, n, op); break;
+    case DTYPE_BF16:
+    case DTYPE_F16: pg_combine_float16(dst, a, b, n, t, op); break;
     }
 }
 
@@ -251,9 +293,10 @@ static inline void pg_divide_elements(void *buf, size_t n, dtype_t t, int world)
     case DTYPE_I32: { int32_t *x = buf; for (size_t i = 0; i < n; i++) x[i] /= world; break; }
     case DTYPE_I64: { int64_t *x = buf; for (size_t i = 0; i < n; i++) x[i] /= world; break; }
     case DTYPE_U8: { uint8_t *x = buf; for (size_t i = 0; i < n; i++) x[i] = (uint8_t)(x[i] / world); break; }
-    case DTYPE_BF16: {
+    case DTYPE_BF16:
+    case DTYPE_F16: {
         uint16_t *x = buf;
-        for (size_t i = 0; i < n; i++) x[i] = f32_to_bf16(bf16_to_f32(x[i]) / (float)world);
+        for (size_t i = 0; i < n; i++) x[i] = f32_to_float16(t, float16_to_f32(t, x[i]) / (float)world);
         break;
     }
     }

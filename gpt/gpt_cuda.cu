@@ -1061,7 +1061,7 @@ struct gpt_cuda {
     int num_buckets;
     gpt_bucket *buckets;
     cudaEvent_t *bucket_events;
-    void *grads_bf16;          // --grad_compress bf16: what the buckets travel in (first use)
+    void *grads_16bit;         // --grad_compress bf16 or fp16: what the buckets travel in (first use)
 
     int adam_step;
     bool have_targets, have_loss, have_norm;
@@ -1591,21 +1591,24 @@ extern "C" void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_buck
     BY_PRECISION(g->precision, model_backward, g, grad_scale, bucket_ready, user);
 }
 
-extern "C" uint16_t *gpt_cuda_grads_bf16(gpt_cuda_t *g) {
-    if (!g->grads_bf16) {
-        CHECK_CUDA(cudaMalloc(&g->grads_bf16, g->num_params * sizeof(uint16_t)));
+extern "C" uint16_t *gpt_cuda_grads_16bit(gpt_cuda_t *g) {
+    if (!g->grads_16bit) {
+        CHECK_CUDA(cudaMalloc(&g->grads_16bit, g->num_params * sizeof(uint16_t)));
         g->allocated += g->num_params * sizeof(uint16_t);
     }
-    return (uint16_t *)g->grads_bf16;
+    return (uint16_t *)g->grads_16bit;
 }
 
-extern "C" void gpt_cuda_round_grads(gpt_cuda_t *g, size_t offset, size_t n, cudaEvent_t done) {
-    convert(g->ctx.stream, (bf16 *)gpt_cuda_grads_bf16(g) + offset, g->grads + offset, n);
+extern "C" void gpt_cuda_round_grads(gpt_cuda_t *g, size_t offset, size_t n, bool fp16, cudaEvent_t done) {
+    uint16_t *wire = gpt_cuda_grads_16bit(g) + offset;
+    if (fp16) convert(g->ctx.stream, (f16 *)wire, g->grads + offset, n);
+    else convert(g->ctx.stream, (bf16 *)wire, g->grads + offset, n);
     CHECK_CUDA(cudaEventRecord(done, g->ctx.stream));
 }
 
-extern "C" void gpt_cuda_widen_grads(gpt_cuda_t *g) {
-    convert(g->ctx.stream, g->grads, (const bf16 *)gpt_cuda_grads_bf16(g), g->num_params);
+extern "C" void gpt_cuda_widen_grads(gpt_cuda_t *g, bool fp16) {
+    if (fp16) convert(g->ctx.stream, g->grads, (const f16 *)gpt_cuda_grads_16bit(g), g->num_params);
+    else convert(g->ctx.stream, g->grads, (const bf16 *)gpt_cuda_grads_16bit(g), g->num_params);
 }
 
 extern "C" void gpt_cuda_zero_grad(gpt_cuda_t *g) {
@@ -1784,7 +1787,7 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
     void *bufs[] = {g->params ? lm_head(g, g->params) : NULL, g->grads ? lm_head(g, g->grads) : NULL, g->adam_m,
                     g->adam_v, g->params_lp ? lm_head(g, (uint16_t *)g->params_lp) : NULL, g->acts, g->stats, g->logits,
                     g->precision != GPT_FP32 ? g->dlogits : NULL, g->scores, g->dscores, g->grad_acts, g->inputs,
-                    g->norm_partials, g->adam_chunks, g->scalars, g->ctx.workspace, g->grads_bf16, g->bucket_lp[0],
+                    g->norm_partials, g->adam_chunks, g->scalars, g->ctx.workspace, g->grads_16bit, g->bucket_lp[0],
                     g->slice_chunks, g->sum_squares};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) CHECK_CUDA(cudaFree(bufs[i]));

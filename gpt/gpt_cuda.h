@@ -101,13 +101,14 @@ typedef void (*gpt_cuda_bucket_fn)(void *user, const gpt_bucket *bucket, cudaEve
 // work on gpt_cuda_stream: another stream that reads the gradients must
 // first wait for a bucket's event (or for that stream).
 void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_bucket_fn bucket_ready, void *user);
-// --grad_compress bf16 (common/ddp.h): a bf16 copy of the gradients that the
-// buckets travel in (allocated on first use); rounding [offset, offset + n)
-// into it after the work queued so far, then recording `done`; and widening
-// the whole copy back into the fp32 gradients.
-uint16_t *gpt_cuda_grads_bf16(gpt_cuda_t *g);
-void gpt_cuda_round_grads(gpt_cuda_t *g, size_t offset, size_t n, cudaEvent_t done);
-void gpt_cuda_widen_grads(gpt_cuda_t *g);
+// --grad_compress bf16 or fp16 (common/ddp.h): a 16-bit copy of the
+// gradients that the buckets travel in (allocated on first use); rounding
+// [offset, offset + n) into it (to fp16, else bf16) after the work queued so
+// far, then recording `done`; and widening the whole copy back into the fp32
+// gradients.
+uint16_t *gpt_cuda_grads_16bit(gpt_cuda_t *g);
+void gpt_cuda_round_grads(gpt_cuda_t *g, size_t offset, size_t n, bool fp16, cudaEvent_t done);
+void gpt_cuda_widen_grads(gpt_cuda_t *g, bool fp16);
 
 // As gpt_clip_grad_norm, but queued: the norm and the clip scale are
 // computed on the device, and the next gpt_cuda_adamw applies the scale as

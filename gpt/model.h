@@ -25,7 +25,7 @@
 // the kernels that finish it - the communication overlaps the rest of the
 // backward pass, as in PyTorch's DDP; model_average_gradients waits for
 // the last bucket. On the CPU the average is taken after the backward pass.
-// grad_compress (ddp.h's hook, --grad_compress) sends the buckets as bf16:
+// grad_compress (ddp.h's hook, --grad_compress) sends the buckets as bf16 or fp16:
 // on a GPU each is rounded there before its all-reduce, and the average is
 // widened back once the last one has arrived.
 #ifndef GPT_MODEL_H
@@ -443,9 +443,11 @@ static inline void model_gpu_zero_grad(model_t *m) { gpt_cuda_zero_grad(m->gpu);
 // gpt_cuda_backward calls this as each bucket's gradients are final on the GPU.
 static inline void model_bucket_ready(void *user, const gpt_bucket *bucket, cudaEvent_t ready) {
     model_t *m = user;
-    if (m->grad_compress == DDP_COMPRESS_BF16) {   // rounded on the GPU, then sent
-        gpt_cuda_round_grads(m->gpu, bucket->offset, bucket->count, ready);
-        ddp_average_bf16_bucket_after(m->averaging, gpt_cuda_grads_bf16(m->gpu) + bucket->offset, bucket->count, ready);
+    if (m->grad_compress != DDP_COMPRESS_NONE) {   // rounded on the GPU, then sent
+        bool fp16 = m->grad_compress == DDP_COMPRESS_FP16;
+        gpt_cuda_round_grads(m->gpu, bucket->offset, bucket->count, fp16, ready);
+        ddp_average_16bit_bucket_after(m->averaging, gpt_cuda_grads_16bit(m->gpu) + bucket->offset, bucket->count,
+                                       ddp_wire_dtype(m->grad_compress), ready);
         return;
     }
     ddp_average_bucket_after(m->averaging, gpt_cuda_grads_device(m->gpu) + bucket->offset, bucket->count, ready);
@@ -460,8 +462,8 @@ static inline void model_gpu_backward(model_t *m, float grad_scale, pg_t *pg) {
 
 static inline void model_gpu_average_gradients(model_t *m, pg_t *pg) {
     ddp_finish_gradients(pg, gpt_cuda_grads_device(m->gpu));
-    bool compressed = m->grad_compress == DDP_COMPRESS_BF16 && pg && pg_world_size(pg) > 1;
-    if (compressed) gpt_cuda_widen_grads(m->gpu);   // the bf16 averages into the fp32 gradients
+    bool compressed = m->grad_compress != DDP_COMPRESS_NONE && pg && pg_world_size(pg) > 1;
+    if (compressed) gpt_cuda_widen_grads(m->gpu, m->grad_compress == DDP_COMPRESS_FP16); // the averages into fp32
 }
 
 static inline void model_gpu_clip_grad_norm(model_t *m, float max_norm) {

@@ -3,11 +3,11 @@
 // where the time of a step goes.
 //
 // Build and run from 08_gpt_wikitext/:  make bench
-//   build/bench_gpt [B] [steps] [default|tiny] [ranks] [none|bf16] [workers]
+//   build/bench_gpt [B] [steps] [default|tiny] [ranks] [none|bf16|fp16] [workers]
 // B sequences of the preset's block size per rank; ranks > 1 trains data
 // parallel as the chapter does (spawned processes, the cpu process group,
-// gradients averaged with ddp.h, sent as fp32 or, with bf16, rounded to
-// bf16 as --grad_compress bf16 does), each rank on its own random tokens, with
+// gradients averaged with ddp.h, sent as fp32 or, with bf16 or fp16,
+// rounded as --grad_compress does), each rank on its own random tokens, with
 // the machine's cores shared between the ranks unless OMP_NUM_THREADS is set.
 // The batches come from gpt/loader.h, as in the chapter: made in the step
 // (workers 0) or a step ahead by a thread (workers 1, the default), which
@@ -116,7 +116,7 @@ static int bench_rank(int rank, int world, void *arg) {
         printf("median step %.1f ms -> %.0f tokens/s\n", slowest * 1e3, (double)world * B * T / slowest);
         if (world > 1)
             printf("gradients all-reduced: %zu bytes per step per rank (%s)\n", ddp_bytes_reduced() / (size_t)(o->steps + 2),
-                   o->compress == DDP_COMPRESS_BF16 ? "bf16" : "fp32");
+                   ddp_wire_name(o->compress));
         printf("profile (rank 0, median ms):");
         for (int p = 0; p < PHASES; p++) printf(" %s %.3f%s", phase_names[p], timer_median(phases[p], o->steps) * 1e3,
                                                 p < PHASES - 1 ? " |" : "\n");
@@ -137,10 +137,10 @@ int main(int argc, char **argv) {
                        argc > 6 ? atoi(argv[6]) : 1, argc > 3 ? argv[3] : "default", {5000, 0, 0, 0, 0},
                        DDP_COMPRESS_NONE};
     const char *compress = argc > 5 ? argv[5] : "none";
-    bool known = !strcmp(compress, "none") || !strcmp(compress, "bf16");
+    bool known = !strcmp(compress, "none") || !strcmp(compress, "bf16") || !strcmp(compress, "fp16");
     if (argc > 7 || !known || !gpt_preset(o.preset, &o.cfg) || o.B < 1 || o.steps < 1 || o.ranks < 1 || o.ranks > 64 ||
         o.workers < 0 || o.workers > 1) {
-        fprintf(stderr, "usage: bench_gpt [B>=1] [steps>=1] [default|tiny] [ranks 1..64] [none|bf16] [workers 0|1]\n");
+        fprintf(stderr, "usage: bench_gpt [B>=1] [steps>=1] [default|tiny] [ranks 1..64] [none|bf16|fp16] [workers 0|1]\n");
         return 2;
     }
     o.compress = ddp_compress_from_name(compress);

@@ -137,6 +137,7 @@ bench_case() {
     [[ $status -eq 0 && "$result" == \|* ]] && ! grep -q FAILED "$TMP/case"; verdict $? "03: --bench $what: #wrong 0" "status $status: $result"
 }
 bench_case "-d bfloat16 -o avg, 3 ranks" -d bfloat16 -o avg --nprocs 3
+bench_case "-d half -o avg, 3 ranks" -d half -o avg --nprocs 3
 bench_case "-d uint8 -o prod, 2 ranks" -d uint8 -o prod --nprocs 2 --collective all_reduce
 bench_case "-d int32 -o avg (integer division), 3 ranks" -d int32 -o avg --nprocs 3 --collective reduce_scatter
 bench_case "-d int64 -o max -r 2, 3 ranks" -d int64 -o max -r 2 --nprocs 3 --collective reduce
@@ -158,7 +159,7 @@ if has_gpu; then
         result=$(check_table "$TMP/gpu_all$n")
         backend=$(head -n 1 "$TMP/gpu_all$n" | field - '\| backend: ([a-z]*)')
         rows=$(grep -cE '^ +[0-9]+ +[0-9]+ ' "$TMP/gpu_all$n")
-        [[ $status -eq 0 && "$result" == "|9 tables 8 OK" && $rows -eq 442 ]]
+        [[ $status -eq 0 && "$result" == "|9 tables 8 OK" && $rows -eq 502 ]]
         verdict $? "03: --device cuda --bench -d all -o all, $n ranks ($backend): $rows rows, #wrong 0 everywhere" "status $status, $rows rows: $result"
     done
 else
@@ -174,7 +175,7 @@ bad_flag() {
 }
 bad_flag "-o xor" --bench -o xor
 bad_flag "-o band -d float (bitwise needs integers)" --bench -o band -d float
-bad_flag "-d half" --bench -d half
+bad_flag "-d float8" --bench -d float8
 bad_flag "--collective allreduce" --bench --collective allreduce
 bad_flag "-r 4 with 4 ranks" --bench --nprocs 4 -r 4
 bad_flag "-b 0" --bench -b 0

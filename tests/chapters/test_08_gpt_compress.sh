@@ -1,7 +1,8 @@
-# Chapter 08 with --grad_compress bf16 (DDP's bf16_compress_hook, common/ddp.h):
-# the gradients travel as bf16, half the bytes of fp32, and the training
-# is the fp32 one to rounding. On the CPU, then on GPUs, where each bucket
-# is rounded on the GPU before its overlapped all-reduce.
+# Chapter 08 with --grad_compress bf16 and fp16 (DDP's bf16_ and
+# fp16_compress_hook, common/ddp.h): the gradients travel in 16 bits, half
+# the bytes of fp32, and the training is the fp32 one to rounding. On the
+# CPU, then on GPUs, where each bucket is rounded on the GPU before its
+# overlapped all-reduce.
 source "$(dirname "$0")/../lib.sh"
 prog="$ROOT/08_gpt_wikitext/08_gpt_wikitext"
 [[ -x "$prog" ]] || { fail "gpt compress: binaries" "build first (make)"; exit 1; }
@@ -10,32 +11,33 @@ export OMP_NUM_THREADS=1
 # A small corpus in WikiText's layout (no real data needed).
 gpt_corpus "$TMP/corpus"
 l2='l2 norm ([0-9.e+-]*)' sum='checksum ([0-9a-f]*),'
-bytes='gradients all-reduced: ([0-9]*) bytes per step per rank \((fp32|bf16)\), ([0-9]*) parameters'
+bytes='gradients all-reduced: ([0-9]*) bytes per step per rank \((fp32|bf16|fp16)\), ([0-9]*) parameters'
 
-# compare NAME DEVICE LOG_NONE LOG_BF16 : the bf16 run sent exactly 2 bytes a
-# parameter per step and the fp32 one 4; its weights differ from the fp32
-# run's (the hook did round) by less than 1e-5 of their norm (Adam's steps
-# hardly notice 1 part in 256 of each gradient).
+# compare NAME LOG_NONE LOG_16 HOOK : the bf16 or fp16 run sent exactly 2
+# bytes a parameter per step and the fp32 one 4; its weights differ from
+# the fp32 run's (the hook did round) by less than 1e-5 of their norm
+# (Adam's steps hardly notice 1 part in 256, or 2048, of each gradient).
 compare() {
-    local name=$1 none=$2 bf16=$3
+    local name=$1 none=$2 half=$3 hook=$4
     local bn bb pn a b
-    bn=$(field "$none" "$bytes" '\1 \2'); bb=$(field "$bf16" "$bytes" '\1 \2'); pn=$(field "$none" "$bytes" '\3')
-    [[ -n "$pn" && "$bn" == "$((4 * pn)) fp32" && "$bb" == "$((2 * pn)) bf16" ]]
-    verdict $? "gpt compress ($name): bf16 sends 2 bytes a parameter per step, fp32 4 ($pn parameters)" "fp32 run '$bn', bf16 run '$bb'"
-    a=$(field "$none" "$l2"); b=$(field "$bf16" "$l2")
-    rel_near "$a" "$b" 1e-5 && [[ "$(field "$none" "$sum")" != "$(field "$bf16" "$sum")" ]]
-    verdict $? "gpt compress ($name): bf16-compressed training is the fp32 one to rounding (l2 $a vs $b), not the same bytes" \
-        "l2 '$a' vs '$b', checksums $(field "$none" "$sum") and $(field "$bf16" "$sum")"
+    bn=$(field "$none" "$bytes" '\1 \2'); bb=$(field "$half" "$bytes" '\1 \2'); pn=$(field "$none" "$bytes" '\3')
+    [[ -n "$pn" && "$bn" == "$((4 * pn)) fp32" && "$bb" == "$((2 * pn)) $hook" ]]
+    verdict $? "gpt compress ($name): $hook sends 2 bytes a parameter per step, fp32 4 ($pn parameters)" "fp32 run '$bn', $hook run '$bb'"
+    a=$(field "$none" "$l2"); b=$(field "$half" "$l2")
+    rel_near "$a" "$b" 1e-5 && [[ "$(field "$none" "$sum")" != "$(field "$half" "$sum")" ]]
+    verdict $? "gpt compress ($name): $hook-compressed training is the fp32 one to rounding (l2 $a vs $b), not the same bytes" \
+        "l2 '$a' vs '$b', checksums $(field "$none" "$sum") and $(field "$half" "$sum")"
 }
 
 # On the CPU: 2 ranks, gradients in 64 KiB buckets (each rounded and sent).
 cpu=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
      --device cpu --max_steps 15 --batch_size 4 --nprocs 2)
-for c in none bf16; do
+for c in none bf16 fp16; do
     COURSE_DDP_BUCKET_BYTES=65536 run_capture 120 "$TMP/cpu_$c" "$prog" "${cpu[@]}" --grad_compress $c --out_dir "$TMP/cpu_$c.d"
     verdict $? "gpt compress (CPU): 2 ranks with --grad_compress $c train" "$(tail -n 2 "$TMP/cpu_$c" | tr '\n' '|')"
 done
-compare CPU "$TMP/cpu_none" "$TMP/cpu_bf16"
+compare CPU "$TMP/cpu_none" "$TMP/cpu_bf16" bf16
+compare CPU "$TMP/cpu_none" "$TMP/cpu_fp16" fp16
 # Planted (tests/lib.sh, plant): the CPU model ignores --grad_compress and
 # all-reduces fp32: 4 bytes a parameter, the fp32 run's very bytes.
 planted=$(plant compress_ignored gpt/model.h \
@@ -51,7 +53,7 @@ verdict $? "planted: a model that ignores --grad_compress sends fp32's bytes and
 # GPU model is the CPU's arithmetic): each bucket is rounded on the GPU and
 # all-reduced while backward runs; the average is widened after the last.
 if ! has_gpu || [[ $(gpu_count) -lt 2 ]]; then
-    for what in "train" "bytes" "rounding" "equals the CPU"; do
+    for what in "train" "bytes" "rounding" "bf16 and fp16 equal the CPU"; do
         skip "gpt compress (GPU): $what" "needs 2 GPUs (a CUDA build with GPUs, or make CUDA=emu)"
     done
     no_leftovers "gpt compress: no process left behind" "08_gpt_wikitext/08_gpt_wikitext"
@@ -59,16 +61,19 @@ if ! has_gpu || [[ $(gpu_count) -lt 2 ]]; then
 fi
 gpu=("${cpu[@]}" --device cuda --precision fp32 --block_size 16)
 cpu16=("${cpu[@]}" --block_size 16)
-for c in none bf16; do
+for c in none bf16 fp16; do
     run_capture 300 "$TMP/gpu_$c" "$prog" "${gpu[@]}" --grad_compress $c --out_dir "$TMP/gpu_$c.d"
     verdict $? "gpt compress (GPU): 2 ranks with --grad_compress $c train ($(grep -m1 -o 'backend [a-z]*' "$TMP/gpu_$c"))" "$(tail -n 2 "$TMP/gpu_$c" | tr '\n' '|')"
 done
-compare GPU "$TMP/gpu_none" "$TMP/gpu_bf16"
+compare GPU "$TMP/gpu_none" "$TMP/gpu_bf16" bf16
+compare GPU "$TMP/gpu_none" "$TMP/gpu_fp16" fp16
 # The GPU's rounding is the CPU's: the same compressed run on the CPU ends
 # where the GPU's does, to the GPU's order of additions (as fp32 runs do in
 # test_08_gpt_ddp), far closer than a rank that kept its own gradient.
-run_capture 120 "$TMP/cpu16_bf16" "$prog" "${cpu16[@]}" --grad_compress bf16 --out_dir "$TMP/cpu16.d"
-a=$(field "$TMP/cpu16_bf16" "$l2"); b=$(field "$TMP/gpu_bf16" "$l2")
-rel_near "$a" "$b" 1e-5
-verdict $? "gpt compress (GPU): the GPU's bf16-compressed run equals the CPU's (l2 $a vs $b)" "l2 '$a' (CPU) vs '$b' (GPU)"
+for c in bf16 fp16; do
+    run_capture 120 "$TMP/cpu16_$c" "$prog" "${cpu16[@]}" --grad_compress $c --out_dir "$TMP/cpu16_$c.d"
+    a=$(field "$TMP/cpu16_$c" "$l2"); b=$(field "$TMP/gpu_$c" "$l2")
+    rel_near "$a" "$b" 1e-5
+    verdict $? "gpt compress (GPU): the GPU's $c-compressed run equals the CPU's (l2 $a vs $b)" "l2 '$a' (CPU) vs '$b' (GPU)"
+done
 no_leftovers "gpt compress: no process left behind" "08_gpt_wikitext/08_gpt_wikitext"

@@ -83,6 +83,7 @@ static void put(void *buf, dtype_t t, size_t i, double v) {
     case DTYPE_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
     case DTYPE_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
     case DTYPE_BF16: ((uint16_t *)buf)[i] = f32_to_bf16((float)v); break;
+    case DTYPE_F16: ((uint16_t *)buf)[i] = f32_to_f16((float)v); break;
     }
 }
 
@@ -112,7 +113,7 @@ static void put_reduced(void *buf, size_t at, dtype_t t, redop_t op, int world, 
     }
     if (t == DTYPE_F64) ((double *)buf)[at] = (double)acc / world;
     else if (t == DTYPE_F32) ((float *)buf)[at] = (float)acc / (float)world;
-    else ((uint16_t *)buf)[at] = f32_to_bf16((float)acc / (float)world);
+    else ((uint16_t *)buf)[at] = f32_to_float16(t, (float)acc / (float)world);
 }
 
 static void expect_reduced(void *buf, dtype_t t, redop_t op, int world, size_t first,
@@ -407,7 +408,7 @@ static bool allowed(dtype_t t, redop_t op) { return !redop_is_bitwise(op) || dty
 static void run_reductions(ctx_t *c, const options *o) {
     const size_t counts[] = {0, 1, 3, 1000, 70001};
     int last = c->world - 1;
-    for (int t = DTYPE_F32; t <= DTYPE_BF16; t++)
+    for (int t = DTYPE_F32; t <= DTYPE_F16; t++)
         for (int op = OP_SUM; op <= OP_BXOR; op++) {
             if (!allowed(t, op)) continue;
             for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
@@ -432,7 +433,7 @@ static void run_reductions(ctx_t *c, const options *o) {
 static void run_movers(ctx_t *c, const options *o) {
     const size_t counts[] = {0, 1, 3, 1000, 70001};
     int last = c->world - 1, middle = c->world / 2;
-    for (int t = DTYPE_F32; t <= DTYPE_BF16; t++)
+    for (int t = DTYPE_F32; t <= DTYPE_F16; t++)
         for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
             size_t n = counts[k];
             check_broadcast(c, t, n, k % 2 ? last : 0);
