@@ -8,6 +8,10 @@
 // wait until the timeout.
 //
 // The choice, in order:
+//   0. An address given outright: COURSE_LOCAL_ADDR (ddprun --local_addr, as
+//      torchrun's --local_addr). It must be one of this host's: an address
+//      no interface holds stops the program with one line, where the others
+//      would wait for it until the timeout.
 //   1. An interface spec from COURSE_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME,
 //      else NCCL_SOCKET_IFNAME, with NCCL's syntax:
 //        "eth,ens"   interfaces whose names START with eth or ens
@@ -224,9 +228,45 @@ static inline int netif_mtu(const char *ifname) {
     return mtu;
 }
 
+// Is addr one of this host's addresses? Asked by binding a socket to it:
+// the kernel refuses an address that no interface here holds. If not, why.
+static inline bool netif_is_mine(const char *addr, char *why, size_t size) {
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_PASSIVE}, *list;
+    int rc = getaddrinfo(addr, "0", &hints, &list);
+    if (rc) return snprintf(why, size, "is not a numeric IP address: %s", gai_strerror(rc)), false;
+    int fd = socket(list->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bool mine = fd >= 0 && bind(fd, list->ai_addr, list->ai_addrlen) == 0;
+    int err = errno;
+    if (fd >= 0) close(fd);
+    freeaddrinfo(list);
+    if (mine) return true;
+    char present[1024];
+    netif_list(present, sizeof present);
+    snprintf(why, size, "is not an address of this machine (%s); interfaces here: %s", strerror(err), present);
+    return false;
+}
+
+// Step 0: the address in `variable`, which must be this host's.
+static inline netif_choice netif_given(const char *addr, const char *variable) {
+    netif_choice c = {"", "", ""};
+    char why[1200];
+    if (!netif_is_mine(addr, why, sizeof why)) die("%s=%s %s", variable, addr, why);
+    snprintf(c.ip, sizeof c.ip, "%s", addr);
+    netif_name_of(addr, c.ifname, sizeof c.ifname);
+    snprintf(c.how, sizeof c.how, "address %.60s, given by %s", addr, variable);
+    return c;
+}
+
+// The address in COURSE_LOCAL_ADDR, NULL when it is not set.
+static inline const char *netif_given_from_env(void) {
+    const char *addr = getenv("COURSE_LOCAL_ADDR");
+    return addr && addr[0] ? addr : NULL;
+}
+
 // The address to publish. master_addr: where the store runs (NULL: the
 // MASTER_ADDR variable).
 static inline netif_choice netif_advertise(const char *master_addr) {
+    if (netif_given_from_env()) return netif_given(netif_given_from_env(), "COURSE_LOCAL_ADDR");
     const char *variable = NULL, *spec = netif_spec_from_env(&variable);
     if (!master_addr || !master_addr[0]) master_addr = getenv("MASTER_ADDR");
     if (spec) return netif_choose(spec, variable, master_addr);

@@ -192,11 +192,13 @@ static inline void cpu_connect_all(cpu_pg_t *pg, store_t *st, const char *group,
     char ip[64];
     int port;
     *nonce = cpu_share_nonce(pg, st, group);
+    // COURSE_LOCAL_ADDR (ddprun --local_addr) names the address itself;
     // COURSE_SOCKET_IFNAME (or GLOO_/NCCL_SOCKET_IFNAME) picks the interface,
     // as NCCL_SOCKET_IFNAME does for NCCL; otherwise the one that reaches the store.
     const char *variable;
-    const char *spec = netif_spec_from_env(&variable);
-    if (spec) snprintf(ip, sizeof ip, "%s", netif_choose(spec, variable, st->host).ip);
+    const char *spec = netif_spec_from_env(&variable), *given = netif_given_from_env();
+    if (given) snprintf(ip, sizeof ip, "%s", netif_given(given, "COURSE_LOCAL_ADDR").ip);
+    else if (spec) snprintf(ip, sizeof ip, "%s", netif_choose(spec, variable, st->host).ip);
     else cpu_local_address(st, ip, sizeof ip);
     int listen_fd = cpu_listen(ip, pg->world, &port);
     cpu_share_addresses(pg, st, group, port, ip, all);

@@ -78,6 +78,7 @@ typedef struct {
     int master_port;
     bool standalone, no_python, use_env, pass_local_rank, module;
     const char *start_method, *role, *run_path;   // torchrun's; see parse_options
+    const char *local_addr;                        // torchrun's: this node's address for its peers
     const char *ranks_filter; // --local_ranks_filter: "0,3"; NULL: every local rank
     uint64_t shown_ranks;     // bit L: local rank L's lines go to the terminal
     int max_restarts;
@@ -484,6 +485,12 @@ static void check_options(const flag_set *set, options_t *o) {
         flags_fail(set, "--run_path runs a Python file by path under torchrun; ddprun runs a "
                    "program: give its path as PROGRAM");
     if (!o->role[0]) flags_fail(set, "--role must not be empty");
+    // The workers publish this address to their peers (COURSE_LOCAL_ADDR,
+    // common/netif.h); checked here, before any worker starts.
+    char why[1200];
+    if (o->local_addr && !netif_is_mine(o->local_addr, why, sizeof why))
+        flags_fail(set, "--local_addr %s %s", o->local_addr, why);
+    if (o->local_addr) CHECK_SYS(setenv("COURSE_LOCAL_ADDR", o->local_addr, 1));
     o->shown_ranks = ~(uint64_t)0;
     if (o->ranks_filter) o->shown_ranks = parse_ranks_filter(set, o->ranks_filter, o->nproc);
     if ((o->redirects || o->tee) && !o->log_dir)
@@ -529,6 +536,7 @@ static void parse_options(options_t *o, int argc, char **argv) {
     flag_t *module = flag_bool(&set, "module", &o->module, "refused with a reason: torchrun's way to run a Python module");
     module->short_name = "m";
     flag_string(&set, "run_path", &o->run_path, "refused with a reason: torchrun's way to run a Python file");
+    flag_string(&set, "local_addr", &o->local_addr, "the address this node's workers give their peers (default: the route to --master_addr)");
     flag_string(&set, "local_ranks_filter", &o->ranks_filter, "only these local ranks' lines reach the terminal: 0,3 (all go to --log_dir)");
     the_job.flags = &set;
     int first = flags_parse(&set, argc, argv);

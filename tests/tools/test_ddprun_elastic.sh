@@ -102,6 +102,34 @@ verdict $? "ddprun: --start_method is accepted and --role reaches every worker a
 run_capture $LIMIT "$TMP/filter.log" "$DDPRUN" --standalone --nproc_per_node=3 --local-ranks-filter=0,2 env; status=$?
 [[ $status -eq 0 && $(grep -c '^\[rank [02]\]: ROLE_NAME=default$' "$TMP/filter.log") -eq 2 ]] && ! grep -q '^\[rank 1\]' "$TMP/filter.log"
 verdict $? "ddprun: --local-ranks-filter=0,2 shows the lines of local ranks 0 and 2 only" "status $status: $(grep -c '^\[rank' "$TMP/filter.log") rank lines, rank 1's: $(grep -c '^\[rank 1\]' "$TMP/filter.log")"
+# --local_addr (torchrun's): the address this node's workers give their
+# peers (COURSE_LOCAL_ADDR, common/netif.h). 127.0.0.2 is this machine's
+# (all of 127/8 is loopback); 203.0.113.77 (an address kept for
+# documentation) is not, and is refused before any worker starts. A worker
+# started with it by hand stops in its process group, naming it (planted:
+# a process group that ignores the variable trains instead).
+run_capture $LIMIT "$TMP/addr.log" "$DDPRUN" --standalone --nproc_per_node=2 --local-addr=127.0.0.2 env; status=$?
+[[ $status -eq 0 && $(grep -c '^\[rank [01]\]: COURSE_LOCAL_ADDR=127.0.0.2$' "$TMP/addr.log") -eq 2 ]]
+verdict $? "ddprun: --local-addr=127.0.0.2 reaches every worker as COURSE_LOCAL_ADDR" "status $status: $(grep -m2 -E 'LOCAL_ADDR|error' "$TMP/addr.log" | tr '\n' '|')"
+nowhere=203.0.113.77
+if ip -o addr show 2>/dev/null | grep -q " $nowhere/"; then
+    skip "ddprun: --local_addr that is not this machine's" "$nowhere is an address of this machine"
+else
+    bad_flag "--local_addr that is not this machine's is refused, listing the interfaces" "--local_addr $nowhere is not an address of this machine \(.*\); interfaces here: lo " --standalone --local_addr $nowhere env
+    p05=$ROOT/05_env_launch/05_env_launch
+    addr_stops() {   # PROGRAM: a job of 2 whose workers were given $nowhere stops, naming it
+        COURSE_LOCAL_ADDR=$nowhere run_capture 60 "$TMP/addr05.log" "$DDPRUN" --standalone --nproc_per_node=2 "$1" \
+            --backend cpu --device cpu --epochs 1 --samples 1000
+        local s=$?
+        [[ $s -ne 0 ]] && grep -q "error: COURSE_LOCAL_ADDR=$nowhere is not an address of this machine" "$TMP/addr05.log"
+    }
+    make -C "$ROOT/05_env_launch" -s 05_env_launch >/dev/null 2>&1
+    addr_stops "$p05"
+    verdict $? "05's process group publishes COURSE_LOCAL_ADDR: an address not on this machine stops it in one line" "$(grep -m2 -E 'error|epoch' "$TMP/addr05.log" | tr '\n' '|')"
+    planted=$(plant addr_ignored common/pg_cpu_setup.h '*given = netif_given_from_env();' '*given = NULL;' 05_env_launch 05_env_launch)
+    [[ -n $planted ]] && ! addr_stops "$planted"
+    verdict $? "planted: a process group that ignores COURSE_LOCAL_ADDR trains on, which the check above refuses" "$(planted_why addr_ignored)$(grep -m2 -E 'error|epoch' "$TMP/addr05.log" | tr '\n' '|')"
+fi
 bad_flag "a --local_ranks_filter beyond the node's ranks is refused" "--local_ranks_filter=0,5: give local ranks 0 to 2" --standalone --nproc_per_node=3 --local_ranks_filter=0,5 env
 bad_flag "an elastic range with the static rendezvous is refused" "--nnodes=1:3 asks for an elastic job, which needs --rdzv_backend=c10d" --nnodes=1:3 --rdzv_backend=static "$WORKER"
 bad_flag "an unknown --rdzv_conf key is named" "--rdzv_conf: ddprun knows join_timeout, last_call_timeout and is_host, not 'read_timeout'" --nnodes=1:2 --rdzv_conf=read_timeout=5 "$WORKER"
