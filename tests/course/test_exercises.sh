@@ -76,6 +76,8 @@ starter 03/ring_allreduce "rank 0, element 0: got 1, expected 9 \(the sum over 2
 solution 03/ring_allreduce
 starter 04/average_gradients "rank 0, element 0: got 1, expected 1.5 .*it still holds this rank's own gradient"
 solution 04/average_gradients
+starter 04/sync_batchnorm "1 rank\(s\): rank 0, feature 0: mean 0, var 1; the whole batch has mean"
+solution 04/sync_batchnorm
 starter 05/epoch_loss "rank 0 returned 1, expected 1.71429 .*that is this rank's own mean"
 solution 05/epoch_loss
 starter 06/atomic_save "file left half-written: after a crash halfway through the writing"
@@ -178,6 +180,40 @@ void average_gradients(pg_t *pg, float *grads, size_t count) {
 EOF
 broken 04/average_gradients "a sum instead of a mean" "$TMP/average_gradients.c" \
     "rank 0, element 0: got 3, expected 1.5 .*that is the SUM over the ranks; divide it by the world size"
+
+# SyncBatchNorm: a rank's own statistics; E[x^2] for the variance; the
+# backward pass's sums left local.
+sbn() {   # SLUG NAME REGEX, with the C file's functions on stdin
+    { echo '#include "exercises.h"'; cat; } >"$TMP/sync_batchnorm_$1.c"
+    broken 04/sync_batchnorm "$2" "$TMP/sync_batchnorm_$1.c" "$3"
+}
+stats_local='int sync_batch_stats(pg_t *pg, const float *x, int n, int c, float *mean, float *var) {
+    (void)pg;
+    for (int j = 0; j < c; j++) {
+        double s = 0, q = 0;
+        for (int i = 0; i < n; i++) s += x[i * c + j], q += (double)x[i * c + j] * x[i * c + j];
+        mean[j] = (float)(s / n), var[j] = (float)(q / n - s / n * s / n);
+    }
+    return n;
+}'
+sums_right='void sync_grad_sums(pg_t *pg, const float *g, const float *xhat, int n, int c, float *sum_g, float *sum_gx) {
+    double s[64] = {0};
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < c; j++) s[j] += g[i * c + j], s[c + j] += (double)g[i * c + j] * xhat[i * c + j];
+    pg_all_reduce(pg, s, s, (size_t)(2 * c), DTYPE_F64, OP_SUM);
+    for (int j = 0; j < c; j++) sum_g[j] = (float)s[j], sum_gx[j] = (float)s[c + j];
+}'
+printf '%s\n%s\n' "$stats_local" "$sums_right" |
+    sbn own "a rank's own statistics" "2 rank\(s\): rank 0, feature 0: .*these are this rank's own statistics; nothing was exchanged"
+printf '%s\n%s\n' "$(sed 's|q / n - s / n \* s / n|q / n|' <<<"$stats_local")" "$sums_right" |
+    sbn square "E[x^2] for the variance" "1 rank\(s\): rank 0, feature 0: .*that is E\[x\^2\]; subtract the mean squared"
+stats_right=$(sed -n '/^int sync_batch_stats/,/^}/p' "$ROOT/solutions/04_ddp_spawn/sync_batchnorm.c" 2>/dev/null)
+if [[ -n "$stats_right" ]]; then
+    printf '%s\n%s\n' "$stats_right" "$(sed 's|    pg_all_reduce(pg, s, s, (size_t)(2 \* c), DTYPE_F64, OP_SUM);|    (void)pg;|' <<<"$sums_right")" |
+        sbn local_sums "backward sums left local" "2 rank\(s\): the input gradient of row [0-9]+, feature [0-9]+ .*check sync_grad_sums"
+else
+    skip "exercises: 04/sync_batchnorm catches backward sums left local" "solutions/ is absent (a student copy of the course)"
+fi
 
 # Every rank waits for the others' numbers before sending its own: nobody sends.
 cat >"$TMP/epoch_loss.c" <<'EOF'

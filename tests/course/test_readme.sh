@@ -194,6 +194,7 @@ exercise 03_collectives/README.md 03_collectives "make check-exercise EX=03/ring
 fresh_copy 04_ddp_spawn/README.md
 run 04_ddp_spawn/README.md 04_ddp_spawn 300 "make 04_ddp_spawn && ./04_ddp_spawn" '^final weight [0-9.]+  bias [0-9.]+ '
 exercise 04_ddp_spawn/README.md 04_ddp_spawn "make check-exercise EX=04/average_gradients"
+exercise 04_ddp_spawn/README.md 04_ddp_spawn "make check-exercise EX=04/sync_batchnorm"
 
 fresh_copy 05_env_launch/README.md
 run 05_env_launch/README.md 05_env_launch 120 "make 05_env_launch"
