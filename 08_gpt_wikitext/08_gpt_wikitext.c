@@ -66,7 +66,7 @@ typedef struct {
     int epochs, batch_size, grad_accum, max_steps, warmup_steps, eval_every, log_every, save_every, seed;
     int vocab_size, block_size, n_layer, n_head, n_embd;
     double lr, min_lr, weight_decay, grad_clip, temperature, loss_scale;
-    int top_k, num_samples, sample_tokens, nprocs, num_workers;
+    int top_k, num_samples, sample_tokens, nprocs, num_workers, powersgd_rank;
     double timeout;
     const char *backend;
     bool generate, verify_data, cuda_graph;
@@ -95,7 +95,8 @@ static flag_set option_flags(options *o) {
     flag_int(&set, "nprocs", &o->nprocs, 1, 256, "ranks to spawn for data parallelism (under ddprun: ignored)");
     flag_choice(&set, "backend", &o->backend, "auto|cpu|nccl|mpi", "communication backend")->env = "COURSE_BACKEND";
     flag_double(&set, "timeout", &o->timeout, 0, 86400, "seconds a rank waits for another (0: COURSE_TIMEOUT or 300)");
-    flag_choice(&set, "grad_compress", &o->grad_compress, "none|bf16|fp16", "gradients all-reduced as fp32, or rounded to bf16 or fp16: half the bytes (DDP's bf16_ and fp16_compress_hook)");
+    flag_choice(&set, "grad_compress", &o->grad_compress, "none|bf16|fp16|powersgd", "gradients all-reduced as fp32, rounded to bf16 or fp16 (half the bytes; DDP's bf16_ and fp16_compress_hook), or low-rank (powerSGD_hook)");
+    flag_int(&set, "powersgd_rank", &o->powersgd_rank, 1, 1024, "--grad_compress powersgd: the rank R of each matrix's two thin factors (PyTorch's matrix_approximation_rank)");
     flag_int(&set, "seed", &o->seed, 0, 2147483647, "seed for the weights, the shuffle and the samples");
     flag_choice(&set, "preset", &o->preset, "default|tiny", "model size: default (128/4/4/256) or tiny (32/2/2/64)");
     flag_int(&set, "vocab_size", &o->vocab_size, 258, 65536, "BPE vocabulary: 256 bytes + merges + <|endoftext|>");
@@ -138,7 +139,8 @@ static options parse_options(int argc, char **argv) {
                  .lr = 1e-3, .min_lr = -1, .weight_decay = 0.1, .grad_clip = 1.0, .temperature = 0.8,
                  .top_k = 40, .num_samples = 3, .sample_tokens = 64, .verify_data = true, .cuda_graph = true,
                  .preset = "default", .prompt = "The", .device = "auto", .nprocs = 1, .backend = "auto",
-                 .precision = "auto", .grad_compress = "none", .num_workers = 0, .loss_scale = 65536};
+                 .precision = "auto", .grad_compress = "none", .num_workers = 0, .loss_scale = 65536,
+                 .powersgd_rank = 1};
     static char default_out_dir[1024]; // outlives this function: o.out_dir points at it
     files_runs_dir(default_out_dir, sizeof default_out_dir, CHAPTER);
     o.out_dir = default_out_dir;
@@ -574,8 +576,15 @@ static int run_rank(int rank, int world, void *arg) {
              model.host.num_params, cfg.vocab_size, cfg.block_size, cfg.n_layer, cfg.n_head, cfg.n_embd,
              model_precision(&model));
     // How the gradients travel (DDP's communication hook, common/ddp.h):
-    // fp32, or rounded to bf16 for half the bytes.
+    // fp32, rounded to bf16 or fp16 for half the bytes, or each matrix as
+    // two thin ones of rank --powersgd_rank (common/powersgd.h).
     model.grad_compress = ddp_compress_from_name(o->grad_compress);
+    if (model.grad_compress == DDP_COMPRESS_POWERSGD) {
+        if (precision == GPT_FP16)
+            die("--grad_compress powersgd with --precision fp16: a step that overflows would leave inf in "
+                "PowerSGD's error feedback for good; use --precision bf16 or fp32");
+        model_use_powersgd(&model, o->powersgd_rank);
+    }
 
     // --- Training, with validation after every epoch.
     trainer_t tr = make_trainer(o, &corpus, &dist);

@@ -42,18 +42,21 @@
 // ones; see gpt/gpt_cuda.h). Whether the loss notices is measured, not
 // assumed: chapter 08's README shows the curves. The replicas stay identical
 // either way: every rank widens the same 16-bit bytes.
-typedef enum { DDP_COMPRESS_NONE, DDP_COMPRESS_BF16, DDP_COMPRESS_FP16 } ddp_compress_t;
+// DDP_COMPRESS_POWERSGD (chapter 08) needs the tensors' shapes: the model
+// does it (gpt/model.h, common/powersgd.h).
+typedef enum { DDP_COMPRESS_NONE, DDP_COMPRESS_BF16, DDP_COMPRESS_FP16, DDP_COMPRESS_POWERSGD } ddp_compress_t;
 
 static inline ddp_compress_t ddp_compress_from_name(const char *name) {
     if (!strcmp(name, "none")) return DDP_COMPRESS_NONE;
     if (!strcmp(name, "bf16")) return DDP_COMPRESS_BF16;
     if (!strcmp(name, "fp16")) return DDP_COMPRESS_FP16;
-    die("unknown gradient compression '%s' (none, bf16 or fp16)", name);
+    if (!strcmp(name, "powersgd")) return DDP_COMPRESS_POWERSGD;
+    die("unknown gradient compression '%s' (none, bf16, fp16 or powersgd)", name);
 }
 
 // What the buckets travel as: its name for the log, its process-group type.
 static inline const char *ddp_wire_name(ddp_compress_t how) {
-    return how == DDP_COMPRESS_BF16 ? "bf16" : how == DDP_COMPRESS_FP16 ? "fp16" : "fp32";
+    return how == DDP_COMPRESS_BF16 ? "bf16" : how == DDP_COMPRESS_FP16 ? "fp16" : how == DDP_COMPRESS_POWERSGD ? "powersgd" : "fp32";
 }
 static inline dtype_t ddp_wire_dtype(ddp_compress_t how) {
     return how == DDP_COMPRESS_BF16 ? DTYPE_BF16 : how == DDP_COMPRESS_FP16 ? DTYPE_F16 : DTYPE_F32;
@@ -152,6 +155,7 @@ static inline void ddp_average_gradients_16bit(pg_t *pg, float *grads, size_t co
 // grads <- mean over ranks of grads, sent as `how` says.
 static inline void ddp_average_gradients_with(pg_t *pg, float *grads, size_t count, ddp_compress_t how) {
     if (pg_world_size(pg) == 1) return;
+    if (how == DDP_COMPRESS_POWERSGD) die("PowerSGD needs the shapes of the tensors: the model does it (gpt/model.h)");
     if (how == DDP_COMPRESS_NONE) ddp_average_gradients_in_buckets(pg, grads, count, ddp_bucket_bytes());
     else ddp_average_gradients_16bit(pg, grads, count, ddp_bucket_bytes(), ddp_wire_dtype(how));
 }

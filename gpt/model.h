@@ -25,6 +25,8 @@
 // the kernels that finish it - the communication overlaps the rest of the
 // backward pass, as in PyTorch's DDP; model_average_gradients waits for
 // the last bucket. On the CPU the average is taken after the backward pass.
+// PowerSGD (--grad_compress powersgd, model_use_powersgd) sends each
+// matrix as two thin ones, on the host (a GPU's gradients go there and back).
 // grad_compress (ddp.h's hook, --grad_compress) sends the buckets as bf16 or fp16:
 // on a GPU each is rounded there before its all-reduce, and the average is
 // widened back once the last one has arrived.
@@ -34,6 +36,7 @@
 #include <stdbool.h>
 
 #include "ddp.h"
+#include "powersgd.h"
 #include "device.h"
 #include "dist.h"
 #include "gpt.h"
@@ -95,6 +98,7 @@ struct model {
     struct gpt_cuda *gpu;   // GPU runs: the model on the device
     pg_t *averaging;        // GPU runs, during backward: the group the buckets are averaged over
     ddp_compress_t grad_compress; // how the buckets travel (ddp.h); NONE unless the chapter sets it
+    powersgd_t *powersgd;   // DDP_COMPRESS_POWERSGD: its state (model_use_powersgd)
     double square_sum;      // CPU: a pipeline stage's sum of squared gradients
     pg_t *tp_group;         // tensor parallelism (chapter 10): the ranks the blocks are split over
     double tp_bytes;        // what the blocks all-reduced over tp_group so far: bytes
@@ -181,6 +185,7 @@ static inline void model_create(model_t *m, gpt_t host, const device_t *d, gpt_p
 }
 
 static inline void model_free(model_t *m) {
+    if (m->powersgd) powersgd_free(m->powersgd), free(m->powersgd);
     m->ops->free(m);
     gpt_free(&m->host);
 }
@@ -362,8 +367,26 @@ static inline void model_cpu_backward(model_t *m, float grad_scale, pg_t *pg) {
     gpt_backward(&m->host, grad_scale);
 }
 
+// PowerSGD's matrices are the model's 2-D tensors (rows x cols, row-major
+// as gpt_layout.h keeps them); the vectors go as they are. min_rate is
+// PyTorch's min_compression_rate (2; COURSE_POWERSGD_MIN_RATE overrides it).
+static inline void model_use_powersgd(model_t *m, int rank) {
+    const gpt_t *h = &m->host;
+    powersgd_tensor *t = xmalloc(sizeof *t * (size_t)h->num_tensors);
+    for (int i = 0; i < h->num_tensors; i++) {
+        const gpt_tensor *g = &h->tensors[i];
+        t[i] = (powersgd_tensor){g->offset, g->ndim == 2 ? g->shape[0] : (int)g->count, g->ndim == 2 ? g->shape[1] : 1};
+    }
+    const char *rate = getenv("COURSE_POWERSGD_MIN_RATE");
+    m->grad_compress = DDP_COMPRESS_POWERSGD;
+    m->powersgd = xmalloc(sizeof *m->powersgd);
+    powersgd_init(m->powersgd, t, h->num_tensors, rank, rate && *rate ? atof(rate) : 2.0);
+    free(t);
+}
+
 static inline void model_cpu_average_gradients(model_t *m, pg_t *pg) {
-    ddp_average_gradients_with(pg, m->host.grads, m->host.num_params, m->grad_compress);
+    if (m->powersgd && pg && pg_world_size(pg) > 1) powersgd_average(m->powersgd, pg, m->host.grads);
+    else ddp_average_gradients_with(pg, m->host.grads, m->host.num_params, m->grad_compress);
 }
 
 static inline void model_tp_sum_norm(void *user, double *value);
@@ -454,13 +477,19 @@ static inline void model_bucket_ready(void *user, const gpt_bucket *bucket, cuda
 }
 
 static inline void model_gpu_backward(model_t *m, float grad_scale, pg_t *pg) {
-    bool overlap = pg && pg_world_size(pg) > 1;
+    bool overlap = pg && pg_world_size(pg) > 1 && !m->powersgd;
     m->averaging = pg;
     gpt_cuda_backward(m->gpu, grad_scale, overlap ? model_bucket_ready : NULL, m);
     m->averaging = NULL;
 }
 
 static inline void model_gpu_average_gradients(model_t *m, pg_t *pg) {
+    if (m->powersgd && pg && pg_world_size(pg) > 1) { // on the host: there and back
+        gpt_cuda_get_grads(m->gpu, m->host.grads);
+        powersgd_average(m->powersgd, pg, m->host.grads);
+        gpt_cuda_set_grads(m->gpu, m->host.grads);
+        return;
+    }
     ddp_finish_gradients(pg, gpt_cuda_grads_device(m->gpu));
     bool compressed = m->grad_compress != DDP_COMPRESS_NONE && pg && pg_world_size(pg) > 1;
     if (compressed) gpt_cuda_widen_grads(m->gpu, m->grad_compress == DDP_COMPRESS_FP16); // the averages into fp32

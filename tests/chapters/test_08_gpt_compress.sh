@@ -11,7 +11,7 @@ export OMP_NUM_THREADS=1
 # A small corpus in WikiText's layout (no real data needed).
 gpt_corpus "$TMP/corpus"
 l2='l2 norm ([0-9.e+-]*)' sum='checksum ([0-9a-f]*),'
-bytes='gradients all-reduced: ([0-9]*) bytes per step per rank \((fp32|bf16|fp16)\), ([0-9]*) parameters'
+bytes='gradients all-reduced: ([0-9]*) bytes per step per rank \((fp32|bf16|fp16|powersgd)\), ([0-9]*) parameters'
 
 # compare NAME LOG_NONE LOG_16 HOOK : the bf16 or fp16 run sent exactly 2
 # bytes a parameter per step and the fp32 one 4; its weights differ from
@@ -38,6 +38,24 @@ for c in none bf16 fp16; do
 done
 compare CPU "$TMP/cpu_none" "$TMP/cpu_bf16" bf16
 compare CPU "$TMP/cpu_none" "$TMP/cpu_fp16" fp16
+# PowerSGD (DDP's powerSGD_hook, common/powersgd.h): at full rank (64, every
+# matrix compressed: COURSE_POWERSGD_MIN_RATE=0) it is the exact average, so
+# the run ends where fp32's does; at rank 1 it sends a small fraction of the
+# bytes and still trains. (Its own algebra: tests/library/test_powersgd.sh.)
+COURSE_DDP_BUCKET_BYTES=65536 COURSE_POWERSGD_MIN_RATE=0 run_capture 120 "$TMP/cpu_psgd_full" "$prog" "${cpu[@]}" \
+    --grad_compress powersgd --powersgd_rank 64 --out_dir "$TMP/cpu_psgd_full.d"; status=$?
+a=$(field "$TMP/cpu_none" "$l2"); b=$(field "$TMP/cpu_psgd_full" "$l2")
+[[ $status -eq 0 ]] && rel_near "$a" "$b" 1e-6
+verdict $? "gpt compress (CPU): PowerSGD at full rank is the exact average (l2 $a vs $b)" "status $status, l2 '$a' vs '$b'"
+run_capture 120 "$TMP/cpu_psgd1" "$prog" "${cpu[@]}" --grad_compress powersgd --log_every 5 --out_dir "$TMP/cpu_psgd1.d"; status=$?
+sent=$(field "$TMP/cpu_psgd1" "$bytes" '\1'); fp32=$(field "$TMP/cpu_none" "$bytes" '\1')
+first=$(field "$TMP/cpu_psgd1" '^epoch [0-9]* \| step 5/[0-9]* \| loss ([0-9.]*) ')
+last=$(field "$TMP/cpu_psgd1" '^epoch [0-9]* \| step 15/[0-9]* \| loss ([0-9.]*) ')
+[[ $status -eq 0 && -n "$sent" && -n "$fp32" && -n "$last" ]] && (( sent * 10 < fp32 )) &&
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'
+verdict $? "gpt compress (CPU): PowerSGD at rank 1 sends $sent bytes a step instead of $fp32, and trains (loss $first -> $last)" \
+    "status $status, bytes '$sent' vs '$fp32', losses '$first' -> '$last'"
+
 # Planted (tests/lib.sh, plant): the CPU model ignores --grad_compress and
 # all-reduces fp32: 4 bytes a parameter, the fp32 run's very bytes.
 planted=$(plant compress_ignored gpt/model.h \
@@ -53,7 +71,7 @@ verdict $? "planted: a model that ignores --grad_compress sends fp32's bytes and
 # GPU model is the CPU's arithmetic): each bucket is rounded on the GPU and
 # all-reduced while backward runs; the average is widened after the last.
 if ! has_gpu || [[ $(gpu_count) -lt 2 ]]; then
-    for what in "train" "bytes" "rounding" "bf16 and fp16 equal the CPU"; do
+    for what in "train" "bytes" "rounding" "bf16 and fp16 equal the CPU" "PowerSGD equals the CPU's"; do
         skip "gpt compress (GPU): $what" "needs 2 GPUs (a CUDA build with GPUs, or make CUDA=emu)"
     done
     no_leftovers "gpt compress: no process left behind" "08_gpt_wikitext/08_gpt_wikitext"
@@ -76,4 +94,15 @@ for c in bf16 fp16; do
     rel_near "$a" "$b" 1e-5
     verdict $? "gpt compress (GPU): the GPU's $c-compressed run equals the CPU's (l2 $a vs $b)" "l2 '$a' (CPU) vs '$b' (GPU)"
 done
+# PowerSGD on GPUs: the gradients go to the host and back (common/powersgd.h
+# runs there), so the GPU run ends where the CPU's does; with fp16 it is
+# refused (an overflowed step would leave inf in its error feedback).
+run_capture 300 "$TMP/gpu_psgd" "$prog" "${gpu[@]}" --grad_compress powersgd --powersgd_rank 4 --out_dir "$TMP/gpu_psgd.d"
+run_capture 120 "$TMP/cpu16_psgd" "$prog" "${cpu16[@]}" --grad_compress powersgd --powersgd_rank 4 --out_dir "$TMP/cpu16_psgd.d"
+a=$(field "$TMP/cpu16_psgd" "$l2"); b=$(field "$TMP/gpu_psgd" "$l2")
+rel_near "$a" "$b" 1e-5
+verdict $? "gpt compress (GPU): PowerSGD (rank 4) on GPUs equals the CPU's (l2 $a vs $b)" "l2 '$a' (CPU) vs '$b' (GPU): $(grep -m1 error "$TMP/gpu_psgd")"
+run_capture 300 "$TMP/gpu_psgd16" "$prog" "${gpu[@]/fp32/fp16}" --grad_compress powersgd --out_dir "$TMP/gpu_psgd16.d"; status=$?
+[[ $status -ne 0 ]] && grep -q "error: --grad_compress powersgd with --precision fp16: " "$TMP/gpu_psgd16"
+verdict $? "gpt compress (GPU): PowerSGD with fp16 training is refused in one line" "status $status: $(grep -m1 error "$TMP/gpu_psgd16")"
 no_leftovers "gpt compress: no process left behind" "08_gpt_wikitext/08_gpt_wikitext"
