@@ -42,6 +42,7 @@ verdict() {
         fail "${1:-verdict}" "verdict's first argument must be the condition's exit status (\$?), before the name"
     elif [[ $1 -eq 0 ]]; then pass "$2"
     elif [[ ${3:-} == "$PLANT_SKIPPED"* ]]; then skip "$2" "$PLANT_SKIPPED"   # see plant
+    elif [[ ${3:-} == "$PLANT_NONE"* ]]; then skip "$2" "$PLANT_NONE"
     else fail "$2" "${3:-the condition was false}"; fi
 }
 
@@ -189,7 +190,7 @@ free_port() {
 #   [[ -n $bin ]] && ...the check, run with "$bin"... && ! equal
 #   verdict $? "04 planted: ..." "$(planted_why bucket_offset)"
 
-# plant NAME FILE OLD NEW DIR TARGET : copies the course's sources (common/,
+# plant NAME FILE OLD NEW DIR TARGET [OLD2 NEW2 ...] : copies the course's sources (common/,
 # gpt/, tools/, tests/unit/, each chapter's own files; no build outputs) to
 # $TMP/plant-NAME/, there replaces the text OLD in FILE (e.g. common/ddp.h)
 # by NEW, builds TARGET in the folder DIR of the copy, and prints the
@@ -205,12 +206,19 @@ free_port() {
 # PLANTED_BUGS=skip leaves the CPU copies out (they SKIP, saying why): they
 # are the same programs whatever the build under test, so CI runs them in
 # its CPU-only pass only and spares its other passes the builds (.ci/run).
-# The copies for the emulated GPU (PLANT_CUDA=emu) run in every pass.
+# The copies for the emulated GPU (PLANT_CUDA=emu) run in every pass but
+# one: PLANTED_BUGS=none leaves out every copy, for CI's pass that runs the
+# same tests once more in another schedule of the emulated GPU.
+PLANT_NONE="planted bug not built in this pass (PLANTED_BUGS=none): CI builds and runs every planted copy in an earlier pass; this one repeats the tests in another schedule"
 PLANT_SKIPPED="planted bug not built in this pass (PLANTED_BUGS=skip): its copy is a CPU build, the same whatever the build under test; CI runs it in its CPU-only pass"
 plant() {
-    local copy=$TMP/plant-$1 why=$TMP/plant-$1.why file=$2 old=$3 new=$4 text rest count
+    local copy=$TMP/plant-$1 why=$TMP/plant-$1.why file=$2 old=$3 new=$4 text rest count more=("${@:7}")
     if [[ ${PLANTED_BUGS:-run} == skip && ${PLANT_CUDA:-0} != emu ]]; then
         echo "$PLANT_SKIPPED" >"$why"
+        return 1
+    fi
+    if [[ ${PLANTED_BUGS:-run} == none ]]; then
+        echo "$PLANT_NONE" >"$why"
         return 1
     fi
     rm -rf "$copy" "$why" && mkdir -p "$copy" || return 1
@@ -225,7 +233,20 @@ plant() {
         echo "the planted bug's text '$old' occurs $count times in $file, not once: the code changed; move the planted bug with it" >"$why"
         return 1
     fi
-    printf '%s' "${text/"$old"/"$new"}" >"$copy/$file"
+    text=${text/"$old"/"$new"}
+    # More OLD NEW pairs after TARGET: other bugs planted in the same FILE of
+    # the same copy, each caught by a check of its own (one build for all).
+    while [[ ${#more[@]} -ge 2 ]]; do
+        rest=${text//"${more[0]}"/}
+        count=$(( (${#text} - ${#rest}) / ${#more[0]} ))
+        if [[ $count -ne 1 ]]; then
+            echo "the planted bug's text '${more[0]}' occurs $count times in $file, not once: the code changed; move the planted bug with it" >"$why"
+            return 1
+        fi
+        text=${text/"${more[0]}"/"${more[1]}"}
+        more=("${more[@]:2}")
+    done
+    printf '%s' "$text" >"$copy/$file"
     if [[ ${PLANT_CUDA:-0} == emu ]]; then ln -s "$ROOT/emu" "$copy/emu" || return 1; fi
     if ! env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory -s -C "$copy/$5" CUDA="${PLANT_CUDA:-0}" ASAN=0 "$6" \
             >"$copy/make.log" 2>&1; then

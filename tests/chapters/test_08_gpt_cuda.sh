@@ -53,35 +53,32 @@ else
         "wanted exit 1 and 'needs X GiB, the GPU has Y GiB free'; got status $status: $(tail -n 2 "$TMP/oom.log" | tr '\n' '|')"
 fi
 
-# The CUDA-graph step (gpt_cuda_graph_step) equals the step launched call
-# by call: the unit test above checks it. Its planted bug: AdamW's learning
-# rate and bias corrections taken from the capture (the first step's host
-# values, baked in) instead of read from device memory at each replay. The
-# copy is built for the emulated GPU, so only a CUDA=emu build runs it.
+# Two bugs planted in one copy of gpt_cuda.cu, built once for the emulated
+# GPU (only a CUDA=emu build runs it), each caught by its own test (they
+# do not meet: the graph test trains in fp32, the scaler test has no graph):
+# - the CUDA-graph step (gpt_cuda_graph_step) equals the step launched call
+#   by call (the unit test checks it); planted: AdamW's learning rate and
+#   bias corrections taken from the capture (the first step's host values,
+#   baked in) instead of read from device memory at each replay;
+# - fp16's loss scale: a step whose gradients overflowed must change nothing
+#   (the scaler mode compares parameters and AdamW moments bit for bit);
+#   planted: AdamW ignoring the skip flag, so an overflowed step writes inf
+#   and NaN into the weights - what GradScaler exists to stop.
 if ! is_emu; then
     skip "planted: a graph step replaying the captured learning rate" \
         "the planted copy is built for the emulated GPU (make CUDA=emu test)"
-else
-    graph_lr=$(PLANT_CUDA=emu plant graph_lr gpt/gpt_cuda.cu 'g->graph && g->graph->capturing ? &g->scalars->step : NULL;' \
-               '(const step_scalars *)NULL;' tests unit/test_gpt_cuda)
-    [[ -n $graph_lr ]] && { run_capture 300 "$TMP/graph_lr.log" "$graph_lr" --mode graph --seed 3; true; } &&
-        grep -q '^FAIL gpt cuda graph step equals the uncaptured step' "$TMP/graph_lr.log"
-    verdict $? "planted: a graph step replaying the captured learning rate fails the graph test ($(field "$TMP/graph_lr.log" 'FAIL gpt cuda graph step [^:]*: (losses differ .*) \(relative'))" \
-        "$(planted_why graph_lr)$(grep -m2 -E '^(PASS|FAIL) gpt cuda graph' "$TMP/graph_lr.log" 2>/dev/null | tr '\n' '|')"
-fi
-
-# fp16's loss scale: a step whose gradients overflowed must change nothing
-# (the unit test's scaler mode compares parameters and AdamW moments bit
-# for bit). Its planted bug: AdamW ignoring the skip flag, so an overflowed
-# step writes inf and NaN into the weights - what GradScaler exists to stop.
-if ! is_emu; then
     skip "planted: AdamW that ignores fp16's overflow" "the planted copy is built for the emulated GPU (make CUDA=emu test)"
 else
-    no_skip=$(PLANT_CUDA=emu plant no_skip gpt/gpt_cuda.cu '    if (skip && *skip) return;' '' tests unit/test_gpt_cuda)
-    [[ -n $no_skip ]] && { run_capture 300 "$TMP/no_skip.log" "$no_skip" --mode scaler --seed 3; true; } &&
+    gpu_bugs=$(PLANT_CUDA=emu plant gpu_bugs gpt/gpt_cuda.cu 'g->graph && g->graph->capturing ? &g->scalars->step : NULL;' \
+               '(const step_scalars *)NULL;' tests unit/test_gpt_cuda '    if (skip && *skip) return;' '')
+    [[ -n $gpu_bugs ]] && { run_capture 300 "$TMP/graph_lr.log" "$gpu_bugs" --mode graph --seed 3; true; } &&
+        grep -q '^FAIL gpt cuda graph step equals the uncaptured step' "$TMP/graph_lr.log"
+    verdict $? "planted: a graph step replaying the captured learning rate fails the graph test ($(field "$TMP/graph_lr.log" 'FAIL gpt cuda graph step [^:]*: (losses differ .*) \(relative'))" \
+        "$(planted_why gpu_bugs)$(grep -m2 -E '^(PASS|FAIL) gpt cuda graph' "$TMP/graph_lr.log" 2>/dev/null | tr '\n' '|')"
+    [[ -n $gpu_bugs ]] && { run_capture 300 "$TMP/no_skip.log" "$gpu_bugs" --mode scaler --seed 3; true; } &&
         grep -q '^FAIL gpt cuda fp16 overflow: the step is skipped' "$TMP/no_skip.log"
     verdict $? "planted: AdamW that ignores fp16's overflow fails the scaler test ($(field "$TMP/no_skip.log" 'FAIL gpt cuda fp16 overflow: the step is skipped[^:]*: (.*)'))" \
-        "$(planted_why no_skip)$(grep -m2 -E '^(PASS|FAIL) gpt cuda fp16' "$TMP/no_skip.log" 2>/dev/null | tr '\n' '|')"
+        "$(planted_why gpu_bugs)$(grep -m2 -E '^(PASS|FAIL) gpt cuda fp16' "$TMP/no_skip.log" 2>/dev/null | tr '\n' '|')"
 fi
 
 # The benchmark's own code (make bench-gpt), at the tests' tiny size: on a
