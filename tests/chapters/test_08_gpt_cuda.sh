@@ -34,7 +34,7 @@ run_unit() {
     fi
 }
 
-# About 80 s of CPU on the emulated GPU; 420 s leaves room for a machine
+# About 90 s of CPU on the emulated GPU (2026-11-28); 420 s leaves room for a machine
 # shared with other work (at a load of 10 on 2 cores it needed over 300).
 run_unit test_gpt_cuda 420 "$bin"
 
