@@ -17,7 +17,7 @@ all: $(CHAPTERS) $(TOOLS)
 # it: each folder would otherwise build it too, and under make -j two such
 # builds at once write the same files.
 ifeq ($(CUDA),emu)
-$(CHAPTERS) tools unit-tests: | emu-library
+$(CHAPTERS) tools unit-tests gpt-object: | emu-library
 .PHONY: emu-library
 emu-library:
 	@$(MAKE) --no-print-directory -C emu ASAN=$(ASAN)
