@@ -116,6 +116,17 @@ has_real_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/n
 # a machine with a GPU, or the emulated GPU (CUDA=emu), which has 8.
 has_gpu() { is_emu || has_real_gpu; }
 
+# cpu_paths NAME : true when this file's checks on CPU ranks run here.
+# CPU_PATHS=skip leaves them out with one SKIP line: CI's emulated-GPU pass
+# runs a GPT chapter's GPU section only (it comes first in the file), since
+# its CPU ranks run the same host code that CI's CPU-only pass ran (.ci/run).
+CPU_PATHS_SKIPPED="not run in this pass (CPU_PATHS=skip): the same host code on CPU ranks ran in CI's CPU-only pass; this pass runs the GPU section"
+cpu_paths() {
+    [[ ${CPU_PATHS:-run} != skip ]] && return 0
+    skip "$1: the checks on CPU ranks" "$CPU_PATHS_SKIPPED"
+    return 1
+}
+
 # Every process this test file starts (and theirs, orphans included)
 # inherits COURSE_TEST_RUN: leftovers are looked for among those only, so a
 # test never reports, let alone kills, the processes of another test run

@@ -35,7 +35,42 @@ same() {
     [[ $status -eq 0 ]] && near "$r" 0 "$tol" && rel_near "$va" "$vb" "$tol" && grep -q '^replicas: the replicated tensors' "$TMP/$many"
 }
 
+# ---------------------------------------------------------------- on GPUs
+# The GPU model (gpt_cuda.cu) on real GPUs or the 8 emulated ones of a
+# CUDA=emu build, one per rank, talking NCCL. Blocks of 16 tokens: the
+# emulator is slow. Tolerances are chapter 08's: 1e-5 in fp32 (two GPU runs
+# add in other orders), 2e-2 in bf16 (the partial sums are rounded to bf16
+# before the all-reduce adds them).
+if ! has_gpu; then
+    for what in "tp 2 in fp32" "dp 2 x tp 2 in fp32" "tp 4 in fp32" "dp 2 x tp 2 in bf16"; do
+        skip "tp gpu: $what equals one GPU" "no GPU here (a CPU-only build, or no GPU: make CUDA=emu test runs these on the emulated GPU)"
+    done
+else
+    gpu=("${common[@]}" --device cuda --block_size 16 --max_steps 15)
+    run_capture 300 "$TMP/g_one" "$prog" "${gpu[@]}" --precision fp32 --batch_size 8 --out_dir "$TMP/g_one.d"
+    run_capture 300 "$TMP/g_tp2" "$prog" "${gpu[@]}" --precision fp32 --batch_size 8 --tp 2 --out_dir "$TMP/g_tp2.d"
+    same g_one g_tp2 1e-5 $?
+    verdict $? "tp gpu: tp 2 equals one GPU in fp32 (models $r apart)" "relative '$r', valid $va vs $vb: $(grep -m1 error "$TMP/g_tp2")"
+    run_capture 300 "$TMP/g_mesh" "$prog" "${gpu[@]}" --precision fp32 --batch_size 4 --dp 2 --tp 2 --out_dir "$TMP/g_mesh.d"
+    status=$?
+    grep -q 'backend nccl' "$TMP/g_mesh" || status=98
+    same g_one g_mesh 1e-5 $status
+    verdict $? "tp gpu: dp 2 x tp 2 (nccl) equals one GPU in fp32 (models $r apart)" "status $status, relative '$r', valid $va vs $vb"
+    run_capture 300 "$TMP/g_one4" "$prog" "${gpu[@]}" --precision fp32 --batch_size 8 --n_head 4 --out_dir "$TMP/g_one4.d"
+    run_capture 300 "$TMP/g_tp4" "$prog" "${gpu[@]}" --precision fp32 --batch_size 8 --n_head 4 --tp 4 --out_dir "$TMP/g_tp4.d"
+    same g_one4 g_tp4 1e-5 $?
+    verdict $? "tp gpu: tp 4 equals one GPU in fp32 (models $r apart)" "relative '$r', valid $va vs $vb: $(grep -m1 error "$TMP/g_tp4")"
+    run_capture 300 "$TMP/h_one" "$prog" "${gpu[@]}" --batch_size 8 --out_dir "$TMP/h_one.d"
+    run_capture 300 "$TMP/h_mesh" "$prog" "${gpu[@]}" --batch_size 4 --dp 2 --tp 2 --out_dir "$TMP/h_mesh.d"
+    status=$?
+    grep -q 'bf16 (fp32 master' "$TMP/h_mesh" || status=97
+    same h_one h_mesh 2e-2 $status
+    verdict $? "tp gpu: dp 2 x tp 2 equals one GPU in bf16 (models $r apart)" "status $status, relative '$r', valid $va vs $vb"
+fi
+
 # ---------------------------------------------------------------- on CPU ranks, every build
+# (CI's emulated-GPU pass stops here: CPU_PATHS=skip, tests/lib.sh.)
+cpu_paths "tp" || { no_leftovers "tp: no process left behind" "10_tensor_parallel/10_tensor_parallel"; exit 0; }
 # One process with batch 8 is the reference; tp 2 splits each block over 2
 # ranks (the same batch), dp 2 x tp 2 gives each replica 4 of the 8
 # sequences. --check_every 1 checks the replicas byte for byte after every step.
@@ -156,39 +191,6 @@ if command -v mpirun >/dev/null 2>&1 && ! "$prog" --backend mpi --device cpu 2>&
         "status $status, relative '$r', valid $va vs $vb: $(grep -m1 error "$TMP/mpi")"
 else
     skip "tp: dp 2 x tp 2 under mpirun" "no mpirun, or a build without MPI (apt-get install openmpi-bin libopenmpi-dev, then make)"
-fi
-
-# ---------------------------------------------------------------- on GPUs
-# The GPU model (gpt_cuda.cu) on real GPUs or the 8 emulated ones of a
-# CUDA=emu build, one per rank, talking NCCL. Blocks of 16 tokens: the
-# emulator is slow. Tolerances are chapter 08's: 1e-5 in fp32 (two GPU runs
-# add in other orders), 2e-2 in bf16 (the partial sums are rounded to bf16
-# before the all-reduce adds them).
-if ! has_gpu; then
-    for what in "tp 2 in fp32" "dp 2 x tp 2 in fp32" "tp 4 in fp32" "dp 2 x tp 2 in bf16"; do
-        skip "tp gpu: $what equals one GPU" "no GPU here (a CPU-only build, or no GPU: make CUDA=emu test runs these on the emulated GPU)"
-    done
-else
-    gpu=("${common[@]}" --device cuda --block_size 16 --max_steps 15)
-    run_capture 300 "$TMP/g_one" "$prog" "${gpu[@]}" --precision fp32 --batch_size 8 --out_dir "$TMP/g_one.d"
-    run_capture 300 "$TMP/g_tp2" "$prog" "${gpu[@]}" --precision fp32 --batch_size 8 --tp 2 --out_dir "$TMP/g_tp2.d"
-    same g_one g_tp2 1e-5 $?
-    verdict $? "tp gpu: tp 2 equals one GPU in fp32 (models $r apart)" "relative '$r', valid $va vs $vb: $(grep -m1 error "$TMP/g_tp2")"
-    run_capture 300 "$TMP/g_mesh" "$prog" "${gpu[@]}" --precision fp32 --batch_size 4 --dp 2 --tp 2 --out_dir "$TMP/g_mesh.d"
-    status=$?
-    grep -q 'backend nccl' "$TMP/g_mesh" || status=98
-    same g_one g_mesh 1e-5 $status
-    verdict $? "tp gpu: dp 2 x tp 2 (nccl) equals one GPU in fp32 (models $r apart)" "status $status, relative '$r', valid $va vs $vb"
-    run_capture 300 "$TMP/g_one4" "$prog" "${gpu[@]}" --precision fp32 --batch_size 8 --n_head 4 --out_dir "$TMP/g_one4.d"
-    run_capture 300 "$TMP/g_tp4" "$prog" "${gpu[@]}" --precision fp32 --batch_size 8 --n_head 4 --tp 4 --out_dir "$TMP/g_tp4.d"
-    same g_one4 g_tp4 1e-5 $?
-    verdict $? "tp gpu: tp 4 equals one GPU in fp32 (models $r apart)" "relative '$r', valid $va vs $vb: $(grep -m1 error "$TMP/g_tp4")"
-    run_capture 300 "$TMP/h_one" "$prog" "${gpu[@]}" --batch_size 8 --out_dir "$TMP/h_one.d"
-    run_capture 300 "$TMP/h_mesh" "$prog" "${gpu[@]}" --batch_size 4 --dp 2 --tp 2 --out_dir "$TMP/h_mesh.d"
-    status=$?
-    grep -q 'bf16 (fp32 master' "$TMP/h_mesh" || status=97
-    same h_one h_mesh 2e-2 $status
-    verdict $? "tp gpu: dp 2 x tp 2 equals one GPU in bf16 (models $r apart)" "status $status, relative '$r', valid $va vs $vb"
 fi
 
 no_leftovers "tp: no process left behind" "10_tensor_parallel/10_tensor_parallel"

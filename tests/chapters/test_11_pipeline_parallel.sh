@@ -14,13 +14,45 @@ export OMP_NUM_THREADS=1
 # A small corpus in WikiText's layout (tests/lib.sh; no real data needed).
 gpt_corpus "$TMP/corpus"
 # Four blocks, so that four stages have one each. On the CPU, whatever the
-# build: the GPU cases follow at the end.
+# build: the GPU cases come first.
 tiny=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
       --device cpu --max_steps 8 --batch_size 4)
 common=("${tiny[@]}" --n_layer 4)
 l2='l2 norm ([0-9.e+-]*)' sum='checksum ([0-9a-f]*),' valid='validation after step [0-9]* .*: loss ([0-9.]*) '
 
+# ---------------------------------------------------------------- on GPUs
+# The stages on GPUs (real, or the emulated ones of a CUDA=emu build: 8,
+# one per rank, talking NCCL), activations sent in the model's precision.
+if ! has_gpu; then
+    for what in "fp32 equals one GPU" "bf16 equals one GPU" ; do
+        skip "11 gpu: $what" "no GPU here (a CPU-only build, or no GPU: make CUDA=emu test runs these on the emulated GPU)"
+    done
+else
+    gpu=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --n_layer 4 --vocab_size 300 --num_samples 0
+         --log_every 1000 --device cuda --block_size 16 --max_steps 5 --batch_size 4)
+    # Two GPU runs agree to rounding (see test_08_gpt_ddp): l2 within 1e-5, the
+    # validation loss to its last printed digit.
+    run_capture 300 "$TMP/g08" "$p08" "${gpu[@]}" --precision fp32 --grad_accum 4 --out_dir "$TMP/g08.d"
+    for case in "2 gpipe" "4 1f1b"; do
+        set -- $case
+        run_capture 300 "$TMP/g$1" "$prog" "${gpu[@]}" --precision fp32 --pp $1 --schedule $2 --micro_batches 4 \
+            --out_dir "$TMP/g$1.d"; status=$?
+        a=$(field "$TMP/g08" "$l2"); b=$(field "$TMP/g$1" "$l2"); va=$(field "$TMP/g08" "$valid"); vb=$(field "$TMP/g$1" "$valid")
+        [[ $status -eq 0 && -n "$a" ]] && rel_near "$a" "$b" 1e-5 && near "$va" "$vb" 1.5e-4
+        verdict $? "11 gpu: $1 stages ($2) in fp32 equal one GPU (l2 $b vs $a; $(grep -m1 -o 'backend [a-z]*' "$TMP/g$1"))" \
+            "status $status, l2 '$b' vs '$a', validation $vb vs $va: $(grep -m1 error "$TMP/g$1")"
+    done
+    # bf16: activations and their gradients travel in bf16; within 2e-2.
+    run_capture 300 "$TMP/h08" "$p08" "${gpu[@]}" --precision bf16 --grad_accum 4 --out_dir "$TMP/h08.d"
+    run_capture 300 "$TMP/h11" "$prog" "${gpu[@]}" --precision bf16 --pp 2 --micro_batches 4 --out_dir "$TMP/h11.d"; status=$?
+    a=$(field "$TMP/h08" "$l2"); b=$(field "$TMP/h11" "$l2"); va=$(field "$TMP/h08" "$valid"); vb=$(field "$TMP/h11" "$valid")
+    [[ $status -eq 0 && -n "$a" ]] && rel_near "$a" "$b" 2e-2 && rel_near "$va" "$vb" 2e-2 && grep -q ', bf16 (' "$TMP/h11"
+    verdict $? "11 gpu: 2 stages in bf16 equal one GPU within 2e-2 (l2 $b vs $a)" "status $status, l2 '$b' vs '$a', validation $vb vs $va"
+fi
+
 # ---------------------------------------------------------------- equal to one process
+# (CI's emulated-GPU pass stops here: CPU_PATHS=skip, tests/lib.sh.)
+cpu_paths "11" || { no_leftovers "11: no process left behind" "11_pipeline_parallel/11_pipeline_parallel|08_gpt_wikitext/08_gpt_wikitext"; exit 0; }
 # S stages x M micro-batches of 4 against 08 with --grad_accum M: the same
 # gradients, added in another order only where the two copies of wte meet.
 # fp32 on the CPU: the final parameters' l2 norm within 1e-6, the printed
@@ -172,36 +204,5 @@ if command -v mpirun >/dev/null 2>&1 && "$prog" --help 2>&1 | grep -q 'mpi'; the
 else
     skip "11: 2 stages under mpirun" "mpirun not found, or a build without MPI"
 fi
-
-# ---------------------------------------------------------------- on GPUs
-# The stages on GPUs (real, or the emulated ones of a CUDA=emu build: 8,
-# one per rank, talking NCCL), activations sent in the model's precision.
-if ! has_gpu; then
-    for what in "fp32 equals one GPU" "bf16 equals one GPU" ; do
-        skip "11 gpu: $what" "no GPU here (a CPU-only build, or no GPU: make CUDA=emu test runs these on the emulated GPU)"
-    done
-    no_leftovers "11: no process left behind" "11_pipeline_parallel/11_pipeline_parallel|08_gpt_wikitext/08_gpt_wikitext"
-    exit 0
-fi
-gpu=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --n_layer 4 --vocab_size 300 --num_samples 0
-     --log_every 1000 --device cuda --block_size 16 --max_steps 5 --batch_size 4)
-# Two GPU runs agree to rounding (see test_08_gpt_ddp): l2 within 1e-5, the
-# validation loss to its last printed digit.
-run_capture 300 "$TMP/g08" "$p08" "${gpu[@]}" --precision fp32 --grad_accum 4 --out_dir "$TMP/g08.d"
-for case in "2 gpipe" "4 1f1b"; do
-    set -- $case
-    run_capture 300 "$TMP/g$1" "$prog" "${gpu[@]}" --precision fp32 --pp $1 --schedule $2 --micro_batches 4 \
-        --out_dir "$TMP/g$1.d"; status=$?
-    a=$(field "$TMP/g08" "$l2"); b=$(field "$TMP/g$1" "$l2"); va=$(field "$TMP/g08" "$valid"); vb=$(field "$TMP/g$1" "$valid")
-    [[ $status -eq 0 && -n "$a" ]] && rel_near "$a" "$b" 1e-5 && near "$va" "$vb" 1.5e-4
-    verdict $? "11 gpu: $1 stages ($2) in fp32 equal one GPU (l2 $b vs $a; $(grep -m1 -o 'backend [a-z]*' "$TMP/g$1"))" \
-        "status $status, l2 '$b' vs '$a', validation $vb vs $va: $(grep -m1 error "$TMP/g$1")"
-done
-# bf16: activations and their gradients travel in bf16; within 2e-2.
-run_capture 300 "$TMP/h08" "$p08" "${gpu[@]}" --precision bf16 --grad_accum 4 --out_dir "$TMP/h08.d"
-run_capture 300 "$TMP/h11" "$prog" "${gpu[@]}" --precision bf16 --pp 2 --micro_batches 4 --out_dir "$TMP/h11.d"; status=$?
-a=$(field "$TMP/h08" "$l2"); b=$(field "$TMP/h11" "$l2"); va=$(field "$TMP/h08" "$valid"); vb=$(field "$TMP/h11" "$valid")
-[[ $status -eq 0 && -n "$a" ]] && rel_near "$a" "$b" 2e-2 && rel_near "$va" "$vb" 2e-2 && grep -q ', bf16 (' "$TMP/h11"
-verdict $? "11 gpu: 2 stages in bf16 equal one GPU within 2e-2 (l2 $b vs $a)" "status $status, l2 '$b' vs '$a', validation $vb vs $va"
 
 no_leftovers "11: no process left behind" "11_pipeline_parallel/11_pipeline_parallel|08_gpt_wikitext/08_gpt_wikitext"
