@@ -106,7 +106,10 @@ static inline void cpu_recursive_doubling(cpu_pg_t *pg, const void *send, void *
         cpu_recv_wait(pg, r - p, recv, bytes);
         return;
     }
-    char *other = xmalloc(bytes);
+    // The partner's values land in scratch memory the group keeps (all-reduces
+    // this small come often: a malloc each is time the message does not take).
+    if (!pg->scratch) pg->scratch = xmalloc(CPU_SMALL_BYTES);
+    char *other = pg->scratch;
     if (r + p < n) {   // fold in the extra rank's values
         cpu_recv_wait(pg, r + p, other, bytes);
         pg_combine(recv, recv, other, count, t, op);
@@ -118,7 +121,6 @@ static inline void cpu_recursive_doubling(cpu_pg_t *pg, const void *send, void *
         else pg_combine(recv, other, recv, count, t, op);
     }
     if (r + p < n) cpu_send_wait(pg, r + p, recv, bytes);
-    free(other);
 }
 
 static inline void cpu_all_reduce_core(cpu_pg_t *pg, const void *send, void *recv, size_t count,

@@ -260,17 +260,25 @@ static inline size_t cpu_take_payload(cpu_peer_t *p, const char *src, size_t len
     return n;
 }
 
+// Takes what has arrived: headers and payloads, as many messages as the
+// bytes in view hold, then hands the bytes back to the stream at once (one
+// store of the ring's `tail` and one look at the writer's doorbell per
+// view, not one per header and one per payload).
 static inline bool cpu_recv_progress(const cpu_pg_t *pg, cpu_peer_t *p) {
     size_t taken = 0;
     while (taken < CPU_PASS_BYTES) {
-        size_t len, n;
+        size_t len, used = 0, n;
         if (cpu_parked(p)) break;   // the stream waits for a receive
         const char *src = cpu_peek(p, &len);
         if (!src) break;
-        n = p->in_message ? cpu_take_payload(p, src, len) : cpu_take_header(pg, p, src, len);
-        if (n == 0) break;
-        cpu_consume(p, n);
-        taken += n;
+        do {
+            n = p->in_message ? cpu_take_payload(p, src + used, len - used)
+                              : cpu_take_header(pg, p, src + used, len - used);
+            used += n;
+        } while (n > 0 && used < len && !cpu_parked(p));
+        if (used == 0) break;
+        cpu_consume(p, used);
+        taken += used;
     }
     return taken > 0;
 }

@@ -538,6 +538,11 @@ static inline void cpu_destroy(cpu_pg_t *pg) {
             for (cpu_msg_t *m; (m = cpu_msg_pop(&p->unexpected[c])) != NULL;) cpu_msg_free(m);
     }
     if (pg->shm_base) munmap(pg->shm_base, pg->shm_bytes);
+    for (cpu_req_t *r; (r = pg->spare) != NULL;) {
+        pg->spare = r->next;
+        free(r);
+    }
+    free(pg->scratch);
     free(pg->peers);
     free(pg->tcp_ranks);
     free(pg->shm_ranks);

@@ -40,7 +40,7 @@ enum {
     CPU_SINGLE_COPY_MIN = 512 << 10, // shared memory: the receiver reads payloads of these sizes
     CPU_SINGLE_COPY_MAX = 8 << 20,   // ... straight from the sender's buffer (measured: pg_cpu_message.h)
     CPU_SHM_BUDGET = 48 << 20,       // all rings of a host (Docker's /dev/shm is 64 MiB)
-    CPU_PREFETCH_BYTES = 1 << 10,    // shared memory: bytes of a message asked for at once (cpu_ring_peek)
+    CPU_PREFETCH_BYTES = 1 << 10,    // shared memory: bytes of a record asked for at once (cpu_ring_peek)
 };
 // Why a ring of 256 KiB, not more: a message costs most the first time it
 // passes over a part of the ring's memory (2 ranks, 2 KiB ping-pong: 9.5 us
@@ -64,6 +64,7 @@ enum {
 // 5 and 50 us gave the same latencies on 2 cores; the short one wastes less
 // when two ranks share a core.
 #define CPU_SPIN_SECONDS 10e-6
+#define CPU_SPIN_POLLS 16
 #define CPU_YIELD_SECONDS 0.1
 // A rank idle this long takes what it has not asked for yet into buffers of
 // its own (cpu_take_unasked).
@@ -166,12 +167,25 @@ static inline void cpu_msg_free(cpu_msg_t *m) {
 //
 // One segment per host holds, for every ordered pair of local ranks (a, b),
 // a ring buffer that only a writes and only b reads: a single-producer,
-// single-consumer queue needs no lock, just two counters. `head` counts the
-// bytes ever written, `tail` the bytes ever read; head - tail are waiting.
-// The writer publishes bytes by storing head with release order after
-// copying them; the reader loads head with acquire order before reading
-// them, so it never sees a count ahead of the bytes. The counters sit on
-// separate cache lines so that the two processes do not fight over one.
+// single-consumer queue needs no lock. The bytes travel in records: an
+// 8-byte word, then up to a chunk of bytes. The word holds the record's
+// length and a stamp of its place in the stream (the count of bytes ever
+// written before it, cut to 32 bits); the writer copies the bytes first and
+// stores the word last, with release order. The reader waits on the word
+// at its position: once the stamp there is the one that position should
+// have, the bytes behind it are complete (acquire order). A word left over
+// from an earlier lap of the ring has another stamp, so nothing else says
+// that bytes have arrived. The reader hands bytes back by storing `tail`,
+// the count of bytes ever read; the writer looks at it only when it seems
+// short of room.
+//
+// Why records, and not a count of bytes written that the reader polls (as
+// this ring first had): the reader polled the count's cache line, saw it
+// change, then asked for the message's line - two trips between the cores,
+// one after the other. With the word in the message's own line, one trip
+// brings both. MPI's shared-memory transport does the same for small
+// messages (Open MPI's "fast boxes"). 2 ranks, 8-128 B ping-pong:
+// 0.67-0.68 us one way -> see 03's MEASUREMENTS.md, "Small messages".
 //
 // Each rank also has a doorbell: when it has waited for a while it sleeps on
 // a futex (a kernel wait queue keyed by an address, which works across
@@ -180,7 +194,6 @@ static inline void cpu_msg_free(cpu_msg_t *m) {
 // cores a spinning rank would steal the core of the rank it waits for.
 
 typedef struct {
-    _Alignas(64) _Atomic uint64_t head;   // bytes ever written; only the writer stores it
     _Alignas(64) _Atomic uint64_t tail;   // bytes ever read; only the reader stores it
 } cpu_shm_ring_ctl_t;
 
@@ -198,75 +211,98 @@ typedef struct {
     cpu_shm_ring_ctl_t *ctl;
     char *data;
     size_t cap;                           // a power of two
+    uint64_t pos;                         // bytes of the stream written (writer) or passed (reader)
     uint64_t tail_seen;                   // writer: `tail` when last loaded (see cpu_ring_write)
+    size_t left;                          // reader: bytes of the current record not taken yet
 } cpu_shm_ring_t;
 
-// Copies as much of iov as fits; returns the bytes written. The bytes are
-// published one chunk at a time, so that the reader copies chunk k out
-// while we copy chunk k+1 in: two cores work at once, and a chunk is still
-// in the cache when the reader takes it. Publishing only at the end made
-// a 4 MiB message cost two full copies one after the other (measured:
-// half MPI's speed at 2-8 MiB).
+enum { CPU_RECORD_WORD = 8 };
+
+// The stamp of a record that starts `pos` bytes into the stream. Never 0 on
+// the first lap, where the ring's memory is still zero.
+static inline uint32_t cpu_record_stamp(uint64_t pos) { return (uint32_t)(pos / CPU_RECORD_WORD) + 1; }
+
+static inline _Atomic uint64_t *cpu_record_word(const cpu_shm_ring_t *r, uint64_t pos) {
+    return (_Atomic uint64_t *)(void *)(r->data + ((size_t)pos & (r->cap - 1)));
+}
+
+// Copies as much of iov as fits; returns the bytes written. One record per
+// chunk, each published as soon as it is complete, so that the reader
+// copies chunk k out while we copy chunk k+1 in: two cores work at once,
+// and a chunk is still in the cache when the reader takes it. (Publishing
+// only at the end made a 4 MiB message cost two full copies one after the
+// other: half MPI's speed at 2-8 MiB.) A record never wraps around the
+// ring's end: where only its word would fit, an empty record fills it.
 //
 // The writer loads the reader's `tail` only when the tail it saw last leaves
 // too little room. Each load of a counter that the other core has just
-// stored moves a cache line between the cores - the largest part of a
-// small message's cost - and a stale tail only makes the room look smaller.
+// stored moves a cache line between the cores, and a stale tail only makes
+// the room look smaller.
 static inline size_t cpu_ring_write(cpu_shm_ring_t *r, const struct iovec *iov, int count) {
-    uint64_t head = atomic_load_explicit(&r->ctl->head, memory_order_relaxed);
-    size_t wanted = 0, written = 0;
+    size_t wanted = 0, written = 0, part = 0, part_done = 0;
     for (int i = 0; i < count; i++) wanted += iov[i].iov_len;
-    if (r->cap - (size_t)(head - r->tail_seen) < wanted)
+    if (r->cap - (size_t)(r->pos - r->tail_seen) < wanted + 2 * CPU_RECORD_WORD)
         r->tail_seen = atomic_load_explicit(&r->ctl->tail, memory_order_acquire);
-    size_t room = r->cap - (size_t)(head - r->tail_seen);
-    for (int i = 0; i < count && room > 0; i++) {
-        const char *src = iov[i].iov_base;
-        size_t left = iov[i].iov_len;
-        while (left > 0 && room > 0) {
-            size_t n = left < room ? left : room;
-            if (n > CPU_CHUNK_BYTES) n = CPU_CHUNK_BYTES;
-            size_t at = (size_t)head & (r->cap - 1);
-            size_t first = n < r->cap - at ? n : r->cap - at;   // up to the end of the ring
-            memcpy(r->data + at, src, first);
-            if (n > first) memcpy(r->data, src + first, n - first);
-            head += n;
-            atomic_store_explicit(&r->ctl->head, head, memory_order_release);
-            src += n;
-            left -= n;
-            room -= n;
-            written += n;
+    while (written < wanted) {
+        size_t room = r->cap - (size_t)(r->pos - r->tail_seen);
+        size_t at = (size_t)r->pos & (r->cap - 1), to_end = r->cap - at;
+        if (room < 2 * CPU_RECORD_WORD) break;   // not even a word and 8 bytes: the reader must catch up
+        size_t n = wanted - written;
+        if (n > CPU_CHUNK_BYTES) n = CPU_CHUNK_BYTES;
+        if (n > room - CPU_RECORD_WORD) n = room - CPU_RECORD_WORD;
+        if (n > to_end - CPU_RECORD_WORD) n = to_end - CPU_RECORD_WORD;   // 0: an empty record
+        char *dst = r->data + at + CPU_RECORD_WORD;
+        for (size_t copied = 0; copied < n;) {   // the bytes of n from the parts of iov
+            size_t take = iov[part].iov_len - part_done;
+            if (take > n - copied) take = n - copied;
+            memcpy(dst + copied, (const char *)iov[part].iov_base + part_done, take);
+            copied += take;
+            part_done += take;
+            if (part_done == iov[part].iov_len) part++, part_done = 0;
         }
+        atomic_store_explicit(cpu_record_word(r, r->pos), (uint64_t)cpu_record_stamp(r->pos) << 32 | n,
+                              memory_order_release);
+        r->pos += CPU_RECORD_WORD + n;
+        written += n;
     }
     return written;
 }
 
-// The readable bytes up to the end of the ring, at most a chunk (NULL when
-// there are none). Consuming them chunk by chunk frees room for the writer
-// early: the other half of the pipeline.
+// The bytes of the current record not taken yet (NULL when none has
+// arrived). Consuming them chunk by chunk frees room for the writer early:
+// the other half of the pipeline.
 //
-// The first CPU_PREFETCH_BYTES of them are asked for at once. They sit in
-// the writer's cache, and the reader takes the header apart before it
-// copies the payload: without this, the payload's cache lines set off from
-// the writer's core only once the header's line had arrived, which set off
-// once `head` had - three trips one after the other. Asked for together,
-// the header's and the payload's trips overlap: two. (MPI's "fast box"
-// keeps the flag in the message's own line: one.) 2 ranks, 128 B
-// ping-pong: 0.75 -> 0.61 us one way, MPI 0.52 (chapter 03's
-// MEASUREMENTS.md, "Small messages").
+// The line of the record's word holds the first 56 bytes too: a small
+// message arrives in the one trip that the word takes. The rest of the
+// first CPU_PREFETCH_BYTES is asked for at once, before the header is
+// taken apart.
 static inline const char *cpu_ring_peek(cpu_shm_ring_t *r, size_t *len) {
-    uint64_t tail = atomic_load_explicit(&r->ctl->tail, memory_order_relaxed);
-    uint64_t head = atomic_load_explicit(&r->ctl->head, memory_order_acquire);
-    size_t at = (size_t)tail & (r->cap - 1), ready = (size_t)(head - tail);
-    *len = ready < r->cap - at ? ready : r->cap - at;
-    if (*len > CPU_CHUNK_BYTES) *len = CPU_CHUNK_BYTES;
-    for (size_t k = 0; k < *len && k < CPU_PREFETCH_BYTES; k += 64)
-        __builtin_prefetch(r->data + at + k);
-    return *len ? r->data + at : NULL;
+    while (r->left == 0) {   // at a record's word: has it been written?
+        uint64_t word = atomic_load_explicit(cpu_record_word(r, r->pos), memory_order_acquire);
+        if ((uint32_t)(word >> 32) != cpu_record_stamp(r->pos)) {
+            *len = 0;
+            return NULL;
+        }
+        r->pos += CPU_RECORD_WORD;
+        r->left = (uint32_t)word;   // 0: an empty record, the ring's end
+    }
+    const char *at = r->data + ((size_t)r->pos & (r->cap - 1));
+    *len = r->left;
+    for (size_t k = 64; k < *len && k < CPU_PREFETCH_BYTES; k += 64) __builtin_prefetch(at + k);
+    return at;
+}
+
+// Has a record arrived that has not been looked at? (No side effects.)
+static inline bool cpu_ring_arrived(const cpu_shm_ring_t *r) {
+    if (r->left) return false;   // a record being taken: nothing new until it is
+    uint64_t word = atomic_load_explicit(cpu_record_word(r, r->pos), memory_order_relaxed);
+    return (uint32_t)(word >> 32) == cpu_record_stamp(r->pos);
 }
 
 static inline void cpu_ring_consume(cpu_shm_ring_t *r, size_t n) {
-    uint64_t tail = atomic_load_explicit(&r->ctl->tail, memory_order_relaxed);
-    atomic_store_explicit(&r->ctl->tail, tail + n, memory_order_release);
+    r->pos += n;
+    r->left -= n;
+    atomic_store_explicit(&r->ctl->tail, r->pos, memory_order_release);
 }
 
 // Wake the bell's owner if it sleeps. The fence orders our ring update
@@ -331,6 +367,8 @@ typedef struct {
     cpu_shm_bell_t *bell;               // this rank's doorbell
     bool spin;                    // busy-wait a little before sleeping (enough cores)
     double last_probe;            // last check that the shared-memory peers live
+    cpu_req_t *spare;             // finished requests, kept for the next ones (cpu_new_req)
+    char *scratch;                // CPU_SMALL_BYTES for the small all-reduce (cpu_recursive_doubling)
     char transport[200];          // for pg_describe
 } cpu_pg_t;
 
