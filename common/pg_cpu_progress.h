@@ -105,21 +105,6 @@ static inline bool cpu_core_shared(const cpu_pg_t *pg) {
     return false;
 }
 
-// The spin: up to CPU_SPIN_POLLS pauses, looking only at the words where
-// the next records from this host's peers will land, so that a record is
-// seen the moment it lands, not after a pass of bookkeeping (the clock,
-// the cores, the peers' sockets: about 60 ns here, as long as the pause).
-// A send that waits for room returns at once: room is not news a word shows.
-static inline void cpu_spin(const cpu_pg_t *pg) {
-    for (int k = 0; k < CPU_SPIN_POLLS; k++) {
-        for (int i = 0; i < pg->shm_count; i++) {
-            const cpu_peer_t *p = &pg->peers[pg->shm_ranks[i]];
-            if (p->sends.head || cpu_ring_arrived(&p->rx)) return;
-        }
-        cpu_relax();
-    }
-}
-
 // Nothing moved in the last pass. Stop if we wait for a dead peer or have
 // waited too long; otherwise wait a little, as cheaply as the transports allow.
 static inline void cpu_idle(cpu_pg_t *pg, cpu_req_t **reqs, int count, double idle_since) {
@@ -129,7 +114,7 @@ static inline void cpu_idle(cpu_pg_t *pg, cpu_req_t **reqs, int count, double id
     if (idle > CPU_UNASKED_SECONDS && cpu_take_unasked(pg)) return;
     if (pg->shm_count && idle < CPU_YIELD_SECONDS) {
         if (pg->spin && idle < CPU_SPIN_SECONDS && !cpu_core_shared(pg))
-            cpu_spin(pg);   // the peer runs on another core: its bytes come in microseconds
+            cpu_relax();    // the peer runs on another core: its bytes come in microseconds
         else
             sched_yield();  // the peer may need our core
         return;
@@ -148,22 +133,11 @@ static inline bool cpu_all_done(cpu_req_t **reqs, int count) {
 // Moves bytes until every request is done, then frees them. The timeout
 // counts from the last moment anything moved, so a long transfer that
 // progresses never times out, and a stuck one does.
-//
-// Just gone idle, a rank that may spin spins once before it reads the clock:
-// a peer's small message is usually on its way and lands within the spin,
-// and the two readings of the clock that the first idle pass takes (26 ns
-// each here) would delay seeing it.
 static inline void cpu_wait(cpu_pg_t *pg, cpu_req_t **reqs, int count) {
     double idle_since = -1;
-    bool spun = false;
     while (!cpu_all_done(reqs, count)) {
         if (cpu_progress(pg)) {
-            idle_since = -1, spun = false;
-            continue;
-        }
-        if (idle_since < 0 && !spun && pg->spin && pg->shm_count) {
-            spun = true;
-            cpu_spin(pg);
+            idle_since = -1;
             continue;
         }
         if (idle_since < 0) idle_since = now_seconds();
@@ -178,8 +152,9 @@ static inline void cpu_wait(cpu_pg_t *pg, cpu_req_t **reqs, int count) {
 // ---------------------------------------------------------------- posting work
 
 // A request that cpu_wait finished is used again: a small collective posts
-// two and waits for them, and allocating and freeing each was a tenth of
-// a 2-rank all-reduce of 8 bytes (03's MEASUREMENTS.md, "Small messages").
+// two and waits for them, and a calloc and a free take about 20 ns here,
+// which a 2-rank all-reduce of 8 bytes (0.7 us) paid three times over
+// (with its scratch buffer).
 static inline cpu_req_t *cpu_new_req(cpu_pg_t *pg, int peer, size_t bytes) {
     cpu_req_t *r = pg->spare;
     if (r) {

@@ -63,8 +63,11 @@ enum {
 // (measured: 100 us per 8-byte all-reduce instead of 0.3-0.8 us). Spins of
 // 5 and 50 us gave the same latencies on 2 cores; the short one wastes less
 // when two ranks share a core.
+// A tighter spin - 16 pauses in a row, looking only at the words where the
+// next records land - saved 0.08 us of an 8-byte ping-pong in one state of
+// this virtual machine, and made 2-8 KiB all-reduces 3-5x slower in another
+// (2 ranks, 8 KiB: 9.0 us instead of 1.8; 2026-11-28): not kept.
 #define CPU_SPIN_SECONDS 10e-6
-#define CPU_SPIN_POLLS 16
 #define CPU_YIELD_SECONDS 0.1
 // A rank idle this long takes what it has not asked for yet into buffers of
 // its own (cpu_take_unasked).
@@ -184,8 +187,9 @@ static inline void cpu_msg_free(cpu_msg_t *m) {
 // change, then asked for the message's line - two trips between the cores,
 // one after the other. With the word in the message's own line, one trip
 // brings both. MPI's shared-memory transport does the same for small
-// messages (Open MPI's "fast boxes"). 2 ranks, 8-128 B ping-pong:
-// 0.67-0.68 us one way -> see 03's MEASUREMENTS.md, "Small messages".
+// messages (Open MPI's "fast boxes"). 2 ranks, 8-128 B ping-pong, 9
+// interleaved rounds: 0.72-0.73 us one way -> 0.45-0.57 (MPI 0.86-1.12 at
+// that moment; 03's MEASUREMENTS.md, "Small messages").
 //
 // Each rank also has a doorbell: when it has waited for a while it sleeps on
 // a futex (a kernel wait queue keyed by an address, which works across
@@ -290,13 +294,6 @@ static inline const char *cpu_ring_peek(cpu_shm_ring_t *r, size_t *len) {
     *len = r->left;
     for (size_t k = 64; k < *len && k < CPU_PREFETCH_BYTES; k += 64) __builtin_prefetch(at + k);
     return at;
-}
-
-// Has a record arrived that has not been looked at? (No side effects.)
-static inline bool cpu_ring_arrived(const cpu_shm_ring_t *r) {
-    if (r->left) return false;   // a record being taken: nothing new until it is
-    uint64_t word = atomic_load_explicit(cpu_record_word(r, r->pos), memory_order_relaxed);
-    return (uint32_t)(word >> 32) == cpu_record_stamp(r->pos);
 }
 
 static inline void cpu_ring_consume(cpu_shm_ring_t *r, size_t n) {
