@@ -79,6 +79,19 @@ else
     skip "p2p: nccl backend, one rank" "no GPU here (nvidia-smi lists none)"
 fi
 
+# Planted (tests/lib.sh, plant): a shared-memory record whose stamp does not
+# say which lap of the ring wrote it. A reader that reaches a place the
+# writer has not written in this lap yet takes the record left there by the
+# lap before for a new one: the basic cases, whose 2 and 64 MiB go around
+# the ring, must fail.
+planted=$(plant stale_record common/pg_cpu_stream.h 'return (uint32_t)(pos / CPU_RECORD_WORD) + 1;' 'return 1;' \
+    tests unit/test_p2p)
+[[ -n $planted ]] && COURSE_SINGLE_COPY=0 run_capture 60 "$TMP/planted.log" "$planted" "$TAG" --mode basic -n 2
+status=$?
+[[ -n $planted && $status -ne 0 ]]
+verdict $? "planted: records stamped without their lap fail the basic cases (exit $status: $(grep -m1 -E '^FAIL|error|not a message' "$TMP/planted.log" 2>/dev/null | cut -c1-120))" \
+    "$(planted_why stale_record)the planted copy passed: $(tail -n 2 "$TMP/planted.log" 2>/dev/null | tr '\n' '|')"
+
 no_leftovers "p2p: no rank left running" "${TAG#--tag=}"
 # A segment lives only while a group is being set up (then it is unlinked);
 # one seen twice, a second apart, was left behind.
