@@ -86,8 +86,8 @@ fi
 # the ring, must fail.
 planted=$(plant stale_record common/pg_cpu_stream.h 'return (uint32_t)(pos / CPU_RECORD_WORD) + 1;' 'return 1;' \
     tests unit/test_p2p)
-[[ -n $planted ]] && COURSE_SINGLE_COPY=0 run_capture 60 "$TMP/planted.log" "$planted" "$TAG" --mode basic -n 2
-status=$?
+status=none
+[[ -n $planted ]] && { COURSE_SINGLE_COPY=0 run_capture 60 "$TMP/planted.log" "$planted" "$TAG" --mode basic -n 2; status=$?; }
 [[ -n $planted && $status -ne 0 ]]
 verdict $? "planted: records stamped without their lap fail the basic cases (exit $status: $(grep -m1 -E '^FAIL|error|not a message' "$TMP/planted.log" 2>/dev/null | cut -c1-120))" \
     "$(planted_why stale_record)the planted copy passed: $(tail -n 2 "$TMP/planted.log" 2>/dev/null | tr '\n' '|')"
