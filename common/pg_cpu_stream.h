@@ -51,6 +51,9 @@ enum {
 // sender dumping a whole 4 MiB block - was worth at most 30% at 8 MiB
 // all-reduces (2 ranks: 1.3 -> 1.8 ms; MPI 2.1 ms), and payloads from 512
 // KiB go by single copy anyway. (03's MEASUREMENTS.md, "Small messages".)
+// The first lap is still slow, and a benchmark of a thousand small
+// messages never leaves it: each rank goes once over its rings at the
+// start (cpu_warm_rings in pg_cpu_setup.h).
 // How a rank waits for bytes (cpu_idle): first it spins, polling the rings
 // with a pause instruction in between, for CPU_SPIN_SECONDS, if every rank
 // of the host has a core of its own. Then it polls with sched_yield() in
