@@ -8,10 +8,15 @@ include common/detect.mk
 
 CHAPTERS := $(patsubst %/Makefile,%,$(sort $(wildcard [0-9][0-9]_*/Makefile)))
 TOOLS := $(if $(wildcard tools/Makefile),tools)
+# The GPT chapters: those whose Makefile includes gpt/gpt.mk.
+GPT_CHAPTERS := $(patsubst %/Makefile,%,$(shell grep -l 'gpt/gpt\.mk' $(addsuffix /Makefile,$(CHAPTERS))))
 
 .PHONY: all help test asan bench bench-gpt gpu-check plots speedup clean data diffs $(CHAPTERS) tools unit-tests
 
-all: $(CHAPTERS) $(TOOLS)
+# The GPU model goes first: nvcc takes two minutes over gpt/gpt_cuda.cu on
+# one core (cicc, the device compiler, most of it), and under make -j the
+# other chapters build beside it instead of after it.
+all: $(if $(GPT_CHAPTERS),gpt-object) $(CHAPTERS) $(TOOLS)
 
 # The emulated GPU's library is built once, before the folders that link
 # it: each folder would otherwise build it too, and under make -j two such
@@ -32,7 +37,6 @@ $(CHAPTERS) unit-tests: | $(TOOLS)
 # GPT chapters (those whose Makefile includes gpt/gpt.mk) and the unit tests
 # that link it (gpt/gpt_cuda.mk): it is made first, for the same reason.
 # The other chapters never wait for it (`make 04_ddp_spawn` compiles no GPT).
-GPT_CHAPTERS := $(patsubst %/Makefile,%,$(shell grep -l 'gpt/gpt\.mk' $(addsuffix /Makefile,$(CHAPTERS))))
 $(GPT_CHAPTERS) unit-tests: | gpt-object
 .PHONY: gpt-object
 gpt-object:

@@ -118,12 +118,27 @@ has_gpu() { is_emu || has_real_gpu; }
 
 # cpu_paths NAME : true when this file's checks on CPU ranks run here.
 # CPU_PATHS=skip leaves them out with one SKIP line: CI's emulated-GPU pass
-# runs a GPT chapter's GPU section only (it comes first in the file), since
-# its CPU ranks run the same host code that CI's CPU-only pass ran (.ci/run).
+# runs a GPT chapter's GPU section only (it comes first in the file), and
+# its `make test` and emulated-GPU passes build and run the exercises but
+# not the broken versions fed to their checks, since on CPU ranks they run
+# the same host code that CI's CPU-only pass ran (.ci/run).
 CPU_PATHS_SKIPPED="not run in this pass (CPU_PATHS=skip): the same host code on CPU ranks ran in CI's CPU-only pass; this pass runs the GPU section"
 cpu_paths() {
     [[ ${CPU_PATHS:-run} != skip ]] && return 0
     skip "$1: the checks on CPU ranks" "$CPU_PATHS_SKIPPED"
+    return 1
+}
+
+# order_matters NAME : false, with one SKIP line for NAME, in CI's pass that
+# runs the GPU tests once more with the emulated GPU's work in another legal
+# order (SCHEDULE_REPEAT=1, .ci/run), for checks whose answer that order
+# cannot change (a training run's loss over many steps, where the kernels
+# and streams it uses are checked one by one as well): they ran in the pass
+# before, in the first order.
+SCHEDULE_REPEAT_SKIPPED="not repeated in this pass (SCHEDULE_REPEAT=1): the order the emulated GPU runs work in cannot change its answer (the kernels and streams it uses are checked one by one in this pass); CI's emulated-GPU pass ran it"
+order_matters() {
+    [[ ${SCHEDULE_REPEAT:-0} != 1 ]] && return 0
+    skip "$1" "$SCHEDULE_REPEAT_SKIPPED"
     return 1
 }
 

@@ -36,7 +36,11 @@ run_unit() {
 
 # About 90 s of CPU on the emulated GPU (2026-11-28); 420 s leaves room for a machine
 # shared with other work (at a load of 10 on 2 cores it needed over 300).
-run_unit test_gpt_cuda 420 "$bin"
+# In CI's repeat in another schedule, the parity checks only (--mode
+# sanitize): the training tracks run 60 steps of kernels checked there.
+mode=test
+order_matters "gpt cuda bf16 and fp16 training track fp32 (60 steps each)" || mode=sanitize
+run_unit test_gpt_cuda 420 "$bin" --mode "$mode"
 
 cpu_only=false
 grep -q 'CPU-only build' "$TMP/test_gpt_cuda.log" && cpu_only=true
