@@ -24,8 +24,9 @@
 //      and the payload, padded to 8 bytes. The receiver checks that both
 //      sides are in the same operation with the same size, instead of
 //      silently mixing up bytes. Between ranks of one host, a payload of
-//      512 KiB to 8 MiB travels as its address only: the receiver copies it
-//      straight out of the sender's memory ("single copy", as MPI does).
+//      512 KiB to 8 MiB may travel as its address only, the receiver
+//      copying it straight out of the sender's memory ("single copy", as MPI
+//      does): COURSE_SINGLE_COPY=1, off by default (it lost to the rings).
 //   3. The progress engine. isend/irecv only queue work. Bytes move when the
 //      caller is inside a pg_ call (test, wait, or a blocking collective): one
 //      loop that writes what it can to every peer and reads whatever has

@@ -135,7 +135,20 @@ static inline bool cpu_parked(const cpu_peer_t *p) {
 // process_vm_readv (Linux's "cross-memory attach", which MPI's shared-memory
 // transport uses too), then tells the sender it is done reading, which is
 // when the send completes. One copy instead of two: half the memory
-// traffic, which is what limits large transfers.
+// traffic, which is what limits large transfers once they no longer fit in
+// the caches.
+//
+// It is off unless COURSE_SINGLE_COPY=1, because the two copies through a
+// 256 KiB ring won here: the sender's copy and the receiver's run at once
+// on two cores, and the bytes between them stay in the caches, while the
+// kernel's one copy, page by page, runs on one core. 2 ranks, 100
+// operations, medians of 5 interleaved runs (2026-11-28, load 0.7):
+// ping-pong of 2 MiB 71 us through the ring, 170 by single copy (MPI, which
+// uses the kernel's copy: 168); all-reduce of 2 MiB 175 against 434 (MPI
+// 324); broadcast of 8 MiB 329 against 550 (MPI 503). On 4 ranks the ring
+// was as fast or faster at every size too. A machine with more cores and
+// larger messages in flight may decide otherwise: measure with
+// 03_collectives/bench/compare_mpi.sh, with and without it.
 
 // Copies `bytes` at address `remote` of the peer's memory to dst.
 static inline void cpu_read_remote(const cpu_pg_t *pg, const cpu_peer_t *p, char *dst,

@@ -37,8 +37,8 @@ enum {
     CPU_RING_MAX = 256 << 10,        // shared-memory ring per ordered pair of ranks (see below)
     CPU_RING_MIN = 64 << 10,
     CPU_CHUNK_BYTES = 64 << 10,      // shared memory: bytes published or consumed at a time
-    CPU_SINGLE_COPY_MIN = 512 << 10, // shared memory: the receiver reads payloads of these sizes
-    CPU_SINGLE_COPY_MAX = 8 << 20,   // ... straight from the sender's buffer (measured: pg_cpu_message.h)
+    CPU_SINGLE_COPY_MIN = 512 << 10, // COURSE_SINGLE_COPY=1: the receiver reads payloads of these sizes
+    CPU_SINGLE_COPY_MAX = 8 << 20,   // ... straight from the sender's buffer (pg_cpu_message.h)
     CPU_SHM_BUDGET = 48 << 20,       // all rings of a host (Docker's /dev/shm is 64 MiB)
     CPU_PREFETCH_BYTES = 1 << 10,    // shared memory: bytes of a record asked for at once (cpu_ring_peek)
 };
@@ -49,8 +49,9 @@ enum {
 // messages and stays in the caches; 4 MiB kept 2-32 KiB messages 3-20x
 // slower than MPI for a thousand of them. What a large ring bought - a
 // sender dumping a whole 4 MiB block - was worth at most 30% at 8 MiB
-// all-reduces (2 ranks: 1.3 -> 1.8 ms; MPI 2.1 ms), and payloads from 512
-// KiB go by single copy anyway. (03's MEASUREMENTS.md, "Small messages".)
+// all-reduces (2 ranks: 1.3 -> 1.8 ms; MPI 2.1 ms) - and since, with the
+// records and warm rings, the 256 KiB ring does them in 0.75 ms (MPI 1.7).
+// (03's MEASUREMENTS.md, "Small messages" and "Single copy, measured again".)
 // The first lap is still slow, and a benchmark of a thousand small
 // messages never leaves it: each rank goes once over its rings at the
 // start (cpu_warm_rings in pg_cpu_setup.h).

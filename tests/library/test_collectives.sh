@@ -3,7 +3,8 @@
 # (common/pg.h) against a locally computed reference, on world sizes 1-5:
 # all dtypes and ops, counts 0 to 1048577, in place and out of place, other
 # roots than 0, and identical bits on every rank (see unit/test_collectives.c).
-# Then the same over TCP only (COURSE_SHM=0), the nccl backend and GPU
+# Then the same with single copy (COURSE_SINGLE_COPY=1), over TCP only
+# (COURSE_SHM=0), the nccl backend and GPU
 # staging where a GPU is present, and the error for nccl without one GPU per rank.
 source "$(dirname "$0")/../lib.sh"
 
@@ -16,7 +17,7 @@ BIN=$ROOT/tests/unit/test_collectives
 # this run's processes (another run of the suite may be going on).
 TAG=--tag=pg-test-$$-run
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT COURSE_AGENT_STORE \
-      COURSE_JOB_TOKEN COURSE_SHM
+      COURSE_JOB_TOKEN COURSE_SHM COURSE_SINGLE_COPY
 
 # run_suite NAME SECONDS ARGS...: the unit test prints its own PASS/FAIL
 # lines; a crash or a hang must not go unreported.
@@ -32,6 +33,8 @@ run_suite() {
 
 # Shared memory between the ranks of this host (the default).
 run_suite shm 400 "$BIN" "$TAG" --worlds 1,2,3,4,5
+# Large payloads read straight from the sender's memory (off by default).
+COURSE_SINGLE_COPY=1 run_suite single 300 "$BIN" "$TAG" --worlds 2,3 --label "single copy: "
 # TCP sockets only, as between hosts.
 COURSE_SHM=0 run_suite tcp 300 "$BIN" "$TAG" --worlds 2,3,5 --label "tcp: "
 grep -q '# world 2: cpu (TCP sockets' "$TMP/tcp.log"

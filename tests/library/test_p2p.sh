@@ -31,7 +31,7 @@ run_cases() {
 
 run_cases basic "" --mode basic -n 3
 COURSE_SHM=0 run_cases basic_tcp " (tcp)" --mode basic -n 2
-COURSE_SINGLE_COPY=0 run_cases basic_rings " (rings only)" --mode basic -n 2
+COURSE_SINGLE_COPY=1 run_cases basic_single " (single copy)" --mode basic -n 2
 run_cases reinit "" --mode reinit -n 3
 COURSE_SHM=0 run_cases reinit_tcp " (tcp)" --mode reinit -n 2
 # Binding to cores: as many ranks as this machine has cores (shares), one
@@ -87,7 +87,7 @@ fi
 planted=$(plant stale_record common/pg_cpu_stream.h 'return (uint32_t)(pos / CPU_RECORD_WORD) + 1;' 'return 1;' \
     tests unit/test_p2p)
 status=none
-[[ -n $planted ]] && { COURSE_SINGLE_COPY=0 run_capture 60 "$TMP/planted.log" "$planted" "$TAG" --mode basic -n 2; status=$?; }
+[[ -n $planted ]] && { run_capture 60 "$TMP/planted.log" "$planted" "$TAG" --mode basic -n 2; status=$?; }
 [[ -n $planted && $status -ne 0 ]]
 verdict $? "planted: records stamped without their lap fail the basic cases (exit $status: $(grep -m1 -E '^FAIL|error|not a message' "$TMP/planted.log" 2>/dev/null | cut -c1-120))" \
     "$(planted_why stale_record)the planted copy passed: $(tail -n 2 "$TMP/planted.log" 2>/dev/null | tr '\n' '|')"

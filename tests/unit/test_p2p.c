@@ -119,8 +119,8 @@ static void case_order(job *j) {
 // Both ranks send first and receive second, with blocking calls: this only
 // completes if a rank that waits takes in what it has not asked for yet.
 // Each size takes a different path between ranks of one host: 64 KiB waits
-// parked in the ring, 2 MiB is read from the sender's memory (single copy),
-// 64 MiB is larger than the ring.
+// parked in the ring, 2 MiB is read from the sender's memory where single
+// copy is on (COURSE_SINGLE_COPY=1), 64 MiB is larger than the ring.
 static void case_both_directions(job *j) {
     static const size_t sizes[] = {64u << 10, 2u << 20, 64u << 20};
     for (int k = 0; k < 3; k++) {
