@@ -117,12 +117,12 @@ has_real_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/n
 has_gpu() { is_emu || has_real_gpu; }
 
 # cpu_paths NAME : true when this file's checks on CPU ranks run here.
-# CPU_PATHS=skip leaves them out with one SKIP line: CI's emulated-GPU pass
-# runs a GPT chapter's GPU section only (it comes first in the file), and
-# its `make test` and emulated-GPU passes build and run the exercises but
-# not the broken versions fed to their checks, since on CPU ranks they run
-# the same host code that CI's CPU-only pass ran (.ci/run).
-CPU_PATHS_SKIPPED="not run in this pass (CPU_PATHS=skip): the same host code on CPU ranks ran in CI's CPU-only pass; this pass runs the GPU section"
+# CPU_PATHS=skip leaves them out with one SKIP line. CI sets it where they
+# would run the same host code as in its CPU-only pass (.ci/run): in the
+# emulated-GPU pass a GPT chapter's file runs its GPU section only (it comes
+# first in the file), and there and in the `make test` pass the exercises
+# are built and run, but not the broken versions fed to their checks.
+CPU_PATHS_SKIPPED="not run in this pass (CPU_PATHS=skip): the same host code on CPU ranks ran in CI's CPU-only pass; this pass runs what its build changes"
 cpu_paths() {
     [[ ${CPU_PATHS:-run} != skip ]] && return 0
     skip "$1: the checks on CPU ranks" "$CPU_PATHS_SKIPPED"
