@@ -119,9 +119,10 @@ has_gpu() { is_emu || has_real_gpu; }
 # cpu_paths NAME : true when this file's checks on CPU ranks run here.
 # CPU_PATHS=skip leaves them out with one SKIP line. CI sets it where they
 # would run the same host code as in its CPU-only pass (.ci/run): in the
-# emulated-GPU pass a GPT chapter's file runs its GPU section only (it comes
-# first in the file), and there and in the `make test` pass the exercises
-# are built and run, but not the broken versions fed to their checks.
+# emulated-GPU passes a GPT chapter's file, the mpi backend's and the
+# collectives' run their GPU sections only (they come first in the file),
+# and there and in the `make test` pass the exercises are built and run,
+# but not the broken versions fed to their checks.
 CPU_PATHS_SKIPPED="not run in this pass (CPU_PATHS=skip): the same host code on CPU ranks ran in CI's CPU-only pass; this pass runs what its build changes"
 cpu_paths() {
     [[ ${CPU_PATHS:-run} != skip ]] && return 0

@@ -31,14 +31,17 @@ run_suite() {
     fi
 }
 
-# Shared memory between the ranks of this host (the default).
-run_suite shm 400 "$BIN" "$TAG" --worlds 1,2,3,4,5
-# Large payloads read straight from the sender's memory (off by default).
-COURSE_SINGLE_COPY=1 run_suite single 300 "$BIN" "$TAG" --worlds 2,3 --label "single copy: "
-# TCP sockets only, as between hosts.
-COURSE_SHM=0 run_suite tcp 300 "$BIN" "$TAG" --worlds 2,3,5 --label "tcp: "
-grep -q '# world 2: cpu (TCP sockets' "$TMP/tcp.log"
-verdict $? "collectives: COURSE_SHM=0 runs over TCP" "pg_describe said: $(grep -m1 '^# world 2' "$TMP/tcp.log")"
+# the_end: no rank and no shared memory left behind (the last checks).
+the_end() {
+    no_leftovers "collectives: no rank left running" "${TAG#--tag=}"
+    # A segment lives only while a group is being set up (then it is unlinked);
+    # one seen twice, a second apart, was left behind.
+    leftover_shm() { ls /dev/shm 2>/dev/null | grep '^course-pg-'; }
+    first=$(leftover_shm)
+    [[ -n "$first" ]] && sleep 1
+    stale=$(comm -12 <(echo "$first") <(leftover_shm) | grep .)
+    [[ -z "$stale" ]]; verdict $? "collectives: no shared memory left behind" "$(echo "$stale" | head -3 | tr '\n' ' ')"
+}
 
 if has_gpu; then
     run_suite nccl 300 "$BIN" "$TAG" --worlds 1 --backend nccl --device cuda --label "nccl: "
@@ -59,11 +62,16 @@ status=$?
 verdict $? "collectives: --backend nccl without one GPU per rank is a clear error" \
     "exit status $status: $(tail -n 3 "$TMP/nccl_refused.log" | tr '\n' '|')"
 
-no_leftovers "collectives: no rank left running" "${TAG#--tag=}"
-# A segment lives only while a group is being set up (then it is unlinked);
-# one seen twice, a second apart, was left behind.
-leftover_shm() { ls /dev/shm 2>/dev/null | grep '^course-pg-'; }
-first=$(leftover_shm)
-[[ -n "$first" ]] && sleep 1
-stale=$(comm -12 <(echo "$first") <(leftover_shm) | grep .)
-[[ -z "$stale" ]]; verdict $? "collectives: no shared memory left behind" "$(echo "$stale" | head -3 | tr '\n' ' ')"
+# The rest runs on CPU ranks (tests/lib.sh, cpu_paths): the cpu backend's transports.
+cpu_paths "collectives" || { the_end; exit 0; }
+
+# Shared memory between the ranks of this host (the default).
+run_suite shm 400 "$BIN" "$TAG" --worlds 1,2,3,4,5
+# Large payloads read straight from the sender's memory (off by default).
+COURSE_SINGLE_COPY=1 run_suite single 300 "$BIN" "$TAG" --worlds 2,3 --label "single copy: "
+# TCP sockets only, as between hosts.
+COURSE_SHM=0 run_suite tcp 300 "$BIN" "$TAG" --worlds 2,3,5 --label "tcp: "
+grep -q '# world 2: cpu (TCP sockets' "$TMP/tcp.log"
+verdict $? "collectives: COURSE_SHM=0 runs over TCP" "pg_describe said: $(grep -m1 '^# world 2' "$TMP/tcp.log")"
+
+the_end

@@ -31,6 +31,19 @@ mpi=(mpirun -np)
 if mpirun --version 2>&1 | grep -q "Open MPI"; then mpi=(mpirun --oversubscribe --allow-run-as-root -np); fi
 strip() { sed 's/^\[rank 0\]: //' "$1"; }   # ddprun prefixes rank 0's lines; mpirun does not
 
+# GPU buffers (a real GPU, or the emulated ones of make CUDA=emu): staged
+# through host memory, as on the cpu backend; every dtype and op.
+if has_gpu; then
+    run_capture 300 "$TMP/gpu" "${mpi[@]}" 2 "$p03" --backend mpi --device cuda --bench -b 8 -e 1M -f 16 -c 1 -n 2 -w 1 \
+        -d all -o all; status=$?
+    rows=$(awk 'NF == 9 && $1 ~ /^[0-9]+$/' "$TMP/gpu" | wc -l)
+    wrong=$(awk 'NF == 9 && $1 ~ /^[0-9]+$/ && $9 != 0 && $9 != "N/A"' "$TMP/gpu" | wc -l)
+    [[ $status -eq 0 && $rows -ge 500 && $wrong -eq 0 ]] && grep -q "backend: mpi (GPU buffers staged through host memory" "$TMP/gpu"
+    verdict $? "mpi: 03 --bench --device cuda -d all -o all, 2 ranks, staged: $rows rows, #wrong 0" "status $status, $rows rows, $wrong wrong: $(head -n 1 "$TMP/gpu")"
+else skip "mpi: GPU buffers staged through host memory" "no GPU here (make CUDA=emu test runs it on the emulated GPU)"; fi
+# The rest runs on CPU ranks (tests/lib.sh, cpu_paths).
+cpu_paths "mpi" || { no_leftovers "mpi: no process left behind" "02_p2p/02_p2p|03_collectives/03_collectives|05_env_launch/05_env_launch|08_gpt_wikitext/08_gpt_wikitext"; exit 0; }
+
 for n in 2 4; do
     # 02: the receiver holds the sender's value, blocking and non-blocking.
     run_capture 60 "$TMP/p2p$n" "${mpi[@]}" $n "$p02" --backend mpi --device cpu; status=$?
@@ -136,14 +149,4 @@ verdict $? "mpi: mismatched counts end the job with one line naming the rank ($(
 run_capture 60 "$TMP/t04" "${mpi[@]}" 2 "$p04" --backend mpi --device cpu; status=$?
 [[ $status -ne 0 ]] && grep -q "error: spawn: this program starts its own .* but mpirun (or srun) started it" "$TMP/t04"
 verdict $? "mpi: 04 (spawns its ranks) under mpirun stops with one line saying why" "status $status: $(head -n 3 "$TMP/t04" | tr '\n' '|')"
-# GPU buffers (a real GPU, or the emulated ones of make CUDA=emu): staged
-# through host memory, as on the cpu backend; every dtype and op.
-if has_gpu; then
-    run_capture 300 "$TMP/gpu" "${mpi[@]}" 2 "$p03" --backend mpi --device cuda --bench -b 8 -e 1M -f 16 -c 1 -n 2 -w 1 \
-        -d all -o all; status=$?
-    rows=$(awk 'NF == 9 && $1 ~ /^[0-9]+$/' "$TMP/gpu" | wc -l)
-    wrong=$(awk 'NF == 9 && $1 ~ /^[0-9]+$/ && $9 != 0 && $9 != "N/A"' "$TMP/gpu" | wc -l)
-    [[ $status -eq 0 && $rows -ge 500 && $wrong -eq 0 ]] && grep -q "backend: mpi (GPU buffers staged through host memory" "$TMP/gpu"
-    verdict $? "mpi: 03 --bench --device cuda -d all -o all, 2 ranks, staged: $rows rows, #wrong 0" "status $status, $rows rows, $wrong wrong: $(head -n 1 "$TMP/gpu")"
-else skip "mpi: GPU buffers staged through host memory" "no GPU here (make CUDA=emu test runs it on the emulated GPU)"; fi
 no_leftovers "mpi: no process left behind" "02_p2p/02_p2p|03_collectives/03_collectives|05_env_launch/05_env_launch|08_gpt_wikitext/08_gpt_wikitext"
