@@ -158,6 +158,17 @@ ours() {
     done
 }
 
+# no_shm_left NAME : a check that no shared-memory segment of a process
+# group is left behind. A segment lives only while a group is being set up
+# (then it is unlinked); one seen twice, a second apart, was left behind.
+no_shm_left() {
+    local first stale
+    first=$(ls /dev/shm 2>/dev/null | grep '^course-pg-')
+    [[ -n "$first" ]] && sleep 1
+    stale=$(comm -12 <(echo "$first") <(ls /dev/shm 2>/dev/null | grep '^course-pg-') | grep .)
+    [[ -z "$stale" ]]; verdict $? "$1" "$(echo "$stale" | head -3 | tr '\n' ' ')"
+}
+
 # no_leftovers NAME PATTERN : PASS when no process of this test whose
 # command line matches PATTERN is left running (tests must not leave orphans).
 no_leftovers() {

@@ -34,13 +34,7 @@ run_suite() {
 # the_end: no rank and no shared memory left behind (the last checks).
 the_end() {
     no_leftovers "collectives: no rank left running" "${TAG#--tag=}"
-    # A segment lives only while a group is being set up (then it is unlinked);
-    # one seen twice, a second apart, was left behind.
-    leftover_shm() { ls /dev/shm 2>/dev/null | grep '^course-pg-'; }
-    first=$(leftover_shm)
-    [[ -n "$first" ]] && sleep 1
-    stale=$(comm -12 <(echo "$first") <(leftover_shm) | grep .)
-    [[ -z "$stale" ]]; verdict $? "collectives: no shared memory left behind" "$(echo "$stale" | head -3 | tr '\n' ' ')"
+    no_shm_left "collectives: no shared memory left behind"
 }
 
 if has_gpu; then

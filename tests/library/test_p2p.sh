@@ -93,10 +93,4 @@ verdict $? "planted: records stamped without their lap fail the basic cases (exi
     "$(planted_why stale_record)the planted copy passed: $(tail -n 2 "$TMP/planted.log" 2>/dev/null | tr '\n' '|')"
 
 no_leftovers "p2p: no rank left running" "${TAG#--tag=}"
-# A segment lives only while a group is being set up (then it is unlinked);
-# one seen twice, a second apart, was left behind.
-leftover_shm() { ls /dev/shm 2>/dev/null | grep '^course-pg-'; }
-first=$(leftover_shm)
-[[ -n "$first" ]] && sleep 1
-stale=$(comm -12 <(echo "$first") <(leftover_shm) | grep .)
-[[ -z "$stale" ]]; verdict $? "p2p: no shared memory left behind, even after kill -9" "$(echo "$stale" | head -3 | tr '\n' ' ')"
+no_shm_left "p2p: no shared memory left behind, even after kill -9"
