@@ -39,10 +39,17 @@ static inline bool launch_env_has(const char *name) {
     return text && text[0];
 }
 
-// Was this process started by an MPI launcher? They say so in variables:
-// OpenMPI's mpirun, MPICH's (hydra: PMI_*), PMIx-based launchers and srun.
+// Was this process started by an MPI launcher, one whose job MPI_Init can
+// join? Such a launcher serves the job and says so: PMIx (OpenMPI's mpirun,
+// srun --mpi=pmix) sets PMIX_RANK, PMI (MPICH's hydra, srun --mpi=pmi2) sets
+// PMI_SIZE, OpenMPI's mpirun before PMIx sets OMPI_MCA_orte_hnp_uri.
+// OMPI_COMM_WORLD_* alone, set by hand, name the ranks and no server: there
+// MPI_Init would start a job of its own for each process (forking an orted),
+// every rank would be MPI rank 0 of 1, and the course reads the ranks from
+// those variables instead, as it reads SLURM's.
 static inline bool launch_env_by_mpi(void) {
-    return launch_env_has("OMPI_COMM_WORLD_SIZE") || launch_env_has("PMI_SIZE") || launch_env_has("PMIX_RANK");
+    return launch_env_has("PMIX_RANK") || launch_env_has("PMI_SIZE") ||
+           launch_env_has("OMPI_MCA_orte_hnp_uri");
 }
 
 static inline void launch_env_read_names(launch_env_t *e, const char *rank, const char *world,

@@ -125,7 +125,22 @@ read -r s0 s1 <<<"$(hand_run ompi OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 
                                   OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=1 OMPI_COMM_WORLD_LOCAL_SIZE=2)"
 read -r _ _ sum <<<"$(result "$TMP/ompi.0.log")"
 [[ $s0 -eq 0 && $s1 -eq 0 && "${sum:-}" == "${two_sum:-x}" ]] && grep -q "started by OpenMPI variables" "$TMP/ompi.0.log"
-verdict $? "07: OpenMPI variables set by hand: same parameters as ddprun" "statuses $s0 $s1, checksum '${sum:-}' vs '${two_sum:-}': $(tail -n 2 "$TMP/ompi.1.log" | tr '\n' '|')"
+verdict $? "07: OpenMPI variables set by hand: same parameters as ddprun" "statuses $s0 $s1, checksum '${sum:-}' vs '${two_sum:-}': rank 0: $(tail -n 2 "$TMP/ompi.0.log" | tr '\n' '|') rank 1: $(tail -n 2 "$TMP/ompi.1.log" | tr '\n' '|')"
+# Variables set by hand name the ranks, but no mpirun serves the job: joining
+# MPI would make each process a job of its own (MPI rank 0 of 1), so the
+# program does not join it, and --backend mpi says why in one line.
+ompi_mpi() {   # ompi_mpi PROGRAM LOG : PASS-able when PROGRAM refuses --backend mpi in one line
+    run_capture 30 "$2" env -u RANK -u WORLD_SIZE -u PMIX_RANK -u PMI_SIZE OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=1 \
+        MASTER_ADDR=127.0.0.1 MASTER_PORT="$(free_port)" "$1" --total_epochs 1 --device cpu --backend mpi --snapshot_path "${2%.log}/s.safetensors"; status=$?
+    [[ $status -eq 1 && $(grep -c . "$2") -eq 1 ]] && grep -q "error: --backend mpi needs a job started by an MPI launcher" "$2"
+}
+ompi_mpi "$bin" "$TMP/ompi_mpi.log"
+verdict $? "07: OpenMPI variables set by hand, --backend mpi: one line, no MPI launcher started this job" "status $status: $(head -c 300 "$TMP/ompi_mpi.log")"
+# Planted (tests/lib.sh, plant): OMPI_COMM_WORLD_SIZE alone taken for mpirun.
+planted=$(plant ompi_by_hand common/launch_env.h 'return launch_env_has("PMIX_RANK")' \
+    'return launch_env_has("OMPI_COMM_WORLD_SIZE") || launch_env_has("PMIX_RANK")' 07_multinode 07_multinode)
+[[ -n $planted ]] && ! ompi_mpi "$planted" "$TMP/ompi_planted.log" && [[ -s $TMP/ompi_planted.log ]]
+verdict $? "07 planted: OMPI_COMM_WORLD_SIZE alone taken for mpirun fails the check above (a job of its own joins MPI)" "$(planted_why ompi_by_hand)status $status: $(head -c 200 "$TMP/ompi_planted.log" 2>/dev/null)"
 
 if [[ $netns -eq 1 ]]; then
     run_capture 120 "$TMP/sl.out" "$rehearsal" --mode netns --launcher slurm --quiet --out "$TMP/sl" -- "${train[@]}"; status=$?
