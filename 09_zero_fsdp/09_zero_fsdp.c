@@ -157,15 +157,10 @@ static options parse_options(int argc, char **argv) {
 // ===================================================================== device and threads
 
 // The first line: where this run computes, and why. A GPU trains in bf16
-// unless --precision says otherwise; the CPU always in fp32.
+// unless --precision says otherwise; the CPU always in fp32 (gpt/model.h).
 static gpt_precision announce_device(const options *o, const device_t *d) {
     log_main("%s: running on %s; why: %s\n", CHAPTER, d->name, d->why);
-    bool gpu = device_is_cuda(d), auto_or_fp32 = !strcmp(o->precision, "auto") || !strcmp(o->precision, "fp32");
-    if (!gpu && !auto_or_fp32)
-        die("--precision %s needs a GPU, and this run computes on the CPU (in fp32): use --precision fp32 or auto",
-            o->precision);
-    if (!gpu || !strcmp(o->precision, "fp32")) return GPT_FP32;
-    return !strcmp(o->precision, "fp16") ? GPT_FP16 : GPT_BF16;
+    return model_precision_for(o->precision, d);
 }
 
 // How many threads, and how they wait: gpt/threads.h (spin_briefly_in_openmp,

@@ -34,6 +34,7 @@
 #define GPT_MODEL_H
 
 #include <stdbool.h>
+#include <string.h>
 
 #include "ddp.h"
 #include "powersgd.h"
@@ -158,6 +159,18 @@ static inline void model_to_host(model_t *m) { m->ops->to_host(m); }
 static inline void model_to_device(model_t *m) { m->ops->to_device(m); }
 
 static inline const float *model_logits(model_t *m, int t, float *scratch) { return m->ops->logits(m, t, scratch); }
+
+// What --precision (auto, fp32, bf16, fp16) means on device d: a GPU trains
+// in bf16 unless asked otherwise; the CPU always in fp32, and says so rather
+// than quietly ignore a half precision it was asked for.
+static inline gpt_precision model_precision_for(const char *asked, const device_t *d) {
+    bool gpu = device_is_cuda(d), auto_or_fp32 = !strcmp(asked, "auto") || !strcmp(asked, "fp32");
+    if (!gpu && !auto_or_fp32)
+        die("--precision %s needs a GPU, and this run computes on the CPU (in fp32): use --precision fp32 or auto",
+            asked);
+    if (!gpu || !strcmp(asked, "fp32")) return GPT_FP32;
+    return !strcmp(asked, "fp16") ? GPT_FP16 : GPT_BF16;
+}
 
 // Takes over `host` (initialised or loaded); on a GPU, copies it there and
 // sizes the GPU's buffers for batches of up to B x T tokens. It keeps what

@@ -143,6 +143,22 @@ bad_flag "heads do not divide channels" --n_embd 65 --n_head 2
 bad_flag "negative temperature" --temperature -1
 bad_flag "vocabulary too small" --vocab_size 10
 
+# --device auto that lands on the CPU cannot honour bf16 (gpt/model.h,
+# model_precision_for; --device cpu with bf16 is a bad flag, caught earlier).
+run_capture 20 "$TMP/prec.out" "$prog" --precision bf16 --data_dir "$TMP/nowhere" --verify_data=false --out_dir "$TMP/prec"
+status=$?
+if grep -q "running on CPU" "$TMP/prec.out"; then
+    [[ $status -eq 1 ]] && grep -q '^error: --precision bf16 needs a GPU, and this run computes on the CPU (in fp32): use --precision fp32 or auto$' "$TMP/prec.out"
+    verdict $? "gpt --precision bf16 on a run that lands on the CPU: one line saying why, exit 1" "exit status $status, said: $(tail -n 1 "$TMP/prec.out")"
+    # Planted (tests/lib.sh, plant): the CPU quietly trains in fp32 instead.
+    planted=$(plant quiet_fp32 gpt/model.h 'if (!gpu && !auto_or_fp32)' 'if (false && !auto_or_fp32)' 08_gpt_wikitext 08_gpt_wikitext)
+    [[ -n $planted ]] && { run_capture 20 "$TMP/prec_planted.out" "$planted" --precision bf16 --data_dir "$TMP/nowhere" \
+        --verify_data=false --out_dir "$TMP/prec_planted"; ! grep -q '^error: --precision bf16 needs a GPU' "$TMP/prec_planted.out"; }
+    verdict $? "gpt planted: a CPU run that ignores --precision bf16 fails the check above" "$(planted_why quiet_fp32)$(tail -n 1 "$TMP/prec_planted.out" 2>/dev/null)"
+else
+    skip "gpt --precision bf16 on a run that lands on the CPU" "--device auto chose a GPU here: $(head -c 80 "$TMP/prec.out")"
+fi
+
 mkdir -p "$TMP/broken"
 printf 'not a model' >"$TMP/broken/model.safetensors"
 cp "$out/tokenizer.json" "$TMP/broken/"
