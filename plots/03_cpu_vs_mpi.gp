@@ -32,8 +32,8 @@ set xtics ("8" 8, "128" 128, "2K" 2048, "32K" 32768, "512K" 524288, "8M" 8388608
 set xrange [5:4.5e8]
 set xlabel "size (bytes)"
 set logscale y 2
-set ytics (0.03125, 0.0625, 0.125, 0.25, 0.5, 1, 2, 4, 8, 16)
-set yrange [0.03:20]
+set ytics (0.015625, 0.03125, 0.0625, 0.125, 0.25, 0.5, 1, 2, 4, 8, 16)
+set yrange [0.015:20]
 set ylabel "time of cpu / time of MPI"
 set grid
 set key left top
