@@ -170,7 +170,7 @@ static inline void pg_check_config(const pg_config_t *cfg) {
 
 // "cpu (2 ranks share 1 GPU: buffers staged through host memory; sockets + shared memory)"
 static inline void pg_describe_group(pg_t *pg, int local_world_size) {
-    char staging[120] = "", inner[256];   // both fit in description, whatever the name
+    char staging[120] = "", inner[256];   // with the backend's short name, they fit in description
     if (pg->stage && local_world_size > pg->device.gpu_count)
         snprintf(staging, sizeof staging, "%d ranks share %d GPU%s: buffers staged through "
                  "host memory; ", local_world_size, pg->device.gpu_count,
