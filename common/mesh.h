@@ -33,7 +33,7 @@
 #include "nodes.h"
 #include "pg.h"
 
-#define MESH_MAX_DIMS 4
+#define MESH_MAX_DIMS 5
 
 typedef struct {
     int ndims;

@@ -397,6 +397,18 @@ static inline void model_use_powersgd(model_t *m, int rank) {
     free(t);
 }
 
+// How the gradients travel (--grad_compress, DDP's communication hook):
+// fp32, rounded to bf16 or fp16 for half the bytes, or each matrix as two
+// thin ones of rank powersgd_rank.
+static inline void model_use_grad_compress(model_t *m, const char *name, int powersgd_rank) {
+    m->grad_compress = ddp_compress_from_name(name);
+    if (m->grad_compress != DDP_COMPRESS_POWERSGD) return;
+    if (m->precision == GPT_FP16)
+        die("--grad_compress powersgd with --precision fp16: a step that overflows would leave inf in "
+            "PowerSGD's error feedback for good; use --precision bf16 or fp32");
+    model_use_powersgd(m, powersgd_rank);
+}
+
 static inline void model_cpu_average_gradients(model_t *m, pg_t *pg) {
     if (m->powersgd && pg && pg_world_size(pg) > 1) powersgd_average(m->powersgd, pg, m->host.grads);
     else ddp_average_gradients_with(pg, m->host.grads, m->host.num_params, m->grad_compress);
