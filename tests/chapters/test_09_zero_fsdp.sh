@@ -204,7 +204,7 @@ verdict $? "zero snapshot: 4 -> 2 -> 3 ranks reshards without changing a byte ($
 # Planted: each shard read from the start of the writer's slice, not from
 # where this rank's range begins in it. The same number of ranks never
 # notices (each reads whole slices); 3 ranks reading 2's must.
-planted=$(plant reshard_offset 09_zero_fsdp/09_zero_fsdp.c 'data[i] + pos + (lo - first)' 'data[i] + pos' 09_zero_fsdp 09_zero_fsdp)
+planted=$(plant reshard_offset 09_zero_fsdp/zero_snapshot.h 'data[i] + pos + (lo - first)' 'data[i] + pos' 09_zero_fsdp 09_zero_fsdp)
 [[ -n $planted ]] && prog_under_test=$planted reshard3 planted_load3 && [[ $status -eq 0 && "${c%% *}" == 3 && "${c#* }" != "${b#* }" ]]
 verdict $? "planted: shards read at the writer's slice start fail the 2 -> 3 resharding check (${c#* })" \
     "$(planted_why reshard_offset)status $status; 2: '$b'; 3: '$c'"
