@@ -81,11 +81,12 @@ else
     verdict $? "zero gpu: 08's CUDA graph with --shard 0 on one GPU; --shard 3 steps without it, saying why, to the same model ($d)" \
         "status $status, difference $d: $(grep -h '^step:' "$TMP/g_one" "$TMP/g_one3" | tr '\n' '|')"
     # fp16, 08's loss scale, with --shard 0 (08's step): it trains on 2 GPUs,
-    # and a resume goes on with the snapshot's scale, not --loss_scale.
+    # and a resume (its snapshot ends epoch 1) goes on with the snapshot's
+    # scale, not --loss_scale.
     fp16=("${gpu0[@]}" --precision fp16 --batch_size 4 --nprocs 2 --shard 0 --save_every 1
           --snapshot_path "$TMP/gf.d/s.safetensors")
     train gf "${fp16[@]}" --max_steps 4; s1=$?
-    train gf2 "${fp16[@]}" --max_steps 6 --loss_scale 1024; s2=$?
+    train gf2 "${fp16[@]}" --epochs 2 --max_steps 6 --loss_scale 1024; s2=$?
     a=$(field "$TMP/gf" 'loss scale ([0-9]+),') b=$(field "$TMP/gf2" 'loss scale ([0-9]+),')
     [[ $s1 -eq 0 && $s2 -eq 0 && -n "$a" && -n "$b" ]] && grep -q "Resuming training from snapshot" "$TMP/gf2" &&
         awk -v b="$b" 'BEGIN { exit !(b > 1024) }'
