@@ -10,9 +10,9 @@
 //      by bucket, while the model computes
 //   5. the optimizer step on this rank's slices
 // and, in headers of their own that build on this one (09_zero_fsdp.c
-// includes all three), how the CPU and a GPU do it (zero_devices.h: the
-// two tables of section 3's zero_device_ops) and the tables the program
-// prints (zero_report.h).
+// includes them all), how the CPU and a GPU do it (zero_devices.h: the
+// two tables of section 3's zero_device_ops), the tables the program
+// prints (zero_report.h) and the sharded snapshots (zero_snapshot.h).
 #ifndef ZERO_H
 #define ZERO_H
 
@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ddp.h"
 #include "dist.h"
 #include "gpt.h"
 #include "log.h"
@@ -135,6 +136,7 @@ struct zero {
     double sent[COMM_KINDS];         // bytes sent in training steps, by collective
     long calls[COMM_KINDS];
     int steps_counted;
+    size_t ddp_bytes;                // stage 0: ddp.h's count when the step began
 };
 
 static inline const char *zero_stage_name(int stage) {
@@ -172,9 +174,10 @@ static inline void zero_reduce_scatter(zero_t *z, const float *send, float *recv
     pg_reduce_scatter(z->dist->pg, send, recv, count, DTYPE_F32, OP_AVG);
 }
 
-// Stage 0 (08's DDP) averages all gradients with all-reduces: counted here.
-static inline void zero_count_all_reduce(zero_t *z, size_t count) {
-    zero_count(z, COMM_ALL_REDUCE, 2.0 * (z->world - 1) / z->world * (double)count * sizeof(float));
+// Stage 0 (08's DDP) averages all gradients with all-reduces, of the bytes
+// ddp.h counts as it hands them over: fp32, or what --grad_compress makes.
+static inline void zero_count_all_reduce(zero_t *z, double bytes) {
+    zero_count(z, COMM_ALL_REDUCE, 2.0 * (z->world - 1) / z->world * bytes);
 }
 
 static inline bool zero_is_head(const zero_t *z, int bucket) {
@@ -208,7 +211,7 @@ static inline void zero_scatter_host(zero_t *z, const float *full, float *shard)
     free(host);
 }
 
-// Cuts the model in slices and allocates this rank's state for the stage.
+// Cuts the model in slices, says so, and allocates this rank's state for the stage.
 // The model was created keeping what the stage does not shard
 // (zero_model_keeps); ZeRO-3 takes its slices of the model's initial
 // parameters (the host copy), which then go. With grad_accum micro-batches
@@ -232,6 +235,8 @@ static inline void zero_setup(zero_t *z, int stage, dist_t *d, model_t *m, int g
         s->at = z->shard_len;
         z->shard_len += s->slice;
     }
+    log_main("sharding: %s; %d rank(s), each owning 1/%d of every bucket: %zu parameters a rank (padding included)\n",
+             zero_stage_name(stage), z->world, z->world, z->shard_len);
     for (int i = 0; i < 4; i++) z->holds[i] = -1;
     z->block_slots = m->on_gpu ? 2 : 1;
     if (stage == 0) return;
@@ -263,9 +268,11 @@ static inline model_keeps zero_model_keeps(int stage) {
     return k;
 }
 
-// The step is over: the next forward passes (evaluation, sampling) are not
-// counted, and do not keep the embeddings gathered.
+// The step is over: stage 0's all-reduces are counted (ddp.h made them),
+// and the next forward passes (evaluation, sampling) are not, and do not
+// keep the embeddings gathered.
 static inline void zero_end_step(zero_t *z) {
+    if (z->stage == 0) zero_count_all_reduce(z, (double)(ddp_bytes_reduced() - z->ddp_bytes));
     z->training = false;
     z->steps_counted++;
 }
@@ -380,6 +387,7 @@ static inline void zero_on_bucket(zero_t *z, gpt_bucket_event event, int k, floa
 static inline void zero_begin_step(zero_t *z) {
     z->training = true;
     z->first_micro = true;
+    z->ddp_bytes = ddp_bytes_reduced();
     if (z->stage >= 2) z->ops->fill_zero(z, z->grads, z->shard_len);
 }
 
@@ -396,6 +404,14 @@ static inline void zero_reduce_scatter_gradients(zero_t *z) {
         z->ops->finish(z);
         zero_reduce_scatter(z, z->staging, z->grads + b->at, b->slice);
     }
+}
+
+// AdamW on this rank's slices only - 1/N of the optimizer's work and state
+// - each gradient times grad_scale (the clipping's factor): a loop on the
+// CPU, one kernel launch on a GPU (zero_devices.h).
+static inline void zero_adamw(zero_t *z, float grad_scale, float lr, float beta1, float beta2, float eps,
+                              float weight_decay) {
+    z->ops->adamw(z, grad_scale, lr, beta1, beta2, eps, weight_decay);
 }
 
 // The norm of the whole averaged gradient, from the slices: each rank's

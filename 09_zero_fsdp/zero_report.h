@@ -97,6 +97,9 @@ static inline void zero_report_traffic(zero_t *z, int grad_accum) {
                                     S == 0 ? "-" : S < 3 ? "(N-1)/N B" : "2(N-1)/N B per micro-batch"};
     log_main("sent per training step by each rank, KiB (mean of %d step(s); B = 4P bytes, counted from the calls at what a ring "
              "sends):\n", z->steps_counted);
+    if (z->model->grad_compress != DDP_COMPRESS_NONE) // --shard 0 only
+        log_main("  (--grad_compress %s: the all-reduce carries the compressed gradients, not B)\n",
+                 ddp_wire_name(z->model->grad_compress));
     log_main("  %-16s %8s %12s   theory\n", "collective", "calls", "KiB");
     double total = 0, total_theory = 0;
     for (int i = 0; i < COMM_KINDS; i++) {

@@ -46,14 +46,16 @@ consolidated='^consolidated: ([0-9]*) shard\(s\) .*: (params .*)'
 # ranks talk NCCL): ZeRO-2 reduce-scatters while backward runs, ZeRO-3
 # gathers the next bucket while this one computes.
 if ! has_gpu; then
-    for what in "fp32 stages equal one process" "bf16 within 08's tolerance" "snapshots move between GPUs and CPUs"; do
+    for what in "fp32 stages equal one process" "bf16 within 08's tolerance" "08's CUDA graph with --shard 0" \
+                "fp16 with --shard 0, its loss scale resumed" "snapshots move between GPUs and CPUs"; do
         skip "zero gpu: $what" "no GPU here (a CPU-only build, or no GPU: make CUDA=emu test runs these on the emulated GPU)"
     done
 else
     # Three blocks: the two block buffers are then reused within a pass (block
     # 2's while block 0 computes), which a missing wait between the streams breaks.
-    gpu=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
-         --device cuda --block_size 16 --n_layer 3 "${steps[@]}")
+    gpu0=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000
+          --device cuda --block_size 16 --n_layer 3)
+    gpu=("${gpu0[@]}" "${steps[@]}")
     train g_one "${gpu[@]}" --precision fp32 --batch_size 8 --shard 0
     for case in "2 4 0" "2 4 1" "2 4 2" "2 4 3" "4 2 3"; do
         set -- $case
@@ -69,6 +71,27 @@ else
     d=$(diff_of "$TMP/h_one.d/model.safetensors" "$TMP/h_two.d/model.safetensors")
     [[ $status -eq 0 ]] && below "$d" 2e-2 && grep -q "parameters (.*), bf16" "$TMP/h_two"
     verdict $? "zero gpu: --shard 3 in bf16, 2 ranks x batch 4, within 2e-2 of one process x batch 8 ($d)" "status $status, difference $d"
+    # One GPU: --shard 0 is 08's step, one CUDA graph launch (--cuda_graph);
+    # a sharded stage steps its slices outside the model's step, says so,
+    # and trains the same model.
+    train g_one3 "${gpu[@]}" --precision fp32 --batch_size 8 --shard 3; status=$?
+    d=$(diff_of "$TMP/g_one.d/model.safetensors" "$TMP/g_one3.d/model.safetensors")
+    [[ $status -eq 0 ]] && below "$d" 1e-6 && grep -q "^step: one CUDA graph launch" "$TMP/g_one" &&
+        grep -q "no CUDA graph: ZeRO clips and steps its slices" "$TMP/g_one3"
+    verdict $? "zero gpu: 08's CUDA graph with --shard 0 on one GPU; --shard 3 steps without it, saying why, to the same model ($d)" \
+        "status $status, difference $d: $(grep -h '^step:' "$TMP/g_one" "$TMP/g_one3" | tr '\n' '|')"
+    # fp16, 08's loss scale, with --shard 0 (08's step): it trains on 2 GPUs,
+    # and a resume (its snapshot ends epoch 1) goes on with the snapshot's
+    # scale, not --loss_scale.
+    fp16=("${gpu0[@]}" --precision fp16 --batch_size 4 --nprocs 2 --shard 0 --save_every 1
+          --snapshot_path "$TMP/gf.d/s.safetensors")
+    train gf "${fp16[@]}" --max_steps 4; s1=$?
+    train gf2 "${fp16[@]}" --epochs 2 --max_steps 6 --loss_scale 1024; s2=$?
+    a=$(field "$TMP/gf" 'loss scale ([0-9]+),') b=$(field "$TMP/gf2" 'loss scale ([0-9]+),')
+    [[ $s1 -eq 0 && $s2 -eq 0 && -n "$a" && -n "$b" ]] && grep -q "Resuming training from snapshot" "$TMP/gf2" &&
+        awk -v b="$b" 'BEGIN { exit !(b > 1024) }'
+    verdict $? "zero gpu: fp16 with --shard 0 trains on 2 GPUs (loss scale $a) and resumes with the snapshot's scale ($b, not --loss_scale 1024)" \
+        "status $s1, $s2; scales '$a', '$b': $(grep -m1 -h error "$TMP/gf" "$TMP/gf2")"
     # A GPU run's shards resume on CPU ranks, resharded, with the same state.
     awk -v dir="$TMP/small" 'BEGIN { system("mkdir -p " dir); srand(5)
         for (f = 1; f <= 3; f++) { file = dir "/" (f == 1 ? "train.txt" : f == 2 ? "valid.txt" : "test.txt")
@@ -204,7 +227,7 @@ verdict $? "zero snapshot: 4 -> 2 -> 3 ranks reshards without changing a byte ($
 # Planted: each shard read from the start of the writer's slice, not from
 # where this rank's range begins in it. The same number of ranks never
 # notices (each reads whole slices); 3 ranks reading 2's must.
-planted=$(plant reshard_offset 09_zero_fsdp/09_zero_fsdp.c 'data[i] + pos + (lo - first)' 'data[i] + pos' 09_zero_fsdp 09_zero_fsdp)
+planted=$(plant reshard_offset 09_zero_fsdp/zero_snapshot.h 'data[i] + pos + (lo - first)' 'data[i] + pos' 09_zero_fsdp 09_zero_fsdp)
 [[ -n $planted ]] && prog_under_test=$planted reshard3 planted_load3 && [[ $status -eq 0 && "${c%% *}" == 3 && "${c#* }" != "${b#* }" ]]
 verdict $? "planted: shards read at the writer's slice start fail the 2 -> 3 resharding check (${c#* })" \
     "$(planted_why reshard_offset)status $status; 2: '$b'; 3: '$c'"
@@ -238,6 +261,33 @@ run_capture 10 "$TMP/bad2" "$prog" --consolidate; s2=$?
 [[ $s1 -eq 2 && $s2 -eq 2 ]] && grep -q -- "--shard" "$TMP/bad1" && grep -q -- "--consolidate needs --snapshot_path" "$TMP/bad2"
 verdict $? "zero flags: --shard 4 and --consolidate without --snapshot_path are refused (status 2)" \
     "status $s1, $s2: $(head -n 1 "$TMP/bad1") | $(head -n 1 "$TMP/bad2")"
+
+# ---------------------------------------------------------------- 08's flags
+# Every flag of 08 works here as in 08, or is refused saying why. --shard 0
+# is 08's DDP: DDP's compression hook, accumulation and the loader's
+# worker thread give 08's run, byte for byte.
+flags08=(--max_steps 4 --batch_size 4 --nprocs 2)
+for how in "--grad_compress bf16" "--grad_compress powersgd --powersgd_rank 2" "--grad_accum 2 --num_workers 1"; do
+    name=f$(echo "$how" | tr -dc 'a-z0-9')
+    run_capture 120 "$TMP/$name.08" "$p08" "${common[@]}" "${flags08[@]}" $how --out_dir "$TMP/$name.08.d"
+    train "$name" "${common[@]}" "${flags08[@]}" $how --shard 0; status=$?
+    a=$(field "$TMP/$name.08" "$sum") b=$(field "$TMP/$name" "$sum")
+    [[ $status -eq 0 && -n "$a" && "$a" == "$b" ]]
+    verdict $? "zero flags: --shard 0 $how on 2 ranks is 08's run, byte for byte ($a)" "status $status: 08 '$a', 09 '$b'"
+done
+# The loader's worker thread makes the same batches for ZeRO-3 too.
+train w2s3 "${common[@]}" "${steps[@]}" --batch_size 4 --nprocs 2 --shard 3 --num_workers 1; status=$?
+a=$(field "$TMP/n2s3" "$sum") b=$(field "$TMP/w2s3" "$sum")
+[[ $status -eq 0 && -n "$a" && "$a" == "$b" ]]
+verdict $? "zero flags: --shard 3 with --num_workers 1 trains the same bytes as without ($a)" "status $status: '$a', '$b'"
+# What acts on DDP's all-reduce or on the model's whole-model step cannot
+# apply to a sharded stage: refused, saying why.
+run_capture 10 "$TMP/bad3" "$prog" --shard 2 --grad_compress bf16; s3=$?
+run_capture 10 "$TMP/bad4" "$prog" --shard 1 --precision fp16; s4=$?
+[[ $s3 -eq 2 && $s4 -eq 2 ]] && grep -q -- "--grad_compress bf16 needs --shard 0: .*ZeRO reduce-scatters" "$TMP/bad3" &&
+    grep -q -- "--precision fp16 needs --shard 0: its loss scale" "$TMP/bad4"
+verdict $? "zero flags: --grad_compress and --precision fp16 with a sharded stage are refused, saying why (status 2)" \
+    "status $s3, $s4: $(head -n 1 "$TMP/bad3") | $(head -n 1 "$TMP/bad4")"
 
 # ---------------------------------------------------------------- the mpi backend
 if ! command -v mpirun >/dev/null 2>&1; then
