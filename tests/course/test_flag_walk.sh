@@ -25,6 +25,7 @@ declare -A refused=(
     ["09_zero_fsdp --grad_compress=bf16"]="reduce-scatter"
     ["09_zero_fsdp --grad_compress=fp16"]="reduce-scatter"
     ["09_zero_fsdp --grad_compress=powersgd"]="reduce-scatter"
+    ["09_zero_fsdp --precision=fp16"]="needs --shard 0"
 )
 
 gpt_corpus "$TMP/corpus"
