@@ -44,7 +44,7 @@ same() {
 # add in other orders), 2e-2 in bf16 (the partial sums are rounded to bf16
 # before the all-reduce adds them).
 if ! has_gpu; then
-    for what in "tp 2 in fp32" "dp 2 x tp 2 in fp32" "tp 4 in fp32" "dp 2 x tp 2 in bf16"; do
+    for what in "tp 2 in fp32" "dp 2 x tp 2 in fp32" "dp 2 x tp 2 with --grad_compress bf16" "tp 4 in fp32" "dp 2 x tp 2 in bf16"; do
         skip "tp gpu: $what equals one GPU" "no GPU here (a CPU-only build, or no GPU: make CUDA=emu test runs these on the emulated GPU)"
     done
 else
@@ -58,6 +58,15 @@ else
     grep -q 'backend nccl' "$TMP/g_mesh" || status=98
     same g_one g_mesh 1e-5 $status
     verdict $? "tp gpu: dp 2 x tp 2 (nccl) equals one GPU in fp32 (models $r apart)" "status $status, relative '$r', valid $va vs $vb"
+    # --grad_compress over the dp group: each GPU rounds its shard's buckets
+    # to bf16 before their all-reduce; the model is fp32's to rounding.
+    run_capture 300 "$TMP/g_mesh_bf16" "$prog" "${gpu[@]}" --precision fp32 --batch_size 4 --dp 2 --tp 2 --grad_compress bf16 \
+        --out_dir "$TMP/g_mesh_bf16.d"
+    status=$?
+    grep -q 'bytes per step per rank (bf16)' "$TMP/g_mesh_bf16" || status=96
+    same g_mesh g_mesh_bf16 1e-3 $status && [[ "$(field "$TMP/g_mesh" "$sum")" != "$(field "$TMP/g_mesh_bf16" "$sum")" ]]
+    verdict $? "tp gpu: dp 2 x tp 2 with --grad_compress bf16 trains the fp32 model to rounding (models $r apart)" \
+        "status $status, relative '$r', valid $va vs $vb: $(grep -m1 error "$TMP/g_mesh_bf16")"
     run_capture 300 "$TMP/g_one4" "$prog" "${gpu[@]}" --precision fp32 --batch_size 8 --n_head 4 --out_dir "$TMP/g_one4.d"
     run_capture 300 "$TMP/g_tp4" "$prog" "${gpu[@]}" --precision fp32 --batch_size 8 --n_head 4 --tp 4 --out_dir "$TMP/g_tp4.d"
     same g_one4 g_tp4 1e-5 $?
