@@ -33,7 +33,7 @@
 // chapter's loop leans on without teaching it (the flags: options.h; the
 // learning rate, progress and validation: trainer.h; the whole-model
 // snapshot: snapshot_whole.h; the start and end of a run: run.h) live in
-// ../gpt/, which chapters 09-14 share. Each of them is this file plus its
+// ../gpt/, which chapters 09-14 share. Each of them is 08's file plus its
 // idea: `make diffs` shows how little else changes.
 //
 // Where it computes: on a GPU when there is one (gpt_cuda.cu: our kernels
@@ -85,7 +85,8 @@ static options parse_options(int argc, char **argv) {
     flag_int(&set, "check_every", &o.check_every, 0, 100000000, "check the replicas byte for byte every N steps (0: at the end only)");
     flags_parse(&set, argc, argv);
     options_finish(&o, &set);
-    const char *problem = gpt_tp_problem(&(gpt_config){o.vocab_size, o.block_size, o.n_layer, o.n_head, o.n_embd}, o.tp);
+    gpt_config c = {o.vocab_size, o.block_size, o.n_layer, o.n_head, o.n_embd};
+    const char *problem = gpt_tp_problem(&c, o.tp);
     if (problem) flags_fail(&set, "--tp %d: %s (the model has --n_head %d)", o.tp, problem, o.n_head);
     if (o.tp > 1 && !strcmp(o.precision, "fp16"))
         flags_fail(&set, "--precision fp16 with --tp %d: fp16's loss scaler (gpt_cuda.cu, section 7) lives in the "
@@ -185,7 +186,8 @@ static void train(model_t *m, gpt_t *whole, groups_t *g, const corpus_t *c, cons
         bool save = o->save_every > 0 && (epoch + 1) % o->save_every == 0;
         gpt_t saved;
         if (save && o->snapshot_path) save_snapshot(m, g, o, epoch + 1, step);
-        else if (save && gather_whole(m, g, false, &saved)) run_save(&saved, c->tokenizer, o->out_dir), gpt_free(&saved);
+        else if (save && gather_whole(m, g, false, &saved))
+            run_save(&saved, c->tokenizer, o->out_dir), gpt_free(&saved);
     }
     // What data parallelism cost in bytes: each rank's gradients, per step,
     // as they entered the all-reduce (a ring then sends 2(W-1)/W of that).
