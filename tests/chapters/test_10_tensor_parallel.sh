@@ -3,7 +3,9 @@
 # same total batch; the replicated tensors are the same bytes on every rank;
 # what a rank holds and sends matches the formulas; snapshots and the saved
 # model are whole (chapter 08 samples from them, a run resumes with another
-# --tp); bad layouts are refused. On the CPU in every build, on (emulated)
+# --tp); bad layouts are refused; 08's flags work in the mesh (--nprocs,
+# --num_workers, --grad_compress over the dp group) or are refused with
+# their reason (fp16 with tp). On the CPU in every build, on (emulated)
 # GPUs with nccl, and under mpirun. Three planted bugs (tests/lib.sh,
 # plant) show that the checks see what they are for.
 source "$(dirname "$0")/../lib.sh"
@@ -42,7 +44,7 @@ same() {
 # add in other orders), 2e-2 in bf16 (the partial sums are rounded to bf16
 # before the all-reduce adds them).
 if ! has_gpu; then
-    for what in "tp 2 in fp32" "dp 2 x tp 2 in fp32" "tp 4 in fp32" "dp 2 x tp 2 in bf16"; do
+    for what in "tp 2 in fp32" "dp 2 x tp 2 in fp32" "dp 2 x tp 2 with --grad_compress bf16" "tp 4 in fp32" "dp 2 x tp 2 in bf16"; do
         skip "tp gpu: $what equals one GPU" "no GPU here (a CPU-only build, or no GPU: make CUDA=emu test runs these on the emulated GPU)"
     done
 else
@@ -56,6 +58,15 @@ else
     grep -q 'backend nccl' "$TMP/g_mesh" || status=98
     same g_one g_mesh 1e-5 $status
     verdict $? "tp gpu: dp 2 x tp 2 (nccl) equals one GPU in fp32 (models $r apart)" "status $status, relative '$r', valid $va vs $vb"
+    # --grad_compress over the dp group: each GPU rounds its shard's buckets
+    # to bf16 before their all-reduce; the model is fp32's to rounding.
+    run_capture 300 "$TMP/g_mesh_bf16" "$prog" "${gpu[@]}" --precision fp32 --batch_size 4 --dp 2 --tp 2 --grad_compress bf16 \
+        --out_dir "$TMP/g_mesh_bf16.d"
+    status=$?
+    grep -q 'bytes per step per rank (bf16)' "$TMP/g_mesh_bf16" || status=96
+    same g_mesh g_mesh_bf16 1e-3 $status && [[ "$(field "$TMP/g_mesh" "$sum")" != "$(field "$TMP/g_mesh_bf16" "$sum")" ]]
+    verdict $? "tp gpu: dp 2 x tp 2 with --grad_compress bf16 trains the fp32 model to rounding (models $r apart)" \
+        "status $status, relative '$r', valid $va vs $vb: $(grep -m1 error "$TMP/g_mesh_bf16")"
     run_capture 300 "$TMP/g_one4" "$prog" "${gpu[@]}" --precision fp32 --batch_size 8 --n_head 4 --out_dir "$TMP/g_one4.d"
     run_capture 300 "$TMP/g_tp4" "$prog" "${gpu[@]}" --precision fp32 --batch_size 8 --n_head 4 --tp 4 --out_dir "$TMP/g_tp4.d"
     same g_one4 g_tp4 1e-5 $?
@@ -175,8 +186,45 @@ run_capture 30 "$TMP/bad_tp" "$prog" "${cpu[@]}" --tp 3; status=$?
 verdict $? "tp: --tp 3 with 2 heads is refused (exit 2)" "status $status: $(head -n 2 "$TMP/bad_tp" | tr '\n' '|')"
 run_capture 60 "$TMP/bad_mesh" "$ddprun" --standalone --nproc_per_node=4 "$prog" "${cpu[@]}" --dp 3 --tp 2 --out_dir "$TMP/bad.d"
 status=$?
-[[ $status -ne 0 ]] && grep -q -- "--dp 3 x --tp 2 is 6 ranks, and the job has 4" "$TMP/bad_mesh"
+[[ $status -ne 0 ]] && grep -q -- "dp 3 x ep 1 x cp 1 x tp 2 is 6 ranks, and the job has 4" "$TMP/bad_mesh"
 verdict $? "tp: --dp 3 --tp 2 on 4 ranks is refused, naming both" "status $status: $(grep -m1 error "$TMP/bad_mesh")"
+
+# 08's flags in the mesh (gpt/options.h). --nprocs 4 --tp 2 is dp 2 x tp 2,
+# the run above; --num_workers 1 makes the same batches a step ahead.
+run_capture 120 "$TMP/nprocs" "$prog" "${cpu[@]}" --max_steps 15 --batch_size 4 --nprocs 4 --tp 2 --num_workers 1 \
+    --out_dir "$TMP/nprocs.d"; status=$?
+a=$(field "$TMP/mesh" "$sum"); b=$(field "$TMP/nprocs" "$sum")
+[[ $status -eq 0 && -n "$a" && "$a" == "$b" ]] && grep -q '^mesh: dp 2 x tp 2 (4 ranks' "$TMP/nprocs"
+verdict $? "tp: --nprocs 4 --tp 2 --num_workers 1 is dp 2 x tp 2, the same bytes ($b)" "status $status, checksums '$a' vs '$b'"
+# --grad_compress over the dp group: each rank rounds its shard's gradients
+# (2 bytes a number, fp32's 4), the tp ranks still agree byte for byte
+# (--check_every 1), and the model is the uncompressed run's to rounding.
+bytes='gradients all-reduced: ([0-9]*) bytes per step per rank \((fp32|bf16|fp16|powersgd)\), ([0-9]*) parameters'
+for c in bf16 fp16; do
+    run_capture 120 "$TMP/mesh_$c" "$prog" "${cpu[@]}" --max_steps 15 --batch_size 4 --dp 2 --tp 2 --check_every 1 \
+        --grad_compress $c --out_dir "$TMP/mesh_$c.d"
+    same mesh mesh_$c 1e-3 $? && n=$(field "$TMP/mesh" "$bytes" '\3') &&
+        [[ "$(field "$TMP/mesh" "$bytes" '\1 \2')" == "$((4 * n)) fp32" && "$(field "$TMP/mesh_$c" "$bytes" '\1 \2')" == "$((2 * n)) $c" ]] &&
+        [[ "$(field "$TMP/mesh" "$sum")" != "$(field "$TMP/mesh_$c" "$sum")" ]]
+    verdict $? "tp: dp 2 x tp 2 with --grad_compress $c sends 2 bytes a number of the shard and trains the fp32 model to rounding ($r apart)" \
+        "relative '$r', valid $va vs $vb, bytes '$(field "$TMP/mesh_$c" "$bytes" '\1 \2')': $(grep -m1 error "$TMP/mesh_$c")"
+done
+# PowerSGD on the shards' matrices: at full rank (64, every matrix
+# compressed) the exact average; at rank 1 a fraction of the bytes.
+COURSE_POWERSGD_MIN_RATE=0 run_capture 120 "$TMP/mesh_psgd" "$prog" "${cpu[@]}" --max_steps 15 --batch_size 4 --dp 2 --tp 2 \
+    --check_every 1 --grad_compress powersgd --powersgd_rank 64 --out_dir "$TMP/mesh_psgd.d"
+same mesh mesh_psgd 1e-4 $?
+verdict $? "tp: dp 2 x tp 2 with PowerSGD at full rank trains the fp32 model ($r apart)" "relative '$r', valid $va vs $vb: $(grep -m1 error "$TMP/mesh_psgd")"
+run_capture 120 "$TMP/mesh_psgd1" "$prog" "${cpu[@]}" --max_steps 15 --batch_size 4 --dp 2 --tp 2 --check_every 1 \
+    --grad_compress powersgd --out_dir "$TMP/mesh_psgd1.d"; status=$?
+sent=$(field "$TMP/mesh_psgd1" "$bytes" '\1'); fp32=$(field "$TMP/mesh" "$bytes" '\1')
+[[ $status -eq 0 && -n "$sent" && -n "$fp32" ]] && (( sent * 10 < fp32 )) && grep -q '^replicas: the replicated' "$TMP/mesh_psgd1"
+verdict $? "tp: dp 2 x tp 2 with PowerSGD at rank 1 sends $sent bytes a step instead of $fp32, the replicas equal" \
+    "status $status, bytes '$sent' vs '$fp32': $(grep -m1 error "$TMP/mesh_psgd1")"
+# fp16 with tp: refused, saying why (its loss scaler is the whole model's).
+run_capture 30 "$TMP/fp16" "$prog" "${common[@]}" --tp 2 --precision fp16; status=$?
+[[ $status -eq 2 ]] && grep -q -- "--precision fp16 with --tp 2: fp16's loss scaler" "$TMP/fp16"
+verdict $? "tp: --precision fp16 with --tp 2 is refused with its reason (exit 2)" "status $status: $(head -n 1 "$TMP/fp16")"
 
 # ---------------------------------------------------------------- under mpirun
 if command -v mpirun >/dev/null 2>&1 && ! "$prog" --backend mpi --device cpu 2>&1 | grep -q "this build has no MPI"; then
