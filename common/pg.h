@@ -534,8 +534,10 @@ static inline void pg_all_to_all(pg_t *pg, const void *send, void *recv, size_t 
 // elements from it, for every p, itself included (PyTorch's
 // all_to_all_single with input_split_sizes and output_split_sizes;
 // MPI_Alltoallv; NCCL has no call of its own: grouped ncclSend/ncclRecv).
-// Both count arrays have world_size entries, in elements. The data are
-// packed by peer in rank order, with no gaps: the block for rank p starts
+// Both count arrays have world_size entries, in elements, and live in host
+// memory even when the buffers are on a GPU (PyTorch's split sizes are
+// Python lists too: counts computed on a GPU come to the host first). The
+// data are packed by peer in rank order, with no gaps: the block for rank p starts
 // at element send_counts[0] + ... + send_counts[p-1] of send (the
 // displacements are the prefix sums of the counts), and the block from
 // rank p at recv_counts[0] + ... + recv_counts[p-1] of recv:
