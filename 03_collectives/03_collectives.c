@@ -4,7 +4,10 @@
 // an operation that every rank of the group calls together, each with its
 // own buffer: broadcast, reduce, all_reduce, gather, all_gather, scatter,
 // reduce_scatter, all_to_all and barrier. DDP rests on two of them:
-// broadcast (the initial weights) and all_reduce (the gradients).
+// broadcast (the initial weights) and all_reduce (the gradients). One
+// variant closes the lesson: all_to_all_v, an all_to_all whose chunks
+// differ in size from pair to pair, which routes a mixture of experts'
+// tokens (chapter 13).
 //
 // Without flags the program runs each collective once on a tiny buffer and
 // prints every rank's buffer before and after, so that you can see what
@@ -60,7 +63,7 @@ static options parse_options(int argc, char **argv, const launch_env_t *env) {
     flag_choice(&set, "datatype", &o.b.datatype, "float|double|int32|int64|uint8|bfloat16|half|all",
                 "element type (all: a row for each)")->short_name = "d";
     flag_choice(&set, "collective", &o.b.collective,
-                "all|broadcast|reduce|all_reduce|gather|all_gather|scatter|reduce_scatter|all_to_all|barrier",
+                "all|broadcast|reduce|all_reduce|gather|all_gather|scatter|reduce_scatter|all_to_all|all_to_all_v|barrier",
                 "which collective to measure");
     flag_int(&set, "root", &o.b.root, 0, 4095, "root rank of broadcast, reduce, gather, scatter")->short_name = "r";
     flags_parse(&set, argc, argv);
@@ -226,6 +229,51 @@ static void demo_subgroups(lesson_t *L) {
     device_free(L->dev, sum);
 }
 
+// all_to_all_v: an all_to_all whose chunks differ in size from pair to pair
+// (PyTorch's all_to_all_single with split sizes, MPI_Alltoallv). A mixture
+// of experts routes its tokens with it (chapter 13): each rank's router
+// picks an expert for each token, and the tokens travel to the ranks that
+// hold those experts, as many to each as chose it - uneven, often 0. A
+// rank cannot know how many it will receive, so the counts go first, with
+// an all_to_all of one count per peer; then the data, packed by peer in
+// rank order (the block for rank p starts after the blocks for 0..p-1).
+static void demo_all_to_all_v(lesson_t *L) {
+    log_main("\n== 12. all_to_all_v: all_to_all with a count per pair (mixture-of-experts: tokens travel to the\n"
+             "  rank of their expert, as many as chose it; chapter 13). Rank r sends (2r + p + 1) mod 3 numbers to\n"
+             "  rank p; the counts go first (an all_to_all of one count per peer), then the numbers\n");
+    int n = L->world;
+    size_t *send_counts = xcalloc((size_t)n, sizeof(size_t)), *recv_counts = xcalloc((size_t)n, sizeof(size_t));
+    int64_t *counts = xcalloc(2 * (size_t)n, sizeof(int64_t));   // sends, then receives
+    size_t sends = 0, receives = 0;
+    for (int p = 0; p < n; p++) sends += send_counts[p] = (size_t)((2 * L->rank + p + 1) % 3);
+    for (int p = 0; p < n; p++) counts[p] = (int64_t)send_counts[p];
+    int64_t *dev_counts = device_alloc(L->dev, 2 * (size_t)n * sizeof(int64_t));
+    device_from_host(L->dev, dev_counts, counts, (size_t)n * sizeof(int64_t));
+    pg_all_to_all(L->pg, dev_counts, dev_counts + n, 1, DTYPE_I64);   // count p of rank p comes to us
+    device_to_host(L->dev, counts + n, dev_counts + n, (size_t)n * sizeof(int64_t));
+    for (int p = 0; p < n; p++) receives += recv_counts[p] = (size_t)counts[n + p];
+    // The counts, drawn as the lesson draws numbers.
+    float *as_float = xcalloc(2 * (size_t)n, sizeof(float)), *dev_float = device_alloc(L->dev, 2 * (size_t)n * sizeof(float));
+    for (int i = 0; i < 2 * n; i++) as_float[i] = (float)counts[i];
+    device_from_host(L->dev, dev_float, as_float, 2 * (size_t)n * sizeof(float));
+    show(L, "sends", dev_float, (size_t)n);
+    show(L, "gets", dev_float + n, (size_t)n);
+    float *send = buffer_new(L, sends, true), *recv = buffer_new(L, receives, false);
+    show(L, "before", send, sends);
+    pg_all_to_all_v(L->pg, send, send_counts, recv, recv_counts, DTYPE_F32);
+    show(L, "after", recv, receives);
+    log_main("  rank 1 gets rank 0's block for it (1 2: rank 0's 0 was its block for itself), then its own (100),\n"
+             "  then the others' blocks: in rank order, each as long as its sender's count, some empty.\n");
+    device_free(L->dev, send);
+    device_free(L->dev, recv);
+    device_free(L->dev, dev_counts);
+    device_free(L->dev, dev_float);
+    free(as_float);
+    free(counts);
+    free(send_counts);
+    free(recv_counts);
+}
+
 // A collective is a promise: every rank calls it with the same count, type,
 // reduction and root. --mismatch breaks it on purpose, as a bug in one rank's
 // code would: rank 1 reduces with max where the others sum. The bytes still
@@ -280,6 +328,7 @@ static void run_lesson(dist_t *d) {
     demo_barrier(&L);
     demo_flags(&L);
     demo_subgroups(&L);
+    demo_all_to_all_v(&L);
     free(L.host_slot);
     free(L.host_all);
     device_free(L.dev, L.dev_slot);

@@ -135,6 +135,17 @@ static double reduced_value(const bench_t *b, coll_id c, size_t i, int seed) {
     return b->type->eps > 0 ? acc / b->n : floor(acc / b->n);   // integers: integer division
 }
 
+// all_to_all_v: where this rank's recv[j] comes from - rank *from, index
+// *at of its send buffer - with coll_v_count's counts.
+static void v_source(const bench_t *b, size_t chunk, size_t j, int *from, size_t *at) {
+    int p = 0;
+    while (p < b->n - 1 && j >= coll_v_count(chunk, p, b->rank, b->n)) j -= coll_v_count(chunk, p++, b->rank, b->n);
+    size_t before = 0;   // what rank p sends to the ranks before this one
+    for (int q = 0; q < b->rank; q++) before += coll_v_count(chunk, p, q, b->n);
+    *from = p;
+    *at = before + j;
+}
+
 // The value this rank's recv[j] must hold after the collective.
 static double expected_value(const bench_t *b, coll_id c, size_t chunk, size_t j, int seed) {
     size_t from = chunk ? j / chunk : 0, at = chunk ? j % chunk : 0;
@@ -146,6 +157,12 @@ static double expected_value(const bench_t *b, coll_id c, size_t chunk, size_t j
     case SCATTER: return input_value(b, c, b->root, mine + j, seed);
     case REDUCE_SCATTER: return reduced_value(b, c, mine + j, seed);
     case ALL_TO_ALL: return input_value(b, c, (int)from, mine + at, seed);
+    case ALL_TO_ALL_V: {
+        int sender;
+        size_t index;
+        v_source(b, chunk, j, &sender, &index);
+        return input_value(b, c, sender, index, seed);
+    }
     default: return 0;
     }
 }
@@ -168,6 +185,7 @@ static counts_t counts_for(const bench_t *b, coll_id c, size_t bytes) {
 
 // nccl-tests' S (bytes for algbw) and busbw factor (collectives.h's table).
 static double algbw_bytes(coll_id c, size_t count, size_t ts, int n) {
+    if (c == ALL_TO_ALL_V) return (double)coll_send_len(c, count, n) * (double)ts;   // what a rank sends
     bool chunked = COLLECTIVE[c].send_chunks || COLLECTIVE[c].recv_chunks;
     return (double)count * (double)ts * (chunked ? n : 1);
 }
@@ -176,6 +194,7 @@ static double bus_factor(coll_id c, int n) {
     case BUS_ONE: return 1;
     case BUS_RING: return (double)(n - 1) / n;
     case BUS_TWO_RINGS: return 2.0 * (n - 1) / n;
+    case BUS_AWAY: return n > 1 ? 1 : 0;
     default: return 0;
     }
 }
@@ -183,6 +202,7 @@ static const char *bus_factor_text(coll_id c) {
     switch (COLLECTIVE[c].bus) {
     case BUS_ONE: return "1";
     case BUS_TWO_RINGS: return "2(n-1)/n";
+    case BUS_AWAY: return "1 (no byte stays on its rank)";
     default: return "(n-1)/n";
     }
 }
@@ -274,6 +294,10 @@ static void table_header(const bench_t *b, const bench_options *o, coll_id c) {
     log_main("#\n# %s", COLLECTIVE[c].name);
     if (c == BARRIER) {
         log_main(": no data, only time (a barrier is a 1-element all-reduce under NCCL)\n");
+    } else if (c == ALL_TO_ALL_V) {
+        log_main(": S = what a rank sends: about count x n elements, uneven: 2k/(n-1) x count to rank r+k\n"
+                 "#   (rounded down; 0 to itself, 2 x count to rank r-1), the same total on every rank;\n"
+                 "#   busbw = algbw x %s = algbw x %.4g (n = %d)\n", bus_factor_text(c), bus_factor(c, b->n), b->n);
     } else {
         bool chunked = COLLECTIVE[c].send_chunks || COLLECTIVE[c].recv_chunks;
         char size[32] = "(type size)";

@@ -21,7 +21,8 @@
 // The promises the backends keep (but mpi has no timeouts of its own: pg_mpi.h):
 //   - counts are in elements, never bytes; any count >= 0, any world size >= 1;
 //   - collectives are blocking for the host and every rank must call the same
-//     collectives in the same order with the same count and dtype;
+//     collectives in the same order with the same count and dtype
+//     (all_to_all_v: the same dtype, and counts that agree pair by pair);
 //   - after an all-reduce every rank holds the same bytes (data-parallel
 //     replicas depend on it): each element is reduced once, in a fixed order,
 //     and that result is what everyone receives;
@@ -524,6 +525,77 @@ static inline void pg_reduce_scatter(pg_t *pg, const void *send, void *recv, siz
 static inline void pg_all_to_all(pg_t *pg, const void *send, void *recv, size_t count,
                                  dtype_t t) {
     pg_collective(pg, PG_ALL_TO_ALL, send, recv, count, t, OP_SUM, -1);
+}
+
+// ---------------------------------------------------------------- all-to-all with counts per peer
+//
+// pg_all_to_all_v(pg, send, send_counts, recv, recv_counts, dtype): rank r
+// sends send_counts[p] elements to rank p and receives recv_counts[p]
+// elements from it, for every p, itself included (PyTorch's
+// all_to_all_single with input_split_sizes and output_split_sizes;
+// MPI_Alltoallv; NCCL has no call of its own: grouped ncclSend/ncclRecv).
+// Both count arrays have world_size entries, in elements, and live in host
+// memory even when the buffers are on a GPU (PyTorch's split sizes are
+// Python lists too: counts computed on a GPU come to the host first). The
+// data are packed by peer in rank order, with no gaps: the block for rank p starts
+// at element send_counts[0] + ... + send_counts[p-1] of send (the
+// displacements are the prefix sums of the counts), and the block from
+// rank p at recv_counts[0] + ... + recv_counts[p-1] of recv:
+//
+//   send on rank 1, send_counts {2, 0, 3}:  [ to 0 | to 0 | to 2 | to 2 | to 2 ]
+//   recv on rank 2, recv_counts {1, 3, 0}:  [ from 0 | from 1 | from 1 | from 1 ]
+//
+// Zeros are allowed anywhere: a rank may send nothing to a peer, or
+// receive nothing at all (its buffer may then be NULL), but it still
+// calls, as every rank does. The counts must agree: rank a's
+// send_counts[b] is rank b's recv_counts[a]. A rank cannot know what the
+// others will send it, so a mixture-of-experts layer (chapter 13) first
+// exchanges its counts with pg_all_to_all (one count per peer), then the
+// tokens with this. Each rank's own block is checked here. A disagreement
+// between two ranks is a one-line error on the cpu backend (a message's
+// size is in its header); MPI reports a block longer than expected
+// (truncation) but not a shorter one; nccl waits until the timeout.
+// COURSE_DEBUG=DETAIL names it on every backend ("rank 0 sends 5 to rank
+// 1, which expects 4"). Not in place: send and recv must not overlap.
+
+// The elements of all the blocks, and their bytes; a sum that overflows is
+// a caller's bug.
+static inline size_t pg_counts_total(const pg_t *pg, const size_t *counts, dtype_t t, const char *which) {
+    size_t total = 0;
+    for (int p = 0; p < pg->id.world_size; p++) {
+        if (counts[p] > SIZE_MAX - total)
+            die("all_to_all_v: the %s counts add up to more than a size_t holds", which);
+        total += counts[p];
+    }
+    return pg_bytes(pg, total, t, 1, "all_to_all_v");
+}
+
+static inline void pg_all_to_all_v(pg_t *pg, const void *send, const size_t *send_counts, void *recv,
+                                   const size_t *recv_counts, dtype_t t) {
+    if (!dtype_valid(t)) die("all_to_all_v: unknown dtype %d", (int)t);
+    if (!send_counts || !recv_counts)
+        die("all_to_all_v: the %s counts are NULL (an array of one count per rank is needed)",
+            send_counts ? "receive" : "send");
+    pg_debug_collective_counts(&pg->debug, dtype_name(t), send_counts, recv_counts);
+    size_t in = pg_counts_total(pg, send_counts, t, "send");
+    size_t out = pg_counts_total(pg, recv_counts, t, "receive");
+    int me = pg->id.rank;
+    if (send_counts[me] != recv_counts[me])
+        die("all_to_all_v: rank %d sends %zu elements to itself but expects %zu from itself", me,
+            send_counts[me], recv_counts[me]);
+    pg_check_buffer(send, in, "send", "all_to_all_v");
+    pg_check_buffer(recv, out, "receive", "all_to_all_v");
+    uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
+    if (in && out && s < r + out && r < s + in)
+        die("all_to_all_v: the send and receive buffers overlap; it does not work in place");
+    if (!pg->stage) {
+        pg->backend->all_to_all_v(pg->impl, send, send_counts, recv, recv_counts, t);
+        return;
+    }
+    const void *hs = in ? pg_stage_in(pg, 0, send, in) : NULL;
+    void *hr = out ? pg_stage_out(pg, 1, recv, out) : NULL;
+    pg->backend->all_to_all_v(pg->impl, hs, send_counts, hr, recv_counts, t);
+    if (out) pg_unstage(pg, recv, hr, out);
 }
 
 // Returns once every rank has called it.

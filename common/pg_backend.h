@@ -19,7 +19,9 @@
 // Every collective has the same arguments (send, recv, count, dtype, op,
 // root; unused ones are ignored), and the table below says, for each, what
 // it reads and writes. From it pg.h knows which buffers to check, how large
-// they are, and which to stage in and out.
+// they are, and which to stage in and out. One collective does not fit
+// that shape: all_to_all_v, whose counts differ from peer to peer, has an
+// entry of its own in each backend's table.
 #ifndef COURSE_PG_BACKEND_H
 #define COURSE_PG_BACKEND_H
 
@@ -93,6 +95,11 @@ typedef struct {
     void (*wait)(void *impl, void *req);   // and frees req
     void (*collective)(void *impl, pg_coll_t c, const void *send, void *recv, size_t count, dtype_t t,
                        redop_t op, int root);
+    // send_counts[p] elements go to rank p, recv_counts[p] come from it, the
+    // blocks packed in rank order (pg.h's pg_all_to_all_v); pg.h has checked
+    // the counts this rank can check, and the buffers do not overlap.
+    void (*all_to_all_v)(void *impl, const void *send, const size_t *send_counts, void *recv,
+                         const size_t *recv_counts, dtype_t t);
     void (*barrier)(void *impl);
     // GPU buffers only (nccl): the collective queued behind the event
     // `ready` (NULL: behind nothing), and `done` (unless NULL) recorded once

@@ -45,7 +45,8 @@
 //      idle, so small messages usually leave immediately.
 //   4. Algorithms: the collectives, written with isend/irecv/wait. Large
 //      all-reduces use a ring (reduce-scatter then all-gather), small ones
-//      recursive doubling; each is explained where it is defined.
+//      recursive doubling, all-to-all with counts per peer a pairwise
+//      exchange; each is explained where it is defined.
 //
 // Waiting never lasts forever: when nothing has moved for the group's
 // timeout, or a peer we wait for has closed its connection, the process
@@ -110,13 +111,18 @@ static inline void cpu_backend_collective(void *impl, pg_coll_t c, const void *s
     }
 }
 
+static inline void cpu_backend_all_to_all_v(void *impl, const void *send, const size_t *send_counts, void *recv,
+                                            const size_t *recv_counts, dtype_t t) {
+    cpu_all_to_all_v(impl, send, send_counts, recv, recv_counts, dtype_size(t));
+}
+
 static inline const pg_backend_t *cpu_backend(void) {
     static const pg_backend_t table = {
         .name = "cpu", .host_buffers = true,
         .create = cpu_backend_create, .split = cpu_backend_split, .destroy = cpu_backend_destroy,
         .describe = cpu_backend_describe, .isend = cpu_backend_isend, .irecv = cpu_backend_irecv,
         .test = cpu_backend_test, .wait = cpu_backend_wait, .collective = cpu_backend_collective,
-        .barrier = cpu_backend_barrier,
+        .all_to_all_v = cpu_backend_all_to_all_v, .barrier = cpu_backend_barrier,
     };
     return &table;
 }

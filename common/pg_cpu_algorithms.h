@@ -7,6 +7,7 @@
 //                   small: recursive doubling
 //   reduce-scatter  the ring's first half
 //   broadcast       small: a binomial tree; large: a pipelined chain
+//   all-to-all-v    pairwise exchange, with counts per peer
 //   the rest        all-gather, gather, scatter, all-to-all, barrier
 // Every rank of the group ends with the same bits: each element is reduced
 // once, in a fixed order, and that result is what everyone receives.
@@ -354,6 +355,50 @@ static inline void cpu_all_to_all(cpu_pg_t *pg, const void *send, void *recv, si
     cpu_wait(pg, reqs, count);
     free(reqs);
     free(copy);
+}
+
+// All-to-all with counts per peer (pg_all_to_all_v): pairwise exchange.
+// In round k = 1 .. n-1 rank r sends its block for rank r+k and receives
+// the block of rank r-k, so that every round pairs every rank with a
+// different partner and no rank is sent to by everyone at once; our own
+// block is a copy. The rounds are posted together, as all_to_all's are,
+// and overlap in the progress engine: the round order only decides who
+// goes first. Where the blocks lie comes from the counts: the block for
+// peer p starts at the sum of the counts of peers 0..p-1 (the prefix sums
+// below; all_to_all's blocks, all of one size, start at p x count).
+// A count of 0 still sends a message, of no bytes: its header carries the
+// size, so the receiver checks every pair's count - a rank that sends 5
+// elements to a rank that expects 4 is a one-line error, and one that
+// sends 0 where 4 are expected does not leave its peer waiting.
+static inline size_t *cpu_prefix_sums(const size_t *counts, int n) {
+    size_t *at = xcalloc((size_t)n, sizeof *at);
+    for (int p = 1; p < n; p++) at[p] = at[p - 1] + counts[p - 1];
+    return at;
+}
+
+// base + elements x es, where a NULL base (a rank with nothing there) stays NULL.
+static inline char *cpu_at(const void *base, size_t elements, size_t es) {
+    return base ? (char *)base + elements * es : NULL;
+}
+
+static inline void cpu_all_to_all_v(cpu_pg_t *pg, const void *send, const size_t *send_counts, void *recv,
+                                    const size_t *recv_counts, size_t es) {
+    pg->tag = CPU_TAG_ALL_TO_ALL_V;
+    int n = pg->world, r = pg->rank;
+    size_t *send_at = cpu_prefix_sums(send_counts, n), *recv_at = cpu_prefix_sums(recv_counts, n);
+    cpu_req_t **reqs = xcalloc(2 * (size_t)n, sizeof *reqs);
+    int count = 0;
+    for (int k = 1; k < n; k++) {
+        int from = cpu_mod(r - k, n), to = cpu_mod(r + k, n);
+        reqs[count++] = cpu_post_recv(pg, from, cpu_at(recv, recv_at[from], es), recv_counts[from] * es);
+        reqs[count++] = cpu_post_send(pg, to, cpu_at(send, send_at[to], es), send_counts[to] * es);
+    }
+    if (send_counts[r] > 0)   // pg.h checked that it equals recv_counts[r]
+        memcpy(cpu_at(recv, recv_at[r], es), cpu_at(send, send_at[r], es), send_counts[r] * es);
+    cpu_wait(pg, reqs, count);
+    free(reqs);
+    free(send_at);
+    free(recv_at);
 }
 
 // Dissemination barrier: in round k every rank signals the rank 2^k ahead

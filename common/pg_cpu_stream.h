@@ -85,14 +85,15 @@ enum {
 enum {
     CPU_TAG_P2P = 1, CPU_TAG_SETUP, CPU_TAG_BROADCAST, CPU_TAG_REDUCE, CPU_TAG_ALL_REDUCE,
     CPU_TAG_GATHER, CPU_TAG_ALL_GATHER, CPU_TAG_SCATTER, CPU_TAG_REDUCE_SCATTER,
-    CPU_TAG_ALL_TO_ALL, CPU_TAG_BARRIER, CPU_TAG_DESTROY, CPU_TAG_DONE_READING, CPU_TAG_COUNT
+    CPU_TAG_ALL_TO_ALL, CPU_TAG_BARRIER, CPU_TAG_DESTROY, CPU_TAG_DONE_READING, CPU_TAG_ALL_TO_ALL_V,
+    CPU_TAG_COUNT
 };
 
 static inline const char *cpu_tag_name(uint32_t tag) {
     static const char *names[] = {"?", "send/recv", "setup", "broadcast", "reduce",
                                   "all_reduce", "gather", "all_gather", "scatter",
                                   "reduce_scatter", "all_to_all", "barrier", "pg_destroy",
-                                  "single copy"};
+                                  "single copy", "all_to_all_v"};
     return tag < CPU_TAG_COUNT ? names[tag] : "?";
 }
 

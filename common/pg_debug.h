@@ -14,12 +14,18 @@
 //                        reads what the others published; if they differ,
 //                        every rank stops with the same line naming the ranks
 //                        and their calls.
+// all_to_all_v is the one collective whose counts differ between ranks:
+// there the ranks compare the call and the type, and then the counts pair by
+// pair - rank a's send_counts[b] must be rank b's recv_counts[a] - and a
+// pair that disagrees is named ("rank 0 sends 5 to rank 1, which expects
+// 4") where the backends would hang or fail with less to go on.
 // DETAIL costs a few store round trips per collective: a tool for finding a
 // bug, not for training runs.
 #ifndef COURSE_PG_DEBUG_H
 #define COURSE_PG_DEBUG_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +42,7 @@ typedef struct {
     char group[64];        // which process group: its store keys never meet another's
     unsigned long calls;   // collectives called so far by this rank
     double timeout_s;
+    bool counts_before;    // the previous call published its counts (all_to_all_v)
 } pg_debug_t;
 
 static inline pg_debug_level_t pg_debug_level_from_env(void) {
@@ -49,7 +56,7 @@ static inline pg_debug_level_t pg_debug_level_from_env(void) {
 
 static inline pg_debug_t pg_debug_start(store_t *store, int rank, int world_size, const char *group,
                                       double timeout_s) {
-    pg_debug_t d = {pg_debug_level_from_env(), store, rank, world_size, "", 0, timeout_s};
+    pg_debug_t d = {pg_debug_level_from_env(), store, rank, world_size, "", 0, timeout_s, false};
     snprintf(d.group, sizeof d.group, "%s", group);
     if (d.level == PG_DEBUG_DETAIL && (!store || world_size < 2)) d.level = PG_DEBUG_INFO;
     return d;
@@ -86,7 +93,12 @@ static inline void pg_debug_compare(pg_debug_t *d, const char *mine) {
     if (d->calls > 0) {
         pg_debug_key(d, d->calls - 1, d->rank, key, sizeof key);
         store_delete(d->store, key);
+        if (d->counts_before) {
+            strncat(key, "/counts", sizeof key - strlen(key) - 1);
+            store_delete(d->store, key);
+        }
     }
+    d->counts_before = false;
 }
 
 // Called first thing by every collective of pg.h. `what` says everything the
@@ -95,6 +107,71 @@ static inline void pg_debug_collective(pg_debug_t *d, const char *what) {
     if (d->level == PG_DEBUG_OFF) return;
     course_say("COURSE_DEBUG: collective #%lu: %s", d->calls, what);
     if (d->level == PG_DEBUG_DETAIL) pg_debug_compare(d, what);
+    d->calls++;
+}
+
+// "[3 0 5]", cut after 16 counts.
+static inline void pg_debug_list(char *out, size_t size, const size_t *counts, int n) {
+    size_t used = (size_t)snprintf(out, size, "[");
+    for (int p = 0; p < n && used < size; p++) {
+        if (p == 16) {
+            used += (size_t)snprintf(out + used, size - used, " ...");
+            break;
+        }
+        used += (size_t)snprintf(out + used, size - used, p ? " %zu" : "%zu", counts[p]);
+    }
+    if (used < size) snprintf(out + used, size - used, "]");
+}
+
+// all_to_all_v, called first thing by pg_all_to_all_v: the ranks compare
+// "all_to_all_v(<type>)" as for any collective, then every rank reads every
+// rank's counts (published under a key of their own before the call's key,
+// so they are there once the call's key is) and checks every pair in the
+// same order, so that every rank that finds a disagreement names the same one.
+static inline void pg_debug_collective_counts(pg_debug_t *d, const char *type, const size_t *send_counts,
+                                              const size_t *recv_counts) {
+    if (d->level == PG_DEBUG_OFF) return;
+    int n = d->world_size;
+    char what[64], sends[200], receives[200], key[112];
+    snprintf(what, sizeof what, "all_to_all_v(%s)", type);
+    pg_debug_list(sends, sizeof sends, send_counts, n);
+    pg_debug_list(receives, sizeof receives, recv_counts, n);
+    course_say("COURSE_DEBUG: collective #%lu: %s, sends %s, receives %s", d->calls, what, sends, receives);
+    if (d->level != PG_DEBUG_DETAIL) {
+        d->calls++;
+        return;
+    }
+    // Mine: the send counts, then the receive counts, as 64-bit numbers.
+    size_t bytes = 2 * (size_t)n * sizeof(uint64_t);
+    uint64_t *all = xcalloc((size_t)n, bytes);
+    for (int p = 0; p < n; p++) {
+        all[(size_t)d->rank * 2 * (size_t)n + (size_t)p] = send_counts[p];
+        all[(size_t)d->rank * 2 * (size_t)n + (size_t)n + (size_t)p] = recv_counts[p];
+    }
+    pg_debug_key(d, d->calls, d->rank, key, sizeof key - 8);
+    strcat(key, "/counts");
+    store_set(d->store, key, all + (size_t)d->rank * 2 * (size_t)n, bytes);
+    pg_debug_compare(d, what);
+    for (int r = 0; r < n; r++) {
+        if (r == d->rank) continue;
+        pg_debug_key(d, d->calls, r, key, sizeof key - 8);
+        strcat(key, "/counts");
+        if (store_get(d->store, key, all + (size_t)r * 2 * (size_t)n, bytes, d->timeout_s) != bytes)
+            die("COURSE_DEBUG=DETAIL: rank %d published a malformed list of counts for collective #%lu "
+                "(%s)", r, d->calls, what);
+    }
+    for (int a = 0; a < n; a++)
+        for (int b = 0; b < n; b++) {
+            uint64_t sends_ab = all[(size_t)a * 2 * (size_t)n + (size_t)b];
+            uint64_t expects = all[(size_t)b * 2 * (size_t)n + (size_t)n + (size_t)a];
+            if (sends_ab == expects) continue;
+            free(all);
+            die("COURSE_DEBUG=DETAIL: collective #%lu, %s: rank %d sends %llu to rank %d, which expects "
+                "%llu (rank %d's send_counts[%d] must equal rank %d's recv_counts[%d])", d->calls, what, a,
+                (unsigned long long)sends_ab, b, (unsigned long long)expects, a, b, b, a);
+        }
+    free(all);
+    d->counts_before = true;
     d->calls++;
 }
 

@@ -12,10 +12,11 @@
 //   pg_isend / pg_irecv     MPI_Isend / MPI_Irecv; pg_request_t holds the
 //   pg_test / pg_wait       MPI_Request, pg_test is MPI_Test, pg_wait MPI_Wait
 //   broadcast, reduce, all_reduce, gather, all_gather, scatter,
-//   reduce_scatter, all_to_all, barrier
+//   reduce_scatter, all_to_all, all_to_all_v, barrier
 //                           MPI_Bcast, MPI_Reduce, MPI_Allreduce, MPI_Gather,
 //                           MPI_Allgather, MPI_Scatter, MPI_Reduce_scatter_block,
-//                           MPI_Alltoall, MPI_Barrier
+//                           MPI_Alltoall, MPI_Alltoallv (counts and
+//                           displacements as ints), MPI_Barrier
 //   dtypes                  MPI_FLOAT, MPI_DOUBLE, MPI_INT32_T, MPI_INT64_T,
 //                           MPI_UINT8_T; bf16 and fp16, which MPI does not
 //                           know, move as MPI_UINT16_T and reduce with ops of
@@ -405,6 +406,36 @@ static inline void mpi_all_to_all(mpi_pg_t *m, const void *send, void *recv, siz
                            mpi_type(t), m->comm), "MPI_Alltoall", "all_to_all");
 }
 
+// MPI_Alltoallv takes a count and a displacement per peer, both ints: the
+// course's counts (size_t) and their prefix sums, each checked to fit.
+static inline void mpi_counts_and_displacements(const size_t *counts, int n, int *ints, int *displs,
+                                                const char *buffer) {
+    size_t at = 0;
+    for (int p = 0; p < n; p++) {
+        ints[p] = mpi_count(counts[p], "all_to_all_v");
+        if (at > (size_t)INT_MAX)
+            die("all_to_all_v: the %s block for rank %d starts at element %zu, beyond MPI's int "
+                "displacements (%d); split the call", buffer, p, at, INT_MAX);
+        displs[p] = (int)at;
+        at += counts[p];
+    }
+}
+
+static inline void mpi_all_to_all_v(mpi_pg_t *m, const void *send, const size_t *send_counts, void *recv,
+                                    const size_t *recv_counts, dtype_t t) {
+    int n = m->world_size;
+    int *ints = xcalloc(4 * (size_t)n, sizeof *ints);
+    int *sc = ints, *sd = ints + n, *rc = ints + 2 * n, *rd = ints + 3 * n;
+    mpi_counts_and_displacements(send_counts, n, sc, sd, "send");
+    mpi_counts_and_displacements(recv_counts, n, rc, rd, "receive");
+    // A rank with nothing to send or receive may pass NULL; MPI gets an
+    // address all the same (no byte of a block of 0 is read or written).
+    static char nothing;
+    mpi_check(MPI_Alltoallv(send ? send : &nothing, sc, sd, mpi_type(t), recv ? recv : &nothing, rc, rd,
+                            mpi_type(t), m->comm), "MPI_Alltoallv", "all_to_all_v");
+    free(ints);
+}
+
 static inline void mpi_barrier(mpi_pg_t *m) {
     mpi_check(MPI_Barrier(m->comm), "MPI_Barrier", "barrier");
 }
@@ -454,13 +485,18 @@ static inline void mpi_backend_collective(void *impl, pg_coll_t c, const void *s
     }
 }
 
+static inline void mpi_backend_all_to_all_v(void *impl, const void *send, const size_t *send_counts, void *recv,
+                                            const size_t *recv_counts, dtype_t t) {
+    mpi_all_to_all_v(impl, send, send_counts, recv, recv_counts, t);
+}
+
 static inline const pg_backend_t *mpi_backend(void) {
     static const pg_backend_t table = {
         .name = "mpi", .host_buffers = true,
         .create = mpi_backend_create, .split = mpi_backend_split, .destroy = mpi_backend_destroy,
         .describe = mpi_backend_describe, .isend = mpi_backend_isend, .irecv = mpi_backend_irecv,
         .test = mpi_backend_test, .wait = mpi_backend_wait, .collective = mpi_backend_collective,
-        .barrier = mpi_backend_barrier,
+        .all_to_all_v = mpi_backend_all_to_all_v, .barrier = mpi_backend_barrier,
     };
     return &table;
 }

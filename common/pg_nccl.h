@@ -13,8 +13,10 @@
 //     state (ncclCommGetAsyncError) against the group's deadline. A dead
 //     peer or a timeout then ends in ncclCommAbort and a message naming the
 //     operation, instead of a hang - the pattern of nccl-tests;
-//   - gather, scatter and all_to_all from grouped ncclSend/ncclRecv, which
-//     works on every NCCL since 2.7 (native versions arrived in 2.28);
+//   - gather, scatter, all_to_all and all_to_all_v from grouped
+//     ncclSend/ncclRecv, which works on every NCCL since 2.7 (native
+//     versions of the first three arrived in 2.28; all_to_all_v is grouped
+//     sends and receives in NCCL's own documentation);
 //   - BAND/BOR/BXOR, which NCCL lacks, by gathering the inputs and
 //     combining them on the host in rank order;
 //   - a barrier (NCCL has none): a one-element all-reduce, then a wait.
@@ -489,6 +491,36 @@ static inline void nccl_all_to_all(nccl_pg_t *pg, const void *send, void *recv, 
     if (copy) CHECK_CUDA(cudaFree(copy));
 }
 
+// All-to-all with counts per peer, as NCCL's documentation writes it: one
+// ncclSend and one ncclRecv per peer inside ncclGroupStart/End, so that
+// they all progress together; the block for peer p starts at the sum of
+// the counts before it. A count of 0 makes no call (the peer, whose count
+// agrees, makes none either); our own block is a copy on the stream.
+static inline void nccl_all_to_all_v(nccl_pg_t *pg, const void *send, const size_t *send_counts, void *recv,
+                                     const size_t *recv_counts, dtype_t t) {
+    nccl_begin(pg, "all_to_all_v");
+    size_t es = dtype_size(t), send_at = 0, recv_at = 0;
+    ncclDataType_t type = nccl_type(t);
+    nccl_check(pg, ncclGroupStart(), "ncclGroupStart");
+    for (int p = 0; p < pg->world; p++) {
+        // (a rank with nothing to send or receive may have passed NULL)
+        const char *out = send ? (const char *)send + send_at * es : NULL;
+        char *in = recv ? (char *)recv + recv_at * es : NULL;
+        if (p == pg->rank) {
+            if (send_counts[p] > 0) nccl_copy(pg, in, out, send_counts[p] * es);
+        } else {
+            if (send_counts[p] > 0)
+                nccl_check(pg, ncclSend(out, send_counts[p], type, p, pg->comm, pg->stream), "ncclSend");
+            if (recv_counts[p] > 0)
+                nccl_check(pg, ncclRecv(in, recv_counts[p], type, p, pg->comm, pg->stream), "ncclRecv");
+        }
+        send_at += send_counts[p];
+        recv_at += recv_counts[p];
+    }
+    nccl_check(pg, ncclGroupEnd(), "ncclGroupEnd");
+    nccl_wait(pg, NULL);
+}
+
 static inline void nccl_wait_queued(nccl_pg_t *pg) {
     pg->op = "the overlapped collectives";
     nccl_wait(pg, NULL);
@@ -584,13 +616,18 @@ static inline void nccl_backend_collective_after(void *impl, pg_coll_t c, const 
 }
 static inline void nccl_backend_wait_queued(void *impl) { nccl_wait_queued(impl); }
 
+static inline void nccl_backend_all_to_all_v(void *impl, const void *send, const size_t *send_counts, void *recv,
+                                             const size_t *recv_counts, dtype_t t) {
+    nccl_all_to_all_v(impl, send, send_counts, recv, recv_counts, t);
+}
+
 static inline const pg_backend_t *nccl_backend(void) {
     static const pg_backend_t table = {
         .name = "nccl", .host_buffers = false,
         .create = nccl_backend_create, .split = nccl_backend_split, .destroy = nccl_backend_destroy,
         .describe = nccl_backend_describe, .isend = nccl_backend_isend, .irecv = nccl_backend_irecv,
         .test = nccl_backend_test, .wait = nccl_backend_wait, .collective = nccl_backend_collective,
-        .barrier = nccl_backend_barrier, .collective_after = nccl_backend_collective_after,
+        .all_to_all_v = nccl_backend_all_to_all_v, .barrier = nccl_backend_barrier, .collective_after = nccl_backend_collective_after,
         .wait_queued = nccl_backend_wait_queued,
     };
     return &table;

@@ -17,7 +17,7 @@ if (exists("subtitle")) info = subtitle
 if (!exists("dir")) dir = "runs/03_collectives"
 if (!exists("out")) out = "runs/plots/03_collectives.png"
 names = system("cd '" . dir . "' 2>/dev/null && for c in broadcast reduce all_reduce gather all_gather " . \
-               "scatter reduce_scatter all_to_all; do [ -s $c.csv ] && printf '%s ' $c; done")
+               "scatter reduce_scatter all_to_all all_to_all_v; do [ -s $c.csv ] && printf '%s ' $c; done")
 if (strlen(names) == 0) {
     print "03_collectives.gp: no CSV in " . dir . " yet (run ./03_collectives/03_collectives --bench); nothing to draw"
     exit
@@ -45,12 +45,13 @@ set grid
 set key left top
 positive(v) = v > 0 ? v : 1/0
 # Each collective keeps its own colour, point and dash, whichever are drawn:
-# eight colours that stay apart for colour-blind readers too (Okabe-Ito,
-# without its pale yellow, plus grey), and shapes for a grey-scale print.
-all = "broadcast reduce all_reduce gather all_gather scatter reduce_scatter all_to_all"
-colours = "#000000 #E69F00 #0072B2 #009E73 #D55E00 #56B4E9 #CC79A7 #7F7F7F"
-points = "7 5 9 11 13 4 6 8"
-index_of(c) = sum [k=1:8] (word(all, k) eq c ? k : 0)
+# nine colours that stay apart for colour-blind readers too (Okabe-Ito,
+# without its pale yellow, plus grey; all_to_all_v all_to_all's grey, darker),
+# and shapes for a grey-scale print.
+all = "broadcast reduce all_reduce gather all_gather scatter reduce_scatter all_to_all all_to_all_v"
+colours = "#000000 #E69F00 #0072B2 #009E73 #D55E00 #56B4E9 #CC79A7 #7F7F7F #3F3F3F"
+points = "7 5 9 11 13 4 6 8 10"
+index_of(c) = sum [k=1:9] (word(all, k) eq c ? k : 0)
 plot for [c in names] dir . "/" . c . ".csv" skip 1 using (positive($1)):(positive($8)) \
      with linespoints lc rgb word(colours, index_of(c)) pt int(word(points, index_of(c))) ps 0.8 \
      dt index_of(c) lw 2 title c

@@ -57,6 +57,13 @@ expect_after "all_reduce band: the features every rank supports (3)" all_reduce 
 # 11: sub-groups: the even ranks sum over the even ones, the odd over the odd.
 expect_after "sub-groups: rank 2 holds the sum over ranks 0 and 2, as group rank 1" sub-groups 2 "[2 1]" "$TMP/lesson"
 expect_after "sub-groups: rank 1 holds the sum over ranks 1 and 3" sub-groups 1 "[4 1]" "$TMP/lesson"
+# 12: all_to_all_v: rank r sends (2r + p + 1) mod 3 numbers to rank p, the
+# counts first. Rank 1 gets 1 2 from rank 0, its own 100, nothing from rank
+# 2, 301 302 from rank 3; rank 2 gets nothing from ranks 0 and 3.
+expect_after "all_to_all_v: rank 2 learns the counts it will get [0 2 1 0]" all_to_all_v 2 "[0 2 1 0]" "$TMP/lesson" gets
+expect_after "all_to_all_v: rank 1 gets each rank's block for it, in rank order" all_to_all_v 1 \
+    "[1 2 100 301 302]" "$TMP/lesson"
+expect_after "all_to_all_v: rank 2 gets 101 102 from rank 1 and its own 202" all_to_all_v 2 "[101 102 202]" "$TMP/lesson"
 # barrier: rank 3 arrives 300 ms late; nobody leaves before (50 ms slack for
 # the ranks' clocks starting a little apart).
 times=$(for r in 0 1 2 3; do after_of barrier $r "$TMP/lesson" times; done | tr -d '[]' | tr '\n' ';')
@@ -71,6 +78,7 @@ run_capture 90 "$TMP/three" "$bin" --nprocs 3 --device cpu; status=$?
 check "03: --nprocs 3 exits 0" test $status -eq 0
 expect_after "--nprocs 3: all_reduce on rank 2 is [300 303 306 309]" all_reduce 2 "[300 303 306 309]" "$TMP/three"
 expect_after "--nprocs 3: all_to_all on rank 2" all_to_all 2 "[8 9 10 11 108 109 110 111 208 209 210 211]" "$TMP/three"
+expect_after "--nprocs 3: all_to_all_v on rank 0" all_to_all_v 0 "[0 200 201]" "$TMP/three"
 
 # --- the benchmark. check_table FILE NAME: every row of every table has
 # #wrong 0 and busbw = algbw x factor and algbw = size / time, where the
@@ -85,7 +93,7 @@ check_table() {
             rows++; size = $1; t = $6; alg = $7; bus = $8; wrong = $9
             f = (n - 1) / n
             if (c == "all_reduce") f = 2 * (n - 1) / n
-            if (c == "broadcast" || c == "reduce") f = 1
+            if (c == "broadcast" || c == "reduce" || c == "all_to_all_v") f = 1
             if (c == "barrier") { f = 0; if (wrong != "N/A") printf "barrier #wrong %s; ", wrong; next }
             if (wrong != "0") printf "%s size %s: #wrong %s; ", c, size, wrong
             d = bus - alg * f; if (d < 0) d = -d
@@ -101,13 +109,18 @@ check_table() {
 run_capture 120 "$TMP/bench" "$bin" --bench -b 8 -e 1M -f 8 -c 1 -n 5 -w 1 --nprocs 4; status=$?
 check "03: --bench (all collectives, 4 ranks) exits 0" test $status -eq 0
 result=$(check_table "$TMP/bench")
-[[ "$result" == "|9 tables 8 OK" ]]; verdict $? "03: --bench: 9 tables, #wrong 0 everywhere, busbw = algbw x factor, algbw = size / time" "$result"
+[[ "$result" == "|10 tables 9 OK" ]]; verdict $? "03: --bench: 10 tables, #wrong 0 everywhere, busbw = algbw x factor, algbw = size / time" "$result"
 for line in "all_reduce 64 16" "all_gather 64 4" "reduce_scatter 64 4" "all_to_all 64 4" "gather 512 32" "broadcast 512 128"; do
     set -- $line
     awk -v c="$1" -v s="$2" -v k="$3" '/^# [a-z_]+: (S = |no data)/ { n = $2; sub(/:$/, "", n) }
         n == c && $1 == s && $2 == k { found = 1 } END { exit !found }' "$TMP/bench"
     verdict $? "03: $1 counts as nccl-tests does: size $2 B has count $3" "no such row"
 done
+# all_to_all_v, 4 ranks, count 4: rank r sends 2k/3 x 4 to rank r+k, rounded
+# down, 0 + 2 + 5 + 8 = 15 elements, 60 B; busbw = algbw (every byte leaves).
+awk '/^# [a-z_]+: (S = |no data)/ { n = $2; sub(/:$/, "", n) }
+     n == "all_to_all_v" && $1 == 60 && $2 == 4 && $7 == $8 { found = 1 } END { exit !found }' "$TMP/bench"
+verdict $? "03: all_to_all_v's uneven counts: size 64 B gives count 4, 0 + 2 + 5 + 8 = 15 floats sent (60 B), busbw = algbw" "no such row"
 expect_output "03: --bench preamble states the method" "$TMP/bench" '^# method: per size, [0-9]+ warm-up ops, a barrier, then a host timer'
 expect_output "03: --bench footer: average bus bandwidth" "$TMP/bench" '^# Avg bus bandwidth +: [0-9.e+-]+$'
 [[ $(head -n 1 "$csv_dir/all_reduce.csv" 2>/dev/null) == "size_bytes,count,type,redop,root,time_us,algbw_GBps,busbw_GBps,wrong" ]] &&
@@ -128,6 +141,7 @@ corrupt_case() {
 }
 corrupt_case "all_reduce" "2 2 2 " --collective all_reduce
 corrupt_case "all_to_all" "2 2 2 " --collective all_to_all
+corrupt_case "all_to_all_v" "2 2 2 " --collective all_to_all_v
 
 # Other types, reductions, roots and world sizes: still exact.
 bench_case() {
@@ -150,7 +164,7 @@ bench_case "-d int64 -o band -r 1, 3 ranks" -d int64 -o band -r 1 --nprocs 3 --c
 if has_gpu; then
     run_capture 120 "$TMP/gpu" "$bin" --device cuda --nprocs 4 --bench -b 8 -e 1M -f 8 -n 5 -w 1; status=$?
     result=$(check_table "$TMP/gpu")
-    [[ $status -eq 0 && "$result" == "|9 tables 8 OK" ]]; verdict $? "03: --device cuda --bench: #wrong 0 everywhere" "status $status: $result"
+    [[ $status -eq 0 && "$result" == "|10 tables 9 OK" ]]; verdict $? "03: --device cuda --bench: #wrong 0 everywhere" "status $status: $result"
     # Every type and reduction, 2 and 4 ranks: each on its own GPU with nccl
     # (the emulated GPU has 8), or sharing one with the cpu backend, staged.
     for n in 2 4; do
@@ -159,12 +173,32 @@ if has_gpu; then
         result=$(check_table "$TMP/gpu_all$n")
         backend=$(head -n 1 "$TMP/gpu_all$n" | field - '\| backend: ([a-z]*)')
         rows=$(grep -cE '^ +[0-9]+ +[0-9]+ ' "$TMP/gpu_all$n")
-        [[ $status -eq 0 && "$result" == "|9 tables 8 OK" && $rows -eq 502 ]]
+        [[ $status -eq 0 && "$result" == "|10 tables 9 OK" && $rows -eq 523 ]]
         verdict $? "03: --device cuda --bench -d all -o all, $n ranks ($backend): $rows rows, #wrong 0 everywhere" "status $status, $rows rows: $result"
     done
+    # Planted (tests/lib.sh, plant; a copy for the emulated GPU): the nccl
+    # backend's all_to_all_v places the blocks it receives by the send
+    # counts. Where every rank sends what it receives (all_to_all) nothing
+    # shows; with the benchmark's uneven counts the small sizes must give
+    # #wrong > 0, and the largest runs past the end of the receive buffer,
+    # which the emulated GPU stops.
+    if is_emu && [[ $(gpu_count) -ge 3 ]]; then
+        planted=$(PLANT_CUDA=emu plant nccl_v_displacement common/pg_nccl.h 'recv_at += recv_counts[p];' \
+            'recv_at += send_counts[p];' 03_collectives 03_collectives)
+        status=none
+        [[ -n $planted ]] && { run_capture 120 "$TMP/planted_nccl" "$planted" --device cuda --backend nccl --nprocs 3 \
+            --bench -b 1K -e 64K -f 8 -c 1 -n 1 -w 0 --collective all_to_all_v; status=$?; }
+        wrong=$(awk 'NF == 9 && $1 ~ /^[0-9]+$/ && $9 != 0' "$TMP/planted_nccl" 2>/dev/null | wc -l)
+        [[ -n $planted && $status -ne 0 && $wrong -ge 1 ]]
+        verdict $? "03 planted: nccl's all_to_all_v receive displacements from the send counts fail ($wrong rows with #wrong > 0, exit $status)" \
+            "$(planted_why nccl_v_displacement)$(grep -E 'Out of bounds|error' "$TMP/planted_nccl" 2>/dev/null | head -n 2 | tr '\n' '|')"
+    else
+        skip "03 planted: nccl's all_to_all_v receive displacements from the send counts" "needs the emulated GPU (make CUDA=emu)"
+    fi
 else
     skip "03: --device cuda --bench: #wrong 0 everywhere" "no GPU on this machine"
     skip "03: --device cuda --bench -d all -o all, 2 and 4 ranks" "no GPU on this machine"
+    skip "03 planted: nccl's all_to_all_v receive displacements from the send counts" "no GPU on this machine"
 fi
 
 # --- bad input: one line naming the flag, exit status 2

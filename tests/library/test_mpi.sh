@@ -66,9 +66,9 @@ for n in 2 4; do
     rows=$(awk 'NF == 9 && $1 ~ /^[0-9]+$/' "$TMP/bench$n" | wc -l)
     wrong=$(awk 'NF == 9 && $1 ~ /^[0-9]+$/ && $9 != 0 && $9 != "N/A"' "$TMP/bench$n" | wc -l)
     ok=$(grep -c "^# Out of bounds values : 0 OK" "$TMP/bench$n")   # one per collective but the barrier
-    [[ $status -eq 0 && $rows -ge 90 && $wrong -eq 0 && $ok -eq 8 ]]
+    [[ $status -eq 0 && $rows -ge 90 && $wrong -eq 0 && $ok -eq 9 ]]
     verdict $? "mpi: 03 --bench -b 8 -e 64M -f 4 -c 1 with $n ranks: $rows rows, #wrong 0" \
-        "status $status, $rows rows, $wrong with #wrong > 0, $ok of 8 collectives OK: $(tail -n 3 "$TMP/bench$n" | tr '\n' '|')"
+        "status $status, $rows rows, $wrong with #wrong > 0, $ok of 9 collectives OK: $(tail -n 3 "$TMP/bench$n" | tr '\n' '|')"
 
     # 05: the same losses, epoch by epoch, as the cpu backend under ddprun.
     args=(--device cpu --epochs 3 --samples 4000)
@@ -98,9 +98,19 @@ for n in 2 4; do
     run_capture 300 "$TMP/coll$n" "${mpi[@]}" $n "$ROOT/tests/unit/test_collectives" --backend mpi --device cpu --big=false \
         --label "mpi: "; status=$?
     passed=$(grep -c '^PASS mpi: ' "$TMP/coll$n"); failed=$(grep '^FAIL ' "$TMP/coll$n" | head -n 2 | tr '\n' '|')
-    [[ $status -eq 0 && $passed -eq 11 && -z "$failed" ]]
-    verdict $? "mpi: every collective x dtype x op with $n ranks, against the references the cpu backend meets ($passed collectives)" "status $status, $passed of 11 passed: ${failed:-$(tail -n 2 "$TMP/coll$n" | tr '\n' '|')}"
+    [[ $status -eq 0 && $passed -eq 12 && -z "$failed" ]]
+    verdict $? "mpi: every collective x dtype x op with $n ranks, against the references the cpu backend meets ($passed collectives)" "status $status, $passed of 12 passed: ${failed:-$(tail -n 2 "$TMP/coll$n" | tr '\n' '|')}"
 done
+# Planted (tests/lib.sh, plant): MPI_Alltoallv's displacements one peer off
+# (each block placed after its own count, not before it): the uneven counts
+# of all_to_all_v above must fail.
+planted=$(plant mpi_displacements common/pg_mpi.h $'        displs[p] = (int)at;\n        at += counts[p];' \
+    $'        at += counts[p];\n        displs[p] = (int)at;' tests unit/test_collectives)
+[[ -n $planted ]] && run_capture 120 "$TMP/planted_mpi" "${mpi[@]}" 3 "$planted" --backend mpi --device cpu --only all_to_all_v \
+    --label "planted: "
+[[ -n $planted ]] && grep -q '^FAIL planted: all_to_all_v n=3: ' "$TMP/planted_mpi"
+verdict $? "mpi planted: MPI_Alltoallv displacements one peer off fail all_to_all_v ($(grep -m1 '^FAIL' "$TMP/planted_mpi" 2>/dev/null | cut -c1-120))" \
+    "$(planted_why mpi_displacements)the planted copy passed: $(grep -E '^(PASS|FAIL)|error' "$TMP/planted_mpi" 2>/dev/null | head -n 3 | tr '\n' '|')"
 
 # auto under mpirun picks mpi.
 run_capture 60 "$TMP/auto" "${mpi[@]}" 2 "$p05" --device cpu --epochs 1 --samples 1000

@@ -17,6 +17,16 @@
 // blocks are uneven) runs for f32 SUM in every collective, plus u8 MAX and
 // bf16 AVG all-reduce, to keep the file within a couple of minutes on 2 cores.
 //
+// all_to_all_v: counts per peer from a few patterns, uneven, with zeros (a
+// rank that sends nothing to some peer, one that sends nothing at all, one
+// that receives nothing at all, a job where nobody sends anything), small
+// and above the ring's segments, against the blocks computed on the host;
+// a rank with nothing to send or receive passes NULL there. Equal counts
+// would hide a displacement taken from the wrong peer: these do not.
+// --only all_to_all_v runs just those (the nccl backend on several GPUs,
+// the planted bugs); --mismatch makes rank 0 send 5 elements to rank 1,
+// which expects 4, for the checks of the error that names it.
+//
 // Then ddp_average_gradients (common/ddp.h): with buckets of a few bytes,
 // for counts that fill the buckets exactly and that straddle their ends,
 // against one plain all-reduce (AVG) of the whole buffer and against the
@@ -36,17 +46,17 @@
 #include "test.h"
 
 enum { C_BROADCAST, C_REDUCE, C_ALL_REDUCE, C_GATHER, C_ALL_GATHER, C_SCATTER,
-       C_REDUCE_SCATTER, C_ALL_TO_ALL, C_BARRIER, C_IDENTICAL, C_DDP, C_COUNT };
+       C_REDUCE_SCATTER, C_ALL_TO_ALL, C_ALL_TO_ALL_V, C_BARRIER, C_IDENTICAL, C_DDP, C_COUNT };
 static const char *coll_names[C_COUNT] = {"broadcast", "reduce", "all_reduce", "gather",
                                           "all_gather", "scatter", "reduce_scatter",
-                                          "all_to_all", "barrier", "identical bits",
+                                          "all_to_all", "all_to_all_v", "barrier", "identical bits",
                                           "ddp_average_gradients buckets"};
 
 #define BIG_COUNT 1048577
 
 typedef struct {
-    const char *backend, *device, *label;
-    bool big;
+    const char *backend, *device, *label, *only;
+    bool big, mismatch;
 } options;
 
 typedef struct {
@@ -297,6 +307,121 @@ static void check_all_to_all(ctx_t *c, dtype_t t, size_t count, bool inplace) {
     free(want);
 }
 
+// ---------------------------------------------------------------- all_to_all_v
+
+// How many elements rank a sends to rank b in each pattern of counts.
+enum { V_UNEVEN, V_SILENT_ENDS, V_LARGE, V_NOTHING, V_PATTERNS };
+static const char *v_pattern_names[V_PATTERNS] = {
+    "uneven, some pairs 0", "rank 0 sends nothing, the last rank receives nothing",
+    "large (up to 80044 per peer), some pairs 0", "nobody sends anything"};
+
+static size_t v_count(int pattern, int a, int b, int n) {
+    switch (pattern) {
+    case V_UNEVEN: return (size_t)((a * 3 + b * 5 + 1) % 4);
+    case V_SILENT_ENDS: return a == 0 || b == n - 1 ? 0 : (size_t)(1 + (a + 2 * b) % 3);
+    case V_LARGE: return (size_t)((a * 7 + b * 3) % 5) * 20011;
+    default: return 0;
+    }
+}
+
+// Element k of the block rank a sends to rank b: exact in every dtype, and
+// different from its neighbours and from the other blocks' first elements.
+static double v_value(int a, int b, size_t k) { return (double)(((size_t)a * 37 + (size_t)b * 11 + k) % 251); }
+
+// Room after each buffer, one peer's largest count: a block placed a peer
+// off lands there (and shows as wrong bytes or a changed guard) instead of
+// corrupting the heap.
+#define V_GUARD (4 * 20011)
+
+static void check_all_to_all_v(ctx_t *c, dtype_t t, int pattern) {
+    int n = c->world, me = c->rank;
+    size_t es = dtype_size(t), *send_counts = xcalloc((size_t)n, sizeof(size_t));
+    size_t *recv_counts = xcalloc((size_t)n, sizeof(size_t)), sends = 0, receives = 0;
+    for (int p = 0; p < n; p++) {
+        send_counts[p] = v_count(pattern, me, p, n);
+        recv_counts[p] = v_count(pattern, p, me, n);
+        sends += send_counts[p];
+        receives += recv_counts[p];
+    }
+    // send: our blocks for ranks 0, 1, ... packed; want: the blocks of ranks 0, 1, ... to us.
+    char *in = xcalloc(1, sends * es + 1), *want = xcalloc(1, receives * es + 1);
+    size_t at = 0;
+    for (int p = 0; p < n; p++)
+        for (size_t k = 0; k < send_counts[p]; k++) put(in, t, at++, v_value(me, p, k));
+    at = 0;
+    for (int p = 0; p < n; p++)
+        for (size_t k = 0; k < recv_counts[p]; k++) put(want, t, at++, v_value(p, me, k));
+    size_t room = (receives + V_GUARD) * es;   // the receive buffer starts as 0xee, no element's value
+    char *poison = xmalloc(room);
+    memset(poison, 0xee, room);
+    void *send = NULL, *recv = NULL;
+    if (sends) {
+        send = dev_alloc(c, (sends + V_GUARD) * es);
+        device_from_host(c->dev, send, in, sends * es);
+    }
+    if (receives) {
+        recv = dev_alloc(c, room);
+        device_from_host(c->dev, recv, poison, room);
+    }
+    pg_all_to_all_v(c->pg, send, send_counts, recv, recv_counts, t);
+    char what[160];
+    snprintf(what, sizeof what, "%s, %s: rank %d sends %zu, receives %zu", dtype_name(t),
+             v_pattern_names[pattern], me, sends, receives);
+    if (recv) {
+        char *got = xcalloc(1, room);
+        device_to_host(c->dev, got, recv, room);
+        size_t bad = 0;
+        while (bad < receives * es && got[bad] == want[bad]) bad++;
+        // Which peer's block the first wrong byte is in.
+        int from = 0;
+        for (size_t end = recv_counts[0] * es; from < n - 1 && end <= bad; end += recv_counts[from] * es) from++;
+        record(c, C_ALL_TO_ALL_V, bad == receives * es, "%s: byte %zu (in the block from rank %d) is wrong", what,
+               bad, from);
+        record(c, C_ALL_TO_ALL_V, memcmp(got + receives * es, poison, V_GUARD * es) == 0,
+               "%s: bytes were written past the end of the receive buffer", what);
+        free(got);
+    } else {
+        record(c, C_ALL_TO_ALL_V, true, "%s", what);
+    }
+    if (send) record(c, C_ALL_TO_ALL_V, same(c, send, in, sends * es), "input changed: %s", what);
+    if (send) device_free(c->dev, send);
+    if (recv) device_free(c->dev, recv);
+    free(in);
+    free(want);
+    free(poison);
+    free(send_counts);
+    free(recv_counts);
+}
+
+static void run_all_to_all_v(ctx_t *c) {
+    // Moving data looks at the size of an element only (see run_movers).
+    for (int t = DTYPE_F32; t <= DTYPE_BF16; t++) {
+        check_all_to_all_v(c, t, V_UNEVEN);
+        check_all_to_all_v(c, t, V_SILENT_ENDS);
+    }
+    check_all_to_all_v(c, DTYPE_F32, V_LARGE);
+    check_all_to_all_v(c, DTYPE_U8, V_LARGE);
+    check_all_to_all_v(c, DTYPE_F32, V_NOTHING);
+}
+
+// The planted mismatch (--mismatch): every rank sends 2 elements to every
+// rank, except that rank 0 sends 5 to rank 1, which expects 4 from it.
+static void all_to_all_v_mismatch(ctx_t *c) {
+    int n = c->world;
+    size_t *send_counts = xcalloc((size_t)n, sizeof(size_t)), *recv_counts = xcalloc((size_t)n, sizeof(size_t));
+    for (int p = 0; p < n; p++) send_counts[p] = recv_counts[p] = 2;
+    if (c->rank == 0) send_counts[1] = 5;
+    if (c->rank == 1) recv_counts[0] = 4;
+    float *send = dev_alloc(c, 2 * (size_t)n * sizeof(float) + 3 * sizeof(float));
+    float *recv = dev_alloc(c, 2 * (size_t)n * sizeof(float) + 2 * sizeof(float));
+    pg_all_to_all_v(c->pg, send, send_counts, recv, recv_counts, DTYPE_F32);
+    printf("# rank %d: all_to_all_v with mismatched counts returned without an error\n", c->rank);
+    device_free(c->dev, send);
+    device_free(c->dev, recv);
+    free(send_counts);
+    free(recv_counts);
+}
+
 // Nobody may leave the barrier before everybody has entered it.
 static void check_barrier(ctx_t *c, int round) {
     char key[64];
@@ -466,6 +591,7 @@ static void report(ctx_t *c, const options *o) {
     store_barrier(st, "test/report", c->rank, c->world, 0);
     if (c->rank != 0) return;
     for (int k = 0; k < C_COUNT; k++) {
+        if (strcmp(o->only, "all") && strcmp(o->only, coll_names[k])) continue;
         char name[128], why[200] = "";
         snprintf(name, sizeof name, "%s%s n=%d", o->label, coll_names[k], c->world);
         snprintf(key, sizeof key, "test/fail/%d", k);
@@ -487,8 +613,20 @@ static int worker(int rank, int world, void *arg) {
     dist_init(&d, &how);
     ctx_t c = {.pg = d.pg, .dev = &d.device, .rdzv = &d.rdzv, .rank = d.rank, .world = d.world_size};
     if (c.rank == 0) printf("# world %d: %s\n", c.world, pg_describe(c.pg));
+    if (o->mismatch) {
+        all_to_all_v_mismatch(&c);
+        dist_finish(&d);
+        return 0;
+    }
+    if (!strcmp(o->only, "all_to_all_v")) {
+        run_all_to_all_v(&c);
+        report(&c, o);
+        dist_finish(&d);
+        return c.failures[C_ALL_TO_ALL_V] ? 1 : 0;
+    }
     run_reductions(&c, o);
     run_movers(&c, o);
+    run_all_to_all_v(&c);
     for (int round = 0; round < 3; round++) check_barrier(&c, round);
     check_identical(&c, DTYPE_F32, OP_SUM, 1000);
     check_identical(&c, DTYPE_F32, OP_AVG, 70001);
@@ -504,7 +642,7 @@ static int worker(int rank, int world, void *arg) {
 }
 
 int main(int argc, char **argv) {
-    options o = {"cpu", "cpu", "", true};
+    options o = {"cpu", "cpu", "", "all", true, false};
     const char *worlds = "1,2,3,4,5", *tag = "";
     flag_set set = {.program = "test_collectives", .summary = "checks every collective of pg.h"};
     flag_string(&set, "worlds", &worlds, "world sizes to run, comma-separated");
@@ -512,6 +650,9 @@ int main(int argc, char **argv) {
     flag_choice(&set, "device", &o.device, "auto|cpu|cuda", "where the buffers live");
     flag_bool(&set, "big", &o.big, "include the 1048577-element cases");
     flag_string(&set, "label", &o.label, "prefix for the test names");
+    flag_choice(&set, "only", &o.only, "all|all_to_all_v", "run only the checks of this collective");
+    flag_bool(&set, "mismatch", &o.mismatch, "a planted bug: rank 0 sends 5 elements to rank 1 in an "
+              "all_to_all_v, which expects 4 (try COURSE_DEBUG=DETAIL)");
     flag_string(&set, "tag", &tag, "ignored; marks this run's processes for the leftover check");
     flags_parse(&set, argc, argv);
     // Started by mpirun (--backend mpi): this process is one rank of one job.
@@ -521,7 +662,9 @@ int main(int argc, char **argv) {
         int world = atoi(w);
         if (world < 1 || world > 64) die("--worlds: '%s' is not a list of sizes 1..64", worlds);
         int rc = spawn(world, worker, &o);
-        if (rc != 0) {
+        if (rc != 0 && o.mismatch) {
+            printf("# world %d: the job stopped (status %d), as the planted mismatch should make it\n", world, rc);
+        } else if (rc != 0) {
             printf("FAIL %scollectives n=%d: the job failed (status %d); see the errors above\n",
                    o.label, world, rc);
             status = 1;
