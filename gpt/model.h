@@ -388,7 +388,8 @@ static inline void model_use_powersgd(model_t *m, int rank) {
     powersgd_tensor *t = xmalloc(sizeof *t * (size_t)h->num_tensors);
     for (int i = 0; i < h->num_tensors; i++) {
         const gpt_tensor *g = &h->tensors[i];
-        t[i] = (powersgd_tensor){g->offset, g->ndim == 2 ? g->shape[0] : (int)g->count, g->ndim == 2 ? g->shape[1] : 1};
+        bool matrix = g->ndim == 2 && g->count; // count 0: a tensor a pipeline stage does not hold (chapter 11)
+        t[i] = (powersgd_tensor){g->offset, matrix ? g->shape[0] : (int)g->count, matrix ? g->shape[1] : 1};
     }
     const char *rate = getenv("COURSE_POWERSGD_MIN_RATE");
     m->grad_compress = DDP_COMPRESS_POWERSGD;
