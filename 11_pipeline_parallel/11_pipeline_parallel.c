@@ -97,13 +97,13 @@ static void pipe_forward(pipeline_t *p, model_t *m, trainer_t *tr, int i) {
 
 // Its backward pass, for the mean over the micro-batches (08's
 // --grad_accum), from the loss on the last stage and from the gradient
-// the next stage sent on the others; on the last one, a GPU starts
-// averaging each bucket over the stage's replicas as soon as it is
-// computed, as in 08. Then its slot is free again.
+// the next stage sent on the others. Then its slot is free again. (No
+// process group: a stage's gradients are averaged once the pipeline has
+// drained, not bucket by bucket during the backward pass as in 08.)
 static void pipe_backward(pipeline_t *p, model_t *m, int i) {
     model_use_slot(m, p->slot_of[i]);
     double start = pipe_clock(p);
-    model_backward(m, 1.0f / (float)p->micro_batches, i == p->micro_batches - 1 ? p->dp : NULL);
+    model_backward(m, 1.0f / (float)p->micro_batches, NULL);
     model_wait(m);
     pipe_record(p, 'B', i, start);
     p->slot_busy[p->slot_of[i]] = false;

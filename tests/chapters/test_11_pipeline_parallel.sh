@@ -1,7 +1,8 @@
 # Chapter 11, pipeline parallelism: S stages x M micro-batches under GPipe
 # and 1F1B train the same model as chapter 08 with --grad_accum M in one
 # process; the schedules run in their order and hold the activations they
-# should; snapshots go both ways between 08 and 11; a killed stage resumes.
+# should; 08's flags work on a pipeline or are refused with the reason;
+# snapshots go both ways between 08 and 11; a killed stage resumes.
 # Two planted bugs (tests/lib.sh, plant) show that the checks see what they
 # are for.
 source "$(dirname "$0")/../lib.sh"
@@ -92,6 +93,27 @@ run_capture 120 "$TMP/dp" "$prog" "${common[@]}" --batch_size 2 --grad_accum 2 -
 a=$(field "$TMP/one_dp" "$l2"); b=$(field "$TMP/dp" "$l2")
 [[ $status -eq 0 && -n "$a" ]] && rel_near "$a" "$b" 1e-6 && grep -q '^mesh: pp 2 x dp 2' "$TMP/dp"
 verdict $? "11: 2 pipelines x 2 stages (dp x pp, 4 ranks) equal one process (l2 $b vs $a)" "status $status, l2 '$b' vs '$a'"
+
+# 08's flags on that layout: --num_workers 1 makes the micro-batches in a
+# thread, in the same order (0 .. M-1 on every stage, both schedules): the
+# same bytes. --grad_compress bf16 averages each stage over its replicas
+# through 08's hook, in half the bytes, and says so. --precision fp16 is
+# refused in one line, with the reason.
+run_capture 120 "$TMP/workers" "$prog" "${common[@]}" --batch_size 2 --grad_accum 2 --pp 2 --nprocs 4 --num_workers 1 \
+    --out_dir "$TMP/workers.d"; status=$?
+a=$(field "$TMP/dp" "$sum"); b=$(field "$TMP/workers" "$sum")
+[[ $status -eq 0 && -n "$a" && "$a" == "$b" ]]
+verdict $? "11: --num_workers 1 ends with the bytes of --num_workers 0 ($b)" "status $status, checksum '$b' vs '$a'"
+run_capture 120 "$TMP/bf16wire" "$prog" "${common[@]}" --batch_size 2 --grad_accum 2 --pp 2 --nprocs 4 --grad_compress bf16 \
+    --out_dir "$TMP/bf16wire.d"; status=$?
+a=$(field "$TMP/dp" "$l2"); b=$(field "$TMP/bf16wire" "$l2")
+[[ $status -eq 0 && -n "$a" ]] && rel_near "$a" "$b" 1e-4 &&
+    grep -Eq '^gradients all-reduced: [0-9]+ bytes per step per rank \(bf16\)' "$TMP/bf16wire"
+verdict $? "11: --grad_compress bf16 averages the stages' replicas in bf16 (l2 $b vs $a in fp32)" \
+    "status $status, l2 '$b' vs '$a': $(grep -m1 -E 'error|gradients all-reduced' "$TMP/bf16wire")"
+run_capture 30 "$TMP/fp16" "$prog" "${common[@]}" --device auto --precision fp16 --pp 2; status=$?
+[[ $status -eq 2 ]] && grep -q "error: --precision fp16: the GPU model keeps fp16's loss scale in chapter 08's whole-model step only" "$TMP/fp16"
+verdict $? "11: --precision fp16 is refused in one line, with the reason, exit 2" "status $status: $(grep -m1 error "$TMP/fp16")"
 
 # ---------------------------------------------------------------- the schedules, as measured
 # The order of forward (F) and backward (B) passes each stage ran, from the
