@@ -24,4 +24,4 @@
 set -u
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 exec "$HERE/../08_gpt_wikitext/rehearsal.sh" --program "$HERE/11_pipeline_parallel" --nproc0 4 --nproc1 4 \
-    --replicas 2 --worker_args "--pp 2 --tp 2 --micro_batches 2" --reference_args "--grad_accum 2" --epochs 2 "$@"
+    --replicas 2 --worker_args "--pp 2 --tp 2 --grad_accum 2" --reference_args "--grad_accum 2" --epochs 2 "$@"

@@ -42,7 +42,7 @@ for M in 1 2 4 8; do
     for schedule in gpipe 1f1b; do
         out=$work/run.$M.$schedule
         "$prog" --data_dir "$work/corpus" --verify_data=false --vocab_size 300 --n_layer 4 --n_embd 128 --n_head 4 \
-            --block_size 64 --batch_size 8 --pp "$stages" --micro_batches "$M" --schedule "$schedule" \
+            --block_size 64 --batch_size 8 --pp "$stages" --grad_accum "$M" --schedule "$schedule" \
             --max_steps "$steps" --num_samples 0 --device cpu --out_dir "$work/out" >"$out" 2>&1 ||
             { echo "bench/11_bubble.sh: the run failed:"; tail -n 5 "$out"; exit 1; }
         line=$(grep '^bubble: ' "$out")

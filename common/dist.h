@@ -76,7 +76,7 @@ static inline void dist_all_reduce_host(dist_t *d, double *values, int count, re
 
 // Broadcast a few host values from root (e.g. where a snapshot left off).
 static inline void dist_broadcast_host(dist_t *d, void *values, size_t count, dtype_t t, int root) {
-    if (d->world_size == 1) return;
+    if (d->world_size == 1 || count == 0) return; // (count 0: gcc saw the staging buffer read unwritten)
     size_t bytes = dtype_size(t) * count;
     void *on_device = device_alloc(&d->device, bytes);
     device_from_host(&d->device, on_device, values, bytes);

@@ -98,6 +98,7 @@ struct model {
     int loss_count;
     struct gpt_cuda *gpu;   // GPU runs: the model on the device
     pg_t *averaging;        // GPU runs, during backward: the group the buckets are averaged over
+    bool overlapped;        // GPU runs: the last backward started averaging its buckets
     ddp_compress_t grad_compress; // how the buckets travel (ddp.h); NONE unless the chapter sets it
     powersgd_t *powersgd;   // DDP_COMPRESS_POWERSGD: its state (model_use_powersgd)
     double square_sum;      // CPU: a pipeline stage's sum of squared gradients
@@ -142,6 +143,8 @@ static inline void model_zero_grad(model_t *m) { m->ops->zero_grad(m); }
 static inline void model_backward(model_t *m, float grad_scale, pg_t *pg) { m->ops->backward(m, grad_scale, pg); }
 
 // Every rank ends with the mean of all ranks' gradients (ddp.h, rule 2).
+// On a GPU, the buckets the last backward pass started are waited for; if
+// it started none (a pipeline stage's: chapter 11), they are averaged now.
 static inline void model_average_gradients(model_t *m, pg_t *pg) { m->ops->average_gradients(m, pg); }
 
 // On a GPU only queued: the norm stays on the device (gpt_cuda_grad_norm reads it).
@@ -388,7 +391,8 @@ static inline void model_use_powersgd(model_t *m, int rank) {
     powersgd_tensor *t = xmalloc(sizeof *t * (size_t)h->num_tensors);
     for (int i = 0; i < h->num_tensors; i++) {
         const gpt_tensor *g = &h->tensors[i];
-        t[i] = (powersgd_tensor){g->offset, g->ndim == 2 ? g->shape[0] : (int)g->count, g->ndim == 2 ? g->shape[1] : 1};
+        bool matrix = g->ndim == 2 && g->count; // count 0: a tensor a pipeline stage does not hold (chapter 11)
+        t[i] = (powersgd_tensor){g->offset, matrix ? g->shape[0] : (int)g->count, matrix ? g->shape[1] : 1};
     }
     const char *rate = getenv("COURSE_POWERSGD_MIN_RATE");
     m->grad_compress = DDP_COMPRESS_POWERSGD;
@@ -506,6 +510,7 @@ static inline void model_gpu_backward(model_t *m, float grad_scale, pg_t *pg) {
     m->averaging = pg;
     gpt_cuda_backward(m->gpu, grad_scale, overlap ? model_bucket_ready : NULL, m);
     m->averaging = NULL;
+    m->overlapped = overlap;
 }
 
 static inline void model_gpu_average_gradients(model_t *m, pg_t *pg) {
@@ -513,6 +518,11 @@ static inline void model_gpu_average_gradients(model_t *m, pg_t *pg) {
         gpt_cuda_get_grads(m->gpu, m->host.grads);
         powersgd_average(m->powersgd, pg, m->host.grads);
         gpt_cuda_set_grads(m->gpu, m->host.grads);
+        return;
+    }
+    if (!m->overlapped && pg && pg_world_size(pg) > 1) { // no bucket started (see model_average_gradients)
+        m->ops->wait(m);
+        ddp_average_gradients_with(pg, gpt_cuda_grads_device(m->gpu), m->host.num_params, m->grad_compress);
         return;
     }
     ddp_finish_gradients(pg, gpt_cuda_grads_device(m->gpu));

@@ -123,8 +123,8 @@ for schedule in gpipe 1f1b; do
         skipped+=("11_timeline_$schedule: WikiText-2 is not here (WIKITEXT_DIR, ../shared/data/wikitext-2, data/wikitext-2); make data downloads it")
         continue
     elif [[ ! -s $csv11 ]]; then
-        echo "plots: measuring 11_pipeline_parallel (--schedule $schedule --pp 4 --micro_batches 8 --preset tiny --max_steps 20)"
-        11_pipeline_parallel/11_pipeline_parallel --schedule "$schedule" --pp 4 --micro_batches 8 --preset tiny \
+        echo "plots: measuring 11_pipeline_parallel (--schedule $schedule --pp 4 --grad_accum 8 --preset tiny --max_steps 20)"
+        11_pipeline_parallel/11_pipeline_parallel --schedule "$schedule" --pp 4 --grad_accum 8 --preset tiny \
             --max_steps 20 --num_samples 0 >"$runs/plots/11_pipeline_parallel.$schedule.log" 2>&1 ||
             failed+=("11 run (see $runs/plots/11_pipeline_parallel.$schedule.log)")
     fi

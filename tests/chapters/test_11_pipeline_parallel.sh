@@ -1,7 +1,8 @@
 # Chapter 11, pipeline parallelism: S stages x M micro-batches under GPipe
 # and 1F1B train the same model as chapter 08 with --grad_accum M in one
 # process; the schedules run in their order and hold the activations they
-# should; snapshots go both ways between 08 and 11; a killed stage resumes.
+# should; 08's flags work on a pipeline or are refused with the reason;
+# snapshots go both ways between 08 and 11; a killed stage resumes.
 # Two planted bugs (tests/lib.sh, plant) show that the checks see what they
 # are for.
 source "$(dirname "$0")/../lib.sh"
@@ -35,7 +36,7 @@ else
     run_capture 300 "$TMP/g08" "$p08" "${gpu[@]}" --precision fp32 --grad_accum 4 --out_dir "$TMP/g08.d"
     for case in "2 gpipe" "4 1f1b"; do
         set -- $case
-        run_capture 300 "$TMP/g$1" "$prog" "${gpu[@]}" --precision fp32 --pp $1 --schedule $2 --micro_batches 4 \
+        run_capture 300 "$TMP/g$1" "$prog" "${gpu[@]}" --precision fp32 --pp $1 --schedule $2 --grad_accum 4 \
             --out_dir "$TMP/g$1.d"; status=$?
         a=$(field "$TMP/g08" "$l2"); b=$(field "$TMP/g$1" "$l2"); va=$(field "$TMP/g08" "$valid"); vb=$(field "$TMP/g$1" "$valid")
         [[ $status -eq 0 && -n "$a" ]] && rel_near "$a" "$b" 1e-5 && near "$va" "$vb" 1.5e-4
@@ -44,7 +45,7 @@ else
     done
     # bf16: activations and their gradients travel in bf16; within 2e-2.
     run_capture 300 "$TMP/h08" "$p08" "${gpu[@]}" --precision bf16 --grad_accum 4 --out_dir "$TMP/h08.d"
-    run_capture 300 "$TMP/h11" "$prog" "${gpu[@]}" --precision bf16 --pp 2 --micro_batches 4 --out_dir "$TMP/h11.d"; status=$?
+    run_capture 300 "$TMP/h11" "$prog" "${gpu[@]}" --precision bf16 --pp 2 --grad_accum 4 --out_dir "$TMP/h11.d"; status=$?
     a=$(field "$TMP/h08" "$l2"); b=$(field "$TMP/h11" "$l2"); va=$(field "$TMP/h08" "$valid"); vb=$(field "$TMP/h11" "$valid")
     [[ $status -eq 0 && -n "$a" ]] && rel_near "$a" "$b" 2e-2 && rel_near "$va" "$vb" 2e-2 && grep -q ', bf16 (' "$TMP/h11"
     verdict $? "11 gpu: 2 stages in bf16 equal one GPU within 2e-2 (l2 $b vs $a)" "status $status, l2 '$b' vs '$a', validation $vb vs $va"
@@ -63,7 +64,7 @@ for M in 1 4; do
     for S in 2 4; do
         for schedule in gpipe 1f1b; do
             out=$TMP/pp$S.m$M.$schedule
-            run_capture 120 "$out" "$prog" "${common[@]}" --pp $S --micro_batches $M --schedule $schedule \
+            run_capture 120 "$out" "$prog" "${common[@]}" --pp $S --grad_accum $M --schedule $schedule \
                 --out_dir "$out.d"; status=$?
             got=$(field "$out" "$l2") got_valid=$(field "$out" "$valid")
             [[ $status -eq 0 && -n "$want" && "$got_valid" == "$want_valid" ]] && rel_near "$got" "$want" 1e-6
@@ -78,7 +79,7 @@ done
 # embedding's, or the LM head's); only the comparison with one process sees it.
 planted=$(plant tie_skipped 11_pipeline_parallel/11_pipeline_parallel.c 'if (p->tie) model_all_reduce_grads' \
     'if (0 && p->tie) model_all_reduce_grads' 11_pipeline_parallel 11_pipeline_parallel)
-[[ -n $planted ]] && run_capture 120 "$TMP/planted_tie" "$planted" "${common[@]}" --pp 2 --micro_batches 4 \
+[[ -n $planted ]] && run_capture 120 "$TMP/planted_tie" "$planted" "${common[@]}" --pp 2 --grad_accum 4 \
     --out_dir "$TMP/planted_tie.d" && got=$(field "$TMP/planted_tie" "$l2") && want=$(field "$TMP/one4" "$l2") &&
     [[ -n $got && -n $want ]] && ! rel_near "$got" "$want" 1e-6
 verdict $? "planted: without the tied embedding's all-reduce, 2 stages differ from one process (l2 $got vs $want)" \
@@ -87,11 +88,32 @@ verdict $? "planted: without the tied embedding's all-reduce, 2 stages differ fr
 # Data parallel x pipeline: 2 pipelines of 2 stages, 2 micro-batches of 2,
 # against one process with 2 micro-batches of 4.
 run_capture 120 "$TMP/one_dp" "$p08" "${common[@]}" --batch_size 4 --grad_accum 2 --out_dir "$TMP/one_dp.d"
-run_capture 120 "$TMP/dp" "$prog" "${common[@]}" --batch_size 2 --micro_batches 2 --pp 2 --nprocs 4 \
+run_capture 120 "$TMP/dp" "$prog" "${common[@]}" --batch_size 2 --grad_accum 2 --pp 2 --nprocs 4 \
     --out_dir "$TMP/dp.d"; status=$?
 a=$(field "$TMP/one_dp" "$l2"); b=$(field "$TMP/dp" "$l2")
 [[ $status -eq 0 && -n "$a" ]] && rel_near "$a" "$b" 1e-6 && grep -q '^mesh: pp 2 x dp 2' "$TMP/dp"
 verdict $? "11: 2 pipelines x 2 stages (dp x pp, 4 ranks) equal one process (l2 $b vs $a)" "status $status, l2 '$b' vs '$a'"
+
+# 08's flags on that layout: --num_workers 1 makes the micro-batches in a
+# thread, in the same order (0 .. M-1 on every stage, both schedules): the
+# same bytes. --grad_compress bf16 averages each stage over its replicas
+# through 08's hook, in half the bytes, and says so. --precision fp16 is
+# refused in one line, with the reason.
+run_capture 120 "$TMP/workers" "$prog" "${common[@]}" --batch_size 2 --grad_accum 2 --pp 2 --nprocs 4 --num_workers 1 \
+    --out_dir "$TMP/workers.d"; status=$?
+a=$(field "$TMP/dp" "$sum"); b=$(field "$TMP/workers" "$sum")
+[[ $status -eq 0 && -n "$a" && "$a" == "$b" ]]
+verdict $? "11: --num_workers 1 ends with the bytes of --num_workers 0 ($b)" "status $status, checksum '$b' vs '$a'"
+run_capture 120 "$TMP/bf16wire" "$prog" "${common[@]}" --batch_size 2 --grad_accum 2 --pp 2 --nprocs 4 --grad_compress bf16 \
+    --out_dir "$TMP/bf16wire.d"; status=$?
+a=$(field "$TMP/dp" "$l2"); b=$(field "$TMP/bf16wire" "$l2")
+[[ $status -eq 0 && -n "$a" ]] && rel_near "$a" "$b" 1e-4 &&
+    grep -Eq '^gradients all-reduced: [0-9]+ bytes per step per rank \(bf16\)' "$TMP/bf16wire"
+verdict $? "11: --grad_compress bf16 averages the stages' replicas in bf16 (l2 $b vs $a in fp32)" \
+    "status $status, l2 '$b' vs '$a': $(grep -m1 -E 'error|gradients all-reduced' "$TMP/bf16wire")"
+run_capture 30 "$TMP/fp16" "$prog" "${common[@]}" --device auto --precision fp16 --pp 2; status=$?
+[[ $status -eq 2 ]] && grep -q "error: --precision fp16: the GPU model keeps fp16's loss scale in chapter 08's whole-model step only" "$TMP/fp16"
+verdict $? "11: --precision fp16 is refused in one line, with the reason, exit 2" "status $status: $(grep -m1 error "$TMP/fp16")"
 
 # ---------------------------------------------------------------- the schedules, as measured
 # The order of forward (F) and backward (B) passes each stage ran, from the
@@ -127,7 +149,7 @@ done
 got="" held=""   # set by the planted run (none with PLANTED_BUGS=skip)
 planted=$(plant warmup_same 11_pipeline_parallel/11_pipeline_parallel.c 'int warmup = S - p->stage - 1 < M ? S - p->stage - 1 : M' \
     'int warmup = S - 1 < M ? S - 1 : M' 11_pipeline_parallel 11_pipeline_parallel)
-[[ -n $planted ]] && run_capture 120 "$TMP/planted_w" "$planted" "${common[@]}" --pp 4 --micro_batches 4 --schedule 1f1b \
+[[ -n $planted ]] && run_capture 120 "$TMP/planted_w" "$planted" "${common[@]}" --pp 4 --grad_accum 4 --schedule 1f1b \
     --out_dir "$TMP/planted_w.d" && got=$(order "$TMP/planted_w.d/timeline-1f1b.csv" 3) &&
     held=$(field --all "$TMP/planted_w" '^  stage ([0-3]): ([0-9]*) micro-batch' '\2' | paste -sd' ') &&
     [[ -n $got && $got != "${want_order[1f1b3]}" && -n $held && $held != "4 3 2 1" ]]
@@ -152,7 +174,7 @@ small=(--data_dir "$TMP/small" --verify_data=false --preset tiny --n_layer 4 --v
 run_capture 120 "$TMP/s08" "$p08" "${small[@]}" --grad_accum 4 --epochs 2 --out_dir "$TMP/s08.d"
 steps=$(field "$TMP/s08" 'validation after step ([0-9]*) \(epoch 1\)')
 COURSE_FAIL_RANK=1 COURSE_FAIL_STEP=$(( ${steps:-10} + 2 )) run_capture 120 "$TMP/s11" "$prog" "${small[@]}" \
-    --micro_batches 4 --pp 2 --epochs 2 --out_dir "$TMP/s11.d" --snapshot_path "$TMP/s11.d/s.safetensors"
+    --grad_accum 4 --pp 2 --epochs 2 --out_dir "$TMP/s11.d" --snapshot_path "$TMP/s11.d/s.safetensors"
 run_capture 120 "$TMP/s11_08" "$p08" "${small[@]}" --grad_accum 4 --epochs 2 --out_dir "$TMP/s11_08.d" \
     --snapshot_path "$TMP/s11.d/s.safetensors"; status=$?
 a=$(field "$TMP/s08" "$l2"); b=$(field "$TMP/s11_08" "$l2")
@@ -161,7 +183,7 @@ verdict $? "11: 08 resumes the snapshot of a pipelined run that died, and ends a
     "status $status, l2 '$b' vs '$a': $(grep -m1 -E 'error|Resuming' "$TMP/s11_08")"
 COURSE_FAIL_RANK=0 COURSE_FAIL_STEP=$(( ${steps:-10} + 2 )) run_capture 120 "$TMP/s08e" "$p08" "${small[@]}" \
     --grad_accum 4 --epochs 2 --out_dir "$TMP/s08e.d" --snapshot_path "$TMP/s08e.d/s.safetensors"
-run_capture 120 "$TMP/s08_11" "$prog" "${small[@]}" --micro_batches 4 --pp 4 --schedule gpipe --epochs 2 \
+run_capture 120 "$TMP/s08_11" "$prog" "${small[@]}" --grad_accum 4 --pp 4 --schedule gpipe --epochs 2 \
     --out_dir "$TMP/s08_11.d" --snapshot_path "$TMP/s08e.d/s.safetensors"; status=$?
 b=$(field "$TMP/s08_11" "$l2")
 [[ $status -eq 0 && -n "$a" ]] && rel_near "$a" "$b" 1e-6 && grep -q "Resuming training from snapshot at Epoch 1" "$TMP/s08_11"
@@ -171,11 +193,11 @@ verdict $? "11: 4 stages resume the snapshot of an 08 run that died, and end as 
 # Stage 1 dies in epoch 2; ddprun restarts the job, which resumes from the
 # end-of-epoch-1 snapshot and ends with the same bytes as a run that never
 # failed.
-run_capture 200 "$TMP/clean" "$ddprun" --standalone --nproc_per_node=2 "$prog" "${small[@]}" --micro_batches 4 \
+run_capture 200 "$TMP/clean" "$ddprun" --standalone --nproc_per_node=2 "$prog" "${small[@]}" --grad_accum 4 \
     --epochs 2 --out_dir "$TMP/clean.d" --snapshot_path "$TMP/clean.d/s.safetensors"
 steps=$(field "$TMP/clean" 'snapshot saved: Epoch 1 \(step ([0-9]*)\)')
 COURSE_FAIL_RANK=1 COURSE_FAIL_STEP=$(( ${steps:-10} + 2 )) run_capture 200 "$TMP/failed" "$ddprun" --standalone \
-    --nproc_per_node=2 --max_restarts=1 "$prog" "${small[@]}" --micro_batches 4 --epochs 2 --out_dir "$TMP/failed.d" \
+    --nproc_per_node=2 --max_restarts=1 "$prog" "${small[@]}" --grad_accum 4 --epochs 2 --out_dir "$TMP/failed.d" \
     --snapshot_path "$TMP/failed.d/s.safetensors"; status=$?
 a=$(field "$TMP/clean" "$sum"); b=$(field "$TMP/failed" "$sum")
 [[ $status -eq 0 && -n "$a" && "$a" == "$b" ]] && grep -q "Resuming training from snapshot at Epoch 1" "$TMP/failed"
@@ -196,7 +218,7 @@ verdict $? "11: --pp 4 on the 2-block tiny preset gets 4 blocks and says so" "st
 # ---------------------------------------------------------------- mpi
 if command -v mpirun >/dev/null 2>&1 && "$prog" --help 2>&1 | grep -q 'mpi'; then
     mpi=(mpirun -np); mpirun --version 2>&1 | grep -q "Open MPI" && mpi=(mpirun --oversubscribe --allow-run-as-root -np)
-    run_capture 120 "$TMP/mpi" "${mpi[@]}" 2 "$prog" "${common[@]}" --backend mpi --pp 2 --micro_batches 4 \
+    run_capture 120 "$TMP/mpi" "${mpi[@]}" 2 "$prog" "${common[@]}" --backend mpi --pp 2 --grad_accum 4 \
         --out_dir "$TMP/mpi.d"; status=$?
     a=$(field "$TMP/one4" "$l2"); b=$(field "$TMP/mpi" "$l2")
     [[ $status -eq 0 && -n "$a" ]] && rel_near "$a" "$b" 1e-6 && grep -q 'backend mpi' "$TMP/mpi"

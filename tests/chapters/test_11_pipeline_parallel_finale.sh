@@ -19,7 +19,7 @@ common=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --n_layer 4 -
         --log_every 1000)
 l2='l2 norm ([0-9.e+-]*)' valid='validation after step [0-9]* .*: loss ([0-9.]*) '
 # The mesh's step: 2 replicas x 2 micro-batches x 2 sequences; one process: 4 sequences x 2 micro-batches.
-mesh=(--nprocs 8 --pp 2 --tp 2 --micro_batches 2 --batch_size 2)
+mesh=(--nprocs 8 --pp 2 --tp 2 --grad_accum 2 --batch_size 2)
 one=(--batch_size 4 --grad_accum 2)
 
 # ---------------------------------------------------------------- 8 GPUs, nccl

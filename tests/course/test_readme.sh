@@ -340,7 +340,7 @@ exercise 10_tensor_parallel/README.md 10_tensor_parallel "make check-exercise EX
 fresh_copy 11_pipeline_parallel/README.md
 run 11_pipeline_parallel/README.md 11_pipeline_parallel 300 "make"
 for schedule in 1f1b gpipe; do
-    c="./11_pipeline_parallel --pp 4 --micro_batches 8 --schedule $schedule --preset tiny --max_steps 50"
+    c="./11_pipeline_parallel --pp 4 --grad_accum 8 --schedule $schedule --preset tiny --max_steps 50"
     if [[ -n "$wikitext" ]]; then
         student+=(WIKITEXT_DIR="$wikitext")
         run 11_pipeline_parallel/README.md 11_pipeline_parallel 900 "$c" \
