@@ -26,6 +26,7 @@ declare -A refused=(
     ["09_zero_fsdp --grad_compress=fp16"]="reduce-scatter"
     ["09_zero_fsdp --grad_compress=powersgd"]="reduce-scatter"
     ["09_zero_fsdp --precision=fp16"]="needs --shard 0"
+    ["11_pipeline_parallel --precision=fp16"]="pipeline stage"
 )
 
 gpt_corpus "$TMP/corpus"
