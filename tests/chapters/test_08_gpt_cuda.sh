@@ -245,8 +245,9 @@ elif order_matters "gpt cuda grid shapes: the parity checks where every kernel s
         grep '^info: grid:' "$TMP/listing"
         kernels=$(grep -c . "$TMP/dims"); read -r _ cases _ launches < <(grep '^CASES' "$TMP/listing")
         problems=$(grep -E '^(NEVER LAUNCHED|NOT SPANNED|IDLE BLOCKS)' "$TMP/listing")
+        checker="the race checker on each"; [[ ${ASAN:-0} == 1 ]] && checker="no race checker: it is off in ASan builds"
         [[ $status -eq 0 && $kernels -ge 30 && -z $problems ]]
-        verdict $? "gpt cuda grid: every one of gpt_cuda.cu's $kernels kernels gets 2+ blocks along each grid dimension it reads in some case ($cases cases, $launches launches, race checker on each)" \
+        verdict $? "gpt cuda grid: every one of gpt_cuda.cu's $kernels kernels gets 2+ blocks along each grid dimension it reads in some case ($cases cases, $launches launches, $checker)" \
             "status $status, $kernels kernels found in gpt_cuda.cu; $(tr '\n' '|' <<<"${problems:-no kernel named}")"
         # The listing on doctored copies of the log: LayerNorm's column sums
         # cut to one block of rows, the tensor-parallel cases left out, the
