@@ -241,6 +241,11 @@ cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int v
 // (cudaGraphLaunch), not counting what a graph replays - what a GPU's
 // launch overhead is paid for. Not part of CUDA: guard with COURSE_EMU_GPU.
 unsigned long long emu_launch_count(void);
+// With EMU_LAUNCH_LOG=PATH every kernel launch appends a line to PATH
+// ("launch GXxGYxGZ BXxBYxBZ FILE:LINE NAME"); this appends "note TEXT",
+// so that a test can mark where its cases start. Nothing without the
+// variable. Not part of CUDA either.
+void emu_launch_log_note(const char *text);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -29,10 +29,13 @@
 // Every access a kernel makes to device or shared memory is checked for
 // races as it runs (race.c); for that each block publishes how many
 // barriers it has passed, and each thread how many warp operations.
+#include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "emu_internal.h"
 #include "emu_kernel_abi.h"
@@ -661,6 +664,51 @@ static cudaError_t check_config(const emu_launch_config *c, const void *kernel, 
     return cudaSuccess;
 }
 
+// ---------------------------------------------------------------- the launch log (EMU_LAUNCH_LOG)
+// EMU_LAUNCH_LOG=PATH appends a line to PATH for every kernel the host
+// launches (or captures into a graph: its replays run the same grid):
+//   launch GXxGYxGZ BXxBYxBZ FILE:LINE NAME
+// - the grid, the block, where it was launched and the kernel as the launch
+// names it (with template parameters: "layernorm_forward_kernel<Act>").
+// emu_launch_log_note adds a line of the program's own, "note TEXT": a
+// test marks where each of its cases starts, and can then say which grids
+// each case gave which kernel (tests/chapters/test_08_gpt_cuda.sh).
+// Each line is one write() to a file opened with O_APPEND, so the lines
+// of several threads or processes never mix. Unset: nothing is written.
+static int launch_log = -1;
+
+__attribute__((constructor)) static void open_launch_log(void) {
+    const char *path = getenv("EMU_LAUNCH_LOG");
+    if (!path || !*path) return;
+    launch_log = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (launch_log < 0) emu_fatal("EMU_LAUNCH_LOG=%s: cannot open it for appending: %s", path, strerror(errno));
+}
+
+static void launch_log_write(const char *line, int len) {
+    if (len <= 0) return;
+    if (write(launch_log, line, (size_t)len) != (ssize_t)len)
+        emu_fatal("EMU_LAUNCH_LOG: cannot write to it: %s", strerror(errno));
+}
+
+void emu_launch_log_note(const char *text) {
+    if (launch_log < 0) return;
+    char line[512];
+    int len = snprintf(line, sizeof line - 1, "note %s", text);
+    if (len > (int)sizeof line - 2) len = (int)sizeof line - 2;
+    line[len++] = '\n';
+    launch_log_write(line, len);
+}
+
+static void log_launch(const emu_launch_config *c, const char *name, const char *file, int line_no) {
+    if (launch_log < 0) return;
+    char line[1024];
+    int len = snprintf(line, sizeof line - 1, "launch %ux%ux%u %ux%ux%u %s:%d %s", c->grid.x, c->grid.y, c->grid.z,
+                       c->block.x, c->block.y, c->block.z, file, line_no, name);
+    if (len > (int)sizeof line - 2) len = (int)sizeof line - 2;
+    line[len++] = '\n';
+    launch_log_write(line, len);
+}
+
 cudaError_t emu_launch_kernel(const emu_launch_config *cfg, const void *kernel_id, const char *name,
                               const char *file, int line, void (*body)(void *), void (*free_closure)(void *),
                               void *closure) {
@@ -677,6 +725,7 @@ cudaError_t emu_launch_kernel(const emu_launch_config *cfg, const void *kernel_i
     kernel_launch *k = calloc(1, sizeof *k);
     if (!k) emu_fatal("out of host memory queueing a kernel");
     if (!emu_stream_capture(cfg->stream, NULL)) launches++; // a captured kernel is launched with its graph
+    log_launch(cfg, name, file, line);
     *k = (kernel_launch){*cfg, {name, file, line}, body, free_closure, closure};
     err = emu_stream_enqueue(cfg->stream, name, run_kernel, k, free_launch, NULL, EMU_OP_REPLAYABLE);
     return err ? emu_set_error(err) : cudaSuccess;

@@ -23,7 +23,11 @@ verdict $? "04: 3 ranks learn weight 2, bias 3 ($w, $b)" "status $status, weight
 # DDP = one process with the summed batch: N ranks x batch 16 with lr L/N
 # (scaled back to L by the linear rule) against chapter 01 with batch N*16
 # and lr L, one epoch over the same global order. 9600 samples divide
-# evenly, so no rank's share is padded.
+# evenly, so no rank's share is padded. The optimizer is plain SGD, whose
+# step is lr x the gradient: a gradient N times too large (a sum over the
+# ranks where their mean belongs) is a step N times too long, and the
+# weights end elsewhere (planted below), unlike AdamW's, which a uniform
+# scale barely moves.
 # ddp_equals_one PROGRAM N NAME : runs PROGRAM (chapter 04) with N ranks x
 # batch 16 and chapter 01 with batch 16N (once per N), into $TMP/NAME and
 # $TMP/singleN; sets d_w d_b (DDP's weight and bias) and s_w s_b (one
@@ -56,6 +60,14 @@ planted=$(plant bucket_offset common/ddp.h 'pg_all_reduce(pg, grads + first, gra
 [[ -n $planted ]] && ddp_equals_one "$planted" 3 planted_one_bucket &&
     ! COURSE_DDP_BUCKET_BYTES=8 ddp_equals_one "$planted" 3 planted_buckets && [[ -n $d_w ]]
 verdict $? "planted: buckets all-reduced at offset 0 pass with one bucket, fail with three ($d_w/$s_w, $d_b/$s_b)" "$(planted_why bucket_offset)DDP w=$d_w b=$d_b; single w=$s_w b=$s_b"
+
+# Planted: the ranks' gradients summed, not averaged (the missing 1/N),
+# with 2 ranks: each step twice as long as one process's.
+planted=$(plant sum_not_mean common/ddp.h 'grads + first, n, DTYPE_F32, OP_AVG);' 'grads + first, n, DTYPE_F32, OP_SUM);' \
+    04_ddp_spawn 04_ddp_spawn)
+[[ -n $planted ]] && ! ddp_equals_one "$planted" 2 planted_sum && [[ -n $d_w ]]
+verdict $? "planted: gradients summed over 2 ranks instead of averaged fail the equal-to-one-process check ($d_w/$s_w, $d_b/$s_b)" \
+    "$(planted_why sum_not_mean)DDP w=$d_w b=$d_b; single w=$s_w b=$s_b"
 
 # Replicas stay bit-identical: the check runs every 10 steps and passes (that
 # it catches a replica that drifts is tested where it lives, library/test_ddp).

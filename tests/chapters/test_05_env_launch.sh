@@ -39,16 +39,32 @@ verdict $? "05: rank 0 writes the metrics CSV: the command and the ten epoch los
 # --scale_lr false) against chapter 01 with batch N*16, one epoch over the
 # same global order. 9600 samples divide evenly, so no rank's share is
 # padded. A worker that skipped the gradient average would learn from its
-# own 16 samples only, and end elsewhere.
-for n in 2 3; do
-    run_capture 300 "$TMP/ddp$n" "$ddprun" --standalone --nproc_per_node=$n "$bin" --batch_size 16 --lr 0.03 --scale_lr false \
+# own 16 samples only, and end elsewhere; one that summed the ranks'
+# gradients instead of averaging them takes SGD steps N times too long
+# (SGD's step is lr x the gradient), and ends elsewhere too (planted below).
+# ddp_equals_one PROGRAM N NAME : PROGRAM under ddprun with N ranks into
+# $TMP/NAME, chapter 01 with batch 16N into $TMP/singleN (once per N); sets
+# d_w d_b s_w s_b; true when they agree within 1e-5.
+ddp_equals_one() {
+    local prog=$1 n=$2 name=$3
+    run_capture 300 "$TMP/$name" "$ddprun" --standalone --nproc_per_node=$n "$prog" --batch_size 16 --lr 0.03 --scale_lr false \
         --samples 9600 --epochs 1 --features 4 --device cpu
-    run_capture 120 "$TMP/single$n" "$one" --batch_size $((16 * n)) --lr 0.03 --samples 9600 --epochs 1 --features 4 --device cpu
-    d_w=$(final 1 "$TMP/ddp$n"); d_b=$(final 2 "$TMP/ddp$n")
+    [[ -s $TMP/single$n ]] ||
+        run_capture 120 "$TMP/single$n" "$one" --batch_size $((16 * n)) --lr 0.03 --samples 9600 --epochs 1 --features 4 --device cpu
+    d_w=$(final 1 "$TMP/$name"); d_b=$(final 2 "$TMP/$name")
     s_w=$(field "$TMP/single$n" '^learned weights: w\[0\] = ([-0-9.]*)'); s_b=$(field "$TMP/single$n" '^learned bias: ([-0-9.]*)')
     [[ -n "$d_w" && -n "$s_w" ]] && rel_near "$d_w" "$s_w" 1e-5 && rel_near "$d_b" "$s_b" 1e-5
+}
+for n in 2 3; do
+    ddp_equals_one "$bin" $n ddp$n
     verdict $? "05: $n ranks x batch 16 under ddprun equal 1 process x batch $((16 * n)) within 1e-5 ($d_w/$s_w, $d_b/$s_b)" "DDP w=$d_w b=$d_b; single w=$s_w b=$s_b"
 done
+# Planted (tests/lib.sh, plant): the ranks' gradients summed, not averaged.
+planted=$(plant sum_not_mean common/ddp.h 'grads + first, n, DTYPE_F32, OP_AVG);' 'grads + first, n, DTYPE_F32, OP_SUM);' \
+    05_env_launch 05_env_launch)
+[[ -n $planted ]] && ! ddp_equals_one "$planted" 2 planted_sum && [[ -n $d_w ]]
+verdict $? "planted: gradients summed over 2 ranks instead of averaged fail the equal-to-one-process check ($d_w/$s_w, $d_b/$s_b)" \
+    "$(planted_why sum_not_mean)DDP w=$d_w b=$d_b; single w=$s_w b=$s_b"
 
 # The replicas stay bit-identical (checked every 10 steps; that the check
 # catches a replica that drifts is tested where it lives, library/test_ddp).

@@ -102,6 +102,13 @@ planted=$(plant whole_batch common/ddp.h 'return global_batch_size / world_size;
     'return global_batch_size;' 06_snapshot_resume 06_snapshot_resume)
 [[ -n $planted ]] && ! global_batch "$planted" planted && [[ -s $TMP/gb3.planted ]]
 verdict $? "planted: every rank taking the whole --global_batch_size fails the 3-rank check" "$(planted_why whole_batch)$gb_detail"
+# The check compares weights after SGD with momentum, whose step is linear
+# in the gradient: a gradient 3 times too large (the ranks' gradients
+# summed where their mean belongs) moves them. Planted:
+planted=$(plant sum_not_mean common/ddp.h 'grads + first, n, DTYPE_F32, OP_AVG);' 'grads + first, n, DTYPE_F32, OP_SUM);' \
+    06_snapshot_resume 06_snapshot_resume)
+[[ -n $planted ]] && ! global_batch "$planted" planted_sum && [[ -s $TMP/gb3.planted_sum ]]
+verdict $? "planted: gradients summed over the 3 ranks instead of averaged fail the 3-rank check" "$(planted_why sum_not_mean)$gb_detail"
 
 run_capture 10 "$TMP/bad" "$bin" --fail_mode sometimes; status=$?
 check "06: bad flag exits 2" test $status -eq 2

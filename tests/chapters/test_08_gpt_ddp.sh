@@ -45,6 +45,60 @@ verdict $? "planted: buckets all-reduced at offset 0 pass with one bucket, fail 
 lines=$(grep -c '^test: ' "$TMP/two")
 check "gpt ddp: rank 0 alone reports (one test line)" test "$lines" -eq 1
 
+# A gradient N times too large - the ranks' gradients summed where their
+# mean belongs - barely moves AdamW's weights (its step is m / sqrt(v), the
+# same for any scale), and not at all while clipping is active at every
+# step, as above (a clipped gradient has the norm --grad_clip gives it,
+# whatever its scale): the check above passes with it (planted below).
+# AdamW's moments see it, m N times and v N^2 times larger. So the same
+# pair again without clipping, each run saving its snapshot, and the
+# moments compared too (chapter 09's tests compare them as well).
+# snapshot_norms DIR: "P M V", the l2 norms of the parameters and of
+# AdamW's moments m and v in the snapshot DIR holds (s.*.safetensors: an
+# 8-byte header length, the JSON header with each tensor's byte range, the floats).
+snapshot_norms() {
+    local file h header t range out=""
+    file=$(ls "$1"/s.*.safetensors 2>/dev/null | tail -n 1)
+    [[ -n $file ]] || return 1
+    h=$(od -An -tu8 -N8 "$file" | tr -d ' ')
+    header=$(head -c $((8 + h)) "$file" | tail -c "$h")
+    for t in params adam_m adam_v; do
+        range=$(grep -o "\"$t\":{[^}]*}" <<<"$header" | grep -o '"data_offsets":\[[0-9]*,[0-9]*\]' | grep -o '[0-9][0-9]*,[0-9]*')
+        [[ -n $range ]] || return 1
+        out+=$(od -An -v -tf4 -j $((8 + h + ${range%,*})) -N $((${range#*,} - ${range%,*})) "$file" |
+            awk '{ for (i = 1; i <= NF; i++) s += $i * $i } END { printf "%.9g ", sqrt(s) }')
+    done
+    echo "${out% }"
+}
+# norms_near "P M V" "P M V" TOL: every one of the three within TOL (relative).
+norms_near() {
+    local a=($1) b=($2) k
+    [[ ${#a[@]} -eq 3 && ${#b[@]} -eq 3 ]] || return 1
+    for k in 0 1 2; do rel_near "${a[$k]}" "${b[$k]}" "$3" || return 1; done
+}
+unclipped=(--grad_clip 0 --save_every 1)
+run_capture 120 "$TMP/one_nc" "$prog" "${common[@]}" --max_steps 15 --batch_size 8 "${unclipped[@]}" --out_dir "$TMP/one_nc.d" \
+    --snapshot_path "$TMP/one_nc.d/s.safetensors"
+# moments_equal_one PROGRAM NAME: PROGRAM with 2 ranks x batch 4, unclipped, into
+# $TMP/NAME; sets status, na nb (the norms of one rank and two); true when
+# they agree within 1e-6.
+moments_equal_one() {
+    COURSE_DDP_BUCKET_BYTES=65536 run_capture 120 "$TMP/$2" "$1" "${common[@]}" --max_steps 15 --batch_size 4 --nprocs 2 \
+        "${unclipped[@]}" --out_dir "$TMP/$2.d" --snapshot_path "$TMP/$2.d/s.safetensors"; status=$?
+    na=$(snapshot_norms "$TMP/one_nc.d"); nb=$(snapshot_norms "$TMP/$2.d")
+    [[ $status -eq 0 ]] && norms_near "$na" "$nb" 1e-6
+}
+moments_equal_one "$prog" two_nc
+verdict $? "gpt ddp: without clipping, 2 ranks x batch 4 equal 1 rank x batch 8 in weights and AdamW's moments (l2 of p, m, v: $nb vs $na)" \
+    "status $status, norms '$na' (1 rank) vs '$nb' (2 ranks): $(grep -m1 error "$TMP/two_nc")"
+# Planted: the ranks' gradients summed, not averaged (the missing 1/N).
+planted=$(plant sum_not_mean common/ddp.h 'grads + first, n, DTYPE_F32, OP_AVG);' 'grads + first, n, DTYPE_F32, OP_SUM);' \
+    08_gpt_wikitext 08_gpt_wikitext)
+[[ -n $planted ]] && COURSE_DDP_BUCKET_BYTES=65536 two_equal_one "$planted" planted_sum_clipped && clipped="$a vs $b" &&
+    ! moments_equal_one "$planted" planted_sum && [[ -n $nb ]]
+verdict $? "planted: gradients summed over the ranks, not averaged: the clipped check passes (l2 ${clipped:-}), the moments differ ($nb vs $na)" \
+    "$(planted_why sum_not_mean)status $status, clipped l2 '${clipped:-}' (valid $va vs $vb), unclipped norms '$na' vs '$nb'"
+
 # Bit-exact resume: rank 1 dies in epoch 2; ddprun restarts the job, which
 # resumes from the end-of-epoch-1 snapshot and ends with the same bytes.
 snapshots=(--epochs 3 --save_every 1)
@@ -125,16 +179,27 @@ verdict $? "gpt gpu: one CUDA graph per step equals the step launched call by ca
     "status $status, l2 '$b' (graph) vs '$c', valid $va vs $vb; $(grep -h -m1 '^step:' "$TMP/g_one" "$TMP/g_eager" | tr '\n' '|')"
 
 # DDP on GPUs: N ranks x batch 8/N equal 1 rank x batch 8 (the gradients
-# are averaged bucket by bucket while backward runs).
-for n in 2 4; do
-    run_capture 300 "$TMP/g_ddp$n" "$prog" "${gpu[@]}" --precision fp32 --max_steps 15 --batch_size $((8 / n)) \
-        --nprocs $n --out_dir "$TMP/g_ddp$n.d"; status=$?
-    c=$(field "$TMP/g_ddp$n" "$l2"); va=$(field "$TMP/g_one" "$valid"); vb=$(field "$TMP/g_ddp$n" "$valid")
-    [[ $status -eq 0 && -n "$c" ]] && grep -q '^step: launched call by call (no CUDA graph: several ranks' "$TMP/g_ddp$n" &&
-        rel_near "$b" "$c" 1e-5 && near "$va" "$vb" "$valid_tol"
-    verdict $? "gpt gpu: DDP $n ranks x batch $((8 / n)) equal 1 rank x batch 8 in fp32 (l2 $b vs $c; $(grep -m1 -o 'backend [a-z]*' "$TMP/g_ddp$n"))" \
-        "status $status, l2 '$b' vs '$c', valid $va vs $vb (tolerance $valid_tol)"
-done
+# are averaged bucket by bucket while backward runs). 2 ranks without
+# clipping against the CPU's one process, weights and AdamW's moments (a
+# gradient summed over the ranks, not averaged, shows in the moments
+# only: see the CPU's check above); 4 ranks with clipping against the GPU's.
+run_capture 120 "$TMP/g_cpu_nc" "$prog" "${common[@]}" --block_size 16 --max_steps 15 --batch_size 8 "${unclipped[@]}" \
+    --out_dir "$TMP/g_cpu_nc.d" --snapshot_path "$TMP/g_cpu_nc.d/s.safetensors"
+run_capture 300 "$TMP/g_ddp2" "$prog" "${gpu[@]}" --precision fp32 --max_steps 15 --batch_size 4 --nprocs 2 "${unclipped[@]}" \
+    --out_dir "$TMP/g_ddp2.d" --snapshot_path "$TMP/g_ddp2.d/s.safetensors"; status=$?
+na=$(snapshot_norms "$TMP/g_cpu_nc.d"); nb=$(snapshot_norms "$TMP/g_ddp2.d")
+va=$(field "$TMP/g_cpu_nc" "$valid"); vb=$(field "$TMP/g_ddp2" "$valid")
+[[ $status -eq 0 ]] && grep -q '^step: launched call by call (no CUDA graph: several ranks' "$TMP/g_ddp2" &&
+    norms_near "$na" "$nb" 1e-6 && near "$va" "$vb" "$valid_tol"
+verdict $? "gpt gpu: DDP 2 ranks x batch 4 without clipping equal 1 CPU process x batch 8 in fp32, weights and AdamW's moments (l2 of p, m, v: $nb vs $na; $(grep -m1 -o 'backend [a-z]*' "$TMP/g_ddp2"))" \
+    "status $status, norms '$na' (CPU) vs '$nb' (2 GPUs), valid $va vs $vb (tolerance $valid_tol)"
+run_capture 300 "$TMP/g_ddp4" "$prog" "${gpu[@]}" --precision fp32 --max_steps 15 --batch_size 2 --nprocs 4 \
+    --out_dir "$TMP/g_ddp4.d"; status=$?
+c=$(field "$TMP/g_ddp4" "$l2"); va=$(field "$TMP/g_one" "$valid"); vb=$(field "$TMP/g_ddp4" "$valid")
+[[ $status -eq 0 && -n "$c" ]] && grep -q '^step: launched call by call (no CUDA graph: several ranks' "$TMP/g_ddp4" &&
+    rel_near "$b" "$c" 1e-5 && near "$va" "$vb" "$valid_tol"
+verdict $? "gpt gpu: DDP 4 ranks x batch 2 equal 1 rank x batch 8 in fp32 (l2 $b vs $c; $(grep -m1 -o 'backend [a-z]*' "$TMP/g_ddp4"))" \
+    "status $status, l2 '$b' vs '$c', valid $va vs $vb (tolerance $valid_tol)"
 
 # bf16 rounds activations and weight copies: the same comparison within 2e-2.
 run_capture 300 "$TMP/h_one" "$prog" "${gpu[@]}" --precision bf16 --max_steps 15 --batch_size 8 --out_dir "$TMP/h_one.d"

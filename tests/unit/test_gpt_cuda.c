@@ -6,7 +6,8 @@
 //                    step, fp32 within 1e-4, bf16 and fp16 within 2e-2
 //                    (relative, in the L2 norm); bf16 and fp16 training track
 //                    fp32 training; fp16's loss scale skips a step that
-//                    overflows, halves and doubles as GradScaler does.
+//                    overflows, halves and doubles as GradScaler does; the
+//                    16-bit conversions, bit for bit (as --mode rounding).
 //                    Inputs are fresh random numbers each run (the seed is
 //                    printed; --seed repeats a run).
 //   --mode sanitize  the same parity checks, small and without the training
@@ -15,6 +16,15 @@
 //                    "needs X GiB, the GPU has Y GiB free".
 //   --mode graph     only the CUDA-graph step against the uncaptured one
 //                    (what tests/chapters/test_08_gpt_cuda.sh runs on its planted bug).
+//   --mode scaler    only fp16's loss scale (likewise).
+//   --mode rounding  only the conversions to bf16 and fp16, bit for bit
+//                    against round-to-nearest-even (tests/unit/rne16.h): the
+//                    CPU's (common/pg_types.h) and the GPU model's.
+//   --mode grid      the parity checks at shapes that give every kernel of
+//                    gpt_cuda.cu two or more blocks along each grid
+//                    dimension it reads (a tensor-parallel shard and
+//                    chapter 09's calls included); on the emulated GPU each
+//                    case is marked in the launch log (EMU_LAUNCH_LOG).
 //   --mode bench     tokens/s, the step split into forward, backward,
 //                    all-reduce and optimizer, MFU, peak memory; the step
 //                    as one CUDA graph: its time and the launches per step
@@ -22,12 +32,14 @@
 //
 // Without a GPU (or in a CPU-only build) the GPU cases print SKIP with the
 // reason; the host-side pieces (parameter layout, buckets, memory plan, the
-// MFU arithmetic) are checked anyway.
+// MFU arithmetic, the CPU's 16-bit rounding) are checked anyway.
 #include <time.h>
 
 #include "../../gpt/gpt.h"
 #include "device.h"
 #include "flags.h"
+#include "pg_types.h"
+#include "rne16.h"
 #include "test.h"
 #include "timer.h"
 #ifdef COURSE_CUDA
@@ -84,6 +96,45 @@ static void check_mfu_arithmetic(void) {
     EXPECT("gpt cuda flops per token for GPT-2 small", per_token > 0.85e9 && per_token < 0.87e9,
            "%.4g FLOPs per token (%zu parameters)", per_token, m.num_params);
     gpt_free(&m);
+}
+
+// ------------------------------------------------------------------ 16-bit rounding, bit for bit
+
+// A rounding that truncates, or sends ties up, is off by one unit in the
+// last place now and then: every tolerance of the parity checks forgives
+// it, and training still learns, biased. So the conversions are checked
+// here bit for bit against rne16.h, written plainly, on every value of
+// each format, the ties between them and the floats beside the ties.
+// One PASS or FAIL line for n conversions by `what`; a FAIL names the
+// first wrong value, what kind of value it is, and both answers.
+static void expect_rounded(const rne16_format *f, const char *what, const float *in, const uint16_t *got, size_t n) {
+    size_t first, wrong = rne16_wrong(f, in, got, n, &first);
+    float x = wrong ? in[first] : 0.0f;
+    char name[256];
+    snprintf(name, sizeof name, "%s: round to nearest even, bit for bit, on %zu values", what, n);
+    EXPECT(name, wrong == 0, "%zu of %zu wrong; the first: %.9g (0x%08x, %s) gave 0x%04x, round-to-nearest-even is 0x%04x",
+           wrong, n, x, (unsigned)rne16_bits_of(x), wrong ? rne16_kind(f, x) : "", wrong ? got[first] : 0,
+           rne16(f, x));
+}
+
+// The CPU's conversions (common/pg_types.h): what --grad_compress bf16 and
+// fp16 round each bucket with on CPU ranks (common/ddp.h), and what the
+// cpu and mpi backends add 16-bit numbers with.
+static void check_cpu_rounding(void) {
+    const rne16_format *formats[2] = {&RNE16_BF16, &RNE16_FP16};
+    for (int k = 0; k < 2; k++) {
+        const rne16_format *f = formats[k];
+        size_t n = rne16_input_count(f);
+        float *in = xmalloc(n * sizeof(float));
+        uint16_t *got = xmalloc(n * sizeof(uint16_t));
+        n = rne16_inputs(f, in);
+        for (size_t i = 0; i < n; i++) got[i] = k == 0 ? f32_to_bf16(in[i]) : f32_to_f16(in[i]);
+        char what[120];
+        snprintf(what, sizeof what, "gpt rounding: %s on the CPU (common/pg_types.h %s: --grad_compress %s on CPU ranks)",
+                 f->name, k == 0 ? "f32_to_bf16" : "f32_to_f16", f->name);
+        expect_rounded(f, what, in, got, n);
+        free(in), free(got);
+    }
 }
 
 #ifdef COURSE_CUDA
@@ -156,8 +207,7 @@ static void test_encoder(rng_t *r, gpt_precision p) {
     free(wte), free(wpe), free(dout), free(dwte), free(dwpe), free(out), free(gout), free(gdwte), free(gdwpe);
 }
 
-static void test_layernorm(rng_t *r, gpt_precision p) {
-    int N = 37, C = 80;
+static void test_layernorm(rng_t *r, gpt_precision p, int N, int C) {
     size_t NC = (size_t)N * C;
     float *x = random_array(r, NC, 2, 0.5), *w = random_array(r, C, 0.2, 1), *b = random_array(r, C, 0.2, 0);
     float *dy = random_array(r, NC, 1, 0), *dx = random_array(r, NC, 1, 0);
@@ -295,7 +345,7 @@ static void test_crossentropy(rng_t *r, gpt_precision p) {
 
 static void test_layers(rng_t *r, gpt_precision p) {
     test_encoder(r, p);
-    test_layernorm(r, p);
+    test_layernorm(r, p, 37, 80);
     test_matmul(r, p, 37, 48, 72, true);
     test_matmul(r, p, 21, 64, 50, false);
     // Head sizes 16 (the flash kernels pad it to 32) and 64; T below one
@@ -307,6 +357,93 @@ static void test_layers(rng_t *r, gpt_precision p) {
     test_attention(r, p, 1, 1024, 64, 2);
     test_elementwise(r, p);
     test_crossentropy(r, p);
+}
+
+// ------------------------------------------------------------------ the GPU's 16-bit rounding, bit for bit
+
+// The model's conversions to bf16 and fp16 (gpt_cuda.cu's from_f, one
+// function for every store), where a test can see their bits:
+//   - the compressed gradient buckets (gpt_cuda_round_grads: the convert
+//     kernel, the same one that makes the weights' 16-bit copies);
+//   - an activation store (the embedding's output, whose fp32 value is
+//     wte + wpe: with wpe -0.0, exactly the wte given);
+// and the way back (gpt_cuda_widen_grads), which must be exact.
+static void test_rounding_gpu(void) {
+    gpt_config c = {211, 32, 2, 2, 64};
+    gpt_t m;
+    gpt_init(&m, c, 1);
+    gpt_cuda_t *g = gpt_cuda_create(&c, m.params, 1, 32, GPT_FP32);
+    size_t np = gpt_cuda_param_count(g);
+    float *buf = xmalloc(np * sizeof(float));
+    cudaEvent_t done;
+    CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    const rne16_format *formats[2] = {&RNE16_BF16, &RNE16_FP16};
+    for (int k = 0; k < 2; k++) {
+        const rne16_format *f = formats[k];
+        bool fp16 = k == 1;
+        gpt_precision p = fp16 ? GPT_FP16 : GPT_BF16;
+        size_t cap = rne16_input_count(f);
+        float *in = xmalloc(cap * sizeof(float));
+        uint16_t *got = xmalloc(cap * sizeof(uint16_t));
+        size_t n = rne16_inputs(f, in);
+        // Compressed gradient buckets: the inputs as gradients, np at a time.
+        for (size_t at = 0; at < n; at += np) {
+            size_t count = n - at < np ? n - at : np;
+            memset(buf, 0, np * sizeof(float));
+            memcpy(buf, in + at, count * sizeof(float));
+            gpt_cuda_set_grads(g, buf);
+            gpt_cuda_round_grads(g, 0, count, fp16, done);
+            CHECK_CUDA(cudaEventSynchronize(done));
+            CHECK_CUDA(cudaMemcpy(got + at, gpt_cuda_grads_16bit(g), count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+        }
+        char what[160];
+        snprintf(what, sizeof what, "gpt cuda rounding: %s of gradient buckets (gpt_cuda_round_grads)", f->name);
+        expect_rounded(f, what, in, got, n);
+
+        // An activation store: encoder_forward writes from_f(wte[token] + wpe[t])
+        // for rows of C numbers; token n is row n, so every input is written once.
+        enum { C = 64, T = 64 };
+        int rows = (int)((n + C - 1) / C), B = (rows + T - 1) / T, V = B * T;
+        size_t NC = (size_t)V * C;
+        uint16_t *tokens = xmalloc(sizeof(uint16_t) * (size_t)V);
+        for (int i = 0; i < V; i++) tokens[i] = (uint16_t)i;
+        float *wte = xcalloc(NC, sizeof(float)), *wpe = xmalloc(sizeof(float) * T * C), *out = xmalloc(NC * sizeof(float));
+        float *dout = xcalloc(NC, sizeof(float)), *dwte = xcalloc(NC, sizeof(float)), *dwpe = xcalloc((size_t)T * C, sizeof(float));
+        memcpy(wte, in, n * sizeof(float));
+        for (int i = 0; i < T * C; i++) wpe[i] = -0.0f; // x + -0.0 is x, bit for bit (+0.0 would turn -0.0 into +0.0)
+        gpt_cuda_test_encoder(p, B, T, C, V, tokens, wte, wpe, out, dout, dwte, dwpe);
+        for (size_t i = 0; i < n; i++) got[i] = rne16(f, out[i]); // out holds 16-bit values, widened: exact
+        snprintf(what, sizeof what, "gpt cuda rounding: %s activations (encoder_forward)", f->name);
+        expect_rounded(f, what, in, got, n);
+        free(tokens), free(wte), free(wpe), free(out), free(dout), free(dwte), free(dwpe);
+
+        // Back to fp32: every one of the 65536 patterns, exactly.
+        uint16_t *patterns = xcalloc(np, sizeof(uint16_t));
+        for (uint32_t h = 0; h < 65536 && h < np; h++) patterns[h] = (uint16_t)h;
+        // On the model's stream: a cudaMemcpy from pageable memory may still be
+        // on its way when it returns, and the model's stream does not wait for it.
+        CHECK_CUDA(cudaMemcpyAsync(gpt_cuda_grads_16bit(g), patterns, np * sizeof(uint16_t), cudaMemcpyHostToDevice,
+                                   gpt_cuda_stream(g)));
+        gpt_cuda_widen_grads(g, fp16);
+        gpt_cuda_get_grads(g, buf);
+        int wrong = 0, first = -1;
+        for (uint32_t h = 0; h < 65536 && h < np; h++) {
+            uint16_t mag = (uint16_t)(h & 0x7FFFu);
+            double want = mag == f->inf ? INFINITY : rne16_value(f, mag);
+            bool ok = rne16_is_nan(f, (uint16_t)h) ? isnan(buf[h])
+                                                   : fabs((double)buf[h]) == want && !signbit(buf[h]) == !(h & 0x8000u);
+            if (!ok && wrong++ == 0) first = (int)h;
+        }
+        snprintf(what, sizeof what, "gpt cuda rounding: every %s pattern widens to fp32 exactly (gpt_cuda_widen_grads)",
+                 f->name);
+        EXPECT(what, wrong == 0 && np >= 65536, "%d of 65536 wrong (%zu parameters); the first: 0x%04x -> %.9g", wrong,
+               np, first, first >= 0 ? buf[first] : 0.0f);
+        free(patterns), free(in), free(got);
+    }
+    CHECK_CUDA(cudaEventDestroy(done));
+    free(buf);
+    gpt_cuda_free(g);
+    gpt_free(&m);
 }
 
 // ------------------------------------------------------------------ the whole model
@@ -419,9 +556,9 @@ static void test_optimizer(gpt_t *cpu, gpt_cuda_t *g, gpt_precision p) {
     free(params);
 }
 
-static void test_model(rng_t *r, gpt_precision p) {
-    gpt_config c = {211, 32, 2, 2, 64};
-    int B = 4, T = 32, V = c.vocab_size;
+static void test_model(rng_t *r, gpt_precision p, int B, int T) {
+    gpt_config c = {211, T, 2, 2, 64};
+    int V = c.vocab_size;
     gpt_t cpu;
     gpt_init(&cpu, c, rng_next(r));
     gpt_cuda_t *g = gpt_cuda_create(&c, cpu.params, B, T, p);
@@ -430,7 +567,7 @@ static void test_model(rng_t *r, gpt_precision p) {
         snprintf(name, sizeof name, "gpt cuda attention is the flash path by default (%s)", gpt_precision_name(p));
         EXPECT(name, !strcmp(gpt_cuda_attention(g), "flash"), "the model uses %s", gpt_cuda_attention(g));
     }
-    uint16_t in[4 * 32], tg[4 * 32];
+    uint16_t *in = xmalloc(sizeof(uint16_t) * (size_t)B * T), *tg = xmalloc(sizeof(uint16_t) * (size_t)B * T);
     random_tokens(r, in, (size_t)B * T, V), random_tokens(r, tg, (size_t)B * T, V);
 
     float *logits = xmalloc(sizeof(float) * (size_t)V);
@@ -468,7 +605,7 @@ static void test_model(rng_t *r, gpt_precision p) {
     expect_grads_close(&cpu, grads, p, "after an AdamW step, smaller batch, grad_scale 0.5");
     gpt_cuda_free(g);
     gpt_free(&cpu);
-    free(logits), free(grads);
+    free(logits), free(grads), free(in), free(tg);
 }
 
 // The whole model with the cuBLAS attention path, the reference the flash
@@ -788,6 +925,199 @@ static void test_graph_step(rng_t *r, gpt_precision p) {
     gpt_free(&init);
 }
 
+// ------------------------------------------------------------------ a tensor-parallel shard, and chapter 09's calls
+
+// The sum over the tp ranks, with one rank: nothing to add.
+static void tp_alone_cpu(void *user, gpt_real *buf, size_t count) { (void)user, (void)buf, (void)count; }
+static void tp_alone_gpu(void *user, void *buf, size_t count, gpt_cuda_type type, cudaStream_t stream) {
+    (void)user, (void)buf, (void)count, (void)type, (void)stream;
+}
+static void tp_alone_norm(void *user, double *value) { (void)user, (void)value; }
+
+// A double the GPU left in device memory, queued on the model's stream.
+static double device_double(gpt_cuda_t *g, const double *dev) {
+    double v;
+    CHECK_CUDA(cudaStreamSynchronize(gpt_cuda_stream(g)));
+    CHECK_CUDA(cudaMemcpy(&v, dev, sizeof v, cudaMemcpyDeviceToHost));
+    return v;
+}
+
+// Rank 0's shard of tp 2 (chapter 10) on the CPU (gpt.h, section 9) and on
+// the GPU, both with an all-reduce that adds nothing (the sum over one
+// rank): they compute the same partial sums, so the shard's own kernels -
+// the row-parallel bias added after the sum, the norm that counts split
+// and replicated tensors apart - are checked against the CPU: loss,
+// gradients, the sums of squares chapter 11 adds over stages, the clipped
+// AdamW step.
+static void test_tp_shard(rng_t *r, gpt_precision p, int B, int T) {
+    gpt_config c = {211, T, 2, 2, 64};
+    gpt_t full, cpu;
+    gpt_init(&full, c, rng_next(r));
+    gpt_init_shard(&cpu, &full, 2, 0);
+    cpu.tp_all_reduce = tp_alone_cpu;
+    gpt_cuda_t *g = gpt_cuda_create_tp(&c, 2, cpu.params, B, T, p);
+    gpt_cuda_set_tp_all_reduce(g, tp_alone_gpu, NULL);
+    size_t n = cpu.num_params;
+    uint16_t *in = xmalloc(sizeof(uint16_t) * (size_t)B * T), *tg = xmalloc(sizeof(uint16_t) * (size_t)B * T);
+    random_tokens(r, in, (size_t)B * T, c.vocab_size), random_tokens(r, tg, (size_t)B * T, c.vocab_size);
+    float lc = gpt_forward(&cpu, in, tg, B, T);
+    gpt_cuda_forward(g, in, tg, B, T);
+    float lg = gpt_cuda_loss(g);
+    expect_close("tensor-parallel shard (tp 2, rank 0)", "loss", p, &lg, &lc, 1);
+    gpt_zero_grad(&cpu);
+    gpt_backward(&cpu, 1.0f);
+    gpt_cuda_zero_grad(g);
+    gpt_cuda_backward(g, 1.0f, NULL, NULL);
+    float *grads = xmalloc(sizeof(float) * n);
+    gpt_cuda_get_grads(g, grads);
+    expect_grads_close(&cpu, grads, p, "in a tensor-parallel shard (tp 2, rank 0)");
+    // From here on both sides hold the same gradients.
+    gpt_cuda_set_grads(g, cpu.grads);
+    size_t from = cpu.tensors[2].offset; // the first block's: chapter 11's later stages count from there
+    double all = device_double(g, gpt_cuda_grad_square_sum(g, 0, true));
+    double split = device_double(g, gpt_cuda_grad_square_sum(g, from, false));
+    double want_all = gpt_grad_square_sum(&cpu, 0, true), want_split = gpt_grad_square_sum(&cpu, from, false);
+    char name[160];
+    snprintf(name, sizeof name, "gpt cuda tensor-parallel shard: sums of squares of all, and of split tensors past "
+             "the embeddings, match the CPU (%s)", gpt_precision_name(p));
+    EXPECT(name, fabs(all - want_all) <= 1e-9 * want_all && fabs(split - want_split) <= 1e-9 * want_split &&
+                     want_split < want_all,
+           "all %.12g (CPU %.12g), split past the embeddings %.12g (CPU %.12g)", all, want_all, split, want_split);
+    float limit = (float)(0.5 * sqrt(want_all));
+    float nc = gpt_clip_grad_norm_tp(&cpu, limit, tp_alone_norm, NULL);
+    gpt_cuda_clip_grad_norm_tp(g, limit);
+    float ng = gpt_cuda_grad_norm(g);
+    gpt_adamw_step(&cpu, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
+    gpt_cuda_adamw(g, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
+    float *params = xmalloc(sizeof(float) * n);
+    gpt_cuda_get_params(g, params);
+    double err = rel_error(params, cpu.params, n, 0);
+    snprintf(name, sizeof name, "gpt cuda tensor-parallel shard: norm and clipped AdamW step match the CPU (%s)",
+             gpt_precision_name(p));
+    EXPECT(name, fabs(nc - ng) <= 1e-5 * nc && err <= 1e-5, "norm %.8g (CPU %.8g), parameters differ by %.3e", ng, nc,
+           err);
+    free(params), free(grads), free(in), free(tg);
+    gpt_cuda_free(g);
+    gpt_free(&cpu);
+    gpt_free(&full);
+}
+
+// What chapter 09's ZeRO stages call on a model: AdamW on slices kept in
+// buffers of their own (here two slices of the model's arrays, cut inside
+// a tensor, with moments of their own), a sum of squares, an addition;
+// and the sum of squares past the embeddings (chapter 11, tp 1).
+static void test_sharded_calls(rng_t *r) {
+    gpt_config c = {211, 32, 2, 2, 64};
+    gpt_t cpu;
+    gpt_init(&cpu, c, rng_next(r));
+    gpt_cuda_t *g = gpt_cuda_create(&c, cpu.params, 2, 32, GPT_FP32);
+    size_t n = cpu.num_params;
+    for (size_t i = 0; i < n; i++) cpu.grads[i] = (float)rng_normal(r);
+    gpt_cuda_set_grads(g, cpu.grads);
+    char name[160];
+
+    size_t from = cpu.tensors[2].offset;
+    double got = device_double(g, gpt_cuda_grad_square_sum(g, from, true)), want = gpt_grad_square_sum(&cpu, from, true);
+    double whole = gpt_cuda_sum_squares(g, gpt_cuda_grads_device(g), n), want_whole = gpt_grad_square_sum(&cpu, 0, true);
+    EXPECT("gpt cuda sums of squares of the gradients, whole and past the embeddings, match the CPU",
+           fabs(got - want) <= 1e-9 * want && fabs(whole - want_whole) <= 1e-9 * want_whole,
+           "past the embeddings %.12g (CPU %.12g), whole %.12g (CPU %.12g)", got, want, whole, want_whole);
+
+    size_t k = 1000 + 3 * 1024 + 7; // over 256 threads' worth of blocks, not a multiple of anything
+    float *a = xmalloc(k * sizeof(float)), *b = xmalloc(k * sizeof(float)), *sum = xmalloc(k * sizeof(float));
+    float *da, *db;
+    for (size_t i = 0; i < k; i++) a[i] = (float)rng_normal(r), b[i] = (float)rng_normal(r);
+    CHECK_CUDA(cudaMalloc((void **)&da, k * sizeof(float)));
+    CHECK_CUDA(cudaMalloc((void **)&db, k * sizeof(float)));
+    cudaStream_t s = gpt_cuda_stream(g); // the copies go where the model's kernels run, and are ordered with them
+    CHECK_CUDA(cudaMemcpyAsync(da, a, k * sizeof(float), cudaMemcpyHostToDevice, s));
+    CHECK_CUDA(cudaMemcpyAsync(db, b, k * sizeof(float), cudaMemcpyHostToDevice, s));
+    gpt_cuda_add(g, da, db, k);
+    CHECK_CUDA(cudaStreamSynchronize(gpt_cuda_stream(g)));
+    CHECK_CUDA(cudaMemcpy(sum, da, k * sizeof(float), cudaMemcpyDeviceToHost));
+    size_t wrong = 0;
+    for (size_t i = 0; i < k; i++) wrong += sum[i] != a[i] + b[i];
+    snprintf(name, sizeof name, "gpt cuda add: dst += src over %zu numbers, exactly", k);
+    EXPECT(name, wrong == 0, "%zu of %zu sums differ from the CPU's", wrong, k);
+    CHECK_CUDA(cudaFree(da));
+    CHECK_CUDA(cudaFree(db));
+    free(a), free(b), free(sum);
+
+    // Two slices, cut inside wte: [0, cut) and [cut, n), moments of their own.
+    size_t cut = cpu.tensors[0].count / 2 + 5;
+    float *m, *v;
+    CHECK_CUDA(cudaMalloc((void **)&m, n * sizeof(float)));
+    CHECK_CUDA(cudaMalloc((void **)&v, n * sizeof(float)));
+    CHECK_CUDA(cudaMemsetAsync(m, 0, n * sizeof(float), s));
+    CHECK_CUDA(cudaMemsetAsync(v, 0, n * sizeof(float), s));
+    float *params = gpt_cuda_params_device(g), *gr = gpt_cuda_grads_device(g);
+    gpt_cuda_slice slices[2] = {{0, cut, params, gr, m, v}, {cut, n - cut, params + cut, gr + cut, m + cut, v + cut}};
+    float grad_scale = 0.5f;
+    gpt_cuda_adamw_slices(g, slices, 2, 1, grad_scale, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
+    for (size_t i = 0; i < n; i++) cpu.grads[i] *= grad_scale;
+    gpt_adamw_step(&cpu, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
+    float *host = xmalloc(n * sizeof(float)), *hm = xmalloc(n * sizeof(float));
+    gpt_cuda_get_params(g, host);
+    CHECK_CUDA(cudaMemcpy(hm, m, n * sizeof(float), cudaMemcpyDeviceToHost));
+    double err = rel_error(host, cpu.params, n, 0), err_m = rel_error(hm, cpu.adam_m, n, 0);
+    EXPECT("gpt cuda AdamW on two slices with moments of their own (chapter 09) matches the CPU's step",
+           err <= 1e-5 && err_m <= 1e-6, "parameters differ by %.3e, first moments by %.3e (relative)", err, err_m);
+    CHECK_CUDA(cudaFree(m));
+    CHECK_CUDA(cudaFree(v));
+    free(host), free(hm);
+    gpt_cuda_free(g);
+    gpt_free(&cpu);
+}
+
+// ------------------------------------------------------------------ shapes that span the grid
+
+// The parity checks above run small shapes, where many kernels get one
+// block along some dimension of their grid - and blocks that add into the
+// same numbers without an atomic (a race: on a GPU it loses updates now
+// and then) never meet. These cases give every kernel of gpt_cuda.cu two
+// or more blocks along each grid dimension it reads, with shapes small in
+// compute: 300 and 263 rows (one block of the column sums takes 256: the
+// gradients of LayerNorm's parameters and of the biases get 2 x 2 blocks),
+// 40 channels (32 a block: a partial second one), T = 70 and 65 with
+// several heads (flash attention: 64 rows a block); the model at 4 x 65
+// tokens. tests/chapters/test_08_gpt_cuda.sh runs them with the race
+// checker on every launch (EMU_RACECHECK=all) and the emulator's launch
+// log, and lists the grids each case gave each kernel.
+static void grid_case(const char *name) {
+    printf("info: grid case: %s\n", name);
+    fflush(stdout);
+#ifdef COURSE_EMU
+    char note[160];
+    snprintf(note, sizeof note, "case %s", name);
+    emu_launch_log_note(note);
+#endif
+}
+
+static void run_grid(rng_t *r) {
+    gpt_precision all[] = {GPT_FP32, GPT_BF16, GPT_FP16};
+    char name[96];
+    for (int i = 0; i < 3; i++) {
+        gpt_precision p = all[i];
+        snprintf(name, sizeof name, "layers (%s)", gpt_precision_name(p));
+        grid_case(name);
+        test_encoder(r, p);
+        test_layernorm(r, p, 300, 40);
+        test_matmul(r, p, 263, 24, 40, true);
+        test_attention(r, p, 2, 70, 64, 2);
+        test_elementwise(r, p);
+        test_crossentropy(r, p);
+        snprintf(name, sizeof name, "model (%s)", gpt_precision_name(p));
+        grid_case(name);
+        test_model(r, p, 4, 65);
+    }
+    grid_case("tensor-parallel shard (fp32)");
+    test_tp_shard(r, GPT_FP32, 4, 65);
+    grid_case("tensor-parallel shard (bf16)");
+    test_tp_shard(r, GPT_BF16, 4, 65);
+    grid_case("chapter 09's calls (fp32)");
+    test_sharded_calls(r);
+}
+
 // ------------------------------------------------------------------ modes
 
 static int run_oom(void) {
@@ -941,11 +1271,18 @@ static int run_bench(const options *o) {
 }
 
 static void run_tests(const options *o) {
-    check_memory_plan();
+    bool grid = !strcmp(o->mode, "grid"), rounding = !strcmp(o->mode, "rounding");
+    if (!grid && !rounding) check_memory_plan();
     char why[200];
     if (device_count_gpus(why, sizeof why) == 0) {
-        SKIP("gpt cuda parity with the CPU", "no usable GPU (%s)", why);
-        SKIP("gpt cuda bf16 and fp16 training track fp32", "no usable GPU (%s)", why);
+        if (grid) {
+            SKIP("gpt cuda shapes that span the grid", "no usable GPU (%s)", why);
+        } else if (rounding) {
+            SKIP("gpt cuda rounding to bf16 and fp16", "no usable GPU (%s)", why);
+        } else {
+            SKIP("gpt cuda parity with the CPU", "no usable GPU (%s)", why);
+            SKIP("gpt cuda bf16 and fp16 training track fp32", "no usable GPU (%s)", why);
+        }
         return;
     }
     device_t d = device_choose("cuda", 0);
@@ -961,10 +1298,19 @@ static void run_tests(const options *o) {
         test_loss_scaler(&r);
         return;
     }
+    if (rounding) {
+        test_rounding_gpu();
+        return;
+    }
+    if (grid) {
+        run_grid(&r);
+        return;
+    }
+    test_rounding_gpu();
     gpt_precision all[] = {GPT_FP32, GPT_BF16, GPT_FP16};
     for (int i = 0; i < 3; i++) {
         test_layers(&r, all[i]);
-        test_model(&r, all[i]);
+        test_model(&r, all[i], 4, 32);
         test_graph_step(&r, all[i]);
         if (all[i] == GPT_FP16) continue; // the two below do not depend on the 16-bit type: bf16 covers them
         test_model_cublas_attention(&r, all[i]);
@@ -979,7 +1325,7 @@ int main(int argc, char **argv) {
     options o = {.mode = "test", .config = "default", .dtype = "bf16", .batch_size = 8, .steps = 10, .warmup = 3,
                  .vocab_size = 5000, .seed = 0};
     flag_set set = {.program = "test_gpt_cuda", .summary = "the GPU GPT against gpt.h, and its benchmark"};
-    flag_choice(&set, "mode", &o.mode, "test|sanitize|graph|scaler|oom|bench", "what to run");
+    flag_choice(&set, "mode", &o.mode, "test|sanitize|graph|scaler|rounding|grid|oom|bench", "what to run");
     flag_choice(&set, "config", &o.config, "default|large|tiny",
                 "bench model: default (128/4/4/256), large (1024/12/12/768) or tiny (32/2/2/64)");
     flag_choice(&set, "dtype", &o.dtype, "fp32|bf16|fp16", "bench precision");
@@ -992,7 +1338,9 @@ int main(int argc, char **argv) {
 #ifdef COURSE_CUDA
     if (!strcmp(o.mode, "bench")) return run_bench(&o);
     if (!strcmp(o.mode, "oom")) return run_oom();
-    check_mfu_arithmetic();
+    bool grid = !strcmp(o.mode, "grid"), rounding = !strcmp(o.mode, "rounding");
+    if (!grid && !rounding) check_mfu_arithmetic();
+    if (!grid && strcmp(o.mode, "graph") && strcmp(o.mode, "scaler")) check_cpu_rounding();
     run_tests(&o);
 #else
     if (!strcmp(o.mode, "bench")) {
@@ -1003,8 +1351,15 @@ int main(int argc, char **argv) {
         SKIP("gpt cuda out of memory", "this is a CPU-only build (CUDA=0 or no CUDA toolkit found)");
         return 0;
     }
-    check_mfu_arithmetic();
-    SKIP("gpt cuda parity with the CPU", "this is a CPU-only build (CUDA=0 or no CUDA toolkit found)");
+    if (!strcmp(o.mode, "grid")) {
+        SKIP("gpt cuda shapes that span the grid", "this is a CPU-only build (CUDA=0 or no CUDA toolkit found)");
+        return 0;
+    }
+    if (strcmp(o.mode, "rounding")) check_mfu_arithmetic();
+    check_cpu_rounding();
+    if (!strcmp(o.mode, "rounding"))
+        SKIP("gpt cuda rounding to bf16 and fp16", "this is a CPU-only build (CUDA=0 or no CUDA toolkit found)");
+    else SKIP("gpt cuda parity with the CPU", "this is a CPU-only build (CUDA=0 or no CUDA toolkit found)");
 #endif
     return test_failures ? 1 : 0;
 }
