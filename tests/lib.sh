@@ -296,3 +296,32 @@ plant() {
 
 # planted_why NAME : why plant NAME gave no program (empty when it gave one).
 planted_why() { cat "$TMP/plant-$1.why" 2>/dev/null; }
+
+# ---------------------------------------------------------------- AdamW's moments, from a snapshot
+# A gradient N times too large barely moves AdamW's weights (its step is
+# m / sqrt(v), the same for any scale) and not at all while clipping is
+# active; its moments show it (m N times, v N^2 times larger). The GPT
+# chapters' equal-to-one-process checks compare them, unclipped.
+# snapshot_norms DIR: "P M V", the l2 norms of the parameters and of
+# AdamW's moments m and v in the snapshot DIR holds (s.*.safetensors: an
+# 8-byte header length, the JSON header with each tensor's byte range, the floats).
+snapshot_norms() {
+    local file h header t range out=""
+    file=$(ls "$1"/s.*.safetensors 2>/dev/null | tail -n 1)
+    [[ -n $file ]] || return 1
+    h=$(od -An -tu8 -N8 "$file" | tr -d ' ')
+    header=$(head -c $((8 + h)) "$file" | tail -c "$h")
+    for t in params adam_m adam_v; do
+        range=$(grep -o "\"$t\":{[^}]*}" <<<"$header" | grep -o '"data_offsets":\[[0-9]*,[0-9]*\]' | grep -o '[0-9][0-9]*,[0-9]*')
+        [[ -n $range ]] || return 1
+        out+=$(od -An -v -tf4 -j $((8 + h + ${range%,*})) -N $((${range#*,} - ${range%,*})) "$file" |
+            awk '{ for (i = 1; i <= NF; i++) s += $i * $i } END { printf "%.9g ", sqrt(s) }')
+    done
+    echo "${out% }"
+}
+# norms_near "P M V" "P M V" TOL: every one of the three within TOL (relative).
+norms_near() {
+    local a=($1) b=($2) k
+    [[ ${#a[@]} -eq 3 && ${#b[@]} -eq 3 ]] || return 1
+    for k in 0 1 2; do rel_near "${a[$k]}" "${b[$k]}" "$3" || return 1; done
+}

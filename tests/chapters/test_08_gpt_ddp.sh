@@ -53,29 +53,7 @@ check "gpt ddp: rank 0 alone reports (one test line)" test "$lines" -eq 1
 # AdamW's moments see it, m N times and v N^2 times larger. So the same
 # pair again without clipping, each run saving its snapshot, and the
 # moments compared too (chapter 09's tests compare them as well).
-# snapshot_norms DIR: "P M V", the l2 norms of the parameters and of
-# AdamW's moments m and v in the snapshot DIR holds (s.*.safetensors: an
-# 8-byte header length, the JSON header with each tensor's byte range, the floats).
-snapshot_norms() {
-    local file h header t range out=""
-    file=$(ls "$1"/s.*.safetensors 2>/dev/null | tail -n 1)
-    [[ -n $file ]] || return 1
-    h=$(od -An -tu8 -N8 "$file" | tr -d ' ')
-    header=$(head -c $((8 + h)) "$file" | tail -c "$h")
-    for t in params adam_m adam_v; do
-        range=$(grep -o "\"$t\":{[^}]*}" <<<"$header" | grep -o '"data_offsets":\[[0-9]*,[0-9]*\]' | grep -o '[0-9][0-9]*,[0-9]*')
-        [[ -n $range ]] || return 1
-        out+=$(od -An -v -tf4 -j $((8 + h + ${range%,*})) -N $((${range#*,} - ${range%,*})) "$file" |
-            awk '{ for (i = 1; i <= NF; i++) s += $i * $i } END { printf "%.9g ", sqrt(s) }')
-    done
-    echo "${out% }"
-}
-# norms_near "P M V" "P M V" TOL: every one of the three within TOL (relative).
-norms_near() {
-    local a=($1) b=($2) k
-    [[ ${#a[@]} -eq 3 && ${#b[@]} -eq 3 ]] || return 1
-    for k in 0 1 2; do rel_near "${a[$k]}" "${b[$k]}" "$3" || return 1; done
-}
+# snapshot_norms and norms_near: tests/lib.sh.
 unclipped=(--grad_clip 0 --save_every 1)
 run_capture 120 "$TMP/one_nc" "$prog" "${common[@]}" --max_steps 15 --batch_size 8 "${unclipped[@]}" --out_dir "$TMP/one_nc.d" \
     --snapshot_path "$TMP/one_nc.d/s.safetensors"

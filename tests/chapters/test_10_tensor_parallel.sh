@@ -104,6 +104,32 @@ a=$(field "$TMP/one" "$sum"); b=$(field "$TMP/ch08" "$sum")
 [[ -n "$a" && "$a" == "$b" ]]
 verdict $? "tp: --tp 1 trains chapter 08's model bit for bit ($a)" "checksums '$a' vs '$b'"
 
+# A gradient M times too large (the mean over micro-batches forgotten)
+# barely moves AdamW's weights, and not at all while clipping is active:
+# without clipping, AdamW's moments from each run's snapshot (tests/lib.sh,
+# snapshot_norms) must equal one process's too. Planted: 10's step without
+# the 1/M, which a comparison of weights with clipping on does not see.
+unclipped=(--grad_clip 0 --save_every 1 --max_steps 15)
+run_capture 120 "$TMP/one_nc" "$prog" "${cpu[@]}" "${unclipped[@]}" --batch_size 8 --out_dir "$TMP/one_nc.d" \
+    --snapshot_path "$TMP/one_nc.d/s.safetensors"
+na=$(snapshot_norms "$TMP/one_nc.d")
+run_capture 120 "$TMP/tp_nc" "$prog" "${cpu[@]}" "${unclipped[@]}" --batch_size 4 --grad_accum 2 --tp 2 \
+    --out_dir "$TMP/tp_nc.d" --snapshot_path "$TMP/tp_nc.d/s.safetensors"; status=$?
+nb=$(snapshot_norms "$TMP/tp_nc.d")
+[[ $status -eq 0 ]] && norms_near "$na" "$nb" 1e-6
+verdict $? "tp: without clipping, tp 2 x 2 micro-batches of 4 equal one process in weights and AdamW's moments (l2 of p, m, v: $nb vs $na)" \
+    "status $status, norms '$nb' vs '$na': $(grep -m1 error "$TMP/tp_nc")"
+planted=$(plant no_mean 10_tensor_parallel/10_tensor_parallel.c 'model_backward(m, 1.0f / (float)o->grad_accum,' \
+          'model_backward(m, 1.0f,' 10_tensor_parallel 10_tensor_parallel)
+if [[ -n $planted ]]; then
+    run_capture 120 "$TMP/pl_nc" "$planted" "${cpu[@]}" "${unclipped[@]}" --batch_size 4 --grad_accum 2 --tp 2 \
+        --out_dir "$TMP/pl_nc.d" --snapshot_path "$TMP/pl_nc.d/s.safetensors"
+    np=$(snapshot_norms "$TMP/pl_nc.d")
+    [[ -n $np ]] && ! norms_near "$na" "$np" 1e-6
+fi
+verdict $? "tp planted: a step that sums its micro-batches' gradients fails the moments check (l2 of p, m, v: $np vs $na)" \
+    "$(planted_why no_mean)planted norms '$np' vs '$na'"
+
 # Planted: the f all-reduce of c_fc's input gradient skipped. Each rank's
 # LayerNorm gradient then sees only its own hidden units: the replicas
 # check must stop the run after its first step.

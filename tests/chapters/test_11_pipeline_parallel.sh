@@ -74,6 +74,32 @@ for M in 1 4; do
     done
 done
 
+# A gradient M times too large (the mean over micro-batches forgotten)
+# barely moves AdamW's weights, and not at all while clipping is active:
+# without clipping, AdamW's moments from each run's snapshot (tests/lib.sh,
+# snapshot_norms) must equal one process's too. Planted: pipe_backward
+# without the 1/M, which passes the l2 comparison above and fails this one.
+unclipped=(--grad_clip 0 --save_every 1 --grad_accum 4)
+run_capture 120 "$TMP/one_nc" "$p08" "${common[@]}" "${unclipped[@]}" --out_dir "$TMP/one_nc.d" \
+    --snapshot_path "$TMP/one_nc.d/s.safetensors"
+na=$(snapshot_norms "$TMP/one_nc.d")
+run_capture 120 "$TMP/pp_nc" "$prog" "${common[@]}" "${unclipped[@]}" --pp 2 --out_dir "$TMP/pp_nc.d" \
+    --snapshot_path "$TMP/pp_nc.d/s.safetensors"; status=$?
+nb=$(snapshot_norms "$TMP/pp_nc.d")
+[[ $status -eq 0 ]] && norms_near "$na" "$nb" 1e-6
+verdict $? "11: without clipping, 2 stages x 4 micro-batches equal one process in weights and AdamW's moments (l2 of p, m, v: $nb vs $na)" \
+    "status $status, norms '$nb' vs '$na': $(grep -m1 error "$TMP/pp_nc")"
+planted=$(plant no_mean 11_pipeline_parallel/11_pipeline_parallel.c 'model_backward(m, 1.0f / (float)p->micro_batches, NULL)' \
+          'model_backward(m, 1.0f, NULL)' 11_pipeline_parallel 11_pipeline_parallel)
+if [[ -n $planted ]]; then
+    run_capture 120 "$TMP/pl_nc" "$planted" "${common[@]}" "${unclipped[@]}" --pp 2 --out_dir "$TMP/pl_nc.d" \
+        --snapshot_path "$TMP/pl_nc.d/s.safetensors"
+    np=$(snapshot_norms "$TMP/pl_nc.d")
+    [[ -n $np ]] && ! norms_near "$na" "$np" 1e-6
+fi
+verdict $? "11 planted: stages that sum their micro-batches' gradients fail the moments check (l2 of p, m, v: $np vs $na)" \
+    "$(planted_why no_mean)planted norms '$np' vs '$na'"
+
 # Planted: the tied embedding's all-reduce left out. Each end of the
 # pipeline then steps its copy of wte with half of its gradient (the
 # embedding's, or the LM head's); only the comparison with one process sees it.
