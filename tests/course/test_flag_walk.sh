@@ -80,6 +80,14 @@ else
     walk "$c" x --precision fp16 --loss_scale 1024
     grep -Eq 'loss scale (1024|512|2048)' "$out" && grep -q '^step: ' "$out"
     expect "$c" --precision=fp16 $? "fp16 with its loss scale from --loss_scale; the step line says how it launches"
+    # --cuda_graph (on by default): 08's one process steps in one graph
+    # launch; a chapter whose step is not 08's says why it cannot.
+    if [[ $c == 08_gpt_wikitext || -n ${refused["$c --precision=fp16"]:-} ]]; then
+        walk "$c" x --precision bf16
+    fi
+    if [[ $c == 08_gpt_wikitext ]]; then grep -q '^step: one CUDA graph launch' "$out"
+    else grep -Eq '^step: (one CUDA graph launch|launched call by call \(no CUDA graph: [a-zA-Z].{8,}\))' "$out"; fi
+    expect "$c" --cuda_graph $? "$(grep -m1 '^step: ' "$out" | cut -c7-)"
     walk "$c" x --cuda_graph=false
     grep -q 'no CUDA graph: --cuda_graph=false' "$out"; expect "$c" --cuda_graph=false $? "launched call by call"
   done
