@@ -179,10 +179,11 @@ done
 # by the check above, which wants the model of the same total batch.
 planted=$(plant one_micro 08_gpt_wikitext/08_gpt_wikitext.c 'micro < o->grad_accum; micro++' 'micro < 1; micro++' \
           08_gpt_wikitext 08_gpt_wikitext)
+a= b=
 if [[ -n $planted ]]; then
     run_capture 120 "$TMP/planted" "$planted" "${base[@]}" --out_dir "$TMP/planted.d" --grad_accum 2 --batch_size 2
     a=$(field "$TMP/planted" "$l2"); b=$(field "$TMP/08_gpt_wikitext.base" "$l2")
     [[ -n $a && -n $b ]] && ! rel_near "$a" "$b" 1e-6
-fi
+else false; fi
 verdict $? "flag walk planted: a step that ignores --grad_accum fails the --grad_accum check" "$(planted_why one_micro)l2 '$a' vs '$b'"
 
