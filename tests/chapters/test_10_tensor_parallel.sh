@@ -119,6 +119,7 @@ nb=$(snapshot_norms "$TMP/tp_nc.d")
 [[ $status -eq 0 ]] && norms_near "$na" "$nb" 1e-6
 verdict $? "tp: without clipping, tp 2 x 2 micro-batches of 4 equal one process in weights and AdamW's moments (l2 of p, m, v: $nb vs $na)" \
     "status $status, norms '$nb' vs '$na': $(grep -m1 error "$TMP/tp_nc")"
+np=
 planted=$(plant no_mean 10_tensor_parallel/10_tensor_parallel.c 'model_backward(m, 1.0f / (float)o->grad_accum,' \
           'model_backward(m, 1.0f,' 10_tensor_parallel 10_tensor_parallel)
 if [[ -n $planted ]]; then
@@ -126,7 +127,7 @@ if [[ -n $planted ]]; then
         --out_dir "$TMP/pl_nc.d" --snapshot_path "$TMP/pl_nc.d/s.safetensors"
     np=$(snapshot_norms "$TMP/pl_nc.d")
     [[ -n $np ]] && ! norms_near "$na" "$np" 1e-6
-fi
+else false; fi
 verdict $? "tp planted: a step that sums its micro-batches' gradients fails the moments check (l2 of p, m, v: $np vs $na)" \
     "$(planted_why no_mean)planted norms '$np' vs '$na'"
 

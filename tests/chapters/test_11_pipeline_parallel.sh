@@ -89,6 +89,7 @@ nb=$(snapshot_norms "$TMP/pp_nc.d")
 [[ $status -eq 0 ]] && norms_near "$na" "$nb" 1e-6
 verdict $? "11: without clipping, 2 stages x 4 micro-batches equal one process in weights and AdamW's moments (l2 of p, m, v: $nb vs $na)" \
     "status $status, norms '$nb' vs '$na': $(grep -m1 error "$TMP/pp_nc")"
+np=
 planted=$(plant no_mean 11_pipeline_parallel/11_pipeline_parallel.c 'model_backward(m, 1.0f / (float)p->micro_batches, NULL)' \
           'model_backward(m, 1.0f, NULL)' 11_pipeline_parallel 11_pipeline_parallel)
 if [[ -n $planted ]]; then
@@ -96,7 +97,7 @@ if [[ -n $planted ]]; then
         --snapshot_path "$TMP/pl_nc.d/s.safetensors"
     np=$(snapshot_norms "$TMP/pl_nc.d")
     [[ -n $np ]] && ! norms_near "$na" "$np" 1e-6
-fi
+else false; fi
 verdict $? "11 planted: stages that sum their micro-batches' gradients fail the moments check (l2 of p, m, v: $np vs $na)" \
     "$(planted_why no_mean)planted norms '$np' vs '$na'"
 
