@@ -58,7 +58,8 @@ one 10-one 10_tensor_parallel --batch_size 8
 one 10-tp2 10_tensor_parallel --batch_size 8 --tp 2
 one 10-dp2-tp2 10_tensor_parallel --batch_size 4 --dp 2 --tp 2
 one 10-tp2-accum2 10_tensor_parallel --batch_size 4 --tp 2 --grad_accum 2
-# 11: pipelines; its micro-batches are 08's accumulation steps.
+# 11: pipelines (two stages by default, so 11-one is one pipeline of two
+# stages, not one process); its micro-batches are 08's accumulation steps.
 one 11-one 11_pipeline_parallel --batch_size 8 MICRO 1
 one 11-pp2-gpipe 11_pipeline_parallel --batch_size 2 MICRO 4 --pp 2 --schedule gpipe
 one 11-pp2-1f1b 11_pipeline_parallel --batch_size 2 MICRO 4 --pp 2 --schedule 1f1b
