@@ -102,14 +102,10 @@ static options parse_options(int argc, char **argv) {
 // that would make the host wait for every step, and the progress line
 // reads them (model_take_train_loss) every --log_every steps instead.
 static void train_step(model_t *m, trainer_t *tr, const options *o, int step) {
+    // On one GPU the same step - zero_grad, forward, backward, clip, AdamW -
+    // can be ONE launch of a CUDA graph (trainer_graph_step, gpt/trainer.h).
     if (tr->graph) {
-        // The same step - zero_grad, forward, backward, clip, AdamW - as ONE
-        // launch of a CUDA graph captured at the first step (gpt_cuda.cu,
-        // section 10): the tokens and this step's learning rate are copied to
-        // the GPU before it, and it computes what the calls below compute.
-        const loader_batch_t *batch = loader_next(&tr->loader);
-        model_graph_step(m, batch->inputs, batch->targets, o->batch_size, o->block_size, (float)o->grad_clip,
-                         learning_rate(tr, o, step), 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
+        trainer_graph_step(m, tr, o, step);
         return;
     }
     model_zero_grad(m);

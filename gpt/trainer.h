@@ -136,6 +136,18 @@ static inline void trainer_choose_graph(trainer_t *tr, const model_t *m, const o
     }
 }
 
+// One training step as ONE launch of a CUDA graph captured at the first
+// step (gpt_cuda.cu, section 10): the next batch's tokens and this step's
+// learning rate are copied to the GPU before it, and it computes what 08's
+// train_step computes call by call - zero_grad, forward, backward, clip,
+// AdamW - without the host launching each kernel (trainer_choose_graph says
+// when it may).
+static inline void trainer_graph_step(model_t *m, trainer_t *tr, const options *o, int step) {
+    const loader_batch_t *batch = loader_next(&tr->loader);
+    model_graph_step(m, batch->inputs, batch->targets, o->batch_size, o->block_size, (float)o->grad_clip,
+                     learning_rate(tr, o, step), 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
+}
+
 // ===================================================================== evaluation
 
 // One batch's mean loss: the model's forward pass, or a chapter's (11's
