@@ -48,6 +48,8 @@ typedef struct {
     int coord[DIMS];  // this rank's place
     pg_t *group[DIMS];// the ranks that differ from this one along that dimension only
     mesh_t mesh;      // the dimensions of size > 1 (mesh_report prints it)
+    pg_t *joined[8];  // groups over several dimensions (groups_join), freed with the rest
+    int num_joined;
     dist_t *dist;     // the job: its world group, its device
     int rank, world;  // in the job
 } groups_t;
@@ -95,6 +97,7 @@ static inline void groups_init(groups_t *g, dist_t *d, const int size_in[DIMS]) 
 static inline void groups_report(groups_t *g) { mesh_report(&g->mesh, g->dist); }
 
 static inline void groups_free(groups_t *g) {
+    for (int k = 0; k < g->num_joined; k++) pg_destroy(g->joined[k]);
     for (int k = 0; k < DIMS; k++)
         if (g->size[k] == 1) pg_destroy(g->group[k]);
     mesh_free(&g->mesh);
@@ -138,6 +141,34 @@ static inline int groups_ring_peer(const groups_t *g, dim_t dim, int step) {
 
 static inline bool groups_first(const groups_t *g, dim_t dim) { return g->coord[dim] == 0; }
 static inline bool groups_last(const groups_t *g, dim_t dim) { return g->coord[dim] == g->size[dim] - 1; }
+
+// The ranks that differ from this one along the named dimensions only
+// ("dp cp": the ranks that hold the same weights and see different data,
+// over which chapter 12 averages the gradients; "dp ep" in chapter 13 for
+// the dense weights, while an expert's average over "dp" alone). Its ranks
+// are numbered in job order, which is the row-major order of the named
+// dimensions. Every rank calls it, in the same order (it splits the job's
+// group); groups_free destroys it.
+static inline pg_t *groups_join(groups_t *g, const char *dims) {
+    bool named[DIMS] = {false};
+    for (const char *p = dims; *p;) {
+        while (*p == ' ') p++;
+        size_t n = strcspn(p, " ");
+        if (!n) break;
+        int k = 0;
+        while (k < DIMS && (strlen(GROUPS_NAMES[k]) != n || strncmp(GROUPS_NAMES[k], p, n))) k++;
+        if (k == DIMS) die("groups_join: '%.*s' in \"%s\" is not a dimension (pp dp ep cp tp)", (int)n, p, dims);
+        named[k] = true, p += n;
+    }
+    if (g->num_joined == (int)(sizeof g->joined / sizeof g->joined[0]))
+        die("groups_join: more than %d joined groups", g->num_joined);
+    // The color: this rank's coordinates with the named ones set to 0 - the
+    // same for exactly the ranks that differ along the named dimensions only.
+    int coord[DIMS];
+    for (int k = 0; k < DIMS; k++) coord[k] = named[k] ? 0 : g->coord[k];
+    pg_t *pg = pg_split(g->dist->pg, groups_rank_of(g, coord), g->rank);
+    return g->joined[g->num_joined++] = pg;
+}
 
 // ---------------------------------------------------------------- a few host numbers over a group
 
