@@ -127,13 +127,13 @@ static inline int options_ranks(const options *o) {
 // Model sizes left at 0 come from the preset; the result must be buildable;
 // then what no single flag's range can say.
 static inline void options_finish(options *o, flag_set *set) {
-    gpt_config p = {o->vocab_size, 0, 0, 0, 0};
+    gpt_config p = gpt_config_of(o->vocab_size, 0, 0, 0, 0);
     gpt_preset(o->preset, &p); // the flag's choices guarantee a known name
     if (!o->block_size) o->block_size = p.block_size;
     if (!o->n_layer) o->n_layer = p.n_layer;
     if (!o->n_head) o->n_head = p.n_head;
     if (!o->n_embd) o->n_embd = p.n_embd;
-    gpt_config c = {o->vocab_size, o->block_size, o->n_layer, o->n_head, o->n_embd};
+    gpt_config c = gpt_config_of(o->vocab_size, o->block_size, o->n_layer, o->n_head, o->n_embd);
     const char *problem = gpt_config_problem(c);
     if (problem) flags_fail(set, "bad model size: %s (got --n_embd %d --n_head %d)", problem, o->n_embd, o->n_head);
     if (o->min_lr < 0) o->min_lr = o->lr / 10;
