@@ -51,7 +51,9 @@
 
 // One layer's state between its forward and its backward pass.
 typedef struct {
-    int N, G;                 // tokens, capacity groups
+    int N, G;                 // buffers' room: tokens, capacity groups
+    bool train;               // the last forward pass was a training pass (m->train_pass)
+    int groups;               // its capacity groups
     gpt_real *probs;          // (N, E) the router's softmax
     int *choice;              // (N, K) the chosen experts
     gpt_real *gate;           // (N, K) their renormalised gates
@@ -83,7 +85,6 @@ typedef struct {
 typedef struct gpt_moe {
     gpt_moe_layer *layer;     // n_layer
     gpt_moe_stats stats;
-    size_t bytes;             // what the layers' buffers hold now
 } gpt_moe;
 
 enum { MOE_ROUTING, MOE_DISPATCH, MOE_EXPERTS, MOE_COMBINE };
@@ -129,9 +130,8 @@ static inline void gpt_moe_free(gpt_t *m) {
 }
 
 // *p resized to n elements of `size` bytes (contents not kept).
-static inline void *moe_buffer(void *p, size_t n, size_t size, size_t *bytes) {
+static inline void *moe_buffer(void *p, size_t n, size_t size) {
     free(p);
-    *bytes += n * size;
     return xmalloc(n ? n * size : 1);
 }
 
@@ -139,11 +139,11 @@ static inline void *moe_buffer(void *p, size_t n, size_t size, size_t *bytes) {
 // to rank p, `rows_in[p]` from it (counts in numbers, as pg_all_to_all_v
 // takes them). One process: its own block, copied.
 static inline void moe_exchange(gpt_t *m, const gpt_real *send, const size_t *out, gpt_real *recv, const size_t *in,
-                                int pass) {
+                                int pass, bool count) {
     int P = gpt_ep_ways(m->cfg.ep);
     gpt_moe_stats *s = &m->moe->stats;
-    for (int p = 0; p < P; p++) s->sent[pass] += (double)out[p];
-    s->exchanges[pass]++;
+    for (int p = 0; count && p < P; p++) s->sent[pass] += (double)out[p];
+    s->exchanges[pass] += count;
     if (P == 1) {
         if (out[0] != in[0]) die("moe: %zu numbers sent to myself, %zu expected", out[0], in[0]);
         memcpy(recv, send, sizeof(gpt_real) * out[0]);
@@ -163,17 +163,17 @@ static inline void gpt_moe_forward(gpt_t *m, int layer, const gpt_block *w, cons
     int H = 4 * C;
     int G = m->train_pass && c->capacity_groups > 1 ? c->capacity_groups : 1;
     if (G > m->B) die("moe: %d capacity groups for a batch of %d sequences", G, m->B);
-    double t0 = moe_now();
+    y->train = m->train_pass, y->groups = G;
+    double t0 = moe_now(), unused[4], *sec = m->train_pass ? st->stats.seconds : unused; // training passes' time
     if (N > y->N || G > y->G) {
-        size_t *b = &st->bytes;
-        y->probs = moe_buffer(y->probs, (size_t)N * E, sizeof(gpt_real), b);
-        y->choice = moe_buffer(y->choice, (size_t)N * K, sizeof(int), b);
-        y->gate = moe_buffer(y->gate, (size_t)N * K, sizeof(gpt_real), b);
-        y->slot = moe_buffer(y->slot, (size_t)N * K, sizeof(int), b);
-        y->sent = moe_buffer(y->sent, (size_t)N * K, sizeof(int), b);
-        y->send_x = moe_buffer(y->send_x, (size_t)N * K * C, sizeof(gpt_real), b);
-        y->back_y = moe_buffer(y->back_y, (size_t)N * K * C, sizeof(gpt_real), b);
-        y->aux_scale = moe_buffer(y->aux_scale, (size_t)(G > y->G ? G : y->G) * E, sizeof(gpt_real), b);
+        y->probs = moe_buffer(y->probs, (size_t)N * E, sizeof(gpt_real));
+        y->choice = moe_buffer(y->choice, (size_t)N * K, sizeof(int));
+        y->gate = moe_buffer(y->gate, (size_t)N * K, sizeof(gpt_real));
+        y->slot = moe_buffer(y->slot, (size_t)N * K, sizeof(int));
+        y->sent = moe_buffer(y->sent, (size_t)N * K, sizeof(int));
+        y->send_x = moe_buffer(y->send_x, (size_t)N * K * C, sizeof(gpt_real));
+        y->back_y = moe_buffer(y->back_y, (size_t)N * K * C, sizeof(gpt_real));
+        y->aux_scale = moe_buffer(y->aux_scale, (size_t)(G > y->G ? G : y->G) * E, sizeof(gpt_real));
         if (!y->count_out) {
             y->count_out = xcalloc((size_t)E, sizeof(int)), y->count_in = xcalloc((size_t)E, sizeof(int));
             y->send_counts = xcalloc((size_t)P, sizeof(size_t)), y->recv_counts = xcalloc((size_t)P, sizeof(size_t));
@@ -253,7 +253,7 @@ static inline void gpt_moe_forward(gpt_t *m, int layer, const gpt_block *w, cons
         memcpy(y->send_x + (size_t)s * C, x + a / (size_t)K * C, sizeof(gpt_real) * C);
     }
     free(start);
-    st->stats.seconds[MOE_ROUTING] += moe_now() - t0;
+    sec[MOE_ROUTING] += moe_now() - t0;
     t0 = moe_now();
     // How many rows each rank gets for each of its experts: the counts
     // first (an all-to-all of E/ep numbers per rank), then the rows.
@@ -270,13 +270,13 @@ static inline void gpt_moe_forward(gpt_t *m, int layer, const gpt_block *w, cons
         y->send_counts[p] = out * (size_t)C, y->recv_counts[p] = in * (size_t)C;
         y->R += (int)in;
     }
-    size_t R = (size_t)y->R, *b = &st->bytes;
-    y->recv_x = moe_buffer(y->recv_x, R * C, sizeof(gpt_real), b), y->recv_y = moe_buffer(y->recv_y, R * C, sizeof(gpt_real), b);
-    y->xe = moe_buffer(y->xe, R * C, sizeof(gpt_real), b), y->ye = moe_buffer(y->ye, R * C, sizeof(gpt_real), b);
-    y->h = moe_buffer(y->h, R * H, sizeof(gpt_real), b), y->hg = moe_buffer(y->hg, R * H, sizeof(gpt_real), b);
-    y->order = moe_buffer(y->order, R, sizeof(int), b);
-    moe_exchange(m, y->send_x, y->send_counts, y->recv_x, y->recv_counts, 0);
-    st->stats.seconds[MOE_DISPATCH] += moe_now() - t0;
+    size_t R = (size_t)y->R;
+    y->recv_x = moe_buffer(y->recv_x, R * C, sizeof(gpt_real)), y->recv_y = moe_buffer(y->recv_y, R * C, sizeof(gpt_real));
+    y->xe = moe_buffer(y->xe, R * C, sizeof(gpt_real)), y->ye = moe_buffer(y->ye, R * C, sizeof(gpt_real));
+    y->h = moe_buffer(y->h, R * H, sizeof(gpt_real)), y->hg = moe_buffer(y->hg, R * H, sizeof(gpt_real));
+    y->order = moe_buffer(y->order, R, sizeof(int));
+    moe_exchange(m, y->send_x, y->send_counts, y->recv_x, y->recv_counts, 0, y->train);
+    sec[MOE_DISPATCH] += moe_now() - t0;
     t0 = moe_now();
 
     // 4. The experts: the rows arrive rank by rank (and by expert within
@@ -304,11 +304,11 @@ static inline void gpt_moe_forward(gpt_t *m, int layer, const gpt_block *w, cons
     }
     for (int r = 0; r < y->R; r++) memcpy(y->recv_y + (size_t)r * C, y->ye + (size_t)y->order[r] * C, sizeof(gpt_real) * C);
     free(at), free(fill);
-    st->stats.seconds[MOE_EXPERTS] += moe_now() - t0;
+    sec[MOE_EXPERTS] += moe_now() - t0;
     t0 = moe_now();
     // The outputs go back: what came from rank p returns to it.
-    moe_exchange(m, y->recv_y, y->recv_counts, y->back_y, y->send_counts, 0);
-    st->stats.seconds[MOE_DISPATCH] += moe_now() - t0;
+    moe_exchange(m, y->recv_y, y->recv_counts, y->back_y, y->send_counts, 0, y->train);
+    sec[MOE_DISPATCH] += moe_now() - t0;
     t0 = moe_now();
 
     // 5. Combine: each token's kept experts, weighted by their gates, in
@@ -325,7 +325,7 @@ static inline void gpt_moe_forward(gpt_t *m, int layer, const gpt_block *w, cons
             for (int ch = 0; ch < C; ch++) o[ch] += g * r[ch];
         }
     }
-    st->stats.seconds[MOE_COMBINE] += moe_now() - t0;
+    sec[MOE_COMBINE] += moe_now() - t0;
 }
 
 // The layer's backward pass: dout (N, C) is d(loss)/d(y); dx (N, C) gets
@@ -353,7 +353,7 @@ static inline void gpt_moe_backward(gpt_t *m, int layer, const gpt_block *w, con
     st->stats.seconds[MOE_COMBINE] += moe_now() - t0;
     t0 = moe_now();
     gpt_real *drecv = xmalloc(sizeof(gpt_real) * ((size_t)R * C + 1));
-    moe_exchange(m, dsend, y->send_counts, drecv, y->recv_counts, 1);
+    moe_exchange(m, dsend, y->send_counts, drecv, y->recv_counts, 1, true);
     st->stats.seconds[MOE_DISPATCH] += moe_now() - t0;
     t0 = moe_now();
 
@@ -379,12 +379,12 @@ static inline void gpt_moe_backward(gpt_t *m, int layer, const gpt_block *w, con
     free(dye), free(dh), free(dxe);
     st->stats.seconds[MOE_EXPERTS] += moe_now() - t0;
     t0 = moe_now();
-    moe_exchange(m, drecv, y->recv_counts, dsend, y->send_counts, 1); // the inputs' gradients come back
+    moe_exchange(m, drecv, y->recv_counts, dsend, y->send_counts, 1, true); // the inputs' gradients come back
     st->stats.seconds[MOE_DISPATCH] += moe_now() - t0;
     t0 = moe_now();
 
     // Each token's input gradient: its kept rows', in the order of its choices.
-    int G = m->train_pass && c->capacity_groups > 1 ? c->capacity_groups : 1, T = m->T;
+    int G = y->groups, T = m->T;
     gpt_real *dlogits = xmalloc(sizeof(gpt_real) * (size_t)N * E);
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
@@ -403,7 +403,7 @@ static inline void gpt_moe_backward(gpt_t *m, int layer, const gpt_block *w, con
         gpt_real *dl = dlogits + (size_t)n * E, mix = 0, sum = 0, dot = 0;
         for (int k = 0; k < K; k++) mix += dg[k] * g[k], sum += p[ch[k]];
         for (int e = 0; e < E; e++)
-            dl[e] = m->train_pass ? grad_scale * y->aux_scale[((n / T) % G) * E + e] : 0;
+            dl[e] = y->train ? grad_scale * y->aux_scale[((n / T) % G) * E + e] : 0;
         for (int k = 0; k < K; k++) dl[ch[k]] += (dg[k] - mix) / sum;
         for (int e = 0; e < E; e++) dot += p[e] * dl[e];
         for (int e = 0; e < E; e++) dl[e] = p[e] * (dl[e] - dot);
@@ -414,6 +414,21 @@ static inline void gpt_moe_backward(gpt_t *m, int layer, const gpt_block *w, con
     for (size_t i = 0; i < (size_t)N * C; i++) dx[i] += drouter[i];
     free(drouter), free(dlogits), free(dsend), free(drecv), free(dgate);
     st->stats.seconds[MOE_ROUTING] += moe_now() - t0;
+}
+
+// Bytes the layers' buffers hold now: those sized by the tokens (room
+// for the largest batch so far) and those sized by the rows the last
+// forward pass received.
+static inline size_t gpt_moe_bytes(const gpt_t *m) {
+    size_t bytes = 0, E = (size_t)m->cfg.n_expert, K = (size_t)m->cfg.top_k, C = (size_t)m->cfg.n_embd;
+    size_t r = sizeof(gpt_real);
+    for (int l = 0; m->moe && l < m->cfg.n_layer; l++) {
+        const gpt_moe_layer *y = &m->moe->layer[l];
+        size_t N = (size_t)y->N, R = (size_t)y->R;
+        bytes += N * E * r + N * K * (3 * sizeof(int) + r + 2 * C * r) + (size_t)y->G * E * r;
+        bytes += R * (C * 4 + 8 * C) * r + R * sizeof(int);
+    }
+    return bytes;
 }
 
 // The balancing loss of the training passes since the last reset, per pass

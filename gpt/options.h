@@ -46,6 +46,9 @@ typedef struct {
     int shard, check_every;
     bool consolidate, layers_for_stages;
     const char *schedule;
+    // 13's mixture of experts (gpt_config's fields of the same names; 0 experts: the dense MLP).
+    int n_expert, moe_top_k, capacity_groups;
+    double capacity_factor, aux_loss_coef;
 } options;
 
 // 08's defaults; out_dir is runs/CHAPTER (common/files.h).
@@ -57,7 +60,7 @@ static inline options options_defaults(const char *chapter) {
                  .preset = "default", .prompt = "The", .device = "auto", .nprocs = 0, .backend = "auto",
                  .precision = "auto", .grad_compress = "none", .num_workers = 0, .loss_scale = 65536,
                  .powersgd_rank = 1, .dp = 0, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .shard = 0,
-                 .schedule = "1f1b"};
+                 .schedule = "1f1b", .moe_top_k = 2, .capacity_groups = 1, .aux_loss_coef = 0.01};
     static char default_out_dir[1024]; // outlives this function: o.out_dir points at it
     files_runs_dir(default_out_dir, sizeof default_out_dir, chapter);
     o.out_dir = default_out_dir;
