@@ -805,13 +805,13 @@ static inline void gpt_block_forward(gpt_t *m, int layer, gpt_real *params, cons
     matmul_forward(scratch, a.atty, p.attproj_w, p.attproj_b, N, C, C);
     residual_forward(a.res2, x, scratch, (size_t)N * C);
     layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, N, C);
-    if (m->cfg.n_expert) { // a mixture of experts in the MLP's place (gpt/moe.h)
-        gpt_moe_forward(m, layer, &p, a.ln2, scratch);
-    } else {
-        matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C);
-        gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C);
-        matmul_forward(scratch, a.fch_gelu, p.fcproj_w, p.fcproj_b, N, 4 * C, C);
+    if (m->cfg.n_expert) { // a mixture of experts in the MLP's place, residual included (gpt/moe.h)
+        gpt_moe_forward(m, layer, &p, a.ln2, a.res2, a.res3);
+        return;
     }
+    matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C);
+    gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C);
+    matmul_forward(scratch, a.fch_gelu, p.fcproj_w, p.fcproj_b, N, 4 * C, C);
     residual_forward(a.res3, a.res2, scratch, (size_t)N * C);
 }
 

@@ -153,9 +153,11 @@ static inline void moe_exchange(gpt_t *m, const gpt_real *send, const size_t *ou
     m->ep_all_to_all_v(m->ep_user, send, out, recv, in);
 }
 
-// The layer's forward pass: out (N, C) = y for the N = B T tokens x (ln_2's
-// output, N x C). w: the block's router and (this rank's) experts.
-static inline void gpt_moe_forward(gpt_t *m, int layer, const gpt_block *w, const gpt_real *x, gpt_real *out) {
+// The layer's forward pass with its residual: out (N, C) = res + y for the
+// N = B T tokens x (ln_2's output, N x C) and the residual stream res.
+// w: the block's router and (this rank's) experts.
+static inline void gpt_moe_forward(gpt_t *m, int layer, const gpt_block *w, const gpt_real *x, const gpt_real *res,
+                                   gpt_real *out) {
     gpt_moe *st = gpt_moe_state(m);
     gpt_moe_layer *y = &st->layer[layer];
     const gpt_config *c = &m->cfg;
@@ -311,12 +313,14 @@ static inline void gpt_moe_forward(gpt_t *m, int layer, const gpt_block *w, cons
     sec[MOE_DISPATCH] += moe_now() - t0;
     t0 = moe_now();
 
-    // 5. Combine: each token's kept experts, weighted by their gates, in
-    // the order of its choices. A dropped choice adds nothing.
+    // 5. Combine: each token's residual stream plus its kept experts,
+    // weighted by their gates, in the order of its choices. A dropped
+    // choice adds nothing: a token whose every choice was dropped leaves
+    // the layer as it came, on the residual stream alone.
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         gpt_real *o = out + (size_t)n * C;
-        memset(o, 0, sizeof(gpt_real) * C);
+        memcpy(o, res + (size_t)n * C, sizeof(gpt_real) * C); // the residual: all a dropped token keeps
         for (int k = 0; k < K; k++) {
             int s = y->slot[(size_t)n * K + k];
             if (s < 0) continue;
