@@ -54,8 +54,9 @@ typedef struct {
 // A dense model's configuration (the mixture-of-experts fields 0): what
 // chapters 08-12 build, field by field.
 static inline gpt_config gpt_config_of(int vocab_size, int block_size, int n_layer, int n_head, int n_embd) {
-    gpt_config c = {.vocab_size = vocab_size, .block_size = block_size, .n_layer = n_layer, .n_head = n_head,
-                    .n_embd = n_embd};
+    gpt_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = vocab_size, c.block_size = block_size, c.n_layer = n_layer, c.n_head = n_head, c.n_embd = n_embd;
     return c;
 }
 
