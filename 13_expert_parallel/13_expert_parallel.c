@@ -187,7 +187,8 @@ static void train(model_t *m, gpt_t *whole, groups_t *g, const corpus_t *c, cons
             tr->loss_count++;
             step++;
             tr->train_time += now_seconds() - t0;
-            if (step % o->log_every == 0 || step == tr->total_steps) report_progress(m, tr, o, step, epoch);
+            if (step % o->log_every == 0 || step == tr->total_steps) report_progress(m, tr, o, step, epoch),
+                report_routing(m, tr->replicas.sum, o, step); // where the tokens went (ep_report.h)
             validated = o->eval_every > 0 && step % o->eval_every == 0;
             if (validated) validate(m, tr, c, o, step, epoch);
         }

@@ -9,6 +9,7 @@
 #ifndef EP_REPORT_H
 #define EP_REPORT_H
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -45,6 +46,47 @@ static inline void take_experts(model_t *m, const gpt_t *whole, int ep_rank) {
         gpt_expert_shard_copy(h, ep_rank, whole->adam_v, h->adam_v, true);
     }
     model_to_device(m);
+}
+
+// A row of routing.csv in --out_dir per layer, at every progress line:
+// step, layer, the smallest and largest share of the assignments an
+// expert got since the last row (all ranks; even: 1/E), the share dropped,
+// the layer's balancing loss (the ranks' mean). make plots draws them
+// (plots/13_balance.gp). Every rank calls it at the same steps.
+static inline void report_routing(model_t *m, pg_t *all, const options *o, int step) {
+    gpt_t *h = &m->host;
+    if (!h->cfg.n_expert || !h->moe) return;
+    static double *last; // the counts at the last row
+    static FILE *csv;
+    int L = h->cfg.n_layer, E = h->cfg.n_expert;
+    size_t n = (size_t)L * E + (size_t)L;
+    double *now = xcalloc(n, sizeof(double));
+    if (!last) last = xcalloc(n, sizeof(double));
+    memcpy(now, h->moe->stats.routed, sizeof(double) * (size_t)L * E);
+    memcpy(now + (size_t)L * E, h->moe->stats.dropped, sizeof(double) * (size_t)L);
+    if (pg_world_size(all) > 1) pg_all_reduce(all, now, now, n, DTYPE_F64, OP_SUM); // host memory: the mixture runs on CPUs
+    if (pg_rank(all) == 0 && !csv) {
+        char path[1100];
+        snprintf(path, sizeof path, "%s/routing.csv", o->out_dir);
+        csv = fopen(path, "w");
+        if (!csv) die("cannot write %s: %s", path, strerror(errno));
+        fprintf(csv, "step,layer,min_share,max_share,dropped,experts,aux_loss_coef,capacity_factor\n");
+    }
+    for (int l = 0; csv && l < L; l++) {
+        double total = 0, lo = 1e300, hi = 0;
+        for (int e = 0; e < E; e++) total += now[(size_t)l * E + e] - last[(size_t)l * E + e];
+        for (int e = 0; e < E && total > 0; e++) {
+            double share = (now[(size_t)l * E + e] - last[(size_t)l * E + e]) / total;
+            lo = share < lo ? share : lo, hi = share > hi ? share : hi;
+        }
+        double dropped = now[(size_t)L * E + l] - last[(size_t)L * E + l];
+        if (total > 0)
+            fprintf(csv, "%d,%d,%.5f,%.5f,%.5f,%d,%g,%g\n", step, l, lo, hi, dropped / total, E, o->aux_loss_coef,
+                    o->capacity_factor);
+    }
+    if (csv) fflush(csv);
+    memcpy(last, now, sizeof(double) * n);
+    free(now);
 }
 
 // The tables, at the end of training (every rank calls it: the numbers are
