@@ -29,16 +29,16 @@ coef = system("awk -F, 'NR == 2 { print $7 }' '" . aux1 . "'")
 set title sprintf("13_expert_parallel: the busiest and the idlest expert's share of the assignments (%d experts, even: %.1f%%)", E, 100.0 / E) . (strlen(subtitle) > 0 ? "\n" . subtitle : "")
 set xlabel "training step"
 set ylabel "share of the layer's assignments (%)"
-set yrange [0:*]
+set yrange [0:75] # room for the key above the lines
 set grid
 set key top right
-layer(l, c) = (column(2) == l ? 100 * column(c) : 1/0)
+# rows alternate layer 0, layer 1 (every 2::l picks one layer)
 plot 100.0 / E with lines dashtype 3 linecolor rgb "gray40" title "even (1/E)", \
-     for [l = 0:1] aux0 using 1:(layer(l, 4)) skip 1 with lines linecolor 1 dashtype (l + 1) linewidth 2 \
+     for [l = 0:1] aux0 using 1:(100 * column(4)) skip 1 every 2::l with lines linecolor 1 dashtype l + 1 linewidth 2 \
          title sprintf("no balancing loss, layer %d: max", l), \
-     for [l = 0:1] aux0 using 1:(layer(l, 3)) skip 1 with lines linecolor 1 dashtype (l + 1) linewidth 1 \
+     for [l = 0:1] aux0 using 1:(100 * column(3)) skip 1 every 2::l with lines linecolor 1 dashtype l + 1 linewidth 1 \
          title sprintf("no balancing loss, layer %d: min", l), \
-     for [l = 0:1] aux1 using 1:(layer(l, 4)) skip 1 with lines linecolor 2 dashtype (l + 1) linewidth 2 \
+     for [l = 0:1] aux1 using 1:(100 * column(4)) skip 1 every 2::l with lines linecolor 2 dashtype l + 1 linewidth 2 \
          title sprintf("aux_loss_coef %s, layer %d: max", coef, l), \
-     for [l = 0:1] aux1 using 1:(layer(l, 3)) skip 1 with lines linecolor 2 dashtype (l + 1) linewidth 1 \
+     for [l = 0:1] aux1 using 1:(100 * column(3)) skip 1 every 2::l with lines linecolor 2 dashtype l + 1 linewidth 1 \
          title sprintf("aux_loss_coef %s, layer %d: min", coef, l)

@@ -29,5 +29,5 @@ set ylabel "dropped (% of the layer's assignments)"
 set yrange [0:*]
 set grid
 set key top right
-layer(l) = (column(2) == l ? 100 * column(3) : 1/0)
-plot for [l = 0:1] infile using 1:(layer(l)) skip 1 with linespoints pointtype 7 linewidth 2 title sprintf("layer %d", l)
+# rows alternate layer 0, layer 1 for each factor (every 2::l picks one layer)
+plot for [l = 0:1] infile using 1:(100 * column(3)) skip 1 every 2::l with linespoints pointtype 7 linewidth 2 title sprintf("layer %d", l)
