@@ -105,8 +105,10 @@ static inline const char *gpt_config_problem(gpt_config c) {
     if (c.n_head < 1 || c.n_embd < 1 || c.n_embd > 16384) return "n_head and n_embd must be positive (n_embd <= 16384)";
     if (c.n_embd % c.n_head != 0) return "n_embd must be a multiple of n_head (each head gets n_embd / n_head channels)";
     if (c.n_expert < 0 || c.n_expert > 1024) return "n_expert must be 0..1024 (0: the dense MLP)";
-    if (c.n_expert && (c.top_k < 1 || c.top_k > c.n_expert)) return "top_k must be 1..n_expert (the experts a token goes to)";
-    if (c.n_expert && c.ep > 1 && c.n_expert % c.ep) return "n_expert must be a multiple of ep (each rank holds n_expert / ep experts)";
+    if (c.n_expert && (c.top_k < 1 || c.top_k > c.n_expert))
+        return "top_k must be 1..n_expert (the experts a token goes to)";
+    if (c.n_expert && c.ep > 1 && c.n_expert % c.ep)
+        return "n_expert must be a multiple of ep (each rank holds n_expert / ep experts)";
     return NULL;
 }
 
@@ -166,7 +168,9 @@ static const struct { const char *name; int rows, cols; gpt_split split; } gpt_b
 };
 
 // The tensors of one block: 12, or 13 with a router (a mixture of experts).
-static inline int gpt_block_tensors(const gpt_config *c) { return c->n_expert ? GPT_BLOCK_TENSORS_MAX : GPT_BLOCK_TENSORS; }
+static inline int gpt_block_tensors(const gpt_config *c) {
+    return c->n_expert ? GPT_BLOCK_TENSORS_MAX : GPT_BLOCK_TENSORS;
+}
 
 // An expert tensor of a mixture-of-experts block (one of the MLP's four).
 static inline bool gpt_is_expert_tensor(const gpt_config *c, int i) {
@@ -178,7 +182,9 @@ static inline int gpt_ep_ways(int ep) { return ep > 1 ? ep : 1; }
 
 // Table indices: wte 0, wpe 1, block l's tensor i, ln_f's weight and bias.
 static inline int gpt_num_tensors(const gpt_config *c) { return 4 + gpt_block_tensors(c) * c->n_layer; }
-static inline int gpt_block_tensor(const gpt_config *c, int layer, int i) { return 2 + layer * gpt_block_tensors(c) + i; }
+static inline int gpt_block_tensor(const gpt_config *c, int layer, int i) {
+    return 2 + layer * gpt_block_tensors(c) + i;
+}
 static inline int gpt_ln_f_tensor(const gpt_config *c) { return 2 + gpt_block_tensors(c) * c->n_layer; }
 
 // The number of ranks a tensor-parallel model splits each block over: 1

@@ -113,7 +113,8 @@ static inline void gpt_moe_stats_reset(gpt_t *m) {
     memset(s->routed, 0, sizeof(double) * (size_t)m->cfg.n_layer * (size_t)m->cfg.n_expert);
     memset(s->dropped, 0, sizeof(double) * (size_t)m->cfg.n_layer);
     s->assignments = s->aux_sum = 0, s->passes = 0;
-    memset(s->sent, 0, sizeof s->sent), memset(s->exchanges, 0, sizeof s->exchanges), memset(s->seconds, 0, sizeof s->seconds);
+    memset(s->sent, 0, sizeof s->sent), memset(s->exchanges, 0, sizeof s->exchanges);
+    memset(s->seconds, 0, sizeof s->seconds);
 }
 
 static inline void gpt_moe_free(gpt_t *m) {
@@ -149,7 +150,8 @@ static inline void moe_exchange(gpt_t *m, const gpt_real *send, const size_t *ou
         memcpy(recv, send, sizeof(gpt_real) * out[0]);
         return;
     }
-    if (!m->ep_all_to_all_v) die("an expert-parallel model (ep %d) needs ep_all_to_all_v, the exchange over its ranks", P);
+    if (!m->ep_all_to_all_v)
+        die("an expert-parallel model (ep %d) needs ep_all_to_all_v, the exchange over its ranks", P);
     m->ep_all_to_all_v(m->ep_user, send, out, recv, in);
 }
 
@@ -273,7 +275,8 @@ static inline void gpt_moe_forward(gpt_t *m, int layer, const gpt_block *w, cons
         y->R += (int)in;
     }
     size_t R = (size_t)y->R;
-    y->recv_x = moe_buffer(y->recv_x, R * C, sizeof(gpt_real)), y->recv_y = moe_buffer(y->recv_y, R * C, sizeof(gpt_real));
+    y->recv_x = moe_buffer(y->recv_x, R * C, sizeof(gpt_real));
+    y->recv_y = moe_buffer(y->recv_y, R * C, sizeof(gpt_real));
     y->xe = moe_buffer(y->xe, R * C, sizeof(gpt_real)), y->ye = moe_buffer(y->ye, R * C, sizeof(gpt_real));
     y->h = moe_buffer(y->h, R * H, sizeof(gpt_real)), y->hg = moe_buffer(y->hg, R * H, sizeof(gpt_real));
     y->order = moe_buffer(y->order, R, sizeof(int));
@@ -304,7 +307,8 @@ static inline void gpt_moe_forward(gpt_t *m, int layer, const gpt_block *w, cons
         matmul_forward(y->ye + r0 * C, y->hg + r0 * H, w->fcproj_w + (size_t)e * C * H, w->fcproj_b + (size_t)e * C,
                        rows, H, C);
     }
-    for (int r = 0; r < y->R; r++) memcpy(y->recv_y + (size_t)r * C, y->ye + (size_t)y->order[r] * C, sizeof(gpt_real) * C);
+    for (int r = 0; r < y->R; r++)
+        memcpy(y->recv_y + (size_t)r * C, y->ye + (size_t)y->order[r] * C, sizeof(gpt_real) * C);
     free(at), free(fill);
     sec[MOE_EXPERTS] += moe_now() - t0;
     t0 = moe_now();
@@ -345,7 +349,8 @@ static inline void gpt_moe_backward(gpt_t *m, int layer, const gpt_block *w, con
     double t0 = moe_now();
     // Combine's backward: row s carried g_k expert(x): its gradient is g_k
     // dout, and the gate's is <dout, expert(x)>.
-    gpt_real *dsend = xmalloc(sizeof(gpt_real) * ((size_t)S * C + 1)), *dgate = xcalloc((size_t)N * K, sizeof(gpt_real));
+    gpt_real *dsend = xmalloc(sizeof(gpt_real) * ((size_t)S * C + 1));
+    gpt_real *dgate = xcalloc((size_t)N * K, sizeof(gpt_real));
 #pragma omp parallel for
     for (int s = 0; s < S; s++) {
         int a = y->sent[s], n = a / K;
@@ -362,7 +367,8 @@ static inline void gpt_moe_backward(gpt_t *m, int layer, const gpt_block *w, con
     t0 = moe_now();
 
     // The experts' backward passes, expert by expert, on the rows they had.
-    gpt_real *dye = xmalloc(sizeof(gpt_real) * ((size_t)R * C + 1)), *dh = xmalloc(sizeof(gpt_real) * ((size_t)R * H + 1));
+    gpt_real *dye = xmalloc(sizeof(gpt_real) * ((size_t)R * C + 1));
+    gpt_real *dh = xmalloc(sizeof(gpt_real) * ((size_t)R * H + 1));
     gpt_real *dxe = xmalloc(sizeof(gpt_real) * ((size_t)R * C + 1));
     for (int r = 0; r < R; r++) memcpy(dye + (size_t)y->order[r] * C, drecv + (size_t)r * C, sizeof(gpt_real) * C);
     int P = gpt_ep_ways(c->ep), at = 0;
