@@ -146,6 +146,14 @@ traffic='^traffic per step, all ([0-9]*) ranks: forward ([0-9]*) numbers .* back
 got=$(field "$TMP/ep4" "$traffic" '\2 \3 \4')
 [[ $got == "131072 131072 131072" ]]
 verdict $? "ep: the all-to-alls carried the formula's numbers each way, forward and backward ($got)" "got '$got'"
+# Planted: a counter that leaves out each rank's block to itself (it
+# crosses no wire, but the all-to-all still carries it): short of the formula.
+got_pl=
+planted=$(plant self_block gpt/moe.h 'for (int p = 0; count && p < P; p++) s->sent[pass] += (double)out[p];' \
+    'for (int p = 0; count && p < P; p++) s->sent[pass] += p == m->ep_rank ? 0 : (double)out[p];' 13_expert_parallel 13_expert_parallel)
+[[ -n $planted ]] && run_capture 120 "$TMP/pl_self" "$planted" "${cpu[@]}" --batch_size 2 --ep 4 --out_dir "$TMP/pl_self.d" &&
+    got_pl=$(field "$TMP/pl_self" "$traffic" '\2 \3 \4') && [[ -n $got_pl && $got_pl != "131072 131072 131072" ]]
+verdict $? "ep planted: traffic counted without each rank's own block is caught ($got_pl)" "$(planted_why self_block)got '$got_pl'"
 got=$(field "$TMP/d_ep4" "$traffic" '\2 \3 \4'); kept=$(field "$TMP/d_ep4" ' ([0-9]*) less the dropped rows' '\1')
 read -r f b w <<<"$got"
 [[ -n $f && $f == "$b" && $f == "$kept" && $f -lt $w ]]
