@@ -98,6 +98,8 @@ starter 10/row_parallel "1 rank\(s\): out\[row 0, output 0\] on rank 0: got 777,
 solution 10/row_parallel
 starter 11/one_f_one_b "stage 0 ran F0 F1 F2 F3 B0 B1 B2 B3; 1F1B runs F0 F1 B0 F2 B1 F3 B2 B3 .*that is GPipe's memory"
 solution 11/one_f_one_b
+starter 13/route "dropless: choices: token 0, choice 0: got expert -1, expected 1"
+solution 13/route
 
 # The CUDA exercise: checked on a GPU; elsewhere compiled (CUDA build) or not
 # even that (CPU-only build), and skipped with the reason the check gives.
@@ -341,6 +343,17 @@ if $have_solutions; then
     broken 10/row_parallel "an input gradient summed over the ranks" "$TMP/row_parallel.c" \
         "dinp\[row 0, channel 0\] on rank 0: got .*dinp was summed over the ranks"
 else skip "exercises: 10/row_parallel catches an input gradient summed over the ranks" "solutions/ is absent (the broken version is made from it)"; fi
+# Chapter 13's usual slips in top-k routing with capacity, each named.
+if $have_solutions; then
+    sol="$ROOT/solutions/13_expert_parallel/route.c"
+    sed 's|(float)(p\[ch\[k\]\] / sum)|p[ch[k]]|' "$sol" >"$TMP/route.c"
+    broken 13/route "gates not renormalised" "$TMP/route.c" "gates not renormalised: they are the probabilities"
+    sed 's|int g = (n / T) % G, e = choice|int g = n * G / N, e = choice|' "$sol" >"$TMP/route.c"
+    broken 13/route "capacity counted over the wrong tokens" "$TMP/route.c" "capacity counted over contiguous blocks of sequences"
+    sed 's|        memcpy(o, res + (size_t)n \* C, sizeof(float) \* (size_t)C);|        memset(o, 0, sizeof(float) * (size_t)C); if (kept[(size_t)n * K]) memcpy(o, res + (size_t)n * C, sizeof(float) * (size_t)C);|' \
+        "$sol" >"$TMP/route.c"
+    broken 13/route "dropped tokens losing their residual" "$TMP/route.c" "whose every choice was dropped, left without its residual stream"
+else skip "exercises: 13/route catches the usual slips" "solutions/ is absent (the broken versions are made from it)"; fi
 # 1F1B with its steady state unpaired: a send, then a receive, on both
 # neighbours at once. The check's sends wait for their receiver, as NCCL's.
 cat >"$TMP/one_f_one_b.c" <<'EOF'

@@ -12,7 +12,7 @@
 # the flags that only matter there are walked too: --precision fp16 with
 # --loss_scale, and --cuda_graph.
 source "$(dirname "$0")/../lib.sh"
-chapters=(${FLAG_WALK_CHAPTERS:-08_gpt_wikitext 09_zero_fsdp 10_tensor_parallel 11_pipeline_parallel})
+chapters=(${FLAG_WALK_CHAPTERS:-08_gpt_wikitext 09_zero_fsdp 10_tensor_parallel 11_pipeline_parallel 13_expert_parallel})
 for c in "${chapters[@]}"; do
     [[ -x "$ROOT/$c/$c" ]] || { fail "flag walk: binaries" "build first (make): no $c/$c"; exit 1; }
 done
@@ -27,12 +27,19 @@ declare -A refused=(
     ["09_zero_fsdp --grad_compress=powersgd"]="reduce-scatter"
     ["09_zero_fsdp --precision=fp16"]="needs --shard 0"
     ["11_pipeline_parallel --precision=fp16"]="pipeline stage"
+    ["13_expert_parallel --grad_compress=powersgd"]="PowerSGD factors the whole model"
 )
 
 # Each chapter walks in its own default layout (11: two stages), so 08's
 # flags meet the chapter's idea; the flags about data-parallel ranks walk
 # with 2 replicas, which in 11 takes one stage per pipeline.
-declare -A replicas_layout=([11_pipeline_parallel]="--pp 1")
+declare -A replicas_layout=([11_pipeline_parallel]="--pp 1" [13_expert_parallel]="--ep 2")
+# On the CPU, 13 walks as a mixture of experts (its GPU path is not
+# written: on a GPU it walks dense, which is 08's model); with 2 replicas
+# its experts are spread over them (--ep 2). Without the balancing loss:
+# it is counted per micro-batch (as per rank), so 2 micro-batches of 2 are
+# a batch of 4 only without it (test_13_expert_parallel checks the groups).
+declare -A cpu_layout=([13_expert_parallel]="--n_expert 4 --aux_loss_coef 0")
 
 gpt_corpus "$TMP/corpus"
 base=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --block_size 32 --batch_size 4
@@ -46,7 +53,7 @@ walk() {
     local chapter=$1 name=$2; shift 2
     n=$((n + 1)); dir=$TMP/$chapter-$name-$n.d; out=$TMP/$chapter-$n
     [[ $name == base ]] && dir=$TMP/$chapter-base.d
-    run_capture 180 "$out" "$ROOT/$chapter/$chapter" "${base[@]}" --out_dir "$dir" "$@"
+    run_capture 180 "$out" "$ROOT/$chapter/$chapter" "${base[@]}" --out_dir "$dir" ${on_cpu:+${cpu_layout[$chapter]:-}} "$@"
     status=$?
 }
 
@@ -98,6 +105,7 @@ fi
 # (CI's emulated-GPU pass stops here: the same host code ran in its
 # CPU-only pass. A CUDA build without a GPU walks it: its device choice differs.)
 if is_emu; then cpu_paths "flag walk" || exit 0; fi
+on_cpu=1
 
 for c in "${chapters[@]}"; do
     walk "$c" base; cp "$out" "$TMP/$c.base"; base_sum=$(field "$TMP/$c.base" "$sum") base_l2=$(field "$TMP/$c.base" "$l2")
