@@ -83,8 +83,6 @@ static inline const char *plan_problem(const plan_layout *l) {
     if (p) return p;
     if ((p = gpt_stage_problem(&l->cfg, l->pp))) return p;
     if (l->zero < 0 || l->zero > 3) return "ZeRO's stage is 0..3";
-    if (l->zero > 0 && (l->tp > 1 || l->pp > 1))
-        return "ZeRO's stages shard a whole model over dp (chapter 09): not with tp or pp here";
     if (l->replicate < 1 || l->dp % l->replicate != 0) {
         snprintf(why, sizeof why, "--replicate %d must divide dp %d", l->replicate, l->dp);
         return why;
@@ -155,7 +153,11 @@ static inline void plan_gpu_model(const plan_layout *l, const gpt_stage *st, int
 }
 
 // Chapter 09's slices (zero.h): each bucket of gpt_layout.h padded to a
-// multiple of n and cut in n slices of S = ceil(count / n).
+// multiple of n and cut in n slices of S = ceil(count / n). Chapter 09
+// shards a whole model; a pipeline stage of tp shards (the finale's ZeRO
+// over dp of 11's stages: NOT YET HELD TO A RUN) would cut its own
+// buckets the same way: its blocks' shards, the embeddings on the first
+// stage, ln_f and the copy of wte on the last.
 typedef struct {
     double shard;           // the sum of the slices: one rank's shard arrays
     double most;            // the largest slice
@@ -163,12 +165,16 @@ typedef struct {
     double heads, blocks;   // the slices of the embeddings and ln_f, and of all blocks
 } plan_slices;
 
-static inline plan_slices plan_zero_slices(const gpt_config *c, int n, bool gpu) {
+static inline plan_slices plan_zero_slices(const gpt_config *c, const gpt_stage *st, int tp, int n, bool gpu) {
     plan_slices s = {0};
     for (int k = 0; k < c->n_layer + 2; k++) {
-        gpt_bucket b = gpt_layout_bucket(c, k);
-        double slice = (double)((b.count + (size_t)n - 1) / (size_t)n);
+        gpt_bucket b = gpt_layout_bucket_tp(c, tp, k);
         int slot = k == gpt_bucket_embeddings(c) ? 0 : k == GPT_BUCKET_LN_F ? 1 : 2;
+        if (slot == 0 && !st->embedding) b.count = st->head ? (size_t)c->vocab_size * c->n_embd : 0;
+        if (slot == 1 && !st->head) b.count = 0;
+        if (slot == 2 && (c->n_layer - k < st->first || c->n_layer - k >= st->last)) b.count = 0;
+        if (b.count == 0) continue;
+        double slice = (double)((b.count + (size_t)n - 1) / (size_t)n);
         s.shard += slice;
         if (slice > s.most) s.most = slice;
         if (slot == 2) s.blocks += slice;
@@ -177,7 +183,7 @@ static inline plan_slices plan_zero_slices(const gpt_config *c, int n, bool gpu)
     }
     s.slot[3] = gpu ? s.slot[2] : 0;
     // A GPU model's LM head is padded in front of wte: the embeddings' buffer has room for it.
-    if (gpu) s.slot[0] += (double)(((size_t)c->vocab_size + 63) / 64 * 64 - (size_t)c->vocab_size) * c->n_embd;
+    if (gpu && st->head) s.slot[0] += (double)(((size_t)c->vocab_size + 63) / 64 * 64 - (size_t)c->vocab_size) * c->n_embd;
     return s;
 }
 
@@ -199,7 +205,7 @@ static inline void plan_memory(const plan_layout *l, int s, double *mem) {
     // of scratch with micro-batches); ZeRO-3 the slices of the parameters
     // and the buffers they are gathered into.
     int n = l->dp / l->replicate;
-    plan_slices sl = plan_zero_slices(&l->cfg, n, l->gpu);
+    plan_slices sl = plan_zero_slices(&l->cfg, &st, l->tp, n, l->gpu);
     double buckets = sl.slot[0] + sl.slot[1] + sl.slot[2] + sl.slot[3];
     mem[PLAN_GRADS] += 4 * sl.shard + (z >= 2 ? 4 * buckets + (l->M > 1 ? 4 * sl.most : 0) : 0);
     mem[PLAN_OPTIMIZER] += 8 * sl.shard;
@@ -226,7 +232,7 @@ static inline void plan_traffic(const plan_layout *l, int s, double *sent) {
     if (z == 0) sent[PLAN_DP] = plan_ring_all_reduce(l->wire_bytes * P, dp * l->cp);
     else {
         int n = dp / l->replicate;
-        plan_slices sl = plan_zero_slices(c, n, l->gpu);
+        plan_slices sl = plan_zero_slices(c, &st, l->tp, n, l->gpu);
         double piece = 4.0 * (n - 1); // a reduce-scatter or all-gather sends n-1 slices
         double rs = z == 1 ? sl.shard : M * sl.shard;               // ZeRO-2, 3: every micro-batch
         double ag = z < 3 ? sl.shard                                 // the updated slices, once
@@ -295,6 +301,9 @@ static inline void plan_print(FILE *out, const plan_layout *l) {
     fprintf(out, "plan: mesh pp %d x dp %d x ep %d x cp %d x tp %d = %d rank(s); ZeRO-%d over dp%s%s\n", l->pp, l->dp,
             l->ep, l->cp, l->tp, ranks, l->zero, l->pp > 1 ? (l->gpipe ? "; schedule gpipe" : "; schedule 1f1b") : "",
             l->cp > 1 || l->ep > 1 ? "; cp and ep: issue 42's and 43's formulas, not yet held to a run" : "");
+    if (l->zero > 0 && (l->tp > 1 || l->pp > 1))
+        fprintf(out, "plan: ZeRO over dp of tp shards or pipeline stages is the finale's (chapter 14): not yet held to a run\n");
+    if (l->replicate > 1) fprintf(out, "plan: hybrid sharding (--replicate): not yet held to a run\n");
     for (int s = 0; s < l->pp; s++) {
         plan_rank r = plan_stage(l, s);
         plan_print_rows(out, "plan", s, &r);
