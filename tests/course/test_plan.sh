@@ -69,11 +69,28 @@ if ! has_gpu; then
         skip "plan gpu: 11 pp 2 x tp 2 on GPUs in $p, measured = --plan" "no GPU here (a CPU-only build, or no GPU: make CUDA=emu test runs this on the emulated GPU)"
     done
 else
+    # The emulator is slow: short validation and test splits (the tokenizer
+    # still trains on the whole training split).
+    mkdir -p "$TMP/gcorpus" && cp "$TMP/corpus/train.txt" "$TMP/gcorpus/"
+    for f in valid test; do head -n 24 "$TMP/corpus/$f.txt" >"$TMP/gcorpus/$f.txt"; done
     for p in fp32 bf16; do
-        agree "gpu_$p" "$p11" --device cuda --precision "$p" --block_size 16 --pp 2 --tp 2 --grad_accum 2
+        agree "gpu_$p" "$p11" --data_dir "$TMP/gcorpus" --device cuda --precision "$p" --block_size 16 --pp 2 --tp 2 --grad_accum 2
         verdict $? "plan gpu: 11 pp 2 x tp 2 on GPUs in $p, measured = --plan (memory and bytes sent, each stage)" \
             "$diff_line$(grep -m1 -i error "$TMP/gpu_$p")"
     done
+fi
+
+# The layout table of docs/choosing_a_layout.md is the planner's output
+# (tools/plan_layouts), not numbers typed by hand: pasted, and still the same.
+layouts="$ROOT/tools/plan_layouts" doc="$ROOT/docs/choosing_a_layout.md"
+if [[ -x $layouts ]]; then
+    "$layouts" >"$TMP/layouts" 2>&1; status=$?
+    sed -n '/^<!-- plan_layouts: begin -->$/,/^<!-- plan_layouts: end -->$/p' "$doc" | grep -v '^<!--' | grep -v '^```' >"$TMP/layouts.doc"
+    [[ $status -eq 0 && -s $TMP/layouts.doc ]] && diff -q "$TMP/layouts" "$TMP/layouts.doc" >/dev/null
+    verdict $? "plan: docs/choosing_a_layout.md's table is tools/plan_layouts' output" \
+        "status $status; $(diff "$TMP/layouts" "$TMP/layouts.doc" | head -n 3 | tr '\n' '|') (run make plan-layouts and paste it)"
+else
+    fail "plan: docs/choosing_a_layout.md's table is tools/plan_layouts' output" "no tools/plan_layouts (make tools)"
 fi
 
 cpu_paths "plan" || exit 0
