@@ -139,6 +139,22 @@ for s in gpipe 1f1b; do
     verdict $? "plan: 11 pp 2 x dp 2 ($s) measured = --plan, each stage" "$diff_line"
 done
 
+# The same under mpirun (--backend mpi, tests/library/test_mpi.sh): the
+# rows do not depend on the backend that carries the bytes.
+if ! command -v mpirun >/dev/null 2>&1; then
+    skip "plan: 11 pp 2 x dp 2 under mpirun measured = --plan" "mpirun not found"
+else
+    mpi=(mpirun -np); mpirun --version 2>&1 | grep -q "Open MPI" && mpi=(mpirun --oversubscribe --allow-run-as-root -np)
+    run_capture 300 "$TMP/mpi" "${mpi[@]}" 4 "$p11" "${common[@]}" "${cpu[@]}" --backend mpi --pp 2 --dp 2 --out_dir "$TMP/mpi.d"
+    status=$?
+    if grep -q "this build has no MPI" "$TMP/mpi"; then
+        skip "plan: 11 pp 2 x dp 2 under mpirun measured = --plan" "this build has no MPI"
+    else
+        compare_rows "$TMP/mpi" "$TMP/p22_1f1b.plan" && [[ $status -eq 0 ]]
+        verdict $? "plan: 11 pp 2 x dp 2 under mpirun (--backend mpi) measured = --plan, each stage" "status $status: $diff_line"
+    fi
+fi
+
 # ---------------------------------------------------------------- planted bugs
 # Each in the planner (gpt/plan.h), each caught by the check of the shape it
 # breaks: its --plan rows no longer match that run's measured rows.
