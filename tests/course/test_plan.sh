@@ -78,6 +78,16 @@ else
         verdict $? "plan gpu: 11 pp 2 x tp 2 on GPUs in $p, measured = --plan (memory and bytes sent, each stage)" \
             "$diff_line$(grep -m1 -i error "$TMP/gpu_$p")"
     done
+    # Planted: the GPU plan without the LM head's padding rows (--plan
+    # needs no GPU: a CPU copy of the course plans the GPU model). CI's
+    # emulated pass builds no CPU copies (PLANTED_BUGS=skip): this SKIPs
+    # there and runs in a local make CUDA=emu test.
+    planted=$(plant gpupad gpt/plan.h 'size_t pad = st->head ? (Vp - V) * C : 0;' 'size_t pad = 0;' \
+        11_pipeline_parallel 11_pipeline_parallel)
+    caught "$TMP/gpu_bf16" "$planted" memory --data_dir "$TMP/gcorpus" --device cuda --precision bf16 --block_size 16 \
+        --pp 2 --tp 2 --grad_accum 2
+    verdict $? "plan planted: the GPU plan without the LM head's padding is caught (11 pp 2 x tp 2, bf16, memory)" \
+        "$(planted_why gpupad)"
 fi
 
 # The layout table of docs/choosing_a_layout.md is the planner's output
@@ -113,10 +123,10 @@ got=$(field "$TMP/d08" '^gradients all-reduced: ([0-9]+) bytes per step') want=$
 [[ $status -eq 0 && -n $got && $got == "$want" ]]
 verdict $? "plan: 08 dp 2 sends the bytes --plan says ($got)" "status $status, measured '$got', plan '$want'"
 
-# 09: DDP on 2 ranks, ZeRO-1, 2, 3 on 4 (2 micro-batches: ZeRO-2 and 3
+# 09: DDP, ZeRO-1, 2, 3 on 4 ranks (2 micro-batches: ZeRO-2 and 3
 # reduce-scatter, and ZeRO-3 gathers, on each).
-agree z0 "$p09" "${cpu[@]}" --nprocs 2 --shard 0
-verdict $? "plan: 09 DDP (dp 2) measured = --plan" "$diff_line"
+agree z0 "$p09" "${cpu[@]}" --nprocs 4 --shard 0
+verdict $? "plan: 09 DDP (dp 4) measured = --plan" "$diff_line"
 agree z1 "$p09" "${cpu[@]}" --nprocs 4 --shard 1
 verdict $? "plan: 09 ZeRO-1 on 4 ranks measured = --plan" "$diff_line"
 agree z2 "$p09" "${cpu[@]}" --nprocs 4 --shard 2 --grad_accum 2
@@ -158,10 +168,21 @@ fi
 # ---------------------------------------------------------------- planted bugs
 # Each in the planner (gpt/plan.h), each caught by the check of the shape it
 # breaks: its --plan rows no longer match that run's measured rows.
-planted=$(plant slice09 gpt/plan.h 'double slice = (double)((b.count + (size_t)n - 1) / (size_t)n);' \
-    'double slice = (double)b.count;' 09_zero_fsdp 09_zero_fsdp)
-caught "$TMP/z3" "$planted" sent "${cpu[@]}" --nprocs 4 --shard 3 --grad_accum 2
-verdict $? "plan planted: ZeRO's slices without their 1/N are caught (09 ZeRO-3, bytes sent)" "$(planted_why slice09)"
+# Two bugs in one copy of 09, each in a part of the plan the other leaves
+# alone: ZeRO's slices without their 1/N, DDP's all-reduce counted as the
+# bytes it sums rather than the 2(N-1)/N of them a ring sends (on 2 ranks
+# the two are the same: the DDP shape has 4).
+planted=$(plant plan09 gpt/plan.h 'double slice = (double)((b.count + (size_t)n - 1) / (size_t)n);' \
+    'double slice = (double)b.count;' 09_zero_fsdp 09_zero_fsdp \
+    'if (z == 0) sent[PLAN_DP] = plan_ring_all_reduce(l->wire_bytes * P, dp * l->cp);' \
+    'if (z == 0) sent[PLAN_DP] = l->wire_bytes * P;')
+for z in 1 2 3; do
+    flags=(--nprocs 4 --shard $z); [[ $z -gt 1 ]] && flags+=(--grad_accum 2)
+    caught "$TMP/z$z" "$planted" sent "${cpu[@]}" "${flags[@]}"
+    verdict $? "plan planted: ZeRO's slices without their 1/N are caught (09 ZeRO-$z, bytes sent)" "$(planted_why plan09)"
+done
+caught "$TMP/z0" "$planted" sent "${cpu[@]}" --nprocs 4 --shard 0
+verdict $? "plan planted: DDP's all-reduce without its 2(N-1)/N is caught (09 DDP on 4 ranks, bytes sent)" "$(planted_why plan09)"
 # Three bugs in one copy of 11, each in a part of the plan that the
 # others leave alone: tp's traffic (no pipeline), 1F1B's memory, GPipe's
 # traffic (its memory holds every micro-batch anyway).
@@ -169,9 +190,13 @@ planted=$(plant plan11 gpt/plan.h 'sent[PLAN_TP] = plan_ring_all_reduce(4 * L * 
     'sent[PLAN_TP] = plan_ring_all_reduce(2 * L * M * N * C * act, l->tp);' 11_pipeline_parallel 11_pipeline_parallel \
     'l->gpipe ? l->M : (l->pp - s < l->M ? l->pp - s : l->M);' 'l->M;' \
     'if (st.embedding || st.head) sent[PLAN_PP] +=' 'if (false) sent[PLAN_PP] +=')
+caught "$TMP/t2" "$planted" sent "${cpu[@]}" --pp 1 --tp 2 --grad_accum 1
+verdict $? "plan planted: tp without the backward pass's all-reduces is caught (10 tp 2, bytes sent)" "$(planted_why plan11)"
 caught "$TMP/t22" "$planted" sent "${cpu[@]}" --pp 1 --dp 2 --tp 2 --grad_accum 2
 verdict $? "plan planted: tp without the backward pass's all-reduces is caught (10 dp 2 x tp 2, bytes sent)" "$(planted_why plan11)"
-caught "$TMP/p2_1f1b" "$planted" memory "${cpu[@]}" --pp 2 --schedule 1f1b
-verdict $? "plan planted: 1F1B holding every micro-batch is caught (11 pp 2, memory)" "$(planted_why plan11)"
-caught "$TMP/p2_gpipe" "$planted" sent "${cpu[@]}" --pp 2 --schedule gpipe
-verdict $? "plan planted: the tied wte's all-reduce forgotten is caught (11 pp 2 gpipe, bytes sent)" "$(planted_why plan11)"
+for d in "" 2; do
+    caught "$TMP/p${d:-2}${d}_1f1b" "$planted" memory "${cpu[@]}" --pp 2 ${d:+--dp $d} --schedule 1f1b
+    verdict $? "plan planted: 1F1B holding every micro-batch is caught (11 pp 2${d:+ x dp $d}, memory)" "$(planted_why plan11)"
+    caught "$TMP/p${d:-2}${d}_gpipe" "$planted" sent "${cpu[@]}" --pp 2 ${d:+--dp $d} --schedule gpipe
+    verdict $? "plan planted: the tied wte's all-reduce forgotten is caught (11 pp 2${d:+ x dp $d} gpipe, bytes sent)" "$(planted_why plan11)"
+done
