@@ -35,6 +35,7 @@
 
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpt.h"
@@ -132,7 +133,11 @@ static inline void plan_gpu_model(const plan_layout *l, const gpt_stage *st, int
     size_t B = (size_t)l->B, T = (size_t)l->T / (size_t)l->cp, N = B * T, L = (size_t)(st->last - st->first);
     size_t V = (size_t)c->vocab_size, C = (size_t)c->n_embd, Vp = st->head ? (V + 63) / 64 * 64 : 0;
     size_t pad = st->head ? (Vp - V) * C : 0;
-    bool lowp = l->precision != GPT_FP32, flash = c->n_embd / c->n_head <= 128;
+    // The attention path gpt_cuda.cu's use_flash takes: flash for heads of
+    // up to 128 channels, unless GPT_CUDA_ATTENTION=cublas asks otherwise.
+    const char *attention = getenv("GPT_CUDA_ATTENTION");
+    bool lowp = l->precision != GPT_FP32,
+         flash = c->n_embd / c->n_head <= 128 && !(attention && !strcmp(attention, "cublas"));
     double act = lowp ? 2 : 4, padded = (double)(P + pad);
     double att = flash ? 0 : (double)gpt_block_act_size_tp(c, l->tp, A_ATT, B, T);
     double acts = act * (double)(gpt_head_acts_size(c, GPT_ACT, N, 1) + L * gpt_block_acts_size_tp(c, l->tp, GPT_ACT, flash, B, T));
