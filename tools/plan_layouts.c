@@ -145,7 +145,15 @@ int main(int argc, char **argv) {
     const char *only = NULL;
     bool all = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--gpus") && i + 1 < argc) gpus = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--gpus") && i + 1 < argc) {
+            char *end;
+            long n = strtol(argv[++i], &end, 10);
+            if (*end || n < 1 || n > 1 << 20) {
+                fprintf(stderr, "plan_layouts: --gpus expects a positive number of GPUs, got '%s'\n", argv[i]);
+                return 2;
+            }
+            gpus = (int)n;
+        }
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--all")) all = true;
         else {
@@ -153,10 +161,6 @@ int main(int argc, char **argv) {
                     argv[i]);
             return 2;
         }
-    }
-    if (argc > 1 && gpus < 0) {
-        fprintf(stderr, "plan_layouts: --gpus must be positive\n");
-        return 2;
     }
     printf("plan_layouts: GPT-2 sizes on GPUs of 80 GB, 8 a node, bf16, 512 x 1024 tokens a step (gpt/plan.h; "
            "ZeRO with tp or pp is the finale's, not yet held to a run)\n");
