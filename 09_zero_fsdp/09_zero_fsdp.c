@@ -11,14 +11,14 @@
 //      updates its slice, the parameters are all-gathered;
 //   2  and the gradients: each bucket is reduce-scattered during the
 //      backward pass, as soon as it is computed, and then dropped;
-//   3  and the parameters (FSDP's FULL_SHARD): each block's parameters are
-//      all-gathered just before its forward pass and again before its
-//      backward pass, and dropped after.
-// Each rank prints what it holds, by kind, beside the ZeRO paper's formula,
-// and what it sends per step, beside the theory (zero_report.h). The
-// machinery of the slices is in zero.h (zero_devices.h: how the CPU and a
-// GPU do it); the model lets a caller provide each bucket's parameters and
-// gradients (../gpt/gpt_layout.h, section 3).
+//   3  and the parameters (FSDP's FULL_SHARD): each block's parameters
+//      are all-gathered before its forward and its backward pass, then dropped.
+// --replicate R shards inside groups of N/R consecutive ranks (a node's)
+// and averages the slices over the R replicas (FSDP's HYBRID_SHARD). Each
+// rank prints what it holds and sends per step beside the formulas
+// (zero_report.h); the machinery of the slices is in zero.h (zero_devices.h:
+// the CPU's and a GPU's); the model lets a caller provide each bucket's
+// parameters and gradients (../gpt/gpt_layout.h, section 3).
 //
 // Read it top to bottom: options, the training step, the training loop,
 // what every rank runs. The model itself, layer by layer, is in
@@ -68,7 +68,7 @@
 
 // ===================================================================== options
 
-// Every flag is gpt/options.h's: 08's, and this chapter's two. Two of 08's
+// Every flag is gpt/options.h's: 08's, and this chapter's three. Two of 08's
 // act on the whole-model step that ZeRO replaces: they need --shard 0.
 static options parse_options(int argc, char **argv) {
     options o = options_defaults(CHAPTER);
@@ -77,11 +77,16 @@ static options parse_options(int argc, char **argv) {
                     .summary = "train a GPT language model on WikiText-2 and sample from it"};
     options_add_flags(&set, &o);
     flag_int(&set, "shard", &o.shard, 0, 3, "ZeRO stage: 0 DDP (chapter 08), 1 optimizer state, 2 and gradients, 3 and parameters (FSDP)");
+    flag_int(&set, "replicate", &o.replicate, 1, 256, "hybrid sharding (FSDP's HYBRID_SHARD): R replicas, each sharding over N/R consecutive ranks");
     flag_bool(&set, "consolidate", &o.consolidate, "write the latest sharded snapshot (--snapshot_path) as one model in --out_dir; no training");
     flags_parse(&set, argc, argv);
     options_finish(&o, &set);
     if (o.consolidate && !o.snapshot_path)
         flags_fail(&set, "--consolidate needs --snapshot_path (the snapshots to consolidate)");
+    int ranks = launch_env_read().launched ? launch_env_read().world_size : options_ranks(&o);
+    if (o.replicate > 1 && o.shard == 0)
+        flags_fail(&set, "--replicate %d needs --shard 1, 2 or 3: DDP (--shard 0) shards nothing", o.replicate);
+    if (ranks % o.replicate) flags_fail(&set, "--replicate %d does not divide the job's %d ranks", o.replicate, ranks);
     if (o.shard > 0 && strcmp(o.grad_compress, "none"))
         flags_fail(&set, "--grad_compress %s needs --shard 0: it compresses DDP's all-reduce, and ZeRO reduce-scatters "
                    "the gradients instead", o.grad_compress);
@@ -132,9 +137,11 @@ static void train_step(model_t *m, zero_t *z, trainer_t *tr, const options *o, i
         // ZeRO-1: the whole gradient was computed on every rank; each keeps
         // the mean of its slices (ZeRO-2 and 3 did so during the backward pass).
         if (z->stage == 1) zero_reduce_scatter_gradients(z);
+        // HYBRID_SHARD: those are the shard group's means; averaged over the R replicas too.
+        zero_average_replicas(z);
         // The clipping needs the norm of the whole gradient: each rank's
-        // slices' squares, added up over the ranks. Then each rank runs
-        // AdamW on its slices only: 1/N of the optimizer's work and state.
+        // slices' squares, added up. Then each rank runs AdamW on its
+        // slices only: 1/N of the optimizer's work and state.
         float scale = zero_clip_scale(z, (float)o->grad_clip);
         zero_adamw(z, scale, learning_rate(tr, o, step), 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
         // ZeRO-1 and 2: the next forward pass needs all the parameters on
@@ -222,8 +229,13 @@ static int run_rank(int rank, int world, void *arg) {
     // fp32, rounded to bf16 or fp16 for half the bytes, or each matrix as
     // two thin ones of rank --powersgd_rank (common/powersgd.h).
     model_use_grad_compress(&model, o->grad_compress, o->powersgd_rank);
+    // dp (left 0: every rank) as R replicas x N/R consecutive ranks that shard (torchtitan's dp_replicate x dp_shard)
+    groups_t groups;
+    groups_init(&groups, &dist, (int[DIMS]){[DIM_PP] = 1, [DIM_EP] = 1, [DIM_CP] = 1, [DIM_TP] = 1});
+    pg_t *replicate, *shard;
+    groups_split(&groups, DIM_DP, o->replicate, &replicate, &shard);
     zero_t zero; // this rank's slices of the rest (zero.h)
-    zero_setup(&zero, o->shard, &dist, &model, o->grad_accum, zero_ops_for(&model));
+    zero_setup(&zero, o->shard, &dist, &model, o->grad_accum, zero_ops_for(&model), shard, replicate);
 
     // --- Training, with validation after every epoch: every rank a replica.
     trainer_t tr = trainer_make(o, &corpus, &dist, replicas_of_job(&dist), "");
@@ -244,6 +256,7 @@ static int run_rank(int rank, int world, void *arg) {
     }
 
     zero_free(&zero);
+    groups_free(&groups);
     trainer_free(&tr);
     run_free_corpus(&corpus);
     model_free(&model);

@@ -3,7 +3,8 @@
 //
 // 09_zero_fsdp.c says WHAT each ZeRO stage does in its training step; this
 // file holds the machinery it calls, in this order:
-//   1. who owns what: the buckets of gpt_layout.h, each cut in N slices
+//   1. who owns what: the buckets of gpt_layout.h, each cut in N slices;
+//      with --replicate R, in N/R slices, R times over (hybrid sharding)
 //   2. counting: the bytes each rank holds, by kind, and sends, by collective
 //   3. the sharded state and the collectives on slices
 //   4. the bucket hook: ZeRO-2's gradients and ZeRO-3's parameters, bucket
@@ -25,6 +26,7 @@
 #include "ddp.h"
 #include "dist.h"
 #include "gpt.h"
+#include "groups.h"
 #include "log.h"
 #include "model.h"
 #include "pg.h"
@@ -43,6 +45,17 @@
 // in N equal slices. PyTorch's FSDP does the same: each wrapped module's
 // parameters form one flat array, padded to a multiple of N and cut in N.
 // The stages share one cut, so a snapshot of any stage resumes in any other.
+//
+// Hybrid sharding (--replicate R; FSDP's HYBRID_SHARD, torchtitan's
+// dp_replicate x dp_shard): the N ranks are R replicas of a group of N/R
+// that shards - consecutive ranks, the ranks of a node - and everything
+// above holds with N/R in place of N: the cut, the reduce-scatters and
+// all-gathers, all inside the shard group (z->shard, whose size is
+// z->world here). Rank i of every shard group owns the same slices, so the
+// R replicas of a slice are averaged over the replicate group (z->replicate)
+// once a step, and stay equal. The groups come from the caller (09: the
+// job's dp dimension, split by groups_split; a chapter with more
+// dimensions: the groups of its dp dimension).
 typedef struct {
     size_t offset, count; // the bucket in the flat array
     size_t slice;         // S: parameters per rank, padding included (count <= N S < count + N)
@@ -69,9 +82,11 @@ static const char *const mem_kind_names[MEM_KINDS] = {"parameters", "gradients",
 // What a rank sends, by collective: counted from the calls it makes, at
 // what a ring algorithm sends for each (NCCL's and our cpu backend's
 // large-message algorithm): an all-reduce of B bytes sends 2 (N-1)/N B, a
-// reduce-scatter or all-gather of B bytes in all (N-1)/N B.
-typedef enum { COMM_ALL_REDUCE, COMM_REDUCE_SCATTER, COMM_ALL_GATHER, COMM_KINDS } comm_kind;
-static const char *const comm_kind_names[COMM_KINDS] = {"all_reduce", "reduce_scatter", "all_gather"};
+// reduce-scatter or all-gather of B bytes in all (N-1)/N B, N being the
+// group's size. The first three go over the shard group, the last over the
+// replicate group (hybrid sharding: often the links between nodes).
+typedef enum { COMM_ALL_REDUCE, COMM_REDUCE_SCATTER, COMM_ALL_GATHER, COMM_REPLICAS, COMM_KINDS } comm_kind;
+static const char *const comm_kind_names[COMM_KINDS] = {"all_reduce", "reduce_scatter", "all_gather", "all_reduce"};
 
 // ===================================================================== 3. the sharded state
 
@@ -104,8 +119,10 @@ typedef struct {
 } zero_device_ops;
 
 struct zero {
-    int stage, rank, world;
-    dist_t *dist;
+    int stage, rank, world;          // this rank's place in the shard group, and its size
+    pg_t *shard, *replicate;         // the ranks that share the slices, and the replicas of this rank's slices
+    int replica, replicas;           // this rank's place in the replicate group, and its size (R)
+    dist_t *dist;                    // the job: its device, its barrier
     model_t *model;
     const zero_device_ops *ops;
     int num_buckets;
@@ -166,12 +183,12 @@ static inline void zero_count(zero_t *z, comm_kind kind, double bytes_sent) {
 // the count is the same on every rank.
 static inline void zero_all_gather(zero_t *z, const float *send, float *recv, size_t count) {
     zero_count(z, COMM_ALL_GATHER, (double)(z->world - 1) * (double)count * sizeof(float));
-    pg_all_gather(z->dist->pg, send, recv, count, DTYPE_F32);
+    pg_all_gather(z->shard, send, recv, count, DTYPE_F32);
 }
 
 static inline void zero_reduce_scatter(zero_t *z, const float *send, float *recv, size_t count) {
     zero_count(z, COMM_REDUCE_SCATTER, (double)(z->world - 1) * (double)count * sizeof(float));
-    pg_reduce_scatter(z->dist->pg, send, recv, count, DTYPE_F32, OP_AVG);
+    pg_reduce_scatter(z->shard, send, recv, count, DTYPE_F32, OP_AVG);
 }
 
 // Stage 0 (08's DDP) averages all gradients with all-reduces, of the bytes
@@ -217,10 +234,16 @@ static inline void zero_scatter_host(zero_t *z, const float *full, float *shard)
 // parameters (the host copy), which then go. With grad_accum micro-batches
 // per step, ZeRO-2 and 3 need a slice of scratch to add each one's slice.
 // ops: how the model's device does it (zero_devices.h's zero_ops_for).
+// shard: the group that shares the slices (all the data-parallel ranks,
+// or with hybrid sharding one node's of them); replicate: the group of
+// the ranks that own the same slices (one rank alone without it).
 static inline void zero_setup(zero_t *z, int stage, dist_t *d, model_t *m, int grad_accum,
-                              const zero_device_ops *ops) {
+                              const zero_device_ops *ops, pg_t *shard, pg_t *replicate) {
     memset(z, 0, sizeof *z);
-    z->stage = stage, z->dist = d, z->model = m, z->rank = d->rank, z->world = d->world_size;
+    z->stage = stage, z->dist = d, z->model = m, z->shard = shard, z->replicate = replicate;
+    z->rank = pg_rank(shard), z->world = pg_world_size(shard);
+    z->replica = pg_rank(replicate), z->replicas = pg_world_size(replicate);
+    if (stage == 0 && z->replicas > 1) die("zero_setup: DDP (stage 0) has no slices to replicate");
     z->ops = ops;
     z->front = z->ops->front(z);
     const gpt_config *c = &m->host.cfg;
@@ -235,8 +258,14 @@ static inline void zero_setup(zero_t *z, int stage, dist_t *d, model_t *m, int g
         s->at = z->shard_len;
         z->shard_len += s->slice;
     }
-    log_main("sharding: %s; %d rank(s), each owning 1/%d of every bucket: %zu parameters a rank (padding included)\n",
-             zero_stage_name(stage), z->world, z->world, z->shard_len);
+    if (z->replicas == 1)
+        log_main("sharding: %s; %d rank(s), each owning 1/%d of every bucket: %zu parameters a rank (padding included)\n",
+                 zero_stage_name(stage), z->world, z->world, z->shard_len);
+    else
+        log_main("sharding: %s, hybrid: %d rank(s) = %d replicas x %d sharding (consecutive ranks), each owning 1/%d "
+                 "of every bucket: %zu parameters a rank (padding included), each slice held %d times\n",
+                 zero_stage_name(stage), z->world * z->replicas, z->replicas, z->world, z->world, z->shard_len,
+                 z->replicas);
     for (int i = 0; i < 4; i++) z->holds[i] = -1;
     z->block_slots = m->on_gpu ? 2 : 1;
     if (stage == 0) return;
@@ -414,16 +443,31 @@ static inline void zero_adamw(zero_t *z, float grad_scale, float lr, float beta1
     z->ops->adamw(z, grad_scale, lr, beta1, beta2, eps, weight_decay);
 }
 
+// Hybrid sharding (R replicas > 1), after the reduce-scatters: each slice
+// is the mean over this rank's shard group; rank i of every shard group
+// holds the same slice, so an all-reduce of the gradient shard over the
+// replicate group makes it the mean over all N ranks (the mean of R means
+// of N/R each). Once a step, after the micro-batches (FSDP's HYBRID_SHARD
+// does it bucket by bucket, behind the backward pass): 2 (R-1)/R of B/(N/R)
+// bytes per rank, and the replicas' optimizer steps stay equal.
+static inline void zero_average_replicas(zero_t *z) {
+    if (z->replicas == 1) return;
+    z->ops->finish(z); // every reduce-scatter has arrived
+    zero_count(z, COMM_REPLICAS, 2.0 * (z->replicas - 1) / z->replicas * (double)z->shard_len * sizeof(float));
+    pg_all_reduce(z->replicate, z->grads, z->grads, z->shard_len, DTYPE_F32, OP_AVG);
+}
+
 // The norm of the whole averaged gradient, from the slices: each rank's
-// sum of squares, added up over the ranks. Every rank gets the same number,
-// so every rank clips its slices by the same factor. Returns that factor.
+// sum of squares, added up over the shard group (its slices are the whole
+// gradient; a replica's are the same again). Every rank gets the same
+// number, so every rank clips its slices by the same factor. Returns that factor.
 static inline float zero_clip_scale(zero_t *z, float max_norm) {
     double sum = 0;
     z->ops->finish(z); // every reduce-scatter has arrived
     for (int k = 0; k < z->num_buckets; k++)
         sum += z->ops->sum_squares(z, z->grads + z->buckets[k].at, z->buckets[k].owned);
     zero_count(z, COMM_ALL_REDUCE, 2.0 * (z->world - 1) / z->world * sizeof(double));
-    dist_all_reduce_host(z->dist, &sum, 1, OP_SUM);
+    groups_all_reduce_host(z->shard, &z->dist->device, &sum, 1, DTYPE_F64, OP_SUM);
     double norm = sqrt(sum);
     return max_norm > 0 && norm > max_norm ? (float)(max_norm / (norm + 1e-6)) : 1.0f;
 }
@@ -482,7 +526,7 @@ static inline void zero_moment_norms(zero_t *z, double norms[2]) {
             norms[0] += z->ops->sum_squares(z, z->adam_m + z->buckets[k].at, z->buckets[k].owned);
             norms[1] += z->ops->sum_squares(z, z->adam_v + z->buckets[k].at, z->buckets[k].owned);
         }
-        dist_all_reduce_host(z->dist, norms, 2, OP_SUM);
+        groups_all_reduce_host(z->shard, &z->dist->device, norms, 2, DTYPE_F64, OP_SUM);
     }
     norms[0] = sqrt(norms[0]), norms[1] = sqrt(norms[1]);
 }

@@ -121,7 +121,7 @@ static inline void zero_gpu_add(zero_t *z, float *dst, const float *src, size_t 
 }
 static inline void zero_gpu_finish(zero_t *z) {
     CHECK_CUDA(cudaStreamSynchronize(zero_stream(z)));
-    pg_wait_queued(z->dist->pg);
+    pg_wait_queued(z->shard);
 }
 static inline double zero_gpu_sum_squares(zero_t *z, const float *x, size_t n) {
     return gpt_cuda_sum_squares(z->model->gpu, x, n);
@@ -165,7 +165,7 @@ static inline void zero_gpu_gather(zero_t *z, int k, int slot, float *dst) {
     const zero_bucket *b = &z->buckets[k];
     zero_count(z, COMM_ALL_GATHER, (double)(z->world - 1) * (double)b->slice * sizeof(float));
     CHECK_CUDA(cudaEventRecord(z->now_ev, zero_stream(z)));
-    pg_all_gather_after(z->dist->pg, z->params + b->at, dst, b->slice, DTYPE_F32, z->now_ev, z->gathered_ev[slot]);
+    pg_all_gather_after(z->shard, z->params + b->at, dst, b->slice, DTYPE_F32, z->now_ev, z->gathered_ev[slot]);
 }
 
 static inline void zero_gpu_use_gathered(zero_t *z, int slot) {
@@ -174,7 +174,7 @@ static inline void zero_gpu_use_gathered(zero_t *z, int slot) {
 
 static inline void zero_gpu_scatter(zero_t *z, int slot, const float *grads, float *mine, size_t slice) {
     zero_count(z, COMM_REDUCE_SCATTER, (double)(z->world - 1) * (double)slice * sizeof(float));
-    pg_reduce_scatter_after(z->dist->pg, grads, mine, slice, DTYPE_F32, OP_AVG, z->done_ev, z->scattered_ev[slot]);
+    pg_reduce_scatter_after(z->shard, grads, mine, slice, DTYPE_F32, OP_AVG, z->done_ev, z->scattered_ev[slot]);
 }
 
 static inline void zero_gpu_before_grads(zero_t *z, int slot) {

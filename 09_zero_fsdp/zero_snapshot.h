@@ -12,7 +12,9 @@
 // which makes the step complete: a run killed while the shards are
 // written resumes from the previous index, whose shards are still there
 // (every series keeps its last two). The slices are the same in every
-// stage, so any stage resumes any other's.
+// stage, so any stage resumes any other's. With hybrid sharding the R
+// replicas hold the same slices: the first replica's N/R ranks write them,
+// and the snapshot is one of N/R shards - which any N and R read back.
 #ifndef ZERO_SNAPSHOT_H
 #define ZERO_SNAPSHOT_H
 
@@ -34,23 +36,20 @@ static inline void zero_shard_path(const char *snapshot_path, int rank, int worl
     snprintf(out, size, "%.*s-shard%dof%d.safetensors", stem, snapshot_path, rank, world);
 }
 
-// Every rank writes its shard; then (a barrier: every shard is durable)
-// rank 0 the index. What must match to resume is 08's: the model (both
-// kinds of file say it) and the training (the index says it).
-static inline void zero_snapshot_save(zero_t *z, const options *o, int epochs_done, int step) {
-    const gpt_config *c = &z->model->host.cfg;
+// This rank's slices, padding left out, as its shard of the step; returns
+// AdamW's step count.
+static inline int zero_snapshot_write_shard(zero_t *z, const options *o, int step) {
     size_t owned = zero_owned_total(z);
     float *slices[3];
     for (int i = 0; i < 3; i++) slices[i] = xmalloc((owned ? owned : 1) * sizeof(float));
     int adam_step = zero_slices_to_host(z, slices);
-    gpt_scaler scaler = model_get_scaler(z->model); // fp16 (--shard 0 only): the same on every rank
     int64_t shape[1] = {(int64_t)owned};
     safetensors_tensor t[3] = {safetensors_tensor_of("params", "F32", slices[0], 1, shape),
                                safetensors_tensor_of("adam_m", "F32", slices[1], 1, shape),
                                safetensors_tensor_of("adam_v", "F32", slices[2], 1, shape)};
-    safetensors_meta meta[12];
+    safetensors_meta meta[3];
     int n = 0;
-    meta[n++] = snapshot_config_meta(c);
+    meta[n++] = snapshot_config_meta(&z->model->host.cfg);
     meta[n++] = safetensors_meta_of("step", "%d", step);
     meta[n++] = safetensors_meta_of("shard", "%d of %d", z->rank, z->world);
     char path[FILES_PATH_MAX], err[1400];
@@ -58,9 +57,22 @@ static inline void zero_snapshot_save(zero_t *z, const options *o, int epochs_do
     if (!snapshot_save_step(path, step, t, 3, meta, n, 2, err, sizeof err))
         die("could not save this rank's shard: %s", err);
     for (int i = 0; i < 3; i++) free(slices[i]);
+    return adam_step;
+}
+
+// Every rank of the first replica writes its shard (the other replicas'
+// slices are the same again); then (a barrier: every shard is durable)
+// the first rank the index. What must match to resume is 08's: the model
+// (both kinds of file say it) and the training (the index says it).
+static inline void zero_snapshot_save(zero_t *z, const options *o, int epochs_done, int step) {
+    const gpt_config *c = &z->model->host.cfg;
+    int adam_step = z->replica == 0 ? zero_snapshot_write_shard(z, o, step) : 0;
+    gpt_scaler scaler = model_get_scaler(z->model); // fp16 (--shard 0 only): the same on every rank
     pg_barrier(z->dist->pg); // every shard is durable
-    if (z->rank == 0) {
-        n = 0;
+    if (z->replica == 0 && z->rank == 0) {
+        safetensors_meta meta[12];
+        char err[1400];
+        int n = 0;
         meta[n++] = snapshot_config_meta(c);
         meta[n++] = snapshot_training_meta(o);
         meta[n++] = safetensors_meta_of("epoch", "%d", epochs_done);
@@ -84,7 +96,7 @@ static inline void zero_snapshot_save(zero_t *z, const options *o, int epochs_do
 // which writes them with the tokenizer (gpt/samples.h's run_save).
 static inline void zero_save_model(zero_t *z, const bpe_t *t, const char *out_dir) {
     zero_full_params(z);
-    if (z->rank == 0) run_save(&z->model->host, t, out_dir);
+    if (z->replica == 0 && z->rank == 0) run_save(&z->model->host, t, out_dir);
 }
 
 // Where a snapshot left off: its index's numbers (world 0: none found),
@@ -215,10 +227,10 @@ static inline int zero_snapshot_resume(zero_t *z, const options *o, int *step, b
     zero_slices_from_host(z, slices, (int)where.adam_step);
     for (int i = 0; i < 3; i++) free(slices[i]);
     free(want);
-    *resharded = where.world != d->world_size;
+    *resharded = where.world != z->world;
     log_main("Resuming training from snapshot at Epoch %lld (step %lld)\n", (long long)where.epoch, (long long)where.step);
     if (*resharded)
-        log_main("resharded: the snapshot's %lld shard(s) loaded as %d\n", (long long)where.world, d->world_size);
+        log_main("resharded: the snapshot's %lld shard(s) loaded as %d\n", (long long)where.world, z->world);
     return (int)where.epoch;
 }
 

@@ -170,6 +170,30 @@ static inline pg_t *groups_join(groups_t *g, const char *dims) {
     return g->joined[g->num_joined++] = pg;
 }
 
+// One dimension seen as two: its `outer` x (size / outer) ranks, the inner
+// fastest - so an inner group is consecutive coordinates (consecutive ranks
+// when the dimension is dp and every faster one is 1: the ranks of a node).
+// Hybrid sharding splits dp so (torchtitan's dp_replicate x dp_shard,
+// FSDP's HYBRID_SHARD): ZeRO inside each inner group, an all-reduce of the
+// slices over the outer one. Along dim, coordinate c = o * inner + i:
+// *inner_pg holds the ranks with this rank's o (and every other coordinate
+// equal), ordered by i; *outer_pg those with this rank's i, ordered by o.
+// Every rank calls it, in the same order; groups_free destroys both.
+static inline void groups_split(groups_t *g, dim_t dim, int outer, pg_t **outer_pg, pg_t **inner_pg) {
+    int size = g->size[dim];
+    if (outer < 1 || size % outer)
+        die("groups_split: %s's %d rank(s) do not split into %d equal parts", GROUPS_NAMES[dim], size, outer);
+    if (g->num_joined + 2 > (int)(sizeof g->joined / sizeof g->joined[0]))
+        die("groups_split: more than %d joined groups", g->num_joined);
+    int inner = size / outer, c = g->coord[dim], coord[DIMS];
+    memcpy(coord, g->coord, sizeof coord);
+    // The color of each group: the job's rank of its first member.
+    coord[dim] = c - c % inner; // o * inner: the first of this rank's inner group
+    *inner_pg = g->joined[g->num_joined++] = pg_split(g->dist->pg, groups_rank_of(g, coord), g->rank);
+    coord[dim] = c % inner; // i: the first of this rank's outer group
+    *outer_pg = g->joined[g->num_joined++] = pg_split(g->dist->pg, groups_rank_of(g, coord), g->rank);
+}
+
 // ---------------------------------------------------------------- a few host numbers over a group
 
 // The groups move data in the device's memory (NCCL knows no other): a few

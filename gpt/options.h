@@ -42,10 +42,10 @@ typedef struct {
     // The mesh (common/groups.h): the size of each dimension; 0 for dp
     // means "the ranks left over" (--nprocs / the others' product).
     int dp, tp, pp, cp, ep;
-    // One chapter's idea each: 09's ZeRO stage and --consolidate, 10's
-    // replica checks, 11's schedule (and the layers it added so that every
-    // stage has one).
-    int shard, check_every;
+    // One chapter's idea each: 09's ZeRO stage, its replicas (hybrid
+    // sharding) and --consolidate, 10's replica checks, 11's schedule (and
+    // the layers it added so that every stage has one).
+    int shard, replicate, check_every;
     bool consolidate, layers_for_stages;
     const char *schedule;
 } options;
@@ -58,7 +58,7 @@ static inline options options_defaults(const char *chapter) {
                  .top_k = 40, .num_samples = 3, .sample_tokens = 64, .verify_data = true, .cuda_graph = true,
                  .preset = "default", .prompt = "The", .device = "auto", .nprocs = 0, .backend = "auto",
                  .precision = "auto", .grad_compress = "none", .num_workers = 0, .loss_scale = 65536,
-                 .powersgd_rank = 1, .dp = 0, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .shard = 0,
+                 .powersgd_rank = 1, .dp = 0, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .shard = 0, .replicate = 1,
                  .schedule = "1f1b"};
     static char default_out_dir[1024]; // outlives this function: o.out_dir points at it
     files_runs_dir(default_out_dir, sizeof default_out_dir, chapter);
@@ -135,7 +135,7 @@ static inline int options_ranks(const options *o) {
 static inline void options_plan(const options *o, flag_set *set) {
     plan_layout l = {.cfg = {o->vocab_size, o->block_size, o->n_layer, o->n_head, o->n_embd},
                      .B = o->batch_size, .T = o->block_size, .M = o->grad_accum, .gpu = !strcmp(o->device, "cuda"),
-                     .tp = o->tp, .pp = o->pp, .cp = o->cp, .ep = o->ep, .zero = o->shard, .replicate = 1,
+                     .tp = o->tp, .pp = o->pp, .cp = o->cp, .ep = o->ep, .zero = o->shard, .replicate = o->replicate,
                      .gpipe = !strcmp(o->schedule, "gpipe"), .wire_bytes = 4};
     int others = o->tp * o->pp * o->cp * o->ep;
     l.dp = o->dp ? o->dp : o->nprocs ? o->nprocs / others : 1;

@@ -58,7 +58,7 @@ typedef struct {
     int wire_bytes;           // bytes per gradient number in DDP's all-reduce: 4, or 2 with --grad_compress bf16/fp16
     int dp, tp, pp, cp, ep;   // the mesh
     int zero;                 // ZeRO's stage over dp: 0 (DDP) .. 3 (FSDP)
-    int replicate;            // hybrid sharding (FSDP's HYBRID_SHARD): slices over dp / R ranks, R replicas (1: none)
+    int replicate;            // hybrid sharding (09's --replicate, FSDP's HYBRID_SHARD): slices over dp / R ranks, R replicas (1: none)
     bool gpipe;               // the pipeline's schedule: GPipe, else 1F1B
     bool ulysses;             // cp: Ulysses' all-to-alls, else ring attention
     int n_expert, top_k;      // ep: experts per MoE layer and experts per token (0: a dense model)
@@ -88,6 +88,7 @@ static inline const char *plan_problem(const plan_layout *l) {
         snprintf(why, sizeof why, "--replicate %d must divide dp %d", l->replicate, l->dp);
         return why;
     }
+    if (l->replicate > 1 && l->zero == 0) return "--replicate needs a sharded stage (DDP has no slices to replicate)";
     if (l->cp > 1 && l->T % l->cp != 0) return "cp must divide the block (each rank a T/cp slice of every sequence)";
     if (l->ep > 1 && (l->n_expert < l->ep || l->n_expert % l->ep != 0))
         return "ep needs n_expert a multiple of ep (each rank its n_expert/ep experts)";
@@ -308,7 +309,8 @@ static inline void plan_print(FILE *out, const plan_layout *l) {
             l->cp > 1 || l->ep > 1 ? "; cp and ep: issue 42's and 43's formulas, not yet held to a run" : "");
     if (l->zero > 0 && (l->tp > 1 || l->pp > 1))
         fprintf(out, "plan: ZeRO over dp of tp shards or pipeline stages is the finale's (chapter 14): not yet held to a run\n");
-    if (l->replicate > 1) fprintf(out, "plan: hybrid sharding (--replicate): not yet held to a run\n");
+    if (l->replicate > 1)
+        fprintf(out, "plan: hybrid sharding: %d replicas x %d ranks sharing the slices\n", l->replicate, l->dp / l->replicate);
     for (int s = 0; s < l->pp; s++) {
         plan_rank r = plan_stage(l, s);
         plan_print_rows(out, "plan", s, &r);

@@ -9,9 +9,11 @@
 # exactly. On (emulated) GPUs too: the planner mirrors the GPU model's
 # memory plan buffer for buffer. --plan trains nothing: it needs no data,
 # spawns no ranks, and ends at once. Planted bugs in the planner's
-# formulas (a slice that forgets its 1/N, tensor parallelism without the
-# backward pass's all-reduces, 1F1B holding every micro-batch, the tied
-# embedding's all-reduce forgotten) are each caught by the check they break.
+# formulas (a slice that forgets its 1/N, DDP's all-reduce without its
+# 2(N-1)/N, hybrid sharding without the replicas' all-reduce, tensor
+# parallelism without the backward pass's all-reduces, 1F1B holding every
+# micro-batch, the tied embedding's all-reduce forgotten, the GPU's LM head
+# without its padding) are each caught by the check they break.
 source "$(dirname "$0")/../lib.sh"
 p08="$ROOT/08_gpt_wikitext/08_gpt_wikitext" p09="$ROOT/09_zero_fsdp/09_zero_fsdp"
 p10="$ROOT/10_tensor_parallel/10_tensor_parallel" p11="$ROOT/11_pipeline_parallel/11_pipeline_parallel"
@@ -139,6 +141,15 @@ verdict $? "plan: 09 ZeRO-2 on 4 ranks, 2 micro-batches, measured = --plan" "$di
 agree z3 "$p09" "${cpu[@]}" --nprocs 4 --shard 3 --grad_accum 2
 verdict $? "plan: 09 ZeRO-3 on 4 ranks, 2 micro-batches, measured = --plan" "$diff_line"
 
+# 09's hybrid sharding (--replicate 2: 2 replicas x 2 ranks sharing the
+# slices): ZeRO-1, 2 and 3 over pairs, the slices all-reduced over the
+# replicas once a step.
+for z in 1 2 3; do
+    flags=(--nprocs 4 --replicate 2 --shard $z); [[ $z -gt 1 ]] && flags+=(--grad_accum 2)
+    agree "h$z" "$p09" "${cpu[@]}" "${flags[@]}"
+    verdict $? "plan: 09 hybrid ZeRO-$z, 2 replicas x 2 ranks${flags[6]:+, 2 micro-batches}, measured = --plan" "$diff_line"
+done
+
 # 10: tp 2, and dp 2 x tp 2 with 2 micro-batches.
 agree t2 "$p10" "${cpu[@]}" --tp 2
 verdict $? "plan: 10 tp 2 measured = --plan" "$diff_line"
@@ -188,6 +199,11 @@ for z in 1 2 3; do
 done
 caught "$TMP/z0" "$planted" sent "${cpu[@]}" --nprocs 4 --shard 0
 verdict $? "plan planted: DDP's all-reduce without its 2(N-1)/N is caught (09 DDP on 4 ranks, bytes sent)" "$(planted_why plan09)"
+planted=$(plant hybrid09 gpt/plan.h 'sent[PLAN_DP] += plan_ring_all_reduce(4 * sl.shard, l->replicate);' \
+    'sent[PLAN_DP] += 0;' 09_zero_fsdp 09_zero_fsdp)
+caught "$TMP/h3" "$planted" sent "${cpu[@]}" --nprocs 4 --replicate 2 --shard 3 --grad_accum 2
+verdict $? "plan planted: hybrid sharding without the replicas' all-reduce is caught (09 hybrid ZeRO-3, bytes sent)" \
+    "$(planted_why hybrid09)"
 # Three bugs in one copy of 11, each in a part of the plan that the
 # others leave alone: tp's traffic (no pipeline), 1F1B's memory, GPipe's
 # traffic (its memory holds every micro-batch anyway).

@@ -292,13 +292,15 @@ run 09_zero_fsdp/README.md 09_zero_fsdp 300 "make 09_zero_fsdp"
 zero_snap="--preset tiny --max_steps 50 --save_every 1 --snapshot_path ../runs/zero/snapshot.safetensors"
 zero_cmds=("./09_zero_fsdp --shard 3 --nprocs 4 --preset tiny --max_steps 50"
            "./09_zero_fsdp --shard 1 --nprocs 4 $zero_snap" "./09_zero_fsdp --shard 3 --nprocs 3 $zero_snap"
-           "./09_zero_fsdp --consolidate --snapshot_path ../runs/zero/snapshot.safetensors --out_dir ../runs/zero/model")
+           "./09_zero_fsdp --consolidate --snapshot_path ../runs/zero/snapshot.safetensors --out_dir ../runs/zero/model"
+           "./09_zero_fsdp --shard 3 --nprocs 4 --replicate 2 --preset tiny --max_steps 50")
 if [[ -n "$wikitext" ]]; then
     student+=(WIKITEXT_DIR="$wikitext")
     run 09_zero_fsdp/README.md 09_zero_fsdp 600 "${zero_cmds[0]}" '^  model states \(1-3\) '
     run 09_zero_fsdp/README.md 09_zero_fsdp 600 "${zero_cmds[1]}" '^snapshot saved: .*: 4 shard\(s\) and an index'
     run 09_zero_fsdp/README.md 09_zero_fsdp 600 "${zero_cmds[2]}" "^resharded: the snapshot's 4 shard\(s\) loaded as 3"
     run 09_zero_fsdp/README.md 09_zero_fsdp 120 "${zero_cmds[3]}" '^consolidated: 3 shard\(s\) of step 50'
+    run 09_zero_fsdp/README.md 09_zero_fsdp 600 "${zero_cmds[4]}" '^  over replicate +[0-9.]+ +2\(R-1\)/R B/n'
     unset 'student[${#student[@]}-1]'
 else
     # Without WikiText-2 the first command says so, as 08's does; the others need its snapshot.

@@ -36,6 +36,15 @@ verdict $? "subgroups: the mesh table names each rank's coordinates and device" 
 run_capture 60 "$TMP/badmesh" "$BIN" "$TAG" --world 4 --mesh 3x2; status=$?
 [[ $status -ne 0 ]] && grep -q 'error: mesh dp 3 x tp 2 needs 6 ranks, and the job has 4' "$TMP/badmesh"
 verdict $? "subgroups: a mesh of 6 ranks on a job of 4 is one clear error" "status $status: $(grep -m2 error "$TMP/badmesh" | tr '\n' '|')"
+# Planted: groups_split's inner groups made of consecutive ranks, as if dp
+# were the fastest dimension. On dp 4 x tp 2 (8 ranks) they mix tp ranks.
+planted=$(plant split_consecutive common/groups.h \
+    '*inner_pg = g->joined[g->num_joined++] = pg_split(g->dist->pg, groups_rank_of(g, coord), g->rank);' \
+    '*inner_pg = g->joined[g->num_joined++] = pg_split(g->dist->pg, g->rank - g->rank % inner, g->rank);' tests unit/test_subgroups)
+[[ -n $planted ]] && run_capture 300 "$TMP/planted_split" "$planted" "$TAG" --world 8
+[[ -n $planted ]] && grep -q '^FAIL subgroups: groups_split: .*the inner group of dp 4 = 2 x 2 (tp 2)' "$TMP/planted_split"
+verdict $? "subgroups planted: inner groups of consecutive ranks (dp taken for the fastest dimension) fail the groups_split check" \
+    "$(planted_why split_consecutive)$(grep -m1 'groups_split' "$TMP/planted_split" 2>/dev/null)"
 COURSE_SHM=0 run_suite tcp 300 "$BIN" "$TAG" --world 4 --label "tcp: "
 expect_output "subgroups: with COURSE_SHM=0 the groups use TCP" "$TMP/tcp.log" 'color group: cpu \(TCP sockets'
 

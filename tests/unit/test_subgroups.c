@@ -18,20 +18,26 @@
 //   mesh         with 4 or 8 ranks, a dp x tp (x pp) mesh (common/mesh.h):
 //                each rank's coordinates, and an all-reduce along every
 //                dimension over exactly the ranks of that line
+//   split        common/groups.h's groups_split: the dp dimension (dp W, or
+//                dp 4 x tp 2 on 8 ranks) as outer x inner, inner fastest
+//                (hybrid sharding's replicate x shard): each group has
+//                exactly the ranks it should, in order
 // The ranks add their failures per check to the store; rank 0 prints one
 // PASS or FAIL line per check.
 #include "dist.h"
 #include "flags.h"
+#include "groups.h"
 #include "mesh.h"
 #include "pg.h"
 #include "spawn.h"
 #include "test.h"
 
-enum { K_RANKS, K_COLLECTIVES, K_P2P, K_NESTED, K_INDEPENDENT, K_MESH, K_COUNT };
+enum { K_RANKS, K_COLLECTIVES, K_P2P, K_NESTED, K_INDEPENDENT, K_MESH, K_SPLIT, K_COUNT };
 static const char *check_names[K_COUNT] = {"ranks of split and new_group", "nine collectives on the color groups",
                                            "isend/irecv/test/wait around each group", "a group split from a group",
                                            "disjoint groups run collectives independently",
-                                           "a device mesh: coordinates and the group along each dimension"};
+                                           "a device mesh: coordinates and the group along each dimension",
+                                           "groups_split: dp as outer x inner, the inner fastest"};
 
 typedef struct {
     const char *backend, *device, *label;
@@ -255,6 +261,39 @@ static void check_mesh(ctx_t *c, int ndims, const int *shape) {
     mesh_free(&m);
 }
 
+// ---------------------------------------------------------------- groups_split
+
+// The dp dimension of the groups' mesh - dp W, or dp 4 x tp 2 on 8 ranks,
+// where the ranks of one dp line are not consecutive - split in outer x
+// inner (2 x W/2 when dp is even, else 1 x dp). Along dp, coordinate
+// c = o * inner + i: the inner group holds the ranks with this rank's o
+// (and tp), ordered by i; the outer group those with this rank's i, ordered
+// by o. An all-gather of the job's ranks over each group must list them.
+static void check_split(ctx_t *c) {
+    int W = c->d->world_size, tp = W == 8 ? 2 : 1, dp = W / tp, outer = dp % 2 ? 1 : 2, inner = dp / outer;
+    groups_t g;
+    groups_init(&g, c->d, (int[DIMS]){[DIM_PP] = 1, [DIM_DP] = dp, [DIM_EP] = 1, [DIM_CP] = 1, [DIM_TP] = tp});
+    pg_t *groups[2]; // outer, inner
+    groups_split(&g, DIM_DP, outer, &groups[0], &groups[1]);
+    int me = c->d->rank, t = me % tp, o = me / tp / inner, i = me / tp % inner;
+    for (int which = 0; which < 2; which++) {
+        int n = which ? inner : outer, place = which ? i : o, size = pg_world_size(groups[which]);
+        float mine = (float)me, *all = xcalloc((size_t)size, sizeof(float));
+        groups_all_gather_host(groups[which], &c->d->device, &mine, all, 1, DTYPE_F32);
+        int bad = -1, want = 0;
+        for (int k = 0; k < size && k < n && bad < 0; k++) {
+            want = (which ? o * inner + k : k * inner + i) * tp + t; // member k: its dp coordinate, this tp
+            if (all[k] != (float)want) bad = k;
+        }
+        record(c, K_SPLIT, size == n && pg_rank(groups[which]) == place && bad < 0,
+               "rank %d, the %s group of dp %d = %d x %d (tp %d): rank %d of %d (expected %d of %d); member %d is rank "
+               "%g (expected %d)", me, which ? "inner" : "outer", dp, outer, inner, tp, pg_rank(groups[which]), size,
+               place, n, bad, bad < 0 ? -1.0 : (double)all[bad], bad < 0 ? -1 : want);
+        free(all);
+    }
+    groups_free(&g);
+}
+
 // ---------------------------------------------------------------- the job
 
 static void report(ctx_t *c) {
@@ -307,6 +346,7 @@ static int worker(int rank, int world, void *arg) {
     int shape[3] = {2, 2, 2}, dims = d.world_size == 8 ? 3 : 2;
     if (o->mesh) dims = sscanf(o->mesh, "%dx%dx%d", &shape[0], &shape[1], &shape[2]);
     if (o->mesh || d.world_size == 4 || d.world_size == 8) check_mesh(&c, dims, shape);
+    check_split(&c);
     pg_destroy(g);
     free(members);
     report(&c);
