@@ -223,6 +223,15 @@ static inline void plan_memory(const plan_layout *l, int s, double *mem) {
 
 static inline double plan_ring_all_reduce(double bytes, int n) { return n > 1 ? 2.0 * (n - 1) / n * bytes : 0; }
 
+// Hybrid sharding's part of the dp column: the R replicas of each slice
+// all-reduce it once a step (the rest of the column stays in the shard group).
+static inline double plan_replicas_sent(const plan_layout *l, int s) {
+    if (l->zero == 0 || l->replicate == 1) return 0;
+    gpt_stage st = gpt_stage_of(&l->cfg, s, l->pp);
+    plan_slices sl = plan_zero_slices(&l->cfg, &st, l->tp, l->dp / l->replicate, l->gpu);
+    return plan_ring_all_reduce(4 * sl.shard, l->replicate);
+}
+
 // Stage `s`'s rank: bytes sent per optimizer step along each dimension.
 static inline void plan_traffic(const plan_layout *l, int s, double *sent) {
     memset(sent, 0, sizeof(double) * PLAN_DIMS);
@@ -243,9 +252,7 @@ static inline void plan_traffic(const plan_layout *l, int s, double *sent) {
         double rs = z == 1 ? sl.shard : M * sl.shard;               // ZeRO-2, 3: every micro-batch
         double ag = z < 3 ? sl.shard                                 // the updated slices, once
                           : M * (sl.heads + 2 * sl.blocks);          // FSDP: forward and backward, the ends kept between
-        sent[PLAN_DP] = piece * (rs + ag);
-        // Hybrid sharding: the R replicas of a slice all-reduce it once a step.
-        sent[PLAN_DP] += plan_ring_all_reduce(4 * sl.shard, l->replicate);
+        sent[PLAN_DP] = piece * (rs + ag) + plan_replicas_sent(l, s);
     }
     // tp (Megatron): per block and micro-batch one all-reduce of the (N, C)
     // output of each half in the forward pass, one of each half's input

@@ -2,7 +2,9 @@
 // (gpt/plan.h) over GPT-2's four sizes on clusters of 8, 64 and 512 GPUs
 // of 80 GB, 8 GPUs a node. For each model and cluster it tries every
 // layout pp x dp x tp (tp 1-8, inside a node; pp dividing the layers into
-// stages of at least one block) with ZeRO 0-3 over dp, keeps those whose
+// stages of at least one block) with ZeRO 0-3 over dp (and, where dp x tp
+// spans nodes, ZeRO 1-3 hybrid-sharded: the slices shared by one node's
+// dp ranks, R replicas across nodes), keeps those whose
 // every rank's plan fits in the GPU's memory, and prints the ones that send
 // the fewest bytes across nodes, with the smallest tp-only and ZeRO-3-only
 // layouts beside them.
@@ -63,7 +65,12 @@ static bool evaluate(plan_layout *l, candidate *out) {
         plan_rank r = plan_stage(l, s);
         double mem = plan_total(r.mem, PLAN_KINDS), cross = 0;
         if (spans_nodes(1, l->tp)) cross += r.sent[PLAN_TP];
-        if (spans_nodes(l->tp, l->dp)) cross += r.sent[PLAN_DP];
+        // dp: with hybrid sharding, the shard group (dp / R ranks, tp apart)
+        // and the replicas' all-reduce (R ranks, dp / R x tp apart) apart.
+        int n = l->dp / l->replicate;
+        double replicas = plan_replicas_sent(l, s);
+        if (spans_nodes(l->tp, n)) cross += r.sent[PLAN_DP] - replicas;
+        if (spans_nodes(l->tp * n, l->replicate)) cross += replicas;
         if (spans_nodes(l->tp * l->dp, l->pp)) cross += r.sent[PLAN_PP];
         if (mem > c.most) c.most = mem;
         if (cross > c.cross) c.cross = cross;
@@ -75,12 +82,13 @@ static bool evaluate(plan_layout *l, candidate *out) {
 }
 
 static void print_header(void) {
-    printf("  %-4s %-4s %-4s %-5s %-6s %12s %18s %18s\n", "pp", "dp", "tp", "ZeRO", "micro", "GB a GPU", "GB sent a step",
+    printf("  %-4s %-4s %-4s %-5s %-4s %-6s %12s %18s %18s\n", "pp", "dp", "tp", "ZeRO", "R", "micro", "GB a GPU", "GB sent a step",
            "GB across nodes");
 }
 
 static void print_candidate(const candidate *c, const char *note) {
-    printf("  %-4d %-4d %-4d %-5d %2d x %-2d %12.1f %18.2f %18.2f  %s\n", c->l.pp, c->l.dp, c->l.tp, c->l.zero, c->l.M,
+    printf("  %-4d %-4d %-4d %-5d %-4d %2d x %-2d %12.1f %18.2f %18.2f  %s\n", c->l.pp, c->l.dp, c->l.tp, c->l.zero,
+           c->l.replicate, c->l.M,
            c->l.B, c->most / 1e9, c->sent / 1e9, c->cross / 1e9, note);
 }
 
@@ -104,16 +112,21 @@ static void plan_cluster(const model_size *m, int gpus, bool all) {
             int dp = gpus / (pp * tp);
             if (SEQUENCES % dp != 0) continue;
             int share = SEQUENCES / dp, B = share < MICRO ? share : MICRO;
-            for (int zero = 0; zero <= 3; zero++) {
-                if (zero > 0 && dp == 1) continue;
-                plan_layout l = {.cfg = m->cfg, .B = B, .T = m->cfg.block_size, .M = share / B, .gpu = true,
-                                 .precision = GPT_BF16, .wire_bytes = 4, .dp = dp, .tp = tp, .pp = pp, .cp = 1,
-                                 .ep = 1, .zero = zero, .replicate = 1, .gpipe = false};
-                if (plan_problem(&l)) continue; // tp must divide the heads
-                tried++;
-                candidate c;
-                if (evaluate(&l, &c) && n < 4096) fits[n++] = c;
-            }
+            // Hybrid sharding's R: the slices shared by the dp ranks of one
+            // node (dp / R x tp = 8), the replicas across nodes.
+            int R = tp * dp > NODE && (tp * dp) % NODE == 0 && NODE / tp >= 2 ? tp * dp / NODE : 1;
+            for (int zero = 0; zero <= 3; zero++)
+                for (int replicate = 1; replicate <= R; replicate += R > 1 ? R - 1 : 1) {
+                    if (zero > 0 && dp == 1) continue;
+                    if (replicate > 1 && zero == 0) continue;
+                    plan_layout l = {.cfg = m->cfg, .B = B, .T = m->cfg.block_size, .M = share / B, .gpu = true,
+                                     .precision = GPT_BF16, .wire_bytes = 4, .dp = dp, .tp = tp, .pp = pp, .cp = 1,
+                                     .ep = 1, .zero = zero, .replicate = replicate, .gpipe = false};
+                    if (plan_problem(&l)) continue; // tp must divide the heads
+                    tried++;
+                    candidate c;
+                    if (evaluate(&l, &c) && n < 4096) fits[n++] = c;
+                }
         }
     printf("\nGPT-2 %s, %zu parameters, on %d GPUs (%d node%s of %d): %d of %d layouts fit in 80 GB\n", m->name,
            gpt_num_params(&m->cfg), gpus, (gpus + NODE - 1) / NODE, gpus > NODE ? "s" : "", NODE, n, tried);

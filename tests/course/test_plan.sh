@@ -199,8 +199,8 @@ for z in 1 2 3; do
 done
 caught "$TMP/z0" "$planted" sent "${cpu[@]}" --nprocs 4 --shard 0
 verdict $? "plan planted: DDP's all-reduce without its 2(N-1)/N is caught (09 DDP on 4 ranks, bytes sent)" "$(planted_why plan09)"
-planted=$(plant hybrid09 gpt/plan.h 'sent[PLAN_DP] += plan_ring_all_reduce(4 * sl.shard, l->replicate);' \
-    'sent[PLAN_DP] += 0;' 09_zero_fsdp 09_zero_fsdp)
+planted=$(plant hybrid09 gpt/plan.h 'return plan_ring_all_reduce(4 * sl.shard, l->replicate);' 'return 0;' \
+    09_zero_fsdp 09_zero_fsdp)
 caught "$TMP/h3" "$planted" sent "${cpu[@]}" --nprocs 4 --replicate 2 --shard 3 --grad_accum 2
 verdict $? "plan planted: hybrid sharding without the replicas' all-reduce is caught (09 hybrid ZeRO-3, bytes sent)" \
     "$(planted_why hybrid09)"
