@@ -342,6 +342,64 @@ static inline void model_tp_agree(model_t *m) {
     if (m->tp_group && m->on_gpu && pg_world_size(m->tp_group) > 1) model_gpu_tp_agree(m);
 }
 
+// ---------------------------------------------------------------- context parallelism (chapter 12)
+//
+// A model that computes its rank's tokens of each sequence (gpt/context_parallel.h)
+// asks the cp group for attention's messages through these: the ring's
+// sends and receives (started together, waited for after the block's
+// arithmetic), the all-to-alls of ulysses, the loss's sum and a row of
+// logits for sampling. Numbers the model sends live in host memory (the
+// CPU model's); a GPU's group would need them on the device.
+typedef struct {
+    pg_request_t *send, *recv;
+} model_cp_pending;
+
+static inline void *model_cp_ring_start(void *user, const gpt_real *send, size_t send_count, gpt_real *recv,
+                                        size_t recv_count) {
+    pg_t *cp = user;
+    int n = pg_world_size(cp), next = (pg_rank(cp) + 1) % n, prev = (pg_rank(cp) + n - 1) % n;
+    model_cp_pending *p = xcalloc(1, sizeof *p);
+    if (recv_count) p->recv = pg_irecv(cp, recv, recv_count, DTYPE_F32, prev);
+    if (send_count) p->send = pg_isend(cp, send, send_count, DTYPE_F32, next);
+    return p;
+}
+
+static inline void model_cp_ring_finish(void *user, void *pending) {
+    (void)user;
+    model_cp_pending *p = pending;
+    if (p->send) pg_wait(p->send);
+    if (p->recv) pg_wait(p->recv);
+    free(p);
+}
+
+static inline void model_cp_all_to_all_v(void *user, const gpt_real *send, const size_t *send_counts, gpt_real *recv,
+                                         const size_t *recv_counts) {
+    pg_all_to_all_v(user, send, send_counts, recv, recv_counts, DTYPE_F32);
+}
+
+static inline void model_cp_sum(void *user, double *values, int count) {
+    pg_all_reduce(user, values, values, (size_t)count, DTYPE_F64, OP_SUM);
+}
+
+static inline void model_cp_broadcast(void *user, gpt_real *buf, size_t count, int root) {
+    pg_broadcast(user, buf, count, DTYPE_F32, root);
+}
+
+// The model computes rank pg_rank(cp)'s tokens of each sequence; its
+// attention is `kind` ("ring" or "ulysses"), its tokens chosen by
+// `balance` ("zigzag" or "none"). Every weight stays whole on every rank.
+static inline void model_context_parallel(model_t *m, pg_t *cp, const char *kind, const char *balance) {
+    if (pg_world_size(cp) == 1) return; // one rank: the model of chapter 08, untouched
+    if (m->on_gpu)
+        die("context parallelism on a GPU: the GPU path is not written yet (gpt_cuda.cu); use --device cpu");
+    if (gpt_tp_ways(m->host.tp) > 1 || m->host.stage.count > 1)
+        die("context parallelism with tensor or pipeline parallelism is the finale's (chapter 14)");
+    cp_comm comm = {cp, model_cp_ring_start, model_cp_ring_finish, model_cp_all_to_all_v, model_cp_sum,
+                    model_cp_broadcast};
+    m->host.cp = cp_create(pg_world_size(cp), pg_rank(cp), m->host.cfg.n_head, strcmp(kind, "ulysses") ? CP_RING : CP_ULYSSES,
+                           strcmp(balance, "none") ? CP_ZIGZAG : CP_CONTIGUOUS, comm);
+}
+
 // The gradients of the last backward pass (and averaging), in m->host.grads.
 static inline const gpt_real *model_grads_to_host(model_t *m) {
     if (m->on_gpu) model_gpu_grads_to_host(m);
