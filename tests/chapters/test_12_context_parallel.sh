@@ -157,30 +157,29 @@ z=$(scores "$TMP/cp4"); n=$(scores "$TMP/cp4n")
     awk -v n="$n" 'BEGIN { split(n, a, " "); exit !(a[2] == 2 * a[1] && a[3] == 3 * a[1] && a[4] == 4 * a[1]) }'
 verdict $? "cp: attention's work per rank is the formula's: zigzag equal ($z), none 1:2:3:4 ($n)" \
     "$(grep -E 'attention scores|^balance' "$TMP/cp4" "$TMP/cp4n" | tr '\n' '|')"
-# Planted: a balance that gives rank r chunks r and cp + r (two chunks, but
-# not the mirrored ones): the model is still right, the work is not even.
-planted=$(plant bad_zigzag gpt/context_parallel.h 'int chunks = 2 * n, last = chunks - 1 - r;' \
-    'int chunks = 2 * n, last = n + r;' 12_context_parallel 12_context_parallel)
-[[ -n $planted ]] && { run_capture 120 "$TMP/pl_zz" "$planted" "${cpu[@]}" "${base[@]}" --cp 4 --out_dir "$TMP/pl_zz.d"
-                       same one pl_zz 1e-6 $?; } && grep -q 'attention scores .*NOT equal' "$TMP/pl_zz"
-verdict $? "cp planted: chunks r and cp+r in place of zigzag's r and 2cp-1-r train the same model and fail the balance check" \
-    "$(planted_why bad_zigzag)relative '$r': $(grep -m2 'attention scores' "$TMP/pl_zz" | tr '\n' '|')"
-# Planted: a ring that sends its block once more than it must.
-planted=$(plant extra_send gpt/context_parallel.h '        if (i < N - 1) {
-            pending = cp->comm.ring_start' '        if (i < N) {
-            pending = cp->comm.ring_start' 12_context_parallel 12_context_parallel)
-[[ -n $planted ]] && { run_capture 120 "$TMP/pl_send" "$planted" "${cpu[@]}" "${base[@]}" --cp 2 --out_dir "$TMP/pl_send.d"
-                       same one pl_send 1e-6 $?; } && grep -q 'NOT the formula' "$TMP/pl_send"
-verdict $? "cp planted: a ring that sends a block too many trains the same model and fails the traffic check" \
-    "$(planted_why extra_send)relative '$r': $(grep -m2 'counted forward' "$TMP/pl_send" | tr '\n' '|')"
-# Planted: a ring rank that keeps its queries' probabilities against
-# EVERY query's keys (T x T, one process's): the memory check sees it.
-planted=$(plant att_whole gpt/context_parallel.h 'return B * NH * (size_t)cp->count * T;' 'return B * NH * T * T;' \
-    12_context_parallel 12_context_parallel)
+# Three planted bugs in one copy (one build), each seen by its own check
+# above, none by the model: a balance that gives rank r chunks r and cp + r
+# (two chunks, not the mirrored ones: the work is uneven), a ring that
+# sends its block once more than it must, and a ring rank that keeps its
+# queries' probabilities against every position's row (T x T, one
+# process's) - trained with cp 4.
+planted=$(plant tables gpt/context_parallel.h 'int chunks = 2 * n, last = chunks - 1 - r;' \
+    'int chunks = 2 * n, last = n + r;' 12_context_parallel 12_context_parallel \
+    'if (i < N - 1) {
+            pending = cp->comm.ring_start' 'if (i < N) {
+            pending = cp->comm.ring_start' \
+    'return B * NH * (size_t)cp->count * T;' 'return B * NH * T * T;')
 m=
-[[ -n $planted ]] && run_capture 120 "$TMP/pl_att" "$planted" "${cpu[@]}" "${base[@]}" --cp 2 --out_dir "$TMP/pl_att.d" &&
-    m=$(memory "$TMP/pl_att" | tr '\n' ' ') && [[ -n $m ]] && ! memory "$TMP/pl_att" | within10
-verdict $? "cp planted: attention memory of one process's on a cp rank fails the memory check ($m)" "$(planted_why att_whole)got '$m'"
+[[ -n $planted ]] && run_capture 120 "$TMP/pl_tab" "$planted" "${cpu[@]}" "${base[@]}" --cp 4 --out_dir "$TMP/pl_tab.d"
+status=$?
+[[ -n $planted && $status -eq 0 ]] && same one pl_tab 1e-6 && grep -q 'attention scores .*NOT equal' "$TMP/pl_tab"
+verdict $? "cp planted: chunks r and cp+r in place of zigzag's r and 2cp-1-r train the same model and fail the balance check" \
+    "$(planted_why tables)status $status, relative '$r': $(grep -m2 'attention scores' "$TMP/pl_tab" | tr '\n' '|')"
+[[ -n $planted && $status -eq 0 ]] && grep -q 'NOT the formula' "$TMP/pl_tab"
+verdict $? "cp planted: a ring that sends a block too many fails the traffic check" \
+    "$(planted_why tables)status $status: $(grep -m2 'counted forward' "$TMP/pl_tab" | tr '\n' '|')"
+[[ -n $planted && $status -eq 0 ]] && m=$(memory "$TMP/pl_tab" | tr '\n' ' ') && [[ -n $m ]] && ! memory "$TMP/pl_tab" | within10
+verdict $? "cp planted: a ring rank keeping one process's attention memory fails the memory check ($m)" "$(planted_why tables)got '$m'"
 
 # Snapshots are whole: a cp 2 run dies in epoch 2, a cp 4 run resumes from
 # its epoch-1 snapshot and ends where an unbroken cp 2 run ends.
@@ -193,8 +192,8 @@ run_capture 120 "$TMP/clean" "$prog" "${small[@]}" --cp 2 --out_dir "$TMP/clean.
 steps=$(field "$TMP/clean" 'snapshot saved: Epoch 1 \(step ([0-9]*)\)')
 COURSE_FAIL_RANK=1 COURSE_FAIL_STEP=$(( ${steps:-5} + 2 )) run_capture 120 "$TMP/broken" "$prog" "${small[@]}" --cp 2 \
     --out_dir "$TMP/broken.d" --snapshot_path "$TMP/broken.d/s.safetensors"; died=$?
-run_capture 120 "$TMP/resumed" "$prog" "${small[@]}" --cp 4 --cp_attention ulysses --n_head 4 --out_dir "$TMP/resumed.d" \
-    --snapshot_path "$TMP/broken.d/s.safetensors" 2>/dev/null; status=$?
+run_capture 120 "$TMP/resumed" "$prog" "${small[@]}" --cp 4 --out_dir "$TMP/resumed.d" \
+    --snapshot_path "$TMP/broken.d/s.safetensors"; status=$?
 r=$(field <("$compare" "$TMP/clean.d/model.safetensors" "$TMP/resumed.d/model.safetensors" 2>&1) '^relative difference ([0-9.e+-]*):')
 [[ $died -ne 0 && $status -eq 0 ]] && grep -q 'Resuming training from snapshot at Epoch 1' "$TMP/resumed" && near "$r" 0 1e-6
 verdict $? "cp: a cp 2 run killed in epoch 2 resumes with cp 4 from its whole snapshot and ends where cp 2 ends ($r apart)" \
