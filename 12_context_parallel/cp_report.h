@@ -64,9 +64,15 @@ static inline void cp_counts_add(cp_counts *sum, cp_counts before, cp_counts aft
 static inline void report_context_parallel(model_t *m, const groups_t *g, const options *o, const cp_counts *c,
                                            int steps) {
     int N = g->size[DIM_CP];
-    if (N == 1 || steps < 1 || m->on_gpu) return;
+    if (steps < 1 || m->on_gpu) return;
     const gpt_t *h = &m->host;
     const gpt_cp *cp = h->cp;
+    // Rank 0's buffers, in one line for any cp (bench/longest_context.sh
+    // reads it: the longest block a memory budget allows).
+    log_main("held per rank: %.0f bytes of activations and their gradients, %.0f bytes of cp buffers (measured: the "
+             "buffers as allocated, batch %d x block %d)\n", (double)(h->acts_capacity + h->grads_capacity) * sizeof(gpt_real),
+             cp ? (double)cp_buffer_bytes(cp) : 0.0, o->batch_size, o->block_size);
+    if (N == 1) return;
     size_t B = (size_t)o->batch_size, T = (size_t)o->block_size, NH = (size_t)h->cfg.n_head, L = (size_t)h->cfg.n_layer;
     double C = h->cfg.n_embd, V = h->cfg.vocab_size, Tl = (double)T / N, per = (double)steps;
     // One process's buffers for a batch (gpt.h: activations, logits, the
