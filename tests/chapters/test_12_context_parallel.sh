@@ -141,6 +141,12 @@ for name in cp2 cp4 cp2u cp4n; do
     memory "$TMP/$name" | within10
     verdict $? "cp: $name's activations per rank are one process's / cp within 10% (attention, per-token ratios: $m)" "got '$m'"
 done
+# The line bench/longest_context.sh reads (any cp): cp 2's rank 0 holds
+# half of one process's activations, cp 4's a quarter.
+held='^held per rank: ([0-9]*) bytes of activations and their gradients, ([0-9]*) bytes of cp buffers'
+h1=$(field "$TMP/one" "$held") h2=$(field "$TMP/cp2" "$held") h4=$(field "$TMP/cp4" "$held")
+[[ -n $h1 && -n $h2 && -n $h4 ]] && awk -v a="$h1" -v b="$h2" -v c="$h4" 'BEGIN { exit !(b / a > 0.45 && b / a < 0.55 && c / a > 0.225 && c / a < 0.275) }'
+verdict $? "cp: the bytes rank 0 holds (the longest-context bench's measure): cp 2 half of one process's, cp 4 a quarter ($h1, $h2, $h4)" "got '$h1' '$h2' '$h4'"
 traffic() { grep -c '^  cp rank [0-9]*: counted forward .*: the formula'"'"'s$' "$1"; }
 for name in cp2:2 cp4:4 cp2u:2 cp4u:4 mesh:2; do
     n=$(traffic "$TMP/${name%%:*}")

@@ -361,6 +361,34 @@ run 11_pipeline_parallel/README.md 11_pipeline_parallel 400 "make -C ../08_gpt_w
     '^rehearsal: PASS \((netns|loopback)\): 4 \+ 4 workers on two hosts trained the same model as one process .*host 1 was killed, came back, and the job resumed'
 exercise 11_pipeline_parallel/README.md 11_pipeline_parallel "make check-exercise EX=11/one_f_one_b"
 
+fresh_copy 12_context_parallel/README.md
+run 12_context_parallel/README.md 12_context_parallel 300 "make 12_context_parallel"
+cp_cmds=("./12_context_parallel --cp 4 --preset tiny --block_size 256 --max_steps 20"
+         "./12_context_parallel --cp 4 --preset tiny --block_size 256 --max_steps 20 --cp_balance none"
+         "./12_context_parallel --cp 4 --n_head 4 --preset tiny --block_size 256 --max_steps 20 --cp_attention ulysses"
+         "./12_context_parallel --preset tiny --block_size 256 --max_steps 20")
+if [[ -n "$wikitext" ]]; then
+    student+=(WIKITEXT_DIR="$wikitext")
+    run 12_context_parallel/README.md 12_context_parallel 600 "${cp_cmds[0]}" '^balance \(ring, zigzag\)'
+    cp_valid=$(sed -n 's/^validation after step 20 .*: loss \([0-9.]*\) .*/\1/p' "$TMP/out")
+    run 12_context_parallel/README.md 12_context_parallel 600 "${cp_cmds[1]}" '^balance \(ring, none\)'
+    run 12_context_parallel/README.md 12_context_parallel 600 "${cp_cmds[2]}" '^traffic per rank and step \(ulysses'
+    run 12_context_parallel/README.md 12_context_parallel 600 "${cp_cmds[3]}" '^test: loss '
+    one_valid=$(sed -n 's/^validation after step 20 .*: loss \([0-9.]*\) .*/\1/p' "$TMP/out")
+    [[ -n "$cp_valid" && "$cp_valid" == "$one_valid" ]]
+    verdict $? "12_context_parallel/README.md: cp 4 and one process end with the same validation loss ($one_valid)" "'$cp_valid' vs '$one_valid'"
+    unset 'student[${#student[@]}-1]'
+else
+    covered["12_context_parallel/README.md|${cp_cmds[0]}"]=1
+    (cd "$course/12_context_parallel" && timeout -k 5 60 "${student[@]}" ${cp_cmds[0]}) >"$TMP/out" 2>&1; status=$?
+    [[ $status -ne 0 ]] && grep -q "error: WikiText-2 not found: .*make data" "$TMP/out"
+    verdict $? "12_context_parallel/README.md: ${cp_cmds[0]} (no WikiText-2 here: an error that says make data)" \
+        "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
+    for c in "${cp_cmds[@]:1}"; do not_here 12_context_parallel/README.md "$c" "needs WikiText-2, which is not here"; done
+fi
+not_here 12_context_parallel/README.md "bench/longest_context.sh" "runs the chapter at some 25 block sizes (minutes on 2 cores); its table is in the README and MEASUREMENTS.md, and test_12 checks the line it reads"
+exercise 12_context_parallel/README.md 12_context_parallel "make check-exercise EX=12/merge_partials"
+
 fresh_copy tools/README.md
 run tools/README.md tools 120 "make ddprun && make -C ../05_env_launch"
 run tools/README.md tools 120 "./ddprun --standalone --nproc_per_node=4 ../05_env_launch/05_env_launch --epochs 2" '^\[rank 0\]: final weight'
