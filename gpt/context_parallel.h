@@ -33,8 +33,9 @@
 // parallelism's all-reduce does (gpt/model.h builds both over a process
 // group). The CPU model keeps the attention probabilities of its queries
 // (one process keeps B x NH x T x T of them; a rank of cp keeps 1/cp: its
-// rows, or its heads), as gpt.h does without cp; the GPU's flash attention
-// would keep one log-sum-exp per row instead.
+// rows, or its heads), as gpt.h does without cp; the GPU model
+// (gpt_cuda_cp.cuh: the same ideas in kernels) keeps one log-sum-exp per
+// row instead, as its flash attention does.
 #ifndef GPT_CONTEXT_PARALLEL_H
 #define GPT_CONTEXT_PARALLEL_H
 
@@ -195,7 +196,7 @@ static inline double cp_tokens_per_rank(const gpt_cp *cp, int B) { return (doubl
 // The logits at global position t of sequence b, from the rank that holds
 // it, on every rank (sampling). `logits`: this rank's (B x count x V).
 static inline const gpt_real *cp_logits(gpt_cp *cp, const gpt_real *logits, int b, int t, int V) {
-    if (!cp->row) cp->row = xmalloc(sizeof(gpt_real) * (size_t)V);
+    if (!cp->row) cp->row = xcalloc((size_t)V, sizeof(gpt_real));
     int owner = -1, local = -1;
     for (int r = 0; r < cp->ways && owner < 0; r++) {
         cp_segment seg[2];

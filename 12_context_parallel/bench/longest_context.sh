@@ -5,7 +5,7 @@
 # each (batch 1), and the bytes each run's rank 0 reports holding (the
 # activations and their gradients as the model allocated them, plus the cp
 # buffers: 12's "held per rank" line). The longest block that fits the
-# budget, per cp, goes to a table and a CSV (plots/12_context.gp draws it).
+# budget, per cp, goes to a table and a CSV (plots/12_longest_context.gp draws them).
 #
 #   bench/longest_context.sh [BUDGET_MIB] [STEP] [MAX]     (default 24 256 8192)
 #
@@ -30,12 +30,17 @@ awk -v dir="$TMP/corpus" 'BEGIN { system("mkdir -p " dir); srand(3)
         for (i = 0; i < (f == 1 ? 8000 : 300); i++)
             printf " %s %s sees %s %s . \n", D[int(rand() * 10) + 1], N[int(rand() * 8) + 1], D[int(rand() * 10) + 1],
                 N[int(rand() * 8) + 1] > file } }'
+# The CSVs go to runs/ (COURSE_RUNS_DIR, as every program writes), the runs' own files to the scratch folder.
+out_csv="${COURSE_RUNS_DIR:-$ROOT/runs}/12_context_parallel/longest_context.csv"
 export OMP_NUM_THREADS=1 COURSE_RUNS_DIR=$TMP/runs
-out_csv="$ROOT/runs/12_context_parallel/longest_context.csv"
 mkdir -p "$(dirname "$out_csv")"
 budget=$((budget_mib * 1048576))
-echo "# $(uname -n) | $(nproc) cores | budget $budget_mib MiB per rank | --preset tiny --batch_size 1 | $(date -u +%Y-%m-%d)" >"$out_csv"
+table_csv="${out_csv%.csv}_table.csv"
+echo "# CPU, $(nproc) cores ($(uname -n)) | backend cpu | budget $budget_mib MiB per rank | $(date -u +%Y-%m-%d)" >"$out_csv"
+echo "# command: 12_context_parallel --preset tiny --batch_size 1 --max_steps 1 --cp 1,2,4 --block_size $step..$max" >>"$out_csv"
+echo "# budget_bytes: $budget" >>"$out_csv"
 echo "cp,block_size,held_bytes,fits" >>"$out_csv"
+echo "cp,longest_block_size,held_bytes" >"$table_csv"
 printf '%-4s %-12s %-22s %s\n' cp "longest block" "held there (MiB)" "first block over budget (MiB held)"
 for cp in 1 2 4; do
     best=0 best_held=0 over="-"
@@ -52,6 +57,6 @@ for cp in 1 2 4; do
         if (( fits )); then best=$T best_held=$total; else over="$T ($(awk -v b="$total" 'BEGIN { printf "%.1f", b / 1048576 }'))"; break; fi
     done
     printf '%-4s %-12s %-22s %s\n' "$cp" "$best" "$(awk -v b="$best_held" 'BEGIN { printf "%.1f", b / 1048576 }')" "$over"
-    echo "longest,$cp,$best" >>"$out_csv"
+    echo "$cp,$best,$best_held" >>"$table_csv"
 done
-echo "(measured: rank 0 of each run, one training step of batch 1; CSV: $out_csv)"
+echo "(measured: rank 0 of each run, one training step of batch 1; CSV: $out_csv, $table_csv)"

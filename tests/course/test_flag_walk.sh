@@ -81,10 +81,6 @@ else
   base_cpu=("${base[@]}")
   base+=(--device cuda --block_size 16 --max_steps 2)
   for c in "${chapters[@]}"; do
-    if [[ $c == 12_context_parallel ]]; then
-        skip "flag walk: $c on a GPU" "the GPU path of context parallelism is not written: --device cuda with --cp 2 is refused in one line (test_12_context_parallel checks it)"
-        continue
-    fi
     walk "$c" x --precision fp16 --loss_scale 1024
     grep -Eq 'loss scale (1024|512|2048)' "$out" && grep -q '^step: ' "$out"
     expect "$c" --precision=fp16 $? "fp16 with its loss scale from --loss_scale; the step line says how it launches"
