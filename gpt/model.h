@@ -349,12 +349,14 @@ static inline void model_tp_agree(model_t *m) {
 
 // ---------------------------------------------------------------- context parallelism (chapter 12)
 //
-// A model that computes its rank's tokens of each sequence (gpt/context_parallel.h)
-// asks the cp group for attention's messages through these: the ring's
-// sends and receives (started together, waited for after the block's
-// arithmetic), the all-to-alls of ulysses, the loss's sum and a row of
-// logits for sampling. Numbers the model sends live in host memory (the
-// CPU model's); a GPU's group would need them on the device.
+// A model that computes its rank's tokens of each sequence (gpt/context_parallel.h
+// on the CPU, gpt/gpt_cuda_cp.cuh on a GPU) asks the cp group for
+// attention's messages through these: the ring's sends and receives
+// (started together, waited for after the block's arithmetic), the
+// all-to-alls of ulysses, the loss's sum and a row of logits for
+// sampling. The CPU model's messages are host buffers; the GPU model's
+// are device buffers (the model_cp_device_ callbacks), and the host numbers
+// (the loss, a row of logits) travel through the device's memory.
 typedef struct {
     pg_request_t *send, *recv;
 } model_cp_pending;

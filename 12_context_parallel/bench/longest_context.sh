@@ -13,7 +13,7 @@
 # small so that the runs are short on a laptop's CPU); attention's T x T
 # probabilities grow as the square of the block, the rest as the block, so
 # one rank of cp holds 1/cp of both. It needs no WikiText-2: it trains on
-# a made-up corpus of tests/lib.sh (memory does not depend on the text).
+# a made-up corpus written here (memory does not depend on the text).
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
@@ -22,7 +22,6 @@ prog="$HERE/12_context_parallel"
 budget_mib=${1:-24} step=${2:-256} max=${3:-8192}
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/longest.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
-source "$ROOT/tests/lib.sh" >/dev/null
 # A corpus long enough for one block of MAX tokens.
 awk -v dir="$TMP/corpus" 'BEGIN { system("mkdir -p " dir); srand(3)
     split("the a one every some my your this that no", D, " "); split("cat dog bird river city king song train", N, " ")
@@ -36,7 +35,7 @@ export OMP_NUM_THREADS=1 COURSE_RUNS_DIR=$TMP/runs
 mkdir -p "$(dirname "$out_csv")"
 budget=$((budget_mib * 1048576))
 table_csv="${out_csv%.csv}_table.csv"
-echo "# CPU, $(nproc) cores ($(uname -n)) | backend cpu | budget $budget_mib MiB per rank | $(date -u +%Y-%m-%d)" >"$out_csv"
+echo "# CPU, $(getconf _NPROCESSORS_ONLN) cores ($(uname -n)) | backend cpu | budget $budget_mib MiB per rank | $(date -u +%Y-%m-%d)" >"$out_csv"
 echo "# command: 12_context_parallel --preset tiny --batch_size 1 --max_steps 1 --cp 1,2,4 --block_size $step..$max" >>"$out_csv"
 echo "# budget_bytes: $budget" >>"$out_csv"
 echo "cp,block_size,held_bytes,fits" >>"$out_csv"

@@ -41,7 +41,7 @@ same() {
 # (16-bit activations, rounded at other places: the merged output of
 # ring attention is rounded once, after the merge).
 if ! has_gpu; then
-    for what in "cp 2 ring in fp32" "cp 2 ulysses in fp32" "cp 2 ring in bf16" "cp 2 ring in fp16"; do
+    for what in "cp 2 ring in fp32" "dp 2 x cp 2 ulysses in fp32" "cp 2 ring in bf16" "cp 2 ring (none) in fp16"; do
         skip "cp gpu: $what equals one GPU" "no GPU here (a CPU-only build, or no GPU: make CUDA=emu test runs these on the emulated GPU)"
     done
 else
@@ -49,7 +49,8 @@ else
     for p in fp32 bf16 fp16; do
         run_capture 300 "$TMP/g_one_$p" "$prog" "${gpu[@]}" --precision $p --out_dir "$TMP/g_one_$p.d"
     done
-    for l in "g_ring:fp32:1e-5:--cp 2" "g_uly:fp32:1e-5:--cp 2 --cp_attention ulysses" "g_bf16:bf16:2e-2:--cp 2" \
+    # dp 2 x cp 2: two replicas of batch 2, each sequence over 2 GPUs.
+    for l in "g_ring:fp32:1e-5:--cp 2" "g_uly:fp32:1e-5:--dp 2 --cp 2 --batch_size 2 --cp_attention ulysses" "g_bf16:bf16:2e-2:--cp 2" \
              "g_fp16:fp16:2e-2:--cp 2 --cp_balance none"; do
         IFS=: read -r name p tol flags <<<"$l"
         # shellcheck disable=SC2086
