@@ -415,7 +415,7 @@ else
         "$(head -n 3 "$course/runs/speedup/speedup_large.csv" 2>/dev/null | tr '\n' '|')"
     run README.md . 600 "make plots"
     if command -v gnuplot >/dev/null; then
-        missing="" want="01_loss 02_p2p 03_collectives speedup 09_zero_memory"
+        missing="" want="01_loss 02_p2p 03_collectives speedup 09_zero_memory 12_longest_context"
         [[ -n "$wikitext" ]] || expect_output "README.md: make plots says why 08's figures are skipped" "$TMP/out" '^plots: skipped 08_gpt_loss, 08_gpt_tokens: WikiText-2 is not here'
         for f in $want; do [[ -s "$course/runs/plots/$f.png" ]] || missing+=" $f"; done
         [[ -z $missing ]]; verdict $? "README.md: make plots drew every figure ($want) in the fresh copy" "missing:$missing"
