@@ -12,7 +12,7 @@
 # the flags that only matter there are walked too: --precision fp16 with
 # --loss_scale, and --cuda_graph.
 source "$(dirname "$0")/../lib.sh"
-chapters=(${FLAG_WALK_CHAPTERS:-08_gpt_wikitext 09_zero_fsdp 10_tensor_parallel 11_pipeline_parallel 13_expert_parallel})
+chapters=(${FLAG_WALK_CHAPTERS:-08_gpt_wikitext 09_zero_fsdp 10_tensor_parallel 11_pipeline_parallel 12_context_parallel 13_expert_parallel})
 for c in "${chapters[@]}"; do
     [[ -x "$ROOT/$c/$c" ]] || { fail "flag walk: binaries" "build first (make): no $c/$c"; exit 1; }
 done
@@ -31,14 +31,18 @@ declare -A refused=(
 )
 
 # Each chapter walks in its own default layout (11: two stages), so 08's
-# flags meet the chapter's idea; the flags about data-parallel ranks walk
-# with 2 replicas, which in 11 takes one stage per pipeline.
-declare -A replicas_layout=([11_pipeline_parallel]="--pp 1" [13_expert_parallel]="--ep 2")
+# flags meet the chapter's idea - 12, whose default is one rank, walks with
+# each sequence split over 2 (layout); the flags about data-parallel ranks
+# walk with 2 replicas, which in 11 takes one stage per pipeline, in 12
+# one rank per sequence (the last flag given wins) and in 13 experts spread
+# over both (--ep 2).
+declare -A layout=([12_context_parallel]="--cp 2")
+declare -A replicas_layout=([11_pipeline_parallel]="--pp 1" [12_context_parallel]="--cp 1" [13_expert_parallel]="--ep 2")
 # On the CPU, 13 walks as a mixture of experts (its GPU path is not
-# written: on a GPU it walks dense, which is 08's model); with 2 replicas
-# its experts are spread over them (--ep 2). Without the balancing loss:
-# it is counted per micro-batch (as per rank), so 2 micro-batches of 2 are
-# a batch of 4 only without it (test_13_expert_parallel checks the groups).
+# written: on a GPU it walks dense, which is 08's model). Without the
+# balancing loss: it is counted per micro-batch (as per rank), so 2
+# micro-batches of 2 are a batch of 4 only without it
+# (test_13_expert_parallel checks the groups).
 declare -A cpu_layout=([13_expert_parallel]="--n_expert 4 --aux_loss_coef 0")
 
 gpt_corpus "$TMP/corpus"
@@ -53,7 +57,8 @@ walk() {
     local chapter=$1 name=$2; shift 2
     n=$((n + 1)); dir=$TMP/$chapter-$name-$n.d; out=$TMP/$chapter-$n
     [[ $name == base ]] && dir=$TMP/$chapter-base.d
-    run_capture 180 "$out" "$ROOT/$chapter/$chapter" "${base[@]}" --out_dir "$dir" ${on_cpu:+${cpu_layout[$chapter]:-}} "$@"
+    # shellcheck disable=SC2086
+    run_capture 180 "$out" "$ROOT/$chapter/$chapter" "${base[@]}" ${layout[$chapter]:-} --out_dir "$dir" ${on_cpu:+${cpu_layout[$chapter]:-}} "$@"
     status=$?
 }
 
