@@ -46,10 +46,8 @@
 // ../gpt/, which chapters 09-14 share. Each of them is 08's file plus its
 // idea: `make diffs` shows how little else changes.
 //
-// Where it computes: the CPU (gpt.h, gpt/moe.h) or one GPU per rank
-// (gpt_cuda.cu, gpt/gpt_cuda_moe.cuh) holding all the experts (--ep 1, in
-// fp32 or bf16). Expert parallelism on GPUs (--ep > 1 with --device cuda)
-// is not written yet, and is refused, saying so.
+// Where it computes: CPU ranks, or GPUs each holding every expert (--ep 1:
+// gpt/gpt_cuda_moe.cuh; expert parallelism on GPUs is refused, not written).
 //
 // Data parallel as in chapters 04-06: --nprocs N spawns N ranks, or
 // ddprun starts them; each trains on its share of every epoch's blocks
@@ -105,12 +103,7 @@ static options parse_options(int argc, char **argv) {
     if (o.capacity_groups > o.batch_size)
         flags_fail(&set, "--capacity_groups %d: more groups than the %d sequences of a micro-batch", o.capacity_groups,
                    o.batch_size);
-    if (o.ep > 1 && !strcmp(o.device, "cuda"))
-        flags_fail(&set, "--device cuda with --ep %d: expert parallelism on GPUs is not written yet (one GPU per rank "
-                   "holds every expert with --ep 1); use --device cpu", o.ep);
-    if (o.n_expert && !strcmp(o.device, "cuda") && !strcmp(o.precision, "fp16"))
-        flags_fail(&set, "--precision fp16 with --n_expert %d: the mixture trains in fp32 or bf16 on a GPU (fp16's loss "
-                   "scale does not reach the balancing loss's gradient)", o.n_expert);
+    ep_check_gpu(&set, &o); // what the GPU path does not do (ep_report.h)
     if (o.ep > 1 && !strcmp(o.grad_compress, "powersgd"))
         flags_fail(&set, "--grad_compress powersgd with --ep %d: PowerSGD factors the whole model's matrices, and the "
                    "experts' gradients are averaged over another group than the dense ones (bf16 and fp16 work)", o.ep);

@@ -33,6 +33,19 @@ static inline gpt_config ep_config(const options *o, int vocab_size, int ep) {
     return c;
 }
 
+// What the mixture's GPU path does not do, refused in one line (exit 2):
+// expert parallelism (the exchanges on device buffers are not written),
+// and fp16 (its loss scale does not reach the balancing loss's gradient).
+static inline void ep_check_gpu(flag_set *set, const options *o) {
+    if (strcmp(o->device, "cuda") != 0) return;
+    if (o->ep > 1)
+        flags_fail(set, "--device cuda with --ep %d: expert parallelism on GPUs is not written yet (one GPU per rank "
+                   "holds every expert with --ep 1); use --device cpu", o->ep);
+    if (o->n_expert && !strcmp(o->precision, "fp16"))
+        flags_fail(set, "--precision fp16 with --n_expert %d: the mixture trains in fp32 or bf16 on a GPU (fp16's loss "
+                   "scale does not reach the balancing loss's gradient)", o->n_expert);
+}
+
 // This rank's experts (ep rank `ep_rank`) of the whole model's parameters
 // and, once a step was taken, AdamW's moments and step.
 static inline void take_experts(model_t *m, const gpt_t *whole, int ep_rank) {
