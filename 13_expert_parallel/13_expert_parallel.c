@@ -46,8 +46,8 @@
 // ../gpt/, which chapters 09-14 share. Each of them is 08's file plus its
 // idea: `make diffs` shows how little else changes.
 //
-// Where it computes: the CPU (gpt.h). The mixture's GPU path is not
-// written yet: a GPU run with --n_expert is refused, saying so.
+// Where it computes: CPU ranks, or GPUs each holding every expert (--ep 1:
+// gpt/gpt_cuda_moe.cuh; expert parallelism on GPUs is refused, not written).
 //
 // Data parallel as in chapters 04-06: --nprocs N spawns N ranks, or
 // ddprun starts them; each trains on its share of every epoch's blocks
@@ -103,9 +103,7 @@ static options parse_options(int argc, char **argv) {
     if (o.capacity_groups > o.batch_size)
         flags_fail(&set, "--capacity_groups %d: more groups than the %d sequences of a micro-batch", o.capacity_groups,
                    o.batch_size);
-    if (o.n_expert && !strcmp(o.device, "cuda"))
-        flags_fail(&set, "--device cuda with --n_expert %d: the mixture's GPU path is not written yet; use --device cpu",
-                   o.n_expert);
+    ep_check_gpu(&set, &o); // what the GPU path does not do (ep_report.h)
     if (o.ep > 1 && !strcmp(o.grad_compress, "powersgd"))
         flags_fail(&set, "--grad_compress powersgd with --ep %d: PowerSGD factors the whole model's matrices, and the "
                    "experts' gradients are averaged over another group than the dense ones (bf16 and fp16 work)", o.ep);
@@ -167,7 +165,7 @@ static int resume(model_t *m, gpt_t *whole, const options *o, groups_t *g, int *
 
 static void train(model_t *m, gpt_t *whole, groups_t *g, const corpus_t *c, const options *o, trainer_t *tr) {
     trainer_announce(tr, o);
-    trainer_choose_graph(tr, m, o, NULL);
+    trainer_choose_graph(tr, m, o, m->host.cfg.n_expert ? "a mixture of experts waits for its routing counts" : NULL);
     int step = 0;
     int first_epoch = resume(m, whole, o, g, &step), first_step = step;
     gpt_free(whole); // from here on, each rank holds its experts only
@@ -188,7 +186,7 @@ static void train(model_t *m, gpt_t *whole, groups_t *g, const corpus_t *c, cons
             step++;
             tr->train_time += now_seconds() - t0;
             if (step % o->log_every == 0 || step == tr->total_steps) report_progress(m, tr, o, step, epoch),
-                report_routing(m, tr->replicas.sum, o, step); // where the tokens went (ep_report.h)
+                report_routing(m, tr->replicas.sum, &tr->dist->device, o, step); // where the tokens went (ep_report.h)
             validated = o->eval_every > 0 && step % o->eval_every == 0;
             if (validated) validate(m, tr, c, o, step, epoch);
         }

@@ -33,6 +33,19 @@ static inline gpt_config ep_config(const options *o, int vocab_size, int ep) {
     return c;
 }
 
+// What the mixture's GPU path does not do, refused in one line (exit 2):
+// expert parallelism (the exchanges on device buffers are not written),
+// and fp16 (its loss scale does not reach the balancing loss's gradient).
+static inline void ep_check_gpu(flag_set *set, const options *o) {
+    if (strcmp(o->device, "cuda") != 0) return;
+    if (o->ep > 1)
+        flags_fail(set, "--device cuda with --ep %d: expert parallelism on GPUs is not written yet (one GPU per rank "
+                   "holds every expert with --ep 1); use --device cpu", o->ep);
+    if (o->n_expert && !strcmp(o->precision, "fp16"))
+        flags_fail(set, "--precision fp16 with --n_expert %d: the mixture trains in fp32 or bf16 on a GPU (fp16's loss "
+                   "scale does not reach the balancing loss's gradient)", o->n_expert);
+}
+
 // This rank's experts (ep rank `ep_rank`) of the whole model's parameters
 // and, once a step was taken, AdamW's moments and step.
 static inline void take_experts(model_t *m, const gpt_t *whole, int ep_rank) {
@@ -53,7 +66,7 @@ static inline void take_experts(model_t *m, const gpt_t *whole, int ep_rank) {
 // expert got since the last row (all ranks; even: 1/E), the share dropped,
 // the layer's balancing loss (the ranks' mean). make plots draws them
 // (plots/13_balance.gp). Every rank calls it at the same steps.
-static inline void report_routing(model_t *m, pg_t *all, const options *o, int step) {
+static inline void report_routing(model_t *m, pg_t *all, const device_t *dev, const options *o, int step) {
     gpt_t *h = &m->host;
     if (!h->cfg.n_expert || !h->moe) return;
     static double *last; // the counts at the last row
@@ -64,7 +77,7 @@ static inline void report_routing(model_t *m, pg_t *all, const options *o, int s
     if (!last) last = xcalloc(n, sizeof(double));
     memcpy(now, h->moe->stats.routed, sizeof(double) * (size_t)L * E);
     memcpy(now + (size_t)L * E, h->moe->stats.dropped, sizeof(double) * (size_t)L);
-    if (pg_world_size(all) > 1) pg_all_reduce(all, now, now, n, DTYPE_F64, OP_SUM); // host memory: the mixture runs on CPUs
+    groups_all_reduce_host(all, dev, now, n, DTYPE_F64, OP_SUM); // host numbers, through the device's memory (NCCL)
     if (pg_rank(all) == 0 && !csv) {
         char path[1100];
         snprintf(path, sizeof path, "%s/routing.csv", o->out_dir);
@@ -102,7 +115,7 @@ static inline void report_experts(model_t *m, groups_t *g, pg_t *all, const opti
     memcpy(sum, s->routed, sizeof(double) * (size_t)L * E);
     memcpy(sum + (size_t)L * E, s->dropped, sizeof(double) * (size_t)L);
     sum[n - 4] = s->sent[0], sum[n - 3] = s->sent[1], sum[n - 2] = s->assignments, sum[n - 1] = s->aux_sum;
-    if (pg_world_size(all) > 1) pg_all_reduce(all, sum, sum, n, DTYPE_F64, OP_SUM); // host memory: the mixture runs on CPUs
+    groups_all_reduce_host(all, &g->dist->device, sum, n, DTYPE_F64, OP_SUM); // host numbers, through the device's memory
     // Routing: each layer's share of the assignments per expert, and the drops.
     log_main("routing (%d steps, all ranks): the share of the assignments each expert got (even: %.1f%%), and "
              "those dropped\n", steps, 100.0 / E);
@@ -125,17 +138,29 @@ static inline void report_experts(model_t *m, groups_t *g, pg_t *all, const opti
     double dropped = 0;
     for (int l = 0; l < L; l++) dropped += sum[(size_t)L * E + l];
     double formula = 2.0 * L * K * N * C * o->grad_accum * W, kept = formula - 2.0 * C * dropped / steps;
-    log_main("traffic per step, all %.0f ranks: forward %.0f numbers (%.2f MiB), backward %.0f (%.2f MiB) passed to "
-             "the all-to-alls (each rank's block to itself included); formula 2 x L x K x B x T x C x grad_accum x "
-             "ranks = %.0f each way (dispatch and return), %.0f less the dropped rows\n", W, sum[n - 4] / steps,
-             4 * sum[n - 4] / steps / 1048576, sum[n - 3] / steps, 4 * sum[n - 3] / steps / 1048576, formula, kept);
+    if (m->on_gpu) // every expert on each GPU (--ep 1): the rows are gathered in its memory, nothing is sent
+        log_main("traffic: none - each GPU holds every expert (ep 1), its rows gathered in its own memory; the "
+                 "formula for ep > 1 would be 2 x L x K x B x T x C x grad_accum x ranks = %.0f each way, %.0f less "
+                 "the dropped rows\n", formula, kept);
+    else
+        log_main("traffic per step, all %.0f ranks: forward %.0f numbers (%.2f MiB), backward %.0f (%.2f MiB) passed "
+                 "to the all-to-alls (each rank's block to itself included); formula 2 x L x K x B x T x C x "
+                 "grad_accum x ranks = %.0f each way (dispatch and return), %.0f less the dropped rows\n", W,
+                 sum[n - 4] / steps, 4 * sum[n - 4] / steps / 1048576, sum[n - 3] / steps,
+                 4 * sum[n - 3] / steps / 1048576, formula, kept);
     // Memory: the experts a rank holds, against E/ep of them.
     double expert = 0;
     for (int t = 0; t < h->num_tensors; t++)
         if (gpt_tensor_is_expert(h, t)) expert += (double)h->tensors[t].count;
     log_main("per rank: %.0f expert parameters (%d of %d experts per layer); formula L x E/ep x (8C^2 + 5C) = %.0f; "
-             "dense %.0f; the mixture's buffers %.2f MiB (measured)\n", expert, El, E,
-             L * (double)El * (8 * C * C + 5 * C), (double)h->num_params - expert, (double)gpt_moe_bytes(h) / 1048576);
+             "dense %.0f; the mixture's buffers %.2f MiB (measured%s)\n", expert, El, E,
+             L * (double)El * (8 * C * C + 5 * C), (double)h->num_params - expert, (double)gpt_moe_bytes(h) / 1048576,
+             m->on_gpu ? " on the CPU: a GPU's are in its memory plan" : "");
+    if (m->on_gpu) {
+        log_main("time per step: not split on a GPU (its kernels are queued, not timed one by one)\n");
+        free(sum);
+        return;
+    }
     log_main("time per step on rank %d: routing %.2f ms, dispatch %.2f ms (the all-to-alls), experts %.2f ms, combine "
              "%.2f ms (forward and backward)\n", g->rank, 1e3 * s->seconds[MOE_ROUTING] / steps,
              1e3 * s->seconds[MOE_DISPATCH] / steps, 1e3 * s->seconds[MOE_EXPERTS] / steps,

@@ -1097,9 +1097,10 @@ struct gpt_cuda {
     gpt_cuda_slice *slices_key;
     double *sum_squares;              // device: gpt_cuda_sum_squares's result
     struct gpu_cp *cp;                // context parallelism (chapter 12): gpt_cuda_cp.cuh
+    struct moe_cuda *moe;             // a mixture of experts' buffers (gpt_cuda_moe.cuh); NULL: dense
 };
-
-#include "gpt_cuda_cp.cuh"
+#include "gpt_cuda_moe.cuh" // chapter 13: the mixture of experts in the MLP's place
+#include "gpt_cuda_cp.cuh" // chapter 12: attention across the ranks that hold a sequence
 
 // Section 9's graph of a training step, and what it was captured for.
 typedef struct {
@@ -1120,7 +1121,7 @@ static void step_graph_free(struct step_graph *sg);
 // --- the memory plan: gpt_cuda_memory_needed and gpt_cuda_create share it.
 typedef struct {
     size_t params, grads, adam, params_lp, acts, stats, logits, dlogits, scores, dscores, grad_acts, tokens,
-        partials, chunks, scalars, workspace, bucket_lp;
+        partials, chunks, scalars, workspace, bucket_lp, moe;
 } memory_plan;
 
 // What of the training state a model holds (all of it, but in chapter 09).
@@ -1159,6 +1160,7 @@ static memory_plan plan_memory(const gpt_config *c, const gpt_stage *s, int tp, 
     // At most one chunk per ADAM_CHUNK parameters plus one partial chunk per tensor.
     p.chunks = (num_params / ADAM_CHUNK + (size_t)gpt_num_tensors(c)) * sizeof(adam_chunk);
     p.workspace = CUBLAS_WORKSPACE_BYTES;
+    p.moe = moe_plan_bytes(c, L, N, act); // a mixture of experts' routing, rows and scratch
     // Chapter 09: the state the caller keeps in slices is not allocated here.
     p.bucket_lp = 0;
     if (!keep.params) {
@@ -1173,7 +1175,7 @@ static memory_plan plan_memory(const gpt_config *c, const gpt_stage *s, int tp, 
 static size_t plan_total(const memory_plan *p) {
     return p->params + p->grads + p->adam + p->params_lp + p->acts + p->stats + p->logits + p->dlogits + p->scores +
            p->dscores + p->grad_acts + p->tokens + p->partials + p->chunks +
-           p->scalars + p->workspace + p->bucket_lp;
+           p->scalars + p->workspace + p->bucket_lp + p->moe;
 }
 
 extern "C" size_t gpt_cuda_memory_needed(const gpt_config *cfg, int B, int T, gpt_precision precision) {
@@ -1320,6 +1322,7 @@ template <typename Act> static void block_forward(gpt_cuda_t *g, int l, const fl
     matmul_forward(x, scratch, a.atty, w + off(g, l, B_ATTPROJ_W), g->tp == 1 ? attproj_b : NULL, N, Cs, C);
     residual_after_row_parallel(g, a.res2, in, scratch, attproj_b, N, C);
     layernorm_forward(x, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + off(g, l, B_LN2_W), p + off(g, l, B_LN2_B), N, C);
+    if (g->moe) return moe_forward(g, l, p, w, a.ln2, a.res2, a.res3); // experts in the MLP's place, residual included
     matmul_forward(x, a.fch, a.ln2, w + off(g, l, B_FC_W), p + off(g, l, B_FC_B), N, C, H);
     gelu_forward(x, a.fch_gelu, a.fch, (size_t)N * H);
     matmul_forward(x, scratch, a.fch_gelu, w + off(g, l, B_FCPROJ_W), g->tp == 1 ? fcproj_b : NULL, N, H, C);
@@ -1519,12 +1522,15 @@ template <typename Act> static void block_backward(gpt_cuda_t *g, int l, const f
     float *dp = g->precision != GPT_FP32 ? g->scores : (float *)g->dscores; // cuBLAS attention's scratch
     Act *ds = (Act *)g->dscores;
 
-    matmul_backward(x, ga.dhidden, d + off(g, l, B_FCPROJ_W), d + off(g, l, B_FCPROJ_B), ga.dres, a.fch_gelu,
-                    w + off(g, l, B_FCPROJ_W), N, H, C);
-    gelu_backward(x, ga.dhidden, a.fch, ga.dhidden, (size_t)N * H);
-    matmul_backward(x, ga.dtmp, d + off(g, l, B_FC_W), d + off(g, l, B_FC_B), ga.dhidden, a.ln2, w + off(g, l, B_FC_W), N,
-                    C, H);
-    if (g->tp > 1) tp_sum(g, ga.dtmp, (size_t)N * C); // f
+    if (g->moe) moe_backward(g, l, w, d, a.ln2, ga.dres, ga.dtmp); // a mixture of experts' (gpt_cuda_moe.cuh)
+    else {
+        matmul_backward(x, ga.dhidden, d + off(g, l, B_FCPROJ_W), d + off(g, l, B_FCPROJ_B), ga.dres, a.fch_gelu,
+                        w + off(g, l, B_FCPROJ_W), N, H, C);
+        gelu_backward(x, ga.dhidden, a.fch, ga.dhidden, (size_t)N * H);
+        matmul_backward(x, ga.dtmp, d + off(g, l, B_FC_W), d + off(g, l, B_FC_B), ga.dhidden, a.ln2,
+                        w + off(g, l, B_FC_W), N, C, H);
+        if (g->tp > 1) tp_sum(g, ga.dtmp, (size_t)N * C); // f
+    }
     layernorm_backward(x, ga.dres, d + off(g, l, B_LN2_W), d + off(g, l, B_LN2_B), ga.dtmp, a.res2, p + off(g, l, B_LN2_W),
                        a.ln2_mean, a.ln2_rstd, N, C);
     matmul_backward(x, ga.dtmp, d + off(g, l, B_ATTPROJ_W), d + off(g, l, B_ATTPROJ_B), ga.dres, a.atty,
@@ -1596,6 +1602,7 @@ extern "C" void gpt_cuda_backward(gpt_cuda_t *g, float grad_scale, gpt_cuda_buck
     if (!g->have_targets) die("gpt_cuda_backward needs a gpt_cuda_forward with targets just before it");
     if (bucket_ready && g->stage.count > 1) die("gpt_cuda_backward: a pipeline stage has no gradient buckets");
     g->have_targets = false; // in fp32 mode the logits have become dlogits
+    if (g->moe) g->moe->grad_scale = grad_scale; // the balancing loss's gradient scales as the cross-entropy's
     BY_PRECISION(g->precision, model_backward, g, grad_scale, bucket_ready, user);
 }
 
@@ -1728,6 +1735,7 @@ static gpt_cuda_t *create(const gpt_config *cfg, const gpt_stage *stage, int tp,
     if (precision == GPT_FP16 && (tp > 1 || !whole || !keep.params || !keep.grads || !keep.adam))
         die("fp16 is built for a whole model on each GPU (chapter 08); sharded, tensor- and pipeline-parallel "
             "models train in bf16 or fp32 here");
+    moe_check(cfg, precision);
     gpt_cuda_t *g = (gpt_cuda_t *)xcalloc(1, sizeof *g);
     g->keeps_params = keep.params, g->keeps_grads = keep.grads, g->keeps_adam = keep.adam;
     g->cfg = *cfg, g->stage = *stage, g->precision = precision, g->max_B = g->B = B, g->max_T = g->T = T, g->tp = tp;
@@ -1751,6 +1759,7 @@ static gpt_cuda_t *create(const gpt_config *cfg, const gpt_stage *stage, int tp,
         CHECK_CUDA(cudaEventCreateWithFlags(&g->bucket_events[i], cudaEventDisableTiming));
     if (g->adam_m) upload_adam_chunks(g);
     if (tp > 1) tp_setup(g);
+    g->moe = moe_create(cfg, stage->last - stage->first, B, T, precision != GPT_FP32 ? 2 : 4, &g->allocated);
     zero_head_padding(g);
     if (g->params) gpt_cuda_set_params(g, params_host);
     if (g->grads) CHECK_CUDA(cudaMemsetAsync(lm_head(g, g->grads), 0, plan.grads, g->ctx.stream));
@@ -1792,6 +1801,7 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
     if (!g) return;
     CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream));
     CHECK_CUBLAS(cublasDestroy(g->ctx.cublas)); // before its workspace goes
+    moe_free(g->moe);
     void *bufs[] = {g->params ? lm_head(g, g->params) : NULL, g->grads ? lm_head(g, g->grads) : NULL, g->adam_m,
                     g->adam_v, g->params_lp ? lm_head(g, (uint16_t *)g->params_lp) : NULL, g->acts, g->stats, g->logits,
                     g->precision != GPT_FP32 ? g->dlogits : NULL, g->scores, g->dscores, g->grad_acts, g->inputs,
@@ -2657,6 +2667,7 @@ extern "C" void gpt_cuda_graph_step(gpt_cuda_t *g, const uint16_t *inputs, const
     if (B < 1 || T < 1 || B > g->max_B || T > g->max_T)
         die("gpt_cuda_graph_step: a batch of %d x %d tokens does not fit the %d x %d the GPU model was created for",
             B, T, g->max_B, g->max_T);
+    if (g->moe) die("gpt_cuda_graph_step: a mixture of experts' step waits for its routing counts: it cannot be a CUDA graph");
     struct step_graph *sg = g->graph;
     if (!sg) {
         sg = g->graph = (struct step_graph *)xcalloc(1, sizeof *sg);

@@ -206,6 +206,17 @@ void gpt_cuda_clip_grads(gpt_cuda_t *g, float max_norm);
 // matrices); heads of more than 128 channels always use it.
 const char *gpt_cuda_attention(const gpt_cuda_t *g);
 
+// A mixture of experts (chapter 13, gpt_cuda_moe.cuh): whether the next
+// forward passes are training passes (capacity and the balancing loss, as
+// gpt.h's train_pass; false, the default: every token routed), and what the
+// last forward pass of `layer` routed: the assignments per expert before
+// drops into routed (n_expert numbers), its balancing loss into aux (a
+// training pass's; either may be NULL), the assignments dropped returned
+// (-1: a dense model, or a layer not held here). No wait: the forward pass
+// brought these to the host.
+void gpt_cuda_set_train_pass(gpt_cuda_t *g, bool train);
+int gpt_cuda_moe_counts(const gpt_cuda_t *g, int layer, int *routed, float *aux);
+
 // Bytes this model has allocated on the device (all at create, so this is
 // also its peak), and what the whole process uses on the GPU now
 // (cudaMemGetInfo: our buffers + the CUDA context + cuBLAS + anyone else's).

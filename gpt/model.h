@@ -198,9 +198,6 @@ static inline void model_create_keeping(model_t *m, gpt_t host, const device_t *
     memset(m, 0, sizeof *m);
     m->host = host;
     m->on_gpu = device_is_cuda(d) && model_gpu_ops();
-    if (m->on_gpu && host.cfg.n_expert)
-        die("a mixture of experts (n_expert %d) on a GPU: its GPU path is not written yet; use --device cpu",
-            host.cfg.n_expert);
     m->precision = m->on_gpu ? precision : GPT_FP32;
     m->keeps = keeps;
     m->device = d;
@@ -705,9 +702,27 @@ static inline float model_gpu_cp_forward(model_t *m, const uint16_t *in, const u
     return wait && tg ? cp_mean_loss(cp, gpt_cuda_loss(m->gpu), (size_t)B * mine) : -1.0f;
 }
 
+// A mixture of experts' training pass on the GPU adds what it routed to
+// the host copy's tables (gpt/moe.h's gpt_moe_stats), as the CPU's does.
+static inline void model_gpu_moe_stats(model_t *m, int B, int T) {
+    const gpt_config *c = &m->host.cfg;
+    gpt_moe_stats *s = &gpt_moe_state(&m->host)->stats;
+    int *routed = xmalloc(sizeof(int) * (size_t)c->n_expert);
+    for (int l = m->host.stage.first; l < m->host.stage.last; l++) {
+        float aux = 0;
+        int dropped = gpt_cuda_moe_counts(m->gpu, l, routed, &aux);
+        for (int e = 0; e < c->n_expert; e++) s->routed[(size_t)l * c->n_expert + e] += routed[e];
+        s->dropped[l] += dropped, s->assignments += (double)B * T * c->top_k, s->aux_sum += aux;
+    }
+    s->passes++;
+    free(routed);
+}
+
 static inline float model_gpu_forward(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T, bool wait) {
+    gpt_cuda_set_train_pass(m->gpu, m->host.train_pass); // a mixture of experts: capacity and the balancing loss
     if (m->host.cp) return model_gpu_cp_forward(m, in, tg, B, T, wait);
     gpt_cuda_forward(m->gpu, in, tg, B, T);
+    if (m->host.cfg.n_expert && m->host.train_pass) model_gpu_moe_stats(m, B, T);
     return wait && tg ? gpt_cuda_loss(m->gpu) : -1.0f;
 }
 

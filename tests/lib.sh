@@ -261,7 +261,7 @@ plant() {
     fi
     rm -rf "$copy" "$why" && mkdir -p "$copy" || return 1
     (cd "$ROOT" && find common gpt tools tests/unit tests/Makefile [0-9][0-9]_*/ -maxdepth 1 -type f \
-        \( -name '*.[ch]' -o -name '*.cu' -o -name '*.mk' -o -name Makefile \) -print0 |
+        \( -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh' -o -name '*.mk' -o -name Makefile \) -print0 |
         xargs -0 cp --parents -t "$copy") || { echo "could not copy the sources" >"$why"; return 1; }
     text=$(cat "$copy/$file" && printf x) || { echo "no file $file" >"$why"; return 1; }
     text=${text%x}

@@ -6,8 +6,9 @@
 # clipping, AdamW's moments; the traffic the all-to-alls carry equals the
 # formula; snapshots and the saved model are whole (a run resumes with
 # another --ep, --generate samples); bad layouts are refused. On CPU ranks
-# in every build and under mpirun; the mixture's GPU path is not written
-# (a GPU run is refused, saying so). Each check comes with a planted bug
+# in every build and under mpirun; on GPUs (emulated, with NCCL) with every
+# expert on each GPU, data parallel (expert parallelism on GPUs is not
+# written: refused, saying so). Each check comes with a planted bug
 # (tests/lib.sh, plant) that it catches.
 source "$(dirname "$0")/../lib.sh"
 prog="$ROOT/13_expert_parallel/13_expert_parallel"
@@ -37,14 +38,52 @@ same() {
 run() { local name=$1; shift; run_capture 120 "$TMP/$name" "$prog" "${cpu[@]}" "$@" --out_dir "$TMP/$name.d"; }
 
 # ---------------------------------------------------------------- on GPUs
-# The mixture's GPU kernels are not written: a GPU run says so in one line.
+# The mixture on the GPU model (gpt/gpt_cuda_moe.cuh), on emulated GPUs
+# whose ranks talk NCCL (or real ones). Each GPU holds every expert (--ep 1:
+# expert parallelism on GPUs is not written, and is refused in one line);
+# the ranks are data parallel, each counting capacity over its own
+# micro-batch, as one process does with --capacity_groups 2. An emulated
+# GPU is slow: blocks of 16 tokens, 6 steps, and a corpus whose validation
+# and test splits are cut to a fifth (evaluating them was most of a run).
 if has_gpu; then
-    run_capture 60 "$TMP/gpu" "$prog" "${common[@]}" --device cuda --n_expert 4; status=$?
-    [[ $status -eq 2 ]] && grep -q -- "--device cuda with --n_expert 4: the mixture's GPU path is not written yet" "$TMP/gpu"
-    verdict $? "ep gpu: --device cuda with --n_expert is refused in one line (the GPU path is not written)" \
-        "status $status: $(head -n 2 "$TMP/gpu" | tr '\n' '|')"
+    mkdir -p "$TMP/small"
+    cp "$TMP/corpus/train.txt" "$TMP/small/"
+    for split in valid test; do head -c 1200 "$TMP/corpus/$split.txt" >"$TMP/small/$split.txt"; done
+    gpu=(--data_dir "$TMP/small" "${common[@]:2}" --n_expert 4 --moe_top_k 2 --max_steps 6 --block_size 16
+         --capacity_factor 1 --grad_clip 0 --save_every 1)
+    # fp32, with drops, unclipped: 2 GPUs x batch 4 against one CPU process
+    # x batch 8 counting capacity over the same 2 groups: weights, validation
+    # loss and AdamW's moments (a missing 1/N would pass the weights alone).
+    grun() { local name=$1; shift; run_capture 300 "$TMP/$name" "$prog" "${gpu[@]}" "$@" --out_dir "$TMP/$name.d" \
+        --snapshot_path "$TMP/$name.d/s.safetensors"; }
+    grun g_cpu --device cpu --batch_size 8 --capacity_groups 2
+    grun g_two --device cuda --precision fp32 --batch_size 4 --nprocs 2; status=$?
+    na=$(snapshot_norms "$TMP/g_cpu.d"); nb=$(snapshot_norms "$TMP/g_two.d")
+    same g_cpu g_two 1e-5 $status && norms_near "$na" "$nb" 1e-5 && grep -Eq '\| dropped [0-9.]*[1-9][0-9.]*%' "$TMP/g_two"
+    verdict $? "ep gpu: 2 GPUs x batch 4 with drops, unclipped, equal one CPU process x batch 8 in fp32 within 1e-5: weights ($r), validation, AdamW's moments (l2 of p, m, v: $nb vs $na; $(grep -m1 -o 'backend [a-z]*' "$TMP/g_two"))" \
+        "status $status, models '$r' apart, valid $va vs $vb, norms '$nb' vs '$na': $(grep -m1 error "$TMP/g_two")"
+    # Planted in the GPU kernel: gates not renormalised.
+    planted=$(PLANT_CUDA=emu plant gpu_gates gpt/gpt_cuda_moe.cuh 'gate[(size_t)n * K + k] = (float)(p[ch[k]] / kept);' \
+        'gate[(size_t)n * K + k] = p[ch[k]];' 13_expert_parallel 13_expert_parallel)
+    [[ -n $planted ]] && run_capture 300 "$TMP/pl_gpu" "$planted" "${gpu[@]}" --device cuda --precision fp32 \
+        --batch_size 8 --capacity_groups 2 --out_dir "$TMP/pl_gpu.d" && ! same g_cpu pl_gpu 1e-5 && [[ -n $r ]]
+    verdict $? "ep gpu planted: gates not renormalised in the GPU kernel are caught (models $r apart)" \
+        "$(planted_why gpu_gates)relative '$r'"
+    # bf16: one GPU x batch 8 against 2 GPUs x batch 4, within 08's 2e-2.
+    grun h_one --device cuda --precision bf16 --batch_size 8 --capacity_groups 2
+    grun h_two --device cuda --precision bf16 --batch_size 4 --nprocs 2; status=$?
+    same h_one h_two 2e-2 $status
+    verdict $? "ep gpu: bf16, 2 GPUs x batch 4 equal one GPU x batch 8 within 2e-2 (models $r apart, validation $va vs $vb)" \
+        "status $status, models '$r' apart, valid $va vs $vb: $(grep -m1 error "$TMP/h_two")"
+    run_capture 60 "$TMP/gpu_ep" "$prog" "${common[@]}" --device cuda --n_expert 4 --ep 2; status=$?
+    [[ $status -eq 2 ]] && grep -q -- "--device cuda with --ep 2: expert parallelism on GPUs is not written yet" "$TMP/gpu_ep"
+    verdict $? "ep gpu: --device cuda with --ep 2 is refused in one line (expert parallelism on GPUs is not written)" \
+        "status $status: $(head -n 2 "$TMP/gpu_ep" | tr '\n' '|')"
 else
-    skip "ep gpu: --device cuda with --n_expert is refused" "no GPU here (make CUDA=emu test runs it on the emulated GPU)"
+    for what in "2 GPUs with drops equal one CPU process in fp32" "planted: gates not renormalised" \
+                "bf16, 2 GPUs equal one GPU" "--ep 2 refused"; do
+        skip "ep gpu: $what" "no GPU here (make CUDA=emu test runs it on the emulated GPU)"
+    done
 fi
 
 # ---------------------------------------------------------------- on CPU ranks, every build

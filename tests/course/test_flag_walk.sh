@@ -38,8 +38,9 @@ declare -A refused=(
 # over both (--ep 2).
 declare -A layout=([12_context_parallel]="--cp 2")
 declare -A replicas_layout=([11_pipeline_parallel]="--pp 1" [12_context_parallel]="--cp 1" [13_expert_parallel]="--ep 2")
-# On the CPU, 13 walks as a mixture of experts (its GPU path is not
-# written: on a GPU it walks dense, which is 08's model). Without the
+# On the CPU, 13 walks as a mixture of experts (on a GPU it walks dense,
+# 08's model: the GPU's mixture refuses fp16, which that walk takes, and
+# test_13_expert_parallel runs it). Without the
 # balancing loss: it is counted per micro-batch (as per rank), so 2
 # micro-batches of 2 are a batch of 4 only without it
 # (test_13_expert_parallel checks the groups).

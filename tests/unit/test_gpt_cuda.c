@@ -17,6 +17,7 @@
 //   --mode graph     only the CUDA-graph step against the uncaptured one
 //                    (what tests/chapters/test_08_gpt_cuda.sh runs on its planted bug).
 //   --mode scaler    only fp16's loss scale (likewise).
+//   --mode moe       only the mixture of experts (chapter 13) against the CPU.
 //   --mode rounding  only the conversions to bf16 and fp16, bit for bit
 //                    against round-to-nearest-even (tests/unit/rne16.h): the
 //                    CPU's (common/pg_types.h) and the GPU model's.
@@ -606,6 +607,91 @@ static void test_model(rng_t *r, gpt_precision p, int B, int T) {
     gpt_cuda_free(g);
     gpt_free(&cpu);
     free(logits), free(grads), free(in), free(tg);
+}
+
+// A mixture of experts (chapter 13, gpt_cuda_moe.cuh) against gpt/moe.h:
+// 4 experts, top 2, capacity counted over 2 groups of sequences, the
+// balancing loss on. The GPU must route exactly as the CPU: the same
+// assignments per expert and the same tokens dropped (capacity_factor 1
+// drops some: checked on the CPU's count), and end with the same logits
+// (an evaluation pass: every token routed), loss and gradients (a training
+// pass, backward with grad_scale 0.5: the balancing loss's gradient scales
+// with it). fp32 has a random router. In bf16 a near tie between two
+// experts, flipped by rounding, would send a token elsewhere (not a bug,
+// and it would fail the comparison), so there every token ranks the
+// experts the same way with a wide margin (below) and only its gates vary.
+static void test_model_moe(rng_t *r, gpt_precision p, float capacity_factor) {
+    int B = 4, T = 16;
+    gpt_config c = gpt_config_of(211, T, 2, 2, 64);
+    c.n_expert = 4, c.top_k = 2, c.capacity_groups = 2, c.capacity_factor = capacity_factor, c.aux_loss_coef = 0.01f;
+    int V = c.vocab_size, E = c.n_expert;
+    gpt_t cpu;
+    gpt_init(&cpu, c, rng_next(r));
+    for (int l = 0; l < c.n_layer; l++) {
+        float *w = cpu.params + cpu.tensors[gpt_block_tensor(&c, l, B_ROUTER_W)].offset;
+        if (p == GPT_FP32) { // a random router with spread logits (the initial one is nearly uniform)
+            for (size_t i = 0; i < (size_t)E * c.n_embd; i++) w[i] = (float)(0.3 * rng_normal(r));
+            continue;
+        }
+        // 16-bit: ln_2's output x = 0.05 xhat + v, the router's rows s_e u
+        // with u . v = 1, so logit_e = s_e (1 + delta), delta ~ 0.05: every
+        // token ranks the experts 3, 2, 1, 0 (experts 0 and 1 get no rows),
+        // and its gates vary with delta.
+        float *lw = cpu.params + cpu.tensors[gpt_block_tensor(&c, l, B_LN2_W)].offset;
+        float *lb = cpu.params + cpu.tensors[gpt_block_tensor(&c, l, B_LN2_B)].offset;
+        double vv = 0, s_e[4] = {0, 0.5, 1.5, 3.0};
+        for (int ch = 0; ch < c.n_embd; ch++) lw[ch] = 0.05f, lb[ch] = (float)rng_normal(r), vv += (double)lb[ch] * lb[ch];
+        for (int e = 0; e < E; e++)
+            for (int ch = 0; ch < c.n_embd; ch++) w[(size_t)e * c.n_embd + ch] = (float)(s_e[e] * lb[ch] / vv);
+    }
+    gpt_cuda_t *g = gpt_cuda_create(&c, cpu.params, B, T, p);
+    uint16_t *in = xmalloc(sizeof(uint16_t) * (size_t)B * T), *tg = xmalloc(sizeof(uint16_t) * (size_t)B * T);
+    random_tokens(r, in, (size_t)B * T, V), random_tokens(r, tg, (size_t)B * T, V);
+    char what[64];
+    snprintf(what, sizeof what, "mixture of experts, capacity factor %g", capacity_factor);
+
+    float *logits = xmalloc(sizeof(float) * (size_t)V);
+    cpu.train_pass = false, gpt_cuda_set_train_pass(g, false);
+    gpt_forward(&cpu, in, NULL, B, T);
+    gpt_cuda_forward(g, in, NULL, B, T);
+    gpt_cuda_logits(g, B - 1, T - 1, logits);
+    expect_close(what, "logits (evaluation: every token routed)", p, logits, gpt_logits(&cpu, B - 1, T - 1), (size_t)V);
+
+    cpu.train_pass = true, gpt_cuda_set_train_pass(g, true);
+    gpt_moe_stats_reset(&cpu);
+    float lc = gpt_forward(&cpu, in, tg, B, T);
+    gpt_cuda_forward(g, in, tg, B, T);
+    float lg = gpt_cuda_loss(g);
+    expect_close(what, "training loss", p, &lg, &lc, 1);
+    const gpt_moe_stats *s = &cpu.moe->stats;
+    int same = 1, cpu_dropped = 0, gpu_dropped = 0, *routed = xmalloc(sizeof(int) * (size_t)E);
+    for (int l = 0; l < c.n_layer; l++) {
+        float aux = 0;
+        int dropped = gpt_cuda_moe_counts(g, l, routed, &aux);
+        gpu_dropped += dropped, cpu_dropped += (int)s->dropped[l];
+        same &= dropped == (int)s->dropped[l];
+        for (int e = 0; e < E; e++) same &= routed[e] == (int)s->routed[(size_t)l * E + e];
+    }
+    char name[256];
+    snprintf(name, sizeof name, "gpt cuda %s routes as the CPU: the same assignments per expert and drops (%s)", what,
+             gpt_precision_name(p));
+    EXPECT(name, same, "dropped: gpu %d, cpu %d (or an expert's count differs)", gpu_dropped, cpu_dropped);
+    if (capacity_factor > 0) {
+        snprintf(name, sizeof name, "gpt cuda %s: the capacity drops tokens, so the drop path ran (%s)", what,
+                 gpt_precision_name(p));
+        EXPECT(name, cpu_dropped > 0, "no assignment dropped: the test does not exercise drops");
+    }
+    gpt_zero_grad(&cpu);
+    gpt_backward(&cpu, 0.5f);
+    gpt_cuda_zero_grad(g);
+    gpt_cuda_backward(g, 0.5f, NULL, NULL);
+    float *grads = xmalloc(sizeof(float) * cpu.num_params);
+    gpt_cuda_get_grads(g, grads);
+    snprintf(name, sizeof name, "of a %s, grad_scale 0.5", what);
+    expect_grads_close(&cpu, grads, p, name);
+    gpt_cuda_free(g);
+    gpt_free(&cpu);
+    free(logits), free(grads), free(in), free(tg), free(routed);
 }
 
 // The whole model with the cuBLAS attention path, the reference the flash
@@ -1299,6 +1385,10 @@ static void run_tests(const options *o) {
         test_loss_scaler(&r);
         return;
     }
+    if (!strcmp(o->mode, "moe")) { // chapter 13's layers alone
+        for (int i = 0; i < 2; i++) test_model_moe(&r, i ? GPT_BF16 : GPT_FP32, 0), test_model_moe(&r, i ? GPT_BF16 : GPT_FP32, 1);
+        return;
+    }
     if (rounding) {
         test_rounding_gpu();
         return;
@@ -1316,6 +1406,7 @@ static void run_tests(const options *o) {
         if (all[i] == GPT_FP16) continue; // the two below do not depend on the 16-bit type: bf16 covers them
         test_model_cublas_attention(&r, all[i]);
         test_losses_on_device(&r, all[i]);
+        test_model_moe(&r, all[i], 0), test_model_moe(&r, all[i], 1); // dropless, with drops
     }
     test_loss_scaler(&r);
     if (!strcmp(o->mode, "test")) test_training_tracks(&r);
@@ -1326,7 +1417,7 @@ int main(int argc, char **argv) {
     options o = {.mode = "test", .config = "default", .dtype = "bf16", .batch_size = 8, .steps = 10, .warmup = 3,
                  .vocab_size = 5000, .seed = 0};
     flag_set set = {.program = "test_gpt_cuda", .summary = "the GPU GPT against gpt.h, and its benchmark"};
-    flag_choice(&set, "mode", &o.mode, "test|sanitize|graph|scaler|rounding|grid|oom|bench", "what to run");
+    flag_choice(&set, "mode", &o.mode, "test|sanitize|graph|scaler|moe|rounding|grid|oom|bench", "what to run");
     flag_choice(&set, "config", &o.config, "default|large|tiny",
                 "bench model: default (128/4/4/256), large (1024/12/12/768) or tiny (32/2/2/64)");
     flag_choice(&set, "dtype", &o.dtype, "fp32|bf16|fp16", "bench precision");
