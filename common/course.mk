@@ -75,9 +75,12 @@ build/%.o: %.c
 
 vpath %.cu $(sort $(dir $(CU_SRCS)))
 ifeq ($(CUDA),emu)
-build/%.o: %.cu $(CU2EMU) $(EMU_LIB)
+# CUDA code in a header beside the .cu (gpt/gpt_cuda_cp.cuh) is rewritten
+# too, into build/, where the rewritten .cu finds it first.
+build/%.o: %.cu $(CU2EMU) $(EMU_LIB) $(wildcard *.cuh)
 	@mkdir -p $(dir $@)
 	$(CU2EMU) $< build/$*.emu.cpp
+	@for h in $(wildcard $(dir $<)*.cuh); do $(CU2EMU) $$h build/$$(basename $$h) || exit 1; done
 	$(CXX) $(CXXFLAGS) -I$(dir $<) -MMD -MP -c build/$*.emu.cpp -o $@
 
 $(EMU_LIB) $(CU2EMU): $(wildcard $(EMU)/src/*.c $(EMU)/src/*.h $(EMU)/include/*.h $(EMU)/tools/*.c)

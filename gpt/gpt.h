@@ -15,6 +15,8 @@
 //   7. sampling text
 //   8. saving and loading in the safetensors format
 //   9. tensor parallelism: a rank's shard of each block (chapter 10)
+// and context parallelism (chapter 12: a rank's tokens of each sequence)
+// in context_parallel.h, included after section 4.
 //
 // Every parameter lives in ONE flat array and every gradient in another,
 // laid out as gpt_layout.h says (the GPU model, gpt_cuda.cu, reads the same
@@ -125,6 +127,10 @@ typedef struct {
     int tp;
     void (*tp_all_reduce)(void *user, gpt_real *buf, size_t count);
     void *tp_user;
+
+    // Context parallelism (chapter 12, context_parallel.h): this model
+    // computes its cp rank's tokens of each sequence (NULL: all of them).
+    struct gpt_cp *cp;
 
     gpt_bucket_hook hook;         // NULL: every bucket lives in params and grads
     void *hook_user;
@@ -364,30 +370,36 @@ static inline gpt_real gpt_exp(gpt_real x) {
 // residual stream's gradient is a sum over the paths that read it.
 
 // --- token + position embedding
-// x[b,t,:] = wte[token[b,t],:] + wpe[t,:]
-static inline void encoder_forward(gpt_real *out, const uint16_t *tokens, const gpt_real *wte,
-                                   const gpt_real *wpe, int B, int T, int C) {
+// x[b,t,:] = wte[token[b,t],:] + wpe[t,:]; at[t] instead of t where a
+// rank holds some tokens of each sequence (context parallelism, chapter 12).
+static inline void encoder_forward_at(gpt_real *out, const uint16_t *tokens, const gpt_real *wte,
+                                      const gpt_real *wpe, const int *at, int B, int T, int C) {
 #pragma omp parallel for
     for (int n = 0; n < B * T; n++) {
-        const gpt_real *tok = wte + (size_t)tokens[n] * C, *pos = wpe + (size_t)(n % T) * C;
+        const gpt_real *tok = wte + (size_t)tokens[n] * C, *pos = wpe + (size_t)(at ? at[n % T] : n % T) * C;
         gpt_real *o = out + (size_t)n * C;
 #pragma omp simd
         for (int c = 0; c < C; c++) o[c] = tok[c] + pos[c];
     }
 }
 
+static inline void encoder_forward(gpt_real *out, const uint16_t *tokens, const gpt_real *wte,
+                                   const gpt_real *wpe, int B, int T, int C) {
+    encoder_forward_at(out, tokens, wte, wpe, NULL, B, T, C);
+}
+
 // A lookup's gradient goes back to the row that was looked up: dwte[token]
 // += dx, dwpe[t] += dx. Rows repeat (the same token twice), so the threads
 // split the channels, never the rows, and no two threads add to one number.
-static inline void encoder_backward(gpt_real *dwte, gpt_real *dwpe, const gpt_real *dout,
-                                    const uint16_t *tokens, int B, int T, int C) {
+static inline void encoder_backward_at(gpt_real *dwte, gpt_real *dwpe, const gpt_real *dout,
+                                       const uint16_t *tokens, const int *at, int B, int T, int C) {
 #pragma omp parallel
     {
         size_t c0, c1;
         gpt_thread_share((size_t)C, 16, &c0, &c1);
         for (int n = 0; n < B * T; n++) {
             const gpt_real *d = dout + (size_t)n * C;
-            gpt_real *tok = dwte + (size_t)tokens[n] * C, *pos = dwpe + (size_t)(n % T) * C;
+            gpt_real *tok = dwte + (size_t)tokens[n] * C, *pos = dwpe + (size_t)(at ? at[n % T] : n % T) * C;
 #pragma omp simd
             for (size_t c = c0; c < c1; c++) {
                 tok[c] += d[c];
@@ -395,6 +407,11 @@ static inline void encoder_backward(gpt_real *dwte, gpt_real *dwpe, const gpt_re
             }
         }
     }
+}
+
+static inline void encoder_backward(gpt_real *dwte, gpt_real *dwpe, const gpt_real *dout,
+                                    const uint16_t *tokens, int B, int T, int C) {
+    encoder_backward_at(dwte, dwpe, dout, tokens, NULL, B, T, C);
 }
 
 // --- layer normalisation
@@ -644,6 +661,10 @@ static inline void crossentropy_backward(gpt_real *probs_dlogits, const uint16_t
     }
 }
 
+// Context parallelism (chapter 12): a rank's tokens of each sequence, and
+// attention across the ranks that hold the others.
+#include "context_parallel.h"
+
 // ===================================================================== 5. the model
 
 // GPT-2's initialisation: weights N(0, 0.02), the two projections that
@@ -682,8 +703,17 @@ static inline void gpt_init(gpt_t *m, gpt_config cfg, uint64_t seed) {
 // blocks (embeddings, scratch, ln_f, losses), then each block's, then the
 // logits (N, V). The CPU keeps both kinds of gpt_layout.h (ACT and STAT) in
 // this one buffer, and the attention probabilities (no flash attention).
-static inline size_t gpt_cpu_block_acts(const gpt_config *c, int tp, size_t B, size_t T) {
-    return gpt_block_acts_size_tp(c, tp, GPT_ACT, false, B, T) + gpt_block_acts_size_tp(c, tp, GPT_STAT, false, B, T);
+// With context parallelism the probabilities are this rank's part of the
+// whole sequence's (cp_att_size).
+static inline size_t gpt_cpu_block_act_size(const gpt_t *m, int a, size_t B, size_t T) {
+    if (a == A_ATT && m->cp) return cp_att_size(m->cp, B, (size_t)m->cfg.n_head);
+    return gpt_block_act_size_tp(&m->cfg, m->tp, a, B, T);
+}
+static inline size_t gpt_cpu_block_acts(const gpt_t *m, size_t B, size_t T) {
+    size_t total = 0;
+    for (int a = 0; a < GPT_BLOCK_ACTS; a++)
+        if (gpt_block_act_kept(a, false)) total += gpt_cpu_block_act_size(m, a, B, T);
+    return total;
 }
 static inline size_t gpt_cpu_head_acts(const gpt_config *c, size_t B, size_t T) {
     return gpt_head_acts_size(c, GPT_ACT, B, T) + gpt_head_acts_size(c, GPT_STAT, B, T);
@@ -696,11 +726,11 @@ static inline gpt_block_acts gpt_block_acts_view(const gpt_t *m, int layer) {
     gpt_real **slot[GPT_BLOCK_ACTS] = {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.att, NULL, &a.atty, &a.res2,
                                        &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.fch, &a.fch_gelu, &a.res3};
     gpt_real *cur = m->acts + gpt_cpu_head_acts(&m->cfg, B, T) +
-                    (size_t)(layer - m->stage.first) * gpt_cpu_block_acts(&m->cfg, m->tp, B, T);
+                    (size_t)(layer - m->stage.first) * gpt_cpu_block_acts(m, B, T);
     for (int i = 0; i < GPT_BLOCK_ACTS; i++) {
         if (!gpt_block_act_kept(i, false)) continue;
         *slot[i] = cur;
-        cur += gpt_block_act_size_tp(&m->cfg, m->tp, i, B, T);
+        cur += gpt_cpu_block_act_size(m, i, B, T);
     }
     return a;
 }
@@ -716,7 +746,7 @@ static inline gpt_head_acts gpt_head_acts_view(const gpt_t *m) {
         *slot[i] = cur;
         cur += gpt_head_act_size(&m->cfg, i, B, T);
     }
-    h.logits = cur + (size_t)(m->stage.last - m->stage.first) * gpt_cpu_block_acts(&m->cfg, m->tp, B, T);
+    h.logits = cur + (size_t)(m->stage.last - m->stage.first) * gpt_cpu_block_acts(m, B, T);
     return h;
 }
 
@@ -738,7 +768,7 @@ static inline gpt_grad_acts gpt_grad_acts_view(const gpt_t *m) {
 // Only the last stage of a pipeline computes logits.
 static inline void gpt_ensure_acts(gpt_t *m, int B, int T) {
     size_t N = (size_t)B * T, L = (size_t)(m->stage.last - m->stage.first);
-    size_t acts = gpt_cpu_head_acts(&m->cfg, B, T) + L * gpt_cpu_block_acts(&m->cfg, m->tp, B, T) +
+    size_t acts = gpt_cpu_head_acts(&m->cfg, B, T) + L * gpt_cpu_block_acts(m, B, T) +
                   (m->stage.head ? N * (size_t)m->cfg.vocab_size : 0);
     size_t grad_acts = gpt_grad_acts_size_tp(&m->cfg, m->tp, B, T);
     if (acts > m->acts_capacity) {
@@ -779,7 +809,8 @@ static inline void gpt_block_forward(gpt_t *m, int layer, gpt_real *params, cons
     gpt_block_acts a = gpt_block_acts_view(m, layer);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, N, C);
     matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * C);
-    attention_forward(a.atty, a.att, a.qkv, B, T, C, m->cfg.n_head);
+    if (m->cp) cp_attention_forward(m->cp, a.atty, a.att, a.qkv, B, C, m->cfg.n_head); // across the cp ranks
+    else attention_forward(a.atty, a.att, a.qkv, B, T, C, m->cfg.n_head);
     matmul_forward(scratch, a.atty, p.attproj_w, p.attproj_b, N, C, C);
     residual_forward(a.res2, x, scratch, (size_t)N * C);
     layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, N, C);
@@ -831,6 +862,12 @@ static inline float gpt_forward(gpt_t *m, const uint16_t *inputs, const uint16_t
     if ((inputs != NULL) != m->stage.embedding || (targets && !m->stage.head))
         die("gpt_forward: stage %d of %d takes %s", m->stage.index, m->stage.count,
             m->stage.embedding ? "input tokens" : "no input tokens, and targets only if it is the last");
+    // Context parallelism: from here on the model computes this rank's
+    // tokens of each sequence only (T of them, at their global positions).
+    if (m->cp) {
+        T = cp_take_tokens(m->cp, inputs, targets, B, T);
+        inputs = m->cp->inputs, targets = targets ? m->cp->targets : NULL;
+    }
     size_t N = (size_t)B * T;
     if (inputs) gpt_check_tokens(m, inputs, N, "input");
     if (targets) gpt_check_tokens(m, targets, N, "target");
@@ -851,7 +888,9 @@ static inline float gpt_forward(gpt_t *m, const uint16_t *inputs, const uint16_t
         gpt_bucket_begin(m, GPT_FORWARD_BEGIN, emb, &embeddings, NULL);
         wte = gpt_tensor_in(m, embeddings, emb, 0);
     }
-    if (m->stage.embedding) encoder_forward(h.encoded, m->inputs, wte, gpt_tensor_in(m, embeddings, emb, 1), B, T, C);
+    if (m->stage.embedding)
+        encoder_forward_at(h.encoded, m->inputs, wte, gpt_tensor_in(m, embeddings, emb, 1), m->cp ? m->cp->pos : NULL,
+                           B, T, C);
     for (int l = m->stage.first; l < L; l++) {
         gpt_bucket_begin(m, GPT_FORWARD_BEGIN, gpt_bucket_of_block(&m->cfg, l), &block, NULL);
         gpt_block_forward(m, l, block, gpt_block_input(m, l), h.scratch);
@@ -867,6 +906,7 @@ static inline float gpt_forward(gpt_t *m, const uint16_t *inputs, const uint16_t
                       gpt_tensor_in(m, ln_f, GPT_BUCKET_LN_F, lnf + 1), (int)N, C);
     matmul_forward(h.logits, h.lnf, wte, NULL, (int)N, C, V); // the LM head is wte: tied weights
     m->last_loss = targets ? crossentropy_forward(h.losses, h.logits, m->targets, (int)N, V) : -1.0f;
+    if (m->cp && targets) m->last_loss = cp_mean_loss(m->cp, m->last_loss, N); // the mean over every rank's tokens
     gpt_bucket_end(m, GPT_FORWARD_END, GPT_BUCKET_LN_F);
     gpt_bucket_end(m, GPT_FORWARD_END, emb);
     return m->last_loss;
@@ -874,6 +914,7 @@ static inline float gpt_forward(gpt_t *m, const uint16_t *inputs, const uint16_t
 
 // The logits of sequence b at position t after gpt_forward(..., NULL, ...).
 static inline const gpt_real *gpt_logits(const gpt_t *m, int b, int t) {
+    if (m->cp) return cp_logits(m->cp, gpt_head_acts_view(m).logits, b, t, m->cfg.vocab_size); // from its rank
     return gpt_head_acts_view(m).logits + ((size_t)b * m->T + t) * m->cfg.vocab_size;
 }
 
@@ -900,7 +941,8 @@ static inline void gpt_block_backward(gpt_t *m, int layer, gpt_real *params, gpt
 
     // Attention branch, the same way: dres is now d(loss)/d(res2).
     matmul_backward(g.dtmp, d.attproj_w, d.attproj_b, g.dres, a.atty, p.attproj_w, N, C, C);
-    attention_backward(g.dqkv, g.dtmp, a.qkv, a.att, B, T, C, m->cfg.n_head);
+    if (m->cp) cp_attention_backward(m->cp, g.dqkv, g.dtmp, a.qkv, a.att, a.atty, B, C, m->cfg.n_head);
+    else attention_backward(g.dqkv, g.dtmp, a.qkv, a.att, B, T, C, m->cfg.n_head);
     matmul_backward(g.dtmp, d.qkv_w, d.qkv_b, g.dqkv, a.ln1, p.qkv_w, N, C, 3 * C);
     layernorm_backward(g.dres, d.ln1_w, d.ln1_b, g.dtmp, x, p.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
 }
@@ -928,7 +970,8 @@ static inline void gpt_backward(gpt_t *m, float grad_scale) {
     }
 
     if (m->stage.head) {
-        crossentropy_backward(h.logits, m->targets, N, V, (gpt_real)grad_scale / N);
+        double per = m->cp ? cp_tokens_per_rank(m->cp, B) : (double)N; // what each rank's loss is a mean over
+        crossentropy_backward(h.logits, m->targets, N, V, (gpt_real)grad_scale / (gpt_real)per);
         matmul_backward(g.dtmp, dwte, NULL, h.logits, h.lnf, wte, N, C, V); // LM head: adds into dwte
         memset(g.dres, 0, sizeof(gpt_real) * (size_t)N * C);
         layernorm_backward(g.dres, gpt_tensor_in(m, dln_f, F, lnf), gpt_tensor_in(m, dln_f, F, lnf + 1), g.dtmp,
@@ -940,7 +983,9 @@ static inline void gpt_backward(gpt_t *m, float grad_scale) {
         gpt_block_backward(m, l, block, dblock);
         gpt_bucket_end(m, GPT_BACKWARD_END, gpt_bucket_of_block(&m->cfg, l));
     }
-    if (m->stage.embedding) encoder_backward(dwte, gpt_tensor_in(m, dembeddings, emb, 1), g.dres, m->inputs, B, T, C);
+    if (m->stage.embedding)
+        encoder_backward_at(dwte, gpt_tensor_in(m, dembeddings, emb, 1), g.dres, m->inputs, m->cp ? m->cp->pos : NULL,
+                            B, T, C);
     if (embedding_bucket) gpt_bucket_end(m, GPT_BACKWARD_END, emb);
 }
 
@@ -949,6 +994,7 @@ static inline void gpt_zero_grad(gpt_t *m) { memset(m->grads, 0, sizeof(gpt_real
 static inline void gpt_free(gpt_t *m) {
     free(m->params), free(m->grads), free(m->adam_m), free(m->adam_v), free(m->tensors);
     free(m->acts), free(m->grad_acts), free(m->inputs), free(m->targets);
+    cp_free(m->cp);
     for (int k = 0; k < m->num_slots; k++)
         if (k != m->slot) free(m->slots[k].acts), free(m->slots[k].inputs), free(m->slots[k].targets);
     free(m->slots);

@@ -1096,7 +1096,10 @@ struct gpt_cuda {
     int num_slice_chunks, num_slices_key;
     gpt_cuda_slice *slices_key;
     double *sum_squares;              // device: gpt_cuda_sum_squares's result
+    struct gpu_cp *cp;                // context parallelism (chapter 12): gpt_cuda_cp.cuh
 };
+
+#include "gpt_cuda_cp.cuh"
 
 // Section 9's graph of a training step, and what it was captured for.
 typedef struct {
@@ -1311,7 +1314,8 @@ template <typename Act> static void block_forward(gpt_cuda_t *g, int l, const fl
     const float *attproj_b = p + off(g, l, B_ATTPROJ_B), *fcproj_b = p + off(g, l, B_FCPROJ_B);
     layernorm_forward(x, a.ln1, a.ln1_mean, a.ln1_rstd, in, p + off(g, l, B_LN1_W), p + off(g, l, B_LN1_B), N, C);
     matmul_forward(x, a.qkv, a.ln1, w + off(g, l, B_QKV_W), p + off(g, l, B_QKV_B), N, C, 3 * Cs);
-    if (g->flash) flash_attention_forward(x, a.atty, a.att_lse, a.qkv, B, T, Cs, NHs);
+    if (g->cp && g->cp->active) cp_attention_forward(g->cp, x, l, a.atty, a.att_lse, a.qkv, B, C, g->cfg.n_head);
+    else if (g->flash) flash_attention_forward(x, a.atty, a.att_lse, a.qkv, B, T, Cs, NHs);
     else attention_forward(x, a.atty, a.att, scores_buffer(g, a.att), a.qkv, B, T, Cs, NHs);
     matmul_forward(x, scratch, a.atty, w + off(g, l, B_ATTPROJ_W), g->tp == 1 ? attproj_b : NULL, N, Cs, C);
     residual_after_row_parallel(g, a.res2, in, scratch, attproj_b, N, C);
@@ -1378,7 +1382,8 @@ template <typename Act> static void model_forward(gpt_cuda_t *g, bool with_targe
         bucket_begin(g, GPT_FORWARD_BEGIN, emb, &pe, NULL);
         we = bucket_weights<Act>(g, emb, pe);
     }
-    if (g->stage.embedding) encoder_forward(x, h.encoded, g->inputs, pe, pe + wpe, B, T, C);
+    if (g->stage.embedding && g->cp && g->cp->active) cp_encoder_forward(g->cp, x, h.encoded, g->inputs, pe, pe + wpe, B, C);
+    else if (g->stage.embedding) encoder_forward(x, h.encoded, g->inputs, pe, pe + wpe, B, T, C);
     for (int l = g->stage.first; l < L; l++) {
         int k = gpt_bucket_of_block(&g->cfg, l);
         bucket_begin(g, GPT_FORWARD_BEGIN, k, &pb, NULL);
@@ -1524,7 +1529,9 @@ template <typename Act> static void block_backward(gpt_cuda_t *g, int l, const f
                        a.ln2_mean, a.ln2_rstd, N, C);
     matmul_backward(x, ga.dtmp, d + off(g, l, B_ATTPROJ_W), d + off(g, l, B_ATTPROJ_B), ga.dres, a.atty,
                     w + off(g, l, B_ATTPROJ_W), N, Cs, C);
-    if (g->flash) flash_attention_backward(x, ga.dqkv, g->scores, ga.dtmp, a.qkv, a.atty, a.att_lse, B, T, Cs, NHs);
+    if (g->cp && g->cp->active)
+        cp_attention_backward(g->cp, x, l, ga.dqkv, g->scores, ga.dtmp, a.qkv, a.atty, a.att_lse, B, C, g->cfg.n_head);
+    else if (g->flash) flash_attention_backward(x, ga.dqkv, g->scores, ga.dtmp, a.qkv, a.atty, a.att_lse, B, T, Cs, NHs);
     else attention_backward(x, ga.dqkv, dp, ds, ga.dtmp, a.qkv, a.att, B, T, Cs, NHs);
     matmul_backward(x, ga.dtmp, d + off(g, l, B_QKV_W), d + off(g, l, B_QKV_B), ga.dqkv, a.ln1, w + off(g, l, B_QKV_W), N,
                     C, 3 * Cs);
@@ -1577,7 +1584,8 @@ template <typename Act> static void model_backward(gpt_cuda_t *g, float grad_sca
         bucket_done(g, k, fn, user);
         bucket_end(g, GPT_BACKWARD_END, k);
     }
-    if (g->stage.embedding) encoder_backward(x, de, de + wpe, ga.dres, g->inputs, B, T, C);
+    if (g->stage.embedding && g->cp && g->cp->active) cp_encoder_backward(g->cp, x, de, de + wpe, ga.dres, g->inputs, B, C);
+    else if (g->stage.embedding) encoder_backward(x, de, de + wpe, ga.dres, g->inputs, B, T, C);
     if (embedding_bucket) {
         bucket_done(g, emb, fn, user);
         bucket_end(g, GPT_BACKWARD_END, emb);
@@ -1805,6 +1813,7 @@ extern "C" void gpt_cuda_free(gpt_cuda_t *g) {
     CHECK_CUDA(cudaEventDestroy(g->tokens_copied));
     CHECK_CUDA(cudaFreeHost(g->tokens_host));
     step_graph_free(g->graph);
+    cp_free(g->cp);
     free(g->bucket_events), free(g->buckets), free(g->tensors), free(g->slices_key);
     free(g);
 }

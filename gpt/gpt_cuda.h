@@ -225,7 +225,7 @@ int gpt_cuda_tp(const gpt_cuda_t *g);
 // all-reduce (sum, in place) of count numbers of `type` in device memory,
 // which the work queued on `stream` so far computes. When it returns, the
 // sum must be in buf for the work queued next on `stream`.
-typedef enum { GPT_CUDA_F32, GPT_CUDA_BF16, GPT_CUDA_F64 } gpt_cuda_type;
+typedef enum { GPT_CUDA_F32, GPT_CUDA_BF16, GPT_CUDA_F64, GPT_CUDA_F16 } gpt_cuda_type;
 typedef void (*gpt_cuda_tp_fn)(void *user, void *buf, size_t count, gpt_cuda_type type, cudaStream_t stream);
 void gpt_cuda_set_tp_all_reduce(gpt_cuda_t *g, gpt_cuda_tp_fn fn, void *user);
 
@@ -233,6 +233,33 @@ void gpt_cuda_set_tp_all_reduce(gpt_cuda_t *g, gpt_cuda_tp_fn fn, void *user);
 // split tensors' squares summed over the tp ranks with the all-reduce
 // above, the replicated ones counted once). With tp 1, gpt_cuda_clip_grad_norm.
 void gpt_cuda_clip_grad_norm_tp(gpt_cuda_t *g, float max_norm);
+// ---------------------------------------------------------------- context parallelism (chapter 12)
+//
+// The model computes one cp rank's tokens of each sequence (gpt_cuda_cp.cuh
+// says how): the caller chooses them (model.h) and passes them to
+// gpt_cuda_forward with their global positions given before each pass.
+// Attention's messages go through the caller, on device buffers of count
+// numbers of `type`, after the work queued on the model's stream so far:
+// ring_start starts sending to the next rank of the ring and receiving
+// from the previous one, ring_finish waits for both; all_to_all_v as
+// pg_all_to_all_v (counts on the host).
+typedef struct {
+    void *user;
+    void *(*ring_start)(void *user, const void *send, size_t send_count, void *recv, size_t recv_count,
+                        gpt_cuda_type type);
+    void (*ring_finish)(void *user, void *pending);
+    void (*all_to_all_v)(void *user, const void *send, const size_t *send_counts, void *recv, const size_t *recv_counts,
+                         gpt_cuda_type type);
+} gpt_cuda_cp_comm;
+// This model is rank `rank` of `ways`; ring attention, or ulysses.
+void gpt_cuda_context_parallel(gpt_cuda_t *g, int ways, int rank, bool ulysses, gpt_cuda_cp_comm comm);
+// Before each forward pass of sequences of `whole` tokens: rank r holds
+// positions [segs[4r], +segs[4r+1]) and [segs[4r+2], +segs[4r+3]), in
+// order; whole 0: the pass is not split (whole sequences on every rank).
+void gpt_cuda_cp_layout(gpt_cuda_t *g, int whole, const int *segs);
+// Numbers attention sent forward and backward, and score pairs computed, so far.
+void gpt_cuda_cp_counts(const gpt_cuda_t *g, double counts[3]);
+
 // ---------------------------------------------------------------- sharded training (chapter 09)
 //
 // gpt_cuda_create keeps the whole training state on the device. Chapter

@@ -42,6 +42,7 @@
 #include "dist.h"
 #include "gpt.h"
 #include "gpt_cuda.h"
+#include "groups.h"
 
 typedef struct model model_t;
 
@@ -106,6 +107,9 @@ struct model {
     double tp_bytes;        // what the blocks all-reduced over tp_group so far: bytes
     double tp_numbers;      // and numbers
     model_keeps keeps;      // chapter 09: what of the training state the model itself holds
+    const device_t *device; // where it computes (the job's device)
+    pg_t *cp_group;         // context parallelism (chapter 12): the ranks each sequence is split over
+    bool cp_split;          // GPU runs: the last forward pass was split over them
 };
 
 static inline const model_ops *model_cpu_ops(void);
@@ -191,6 +195,7 @@ static inline void model_create_keeping(model_t *m, gpt_t host, const device_t *
     m->on_gpu = device_is_cuda(d) && model_gpu_ops();
     m->precision = m->on_gpu ? precision : GPT_FP32;
     m->keeps = keeps;
+    m->device = d;
     m->ops = m->on_gpu ? model_gpu_ops() : model_cpu_ops();
     m->ops->create(m, B, T);
 }
@@ -342,6 +347,104 @@ static inline void model_tp_agree(model_t *m) {
     if (m->tp_group && m->on_gpu && pg_world_size(m->tp_group) > 1) model_gpu_tp_agree(m);
 }
 
+// ---------------------------------------------------------------- context parallelism (chapter 12)
+//
+// A model that computes its rank's tokens of each sequence (gpt/context_parallel.h
+// on the CPU, gpt/gpt_cuda_cp.cuh on a GPU) asks the cp group for
+// attention's messages through these: the ring's sends and receives
+// (started together, waited for after the block's arithmetic), the
+// all-to-alls of ulysses, the loss's sum and a row of logits for
+// sampling. The CPU model's messages are host buffers; the GPU model's
+// are device buffers (the model_cp_device_ callbacks), and the host numbers
+// (the loss, a row of logits) travel through the device's memory.
+typedef struct {
+    pg_request_t *send, *recv;
+} model_cp_pending;
+
+static inline void *model_cp_ring_start(void *user, const gpt_real *send, size_t send_count, gpt_real *recv,
+                                        size_t recv_count) {
+    model_t *m = user;
+    pg_t *cp = m->cp_group;
+    int n = pg_world_size(cp), next = (pg_rank(cp) + 1) % n, prev = (pg_rank(cp) + n - 1) % n;
+    model_cp_pending *p = xcalloc(1, sizeof *p);
+    if (recv_count) p->recv = pg_irecv(cp, recv, recv_count, DTYPE_F32, prev);
+    if (send_count) p->send = pg_isend(cp, send, send_count, DTYPE_F32, next);
+    return p;
+}
+
+static inline void model_cp_ring_finish(void *user, void *pending) {
+    (void)user;
+    model_cp_pending *p = pending;
+    if (p->send) pg_wait(p->send);
+    if (p->recv) pg_wait(p->recv);
+    free(p);
+}
+
+static inline void model_cp_all_to_all_v(void *user, const gpt_real *send, const size_t *send_counts, gpt_real *recv,
+                                         const size_t *recv_counts) {
+    model_t *m = user;
+    pg_all_to_all_v(m->cp_group, send, send_counts, recv, recv_counts, DTYPE_F32);
+}
+
+// The loss's sums and a row of logits are host numbers: through the
+// device's memory, as every group takes them (common/groups.h).
+static inline void model_cp_sum(void *user, double *values, int count) {
+    model_t *m = user;
+    groups_all_reduce_host(m->cp_group, m->device, values, (size_t)count, DTYPE_F64, OP_SUM);
+}
+
+static inline void model_cp_broadcast(void *user, gpt_real *buf, size_t count, int root) {
+    model_t *m = user;
+#ifdef COURSE_CUDA
+    if (m->on_gpu) {
+        groups_broadcast_host(m->cp_group, m->device, buf, count, DTYPE_F32, root);
+        return;
+    }
+#endif
+    pg_broadcast(m->cp_group, buf, count, DTYPE_F32, root); // the CPU's group takes host buffers
+}
+
+// The GPU model's messages (gpt_cuda.h's gpt_cuda_cp_comm): device buffers.
+static inline dtype_t model_cp_dtype(int type) {
+    return type == 1 ? DTYPE_BF16 : type == 2 ? DTYPE_F64 : type == 3 ? DTYPE_F16 : DTYPE_F32; // gpt_cuda_type's order
+}
+
+static inline void *model_cp_device_ring_start(void *user, const void *send, size_t send_count, void *recv,
+                                               size_t recv_count, int type) {
+    model_t *m = user;
+    pg_t *cp = m->cp_group;
+    int n = pg_world_size(cp), next = (pg_rank(cp) + 1) % n, prev = (pg_rank(cp) + n - 1) % n;
+    model_cp_pending *p = xcalloc(1, sizeof *p);
+    if (recv_count) p->recv = pg_irecv(cp, recv, recv_count, model_cp_dtype(type), prev);
+    if (send_count) p->send = pg_isend(cp, send, send_count, model_cp_dtype(type), next);
+    return p;
+}
+
+static inline void model_cp_device_all_to_all_v(void *user, const void *send, const size_t *send_counts, void *recv,
+                                                const size_t *recv_counts, int type) {
+    model_t *m = user;
+    pg_all_to_all_v(m->cp_group, send, send_counts, recv, recv_counts, model_cp_dtype(type));
+}
+
+static inline void model_gpu_context_parallel(model_t *m, bool ulysses);
+
+// The model computes rank pg_rank(cp)'s tokens of each sequence; its
+// attention is `kind` ("ring" or "ulysses"), its tokens chosen by
+// `balance` ("zigzag" or "none"). Every weight stays whole on every rank.
+static inline void model_context_parallel(model_t *m, pg_t *cp, const char *kind, const char *balance) {
+    if (pg_world_size(cp) == 1) return; // one rank: the model of chapter 08, untouched
+    if (gpt_tp_ways(m->host.tp) > 1 || m->host.stage.count > 1)
+        die("context parallelism with tensor or pipeline parallelism is the finale's (chapter 14)");
+    m->cp_group = cp;
+    cp_comm comm = {m, model_cp_ring_start, model_cp_ring_finish, model_cp_all_to_all_v, model_cp_sum,
+                    model_cp_broadcast};
+    m->host.cp = cp_create(pg_world_size(cp), pg_rank(cp), m->host.cfg.n_head, strcmp(kind, "ulysses") ? CP_RING : CP_ULYSSES,
+                           strcmp(balance, "none") ? CP_ZIGZAG : CP_CONTIGUOUS, comm);
+    // On a GPU the host model only chooses the tokens and keeps their
+    // positions; the GPU model computes (gpt_cuda_cp.cuh).
+    if (m->on_gpu) model_gpu_context_parallel(m, m->host.cp->kind == CP_ULYSSES);
+}
+
 // The gradients of the last backward pass (and averaging), in m->host.grads.
 static inline const gpt_real *model_grads_to_host(model_t *m) {
     if (m->on_gpu) model_gpu_grads_to_host(m);
@@ -484,12 +587,48 @@ static inline void model_gpu_create(model_t *m, int B, int T) {
                                      m->keeps.adam);
 }
 
+// Context parallelism (chapter 12): the host model chooses this rank's
+// tokens (cp_take_tokens) and the GPU model computes them, given every
+// rank's positions. A pass whose sequences the split does not divide
+// (evaluation's last short piece, sampling) is computed whole on every
+// rank, as one GPU would: it needs no message.
+static inline float model_gpu_cp_forward(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T, bool wait) {
+    gpt_cp *cp = m->host.cp;
+    int n = cp->ways, split = cp->balance == CP_ZIGZAG ? 2 * n : n;
+    m->cp_split = T % split == 0;
+    if (!m->cp_split) {
+        gpt_cuda_cp_layout(m->gpu, 0, NULL);
+        gpt_cuda_forward(m->gpu, in, tg, B, T);
+        return wait && tg ? gpt_cuda_loss(m->gpu) : -1.0f;
+    }
+    int *segs = xcalloc((size_t)n * 4, sizeof(int));
+    for (int r = 0; r < n; r++) {
+        cp_segment seg[2] = {{0, 0}, {0, 0}};
+        cp_segments(T, n, r, cp->balance, seg);
+        segs[4 * r] = seg[0].first, segs[4 * r + 1] = seg[0].count, segs[4 * r + 2] = seg[1].first;
+        segs[4 * r + 3] = seg[1].count;
+    }
+    int mine = cp_take_tokens(cp, in, tg, B, T);
+    gpt_cuda_cp_layout(m->gpu, T, segs);
+    free(segs);
+    gpt_cuda_forward(m->gpu, cp->inputs, tg ? cp->targets : NULL, B, mine);
+    return wait && tg ? cp_mean_loss(cp, gpt_cuda_loss(m->gpu), (size_t)B * mine) : -1.0f;
+}
+
 static inline float model_gpu_forward(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T, bool wait) {
+    if (m->host.cp) return model_gpu_cp_forward(m, in, tg, B, T, wait);
     gpt_cuda_forward(m->gpu, in, tg, B, T);
     return wait && tg ? gpt_cuda_loss(m->gpu) : -1.0f;
 }
 
-static inline float model_gpu_take_train_loss(model_t *m) { return gpt_cuda_take_loss(m->gpu, NULL); }
+// With cp, each rank's mean over its tokens (the same number of them),
+// averaged over the group.
+static inline float model_gpu_take_train_loss(model_t *m) {
+    double loss = gpt_cuda_take_loss(m->gpu, NULL);
+    if (!m->host.cp) return (float)loss;
+    m->host.cp->comm.sum(m, &loss, 1);
+    return (float)(loss / m->host.cp->ways);
+}
 static inline void model_gpu_zero_grad(model_t *m) { gpt_cuda_zero_grad(m->gpu); }
 
 // gpt_cuda_backward calls this as each bucket's gradients are final on the GPU.
@@ -506,7 +645,9 @@ static inline void model_bucket_ready(void *user, const gpt_bucket *bucket, cuda
 }
 
 static inline void model_gpu_backward(model_t *m, float grad_scale, pg_t *pg) {
-    bool overlap = pg && pg_world_size(pg) > 1 && !m->powersgd;
+    // (With cp, attention's backward pass sends and waits between the
+    // buckets: they are averaged after it.)
+    bool overlap = pg && pg_world_size(pg) > 1 && !m->powersgd && !m->host.cp;
     m->averaging = pg;
     gpt_cuda_backward(m->gpu, grad_scale, overlap ? model_bucket_ready : NULL, m);
     m->averaging = NULL;
@@ -558,6 +699,21 @@ static inline void model_gpu_to_device(model_t *m) {
 }
 
 static inline const float *model_gpu_logits(model_t *m, int t, float *scratch) {
+    if (m->host.cp && m->cp_split) { // position t is one rank's: it sends the row to the others
+        gpt_cp *cp = m->host.cp;
+        int owner = 0, local = 0;
+        for (int r = 0; r < cp->ways; r++) {
+            cp_segment seg[2] = {{0, 0}, {0, 0}};
+            int k = cp_segments(cp->whole, cp->ways, r, cp->balance, seg), before = 0;
+            for (int s = 0; s < k; s++) {
+                if (t >= seg[s].first && t < seg[s].first + seg[s].count) owner = r, local = before + t - seg[s].first;
+                before += seg[s].count;
+            }
+        }
+        if (owner == cp->rank) gpt_cuda_logits(m->gpu, 0, local, scratch);
+        groups_broadcast_host(m->cp_group, m->device, scratch, (size_t)m->host.cfg.vocab_size, DTYPE_F32, owner);
+        return scratch;
+    }
     gpt_cuda_logits(m->gpu, 0, t, scratch);
     return scratch;
 }
@@ -609,6 +765,22 @@ static inline void model_tp_sum_gpu(void *user, void *buf, size_t count, gpt_cud
 
 static inline void model_gpu_tensor_parallel(model_t *m) { gpt_cuda_set_tp_all_reduce(m->gpu, model_tp_sum_gpu, m); }
 
+static inline void *model_cp_gpu_ring_start(void *user, const void *send, size_t send_count, void *recv,
+                                            size_t recv_count, gpt_cuda_type type) {
+    return model_cp_device_ring_start(user, send, send_count, recv, recv_count, (int)type);
+}
+static inline void model_cp_gpu_all_to_all_v(void *user, const void *send, const size_t *send_counts, void *recv,
+                                             const size_t *recv_counts, gpt_cuda_type type) {
+    model_cp_device_all_to_all_v(user, send, send_counts, recv, recv_counts, (int)type);
+}
+static inline void model_gpu_context_parallel(model_t *m, bool ulysses) {
+    gpt_cuda_cp_comm comm = {m, model_cp_gpu_ring_start, model_cp_ring_finish, model_cp_gpu_all_to_all_v};
+    gpt_cuda_context_parallel(m->gpu, pg_world_size(m->cp_group), pg_rank(m->cp_group), ulysses, comm);
+}
+
+// What attention sent (numbers, forward and backward) and computed (score pairs) so far.
+static inline void model_gpu_cp_counts(const model_t *m, double counts[3]) { gpt_cuda_cp_counts(m->gpu, counts); }
+
 // fp16's loss scale (gpt_cuda.h): read (waits for the GPU) and set (a
 // snapshot's). Other precisions have none: scale 0.
 static inline gpt_scaler model_get_scaler(model_t *m) {
@@ -643,6 +815,8 @@ static inline void model_graph_step(model_t *m, const uint16_t *in, const uint16
     die("model_graph_step: CUDA graphs need a GPU build");
 }
 static inline void model_gpu_tensor_parallel(model_t *m) { (void)m; }
+static inline void model_gpu_context_parallel(model_t *m, bool ulysses) { (void)m, (void)ulysses; }
+static inline void model_gpu_cp_counts(const model_t *m, double counts[3]) { (void)m, counts[0] = counts[1] = counts[2] = 0; }
 static inline gpt_scaler model_get_scaler(model_t *m) { (void)m; return (gpt_scaler){0}; }
 static inline void model_set_scaler(model_t *m, gpt_scaler s) { (void)m, (void)s; }
 static inline void model_gpu_tp_agree(model_t *m) { (void)m; }

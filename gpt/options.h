@@ -42,10 +42,11 @@ typedef struct {
     int dp, tp, pp, cp, ep;
     // One chapter's idea each: 09's ZeRO stage, its replicas (hybrid
     // sharding) and --consolidate, 10's replica checks, 11's schedule (and
-    // the layers it added so that every stage has one).
+    // the layers it added so that every stage has one), 12's attention
+    // across the cp ranks and the tokens each holds.
     int shard, replicate, check_every;
     bool consolidate, layers_for_stages;
-    const char *schedule;
+    const char *schedule, *cp_attention, *cp_balance;
 } options;
 
 // 08's defaults; out_dir is runs/CHAPTER (common/files.h).
@@ -57,7 +58,7 @@ static inline options options_defaults(const char *chapter) {
                  .preset = "default", .prompt = "The", .device = "auto", .nprocs = 0, .backend = "auto",
                  .precision = "auto", .grad_compress = "none", .num_workers = 0, .loss_scale = 65536,
                  .powersgd_rank = 1, .dp = 0, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .shard = 0, .replicate = 1,
-                 .schedule = "1f1b"};
+                 .schedule = "1f1b", .cp_attention = "ring", .cp_balance = "zigzag"};
     static char default_out_dir[1024]; // outlives this function: o.out_dir points at it
     files_runs_dir(default_out_dir, sizeof default_out_dir, chapter);
     o.out_dir = default_out_dir;

@@ -161,6 +161,16 @@ if [[ ! -s $zero_csv ]]; then
 fi
 [[ -s $zero_csv ]] && draw 09_zero_memory 09_zero_memory.gp "infile='$zero_csv'; subtitle=\"$(subtitle "$zero_csv")\""
 
+# --- 12: the longest context a memory budget per rank allows, cp 1, 2, 4:
+# the chapter run at growing block sizes (its bench, a made-up corpus).
+csv12=$runs/12_context_parallel/longest_context.csv
+if [[ ! -s $csv12 ]]; then
+    echo "plots: measuring 12_context_parallel (bench/longest_context.sh: --preset tiny, one step per block size, cp 1, 2, 4)"
+    bash 12_context_parallel/bench/longest_context.sh >"$runs/plots/12_longest_context.bench.log" 2>&1 ||
+        failed+=("12 benchmark (see $runs/plots/12_longest_context.bench.log)")
+fi
+[[ -s $csv12 ]] && draw 12_longest_context 12_longest_context.gp "infile='$csv12'; subtitle=\"$(subtitle "$csv12")\""
+
 # On a GPU machine the measurements run on the GPU and through NCCL.
 if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
     echo "plots: no GPU here: on a GPU server 01 would run on the GPU, 02/03 would also measure the nccl backend, and 04/05 would scale over GPUs instead of CPU cores"

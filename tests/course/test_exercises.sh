@@ -98,6 +98,8 @@ starter 10/row_parallel "1 rank\(s\): out\[row 0, output 0\] on rank 0: got 777,
 solution 10/row_parallel
 starter 11/one_f_one_b "stage 0 ran F0 F1 F2 F3 B0 B1 B2 B3; 1F1B runs F0 F1 B0 F2 B1 F3 B2 B3 .*that is GPipe's memory"
 solution 11/one_f_one_b
+starter 12/merge_partials "partial attention to block A .*: got lse 777, .*out or lse was never written"
+solution 12/merge_partials
 
 # The CUDA exercise: checked on a GPU; elsewhere compiled (CUDA build) or not
 # even that (CPU-only build), and skipped with the reason the check gives.
@@ -341,6 +343,23 @@ if $have_solutions; then
     broken 10/row_parallel "an input gradient summed over the ranks" "$TMP/row_parallel.c" \
         "dinp\[row 0, channel 0\] on rank 0: got .*dinp was summed over the ranks"
 else skip "exercises: 10/row_parallel catches an input gradient summed over the ranks" "solutions/ is absent (the broken version is made from it)"; fi
+# Ring attention's merge and partials, with the usual slips: partial
+# results added without rescaling, the diagonal block's causal mask
+# forgotten, positions taken as local, and the empty side's NaN.
+if $have_solutions; then
+    sol="$ROOT/solutions/12_context_parallel/merge_partials.c"
+    sed 's|out\[i \* hs + c\] = (wa \* out\[i \* hs + c\] + wb \* out_b\[i \* hs + c\]) / sum;|out[i * hs + c] = out[i * hs + c] + out_b[i * hs + c] + 0 * wa * wb * sum;|' \
+        "$sol" >"$TMP/merge_sum.c"
+    broken 12/merge_partials "partial results added without rescaling" "$TMP/merge_sum.c" "the partial results were ADDED"
+    sed 's|if (kpos\[j\] > qpos\[i\]) continue;.*|(void)kpos;|' "$sol" >"$TMP/merge_nomask.c"
+    broken 12/merge_partials "the diagonal block's causal mask forgotten" "$TMP/merge_nomask.c" \
+        "block B .*the causal mask is forgotten"
+    sed 's|kpos\[j\] > qpos\[i\]|j > i|g' "$sol" >"$TMP/merge_local.c"
+    broken 12/merge_partials "positions taken as local" "$TMP/merge_local.c" "places in the BLOCK \(j <= i\)"
+    awk '/if \(lse_b\[i\] == -INFINITY\) continue;/ { next } /if \(lse\[i\] == -INFINITY\) \{/ { skip = 1 }
+         skip { if ($0 ~ /^        }$/) skip = 0; next } { print }' "$sol" >"$TMP/merge_nan.c"
+    broken 12/merge_partials "NaN from an empty side" "$TMP/merge_nan.c" "NaN: a block whose lse is -INFINITY"
+else skip "exercises: 12/merge_partials catches its slips" "solutions/ is absent (the broken versions are made from it)"; fi
 # 1F1B with its steady state unpaired: a send, then a receive, on both
 # neighbours at once. The check's sends wait for their receiver, as NCCL's.
 cat >"$TMP/one_f_one_b.c" <<'EOF'

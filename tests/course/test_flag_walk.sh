@@ -12,7 +12,7 @@
 # the flags that only matter there are walked too: --precision fp16 with
 # --loss_scale, and --cuda_graph.
 source "$(dirname "$0")/../lib.sh"
-chapters=(${FLAG_WALK_CHAPTERS:-08_gpt_wikitext 09_zero_fsdp 10_tensor_parallel 11_pipeline_parallel})
+chapters=(${FLAG_WALK_CHAPTERS:-08_gpt_wikitext 09_zero_fsdp 10_tensor_parallel 11_pipeline_parallel 12_context_parallel})
 for c in "${chapters[@]}"; do
     [[ -x "$ROOT/$c/$c" ]] || { fail "flag walk: binaries" "build first (make): no $c/$c"; exit 1; }
 done
@@ -30,9 +30,12 @@ declare -A refused=(
 )
 
 # Each chapter walks in its own default layout (11: two stages), so 08's
-# flags meet the chapter's idea; the flags about data-parallel ranks walk
-# with 2 replicas, which in 11 takes one stage per pipeline.
-declare -A replicas_layout=([11_pipeline_parallel]="--pp 1")
+# flags meet the chapter's idea - 12, whose default is one rank, walks with
+# each sequence split over 2 (layout); the flags about data-parallel ranks
+# walk with 2 replicas, which in 11 takes one stage per pipeline and in 12
+# one rank per sequence (the last flag given wins).
+declare -A layout=([12_context_parallel]="--cp 2")
+declare -A replicas_layout=([11_pipeline_parallel]="--pp 1" [12_context_parallel]="--cp 1")
 
 gpt_corpus "$TMP/corpus"
 base=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --block_size 32 --batch_size 4
@@ -46,7 +49,8 @@ walk() {
     local chapter=$1 name=$2; shift 2
     n=$((n + 1)); dir=$TMP/$chapter-$name-$n.d; out=$TMP/$chapter-$n
     [[ $name == base ]] && dir=$TMP/$chapter-base.d
-    run_capture 180 "$out" "$ROOT/$chapter/$chapter" "${base[@]}" --out_dir "$dir" "$@"
+    # shellcheck disable=SC2086
+    run_capture 180 "$out" "$ROOT/$chapter/$chapter" "${base[@]}" ${layout[$chapter]:-} --out_dir "$dir" "$@"
     status=$?
 }
 
