@@ -216,7 +216,7 @@ static int run_rank(int rank, int world, void *arg) {
     // --- Model: sized by the flags, vocabulary by the tokenizer; the same
     // seed gives every rank the same initial weights (and rank 0's are
     // broadcast anyway). The model keeps what the stage does not shard.
-    gpt_config cfg = {bpe_vocab_size(corpus.tokenizer), o->block_size, o->n_layer, o->n_head, o->n_embd};
+    gpt_config cfg = gpt_config_of(bpe_vocab_size(corpus.tokenizer), o->block_size, o->n_layer, o->n_head, o->n_embd);
     gpt_t initial;
     gpt_init(&initial, cfg, (uint64_t)o->seed);
     dist_broadcast_host(&dist, initial.params, initial.num_params, DTYPE_F32, 0);

@@ -85,7 +85,7 @@ static options parse_options(int argc, char **argv) {
     flag_int(&set, "check_every", &o.check_every, 0, 100000000, "check the replicas byte for byte every N steps (0: at the end only)");
     flags_parse(&set, argc, argv);
     options_finish(&o, &set);
-    gpt_config c = {o.vocab_size, o.block_size, o.n_layer, o.n_head, o.n_embd};
+    gpt_config c = gpt_config_of(o.vocab_size, o.block_size, o.n_layer, o.n_head, o.n_embd);
     const char *problem = gpt_tp_problem(&c, o.tp);
     if (problem) flags_fail(&set, "--tp %d: %s (the model has --n_head %d)", o.tp, problem, o.n_head);
     if (o.tp > 1 && !strcmp(o.precision, "fp16"))
@@ -224,7 +224,7 @@ static int run_rank(int rank, int world, void *arg) {
     // seed gives every rank the same WHOLE model, as in chapter 08 (and
     // rank 0's is broadcast anyway when training starts); each rank keeps
     // its shard, and the model all-reduces over the tp group.
-    gpt_config cfg = {bpe_vocab_size(corpus.tokenizer), o->block_size, o->n_layer, o->n_head, o->n_embd};
+    gpt_config cfg = gpt_config_of(bpe_vocab_size(corpus.tokenizer), o->block_size, o->n_layer, o->n_head, o->n_embd);
     gpt_t initial, shard;
     gpt_init(&initial, cfg, (uint64_t)o->seed);
     gpt_init_shard(&shard, &initial, g.size[DIM_TP], g.coord[DIM_TP]);

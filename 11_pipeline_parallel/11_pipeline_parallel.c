@@ -270,7 +270,7 @@ static int run_rank(int rank, int world, void *arg) {
     // seed gives every rank the same initial weights (and rank 0's are
     // broadcast anyway when training starts). The whole model exists on the
     // host until this rank has taken its stage of it.
-    gpt_config cfg = {bpe_vocab_size(corpus.tokenizer), o->block_size, o->n_layer, o->n_head, o->n_embd};
+    gpt_config cfg = gpt_config_of(bpe_vocab_size(corpus.tokenizer), o->block_size, o->n_layer, o->n_head, o->n_embd);
     gpt_t whole;
     gpt_init(&whole, cfg, (uint64_t)o->seed);
     int step = 0, first_epoch = resume(&whole, o, &dist, &step);

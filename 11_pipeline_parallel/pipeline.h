@@ -49,12 +49,12 @@ static inline void pipeline_add_flags(flag_set *set, options *o) {
 // blocks than --pp stages gets --pp blocks (and the model line says so).
 // Then what no single flag's range can say.
 static inline void pipeline_finish_options(options *o, flag_set *set) {
-    gpt_config preset = {o->vocab_size, 0, 0, 0, 0};
+    gpt_config preset = gpt_config_of(o->vocab_size, 0, 0, 0, 0);
     gpt_preset(o->preset, &preset);
     o->layers_for_stages = !o->n_layer && preset.n_layer < o->pp;
     if (o->layers_for_stages) o->n_layer = o->pp;
     options_finish(o, set);
-    gpt_config c = {o->vocab_size, o->block_size, o->n_layer, o->n_head, o->n_embd};
+    gpt_config c = gpt_config_of(o->vocab_size, o->block_size, o->n_layer, o->n_head, o->n_embd);
     const char *problem = gpt_stage_problem(&c, o->pp);
     if (problem) flags_fail(set, "--pp %d: %s (the model has %d; use --n_layer)", o->pp, problem, o->n_layer);
     problem = gpt_tp_problem(&c, o->tp);

@@ -1,6 +1,6 @@
 // gather_whole.h - the whole model, put together on rank 0 from the parts
 // the ranks of a layout hold: chapter 10's tp shards, chapter 11's
-// pipeline stages, both at once in the finale.
+// pipeline stages, chapter 13's experts, all at once in the finale.
 //
 // The ranks of dp replica 0 (every other replica holds the same numbers)
 // each send their part - parameters and, if asked, both AdamW moments - to
@@ -22,9 +22,9 @@
 // others false. `moments`: AdamW's moments and step too (once a step was
 // taken; zeros before).
 static inline bool gather_whole(model_t *m, groups_t *g, bool moments, gpt_t *whole) {
-    // dp and cp replicas hold the same numbers as coordinate 0's (chapter
-    // 13's experts, spread over ep, will send theirs too).
-    if (g->coord[DIM_DP] != 0 || g->coord[DIM_CP] != 0 || g->coord[DIM_EP] != 0) return false;
+    // dp and cp replicas hold the same numbers as coordinate 0's; the ranks
+    // along ep hold different experts (chapter 13) and send theirs too.
+    if (g->coord[DIM_DP] != 0 || g->coord[DIM_CP] != 0) return false;
     model_to_host(m);
     gpt_t *h = &m->host;
     int arrays = moments ? 3 : 1;
@@ -37,15 +37,18 @@ static inline bool gather_whole(model_t *m, groups_t *g, bool moments, gpt_t *wh
         free(zeros);
         return false;
     }
-    gpt_init(whole, h->cfg, 0); // every number of it is overwritten below
+    gpt_config whole_cfg = h->cfg;
+    whole_cfg.ep = 1; // all the experts
+    gpt_init(whole, whole_cfg, 0); // every number of it is overwritten below
     whole->adam_step = h->adam_step;
     if (moments) whole->adam_m = xmalloc(sizeof(gpt_real) * whole->num_params);
     if (moments) whole->adam_v = xmalloc(sizeof(gpt_real) * whole->num_params);
     gpt_real *dst[3] = {whole->params, whole->adam_m, whole->adam_v};
     int at[DIMS] = {0};
     for (int stage = 0; stage < g->size[DIM_PP]; stage++)
-        for (int shard = 0; shard < g->size[DIM_TP]; shard++) {
-            at[DIM_PP] = stage, at[DIM_TP] = shard;
+        for (int shard = 0; shard < g->size[DIM_TP] * g->size[DIM_EP]; shard++) {
+            int experts = shard / g->size[DIM_TP];
+            at[DIM_PP] = stage, at[DIM_TP] = shard % g->size[DIM_TP], at[DIM_EP] = experts;
             int from = groups_rank_of(g, at); // dp 0, and 0 along the dimensions that hold no part
             gpt_t part; // the sender's table: where each of its tensors lies in what it sends
             memset(&part, 0, sizeof part);
@@ -54,7 +57,9 @@ static inline bool gather_whole(model_t *m, groups_t *g, bool moments, gpt_t *wh
             gpt_real *buf = from == 0 ? NULL : xmalloc(sizeof(gpt_real) * part.num_params);
             for (int k = 0; k < arrays; k++) {
                 if (from > 0) groups_recv_host(world, dev, buf, part.num_params, DTYPE_F32, from);
-                gpt_shard_copy(&part, shard, dst[k], from == 0 ? mine[k] : buf, false);
+                if (gpt_ep_ways(h->cfg.ep) > 1)
+                    gpt_expert_shard_copy(&part, experts, dst[k], from == 0 ? mine[k] : buf, false);
+                else gpt_shard_copy(&part, shard % g->size[DIM_TP], dst[k], from == 0 ? mine[k] : buf, false);
             }
             free(buf);
             free(part.tensors);

@@ -17,6 +17,8 @@
 //   9. tensor parallelism: a rank's shard of each block (chapter 10)
 // and context parallelism (chapter 12: a rank's tokens of each sequence)
 // in context_parallel.h, included after section 4.
+//  10. expert parallelism: a rank's experts of each block (chapter 13; the
+//      mixture of experts itself is gpt/moe.h, included before section 5)
 //
 // Every parameter lives in ONE flat array and every gradient in another,
 // laid out as gpt_layout.h says (the GPU model, gpt_cuda.cu, reads the same
@@ -72,6 +74,7 @@ typedef GPT_REAL gpt_real;
 typedef struct {
     gpt_real *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
     gpt_real *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+    gpt_real *router_w; // a mixture of experts' (gpt/moe.h); NULL in a dense block
 } gpt_block;
 
 // The activations of one block that the backward pass needs again
@@ -134,6 +137,23 @@ typedef struct {
 
     gpt_bucket_hook hook;         // NULL: every bucket lives in params and grads
     void *hook_user;
+
+    // A mixture of experts (cfg.n_expert > 0; gpt/moe.h): the layers' state
+    // between the passes, and what they routed. train_pass: the forward
+    // pass is a training step's (capacity and the balancing loss apply;
+    // evaluation routes every token). Expert parallelism (chapter 13,
+    // section 10): this model holds the experts of shard ep_rank of
+    // cfg.ep, and exchanges tokens over the ep group through the training
+    // program's two callbacks: counts (per_peer ints to each rank) and
+    // rows (pg_all_to_all_v's counts, in numbers).
+    struct gpt_moe *moe;
+    bool train_pass;
+    gpt_real grad_scale;          // the last backward pass's
+    int ep_rank;
+    void (*ep_all_to_all)(void *user, const int *send, int *recv, int per_peer);
+    void (*ep_all_to_all_v)(void *user, const gpt_real *send, const size_t *send_counts, gpt_real *recv,
+                            const size_t *recv_counts);
+    void *ep_user;
 } gpt_t;
 
 // The table of gpt_layout.h, for this model's configuration, stage (a
@@ -148,12 +168,12 @@ static inline void gpt_build_table(gpt_t *m) {
 // of the gradients: m->params + the block's offset in this model's array,
 // or what a bucket hook gave instead.
 static inline gpt_block gpt_block_view(const gpt_t *m, gpt_real *base, int layer) {
-    gpt_real *p[GPT_BLOCK_TENSORS];
-    size_t start = m->tensors[gpt_block_tensor(layer, 0)].offset;
-    for (int i = 0; i < GPT_BLOCK_TENSORS; i++)
-        p[i] = base + (m->tensors[gpt_block_tensor(layer, i)].offset - start);
+    gpt_real *p[GPT_BLOCK_TENSORS_MAX] = {0};
+    size_t start = m->tensors[gpt_block_tensor(&m->cfg, layer, 0)].offset;
+    for (int i = 0; i < gpt_block_tensors(&m->cfg); i++)
+        p[i] = base + (m->tensors[gpt_block_tensor(&m->cfg, layer, i)].offset - start);
     gpt_block b = {p[B_LN1_W], p[B_LN1_B], p[B_QKV_W], p[B_QKV_B], p[B_ATTPROJ_W], p[B_ATTPROJ_B],
-                   p[B_LN2_W], p[B_LN2_B], p[B_FC_W], p[B_FC_B], p[B_FCPROJ_W], p[B_FCPROJ_B]};
+                   p[B_LN2_W], p[B_LN2_B], p[B_FC_W], p[B_FC_B], p[B_FCPROJ_W], p[B_FCPROJ_B], p[B_ROUTER_W]};
     return b;
 }
 
@@ -161,7 +181,7 @@ static inline gpt_block gpt_block_view(const gpt_t *m, gpt_real *base, int layer
 // tensor, in the whole model's array or in a shard's or a stage's.
 static inline size_t gpt_bucket_start(const gpt_t *m, int bucket) {
     int L = m->cfg.n_layer;
-    int first = bucket == GPT_BUCKET_LN_F ? gpt_ln_f_tensor(&m->cfg) : bucket <= L ? gpt_block_tensor(L - bucket, 0) : 0;
+    int first = bucket == GPT_BUCKET_LN_F ? gpt_ln_f_tensor(&m->cfg) : bucket <= L ? gpt_block_tensor(&m->cfg, L - bucket, 0) : 0;
     return m->tensors[first].offset;
 }
 
@@ -664,6 +684,7 @@ static inline void crossentropy_backward(gpt_real *probs_dlogits, const uint16_t
 // Context parallelism (chapter 12): a rank's tokens of each sequence, and
 // attention across the ranks that hold the others.
 #include "context_parallel.h"
+#include "moe.h" // the mixture of experts that replaces the MLP when cfg.n_expert > 0
 
 // ===================================================================== 5. the model
 
@@ -814,6 +835,10 @@ static inline void gpt_block_forward(gpt_t *m, int layer, gpt_real *params, cons
     matmul_forward(scratch, a.atty, p.attproj_w, p.attproj_b, N, C, C);
     residual_forward(a.res2, x, scratch, (size_t)N * C);
     layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, N, C);
+    if (m->cfg.n_expert) { // a mixture of experts in the MLP's place, residual included (gpt/moe.h)
+        gpt_moe_forward(m, layer, &p, a.ln2, a.res2, a.res3);
+        return;
+    }
     matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, 4 * C);
     gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C);
     matmul_forward(scratch, a.fch_gelu, p.fcproj_w, p.fcproj_b, N, 4 * C, C);
@@ -934,9 +959,13 @@ static inline void gpt_block_backward(gpt_t *m, int layer, gpt_real *params, gpt
 
     // MLP branch. res3 = res2 + c_proj(...): the branch's output gradient
     // is dres itself, and dres also flows on unchanged to res2.
-    matmul_backward(g.dhidden, d.fcproj_w, d.fcproj_b, g.dres, a.fch_gelu, p.fcproj_w, N, 4 * C, C);
-    gelu_backward(g.dhidden, a.fch, g.dhidden, (size_t)N * 4 * C);
-    matmul_backward(g.dtmp, d.fc_w, d.fc_b, g.dhidden, a.ln2, p.fc_w, N, C, 4 * C);
+    if (m->cfg.n_expert) { // a mixture of experts' (gpt/moe.h)
+        gpt_moe_backward(m, layer, &p, &d, a.ln2, g.dres, g.dtmp, m->grad_scale);
+    } else {
+        matmul_backward(g.dhidden, d.fcproj_w, d.fcproj_b, g.dres, a.fch_gelu, p.fcproj_w, N, 4 * C, C);
+        gelu_backward(g.dhidden, a.fch, g.dhidden, (size_t)N * 4 * C);
+        matmul_backward(g.dtmp, d.fc_w, d.fc_b, g.dhidden, a.ln2, p.fc_w, N, C, 4 * C);
+    }
     layernorm_backward(g.dres, d.ln2_w, d.ln2_b, g.dtmp, a.res2, p.ln2_w, a.ln2_mean, a.ln2_rstd, N, C);
 
     // Attention branch, the same way: dres is now d(loss)/d(res2).
@@ -957,6 +986,7 @@ static inline void gpt_block_backward(gpt_t *m, int layer, gpt_real *params, gpt
 static inline void gpt_backward(gpt_t *m, float grad_scale) {
     if (!m->have_targets) die("gpt_backward needs a gpt_forward with targets just before it");
     m->have_targets = false;
+    m->grad_scale = (gpt_real)grad_scale; // a mixture of experts scales its balancing loss's gradient by it
     int B = m->B, T = m->T, C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->stage.last, N = B * T;
     int emb = gpt_bucket_embeddings(&m->cfg), lnf = gpt_ln_f_tensor(&m->cfg), F = GPT_BUCKET_LN_F;
     gpt_head_acts h = gpt_head_acts_view(m);
@@ -998,6 +1028,7 @@ static inline void gpt_free(gpt_t *m) {
     for (int k = 0; k < m->num_slots; k++)
         if (k != m->slot) free(m->slots[k].acts), free(m->slots[k].inputs), free(m->slots[k].targets);
     free(m->slots);
+    gpt_moe_free(m);
     memset(m, 0, sizeof *m);
 }
 
@@ -1196,10 +1227,12 @@ static inline void gpt_generate(gpt_t *m, uint16_t *tokens, int len, int total, 
 // safetensors.torch.load_file; the metadata carries the configuration, so a
 // file describes its model completely.
 
-static const char *const gpt_config_keys[5] = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd"};
+// A mixture of experts adds two keys (a dense model's file has neither).
+static const char *const gpt_config_keys[7] = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd",
+                                               "n_expert", "top_k"};
 
 static inline int *gpt_config_field(gpt_config *c, int i) {
-    int *fields[5] = {&c->vocab_size, &c->block_size, &c->n_layer, &c->n_head, &c->n_embd};
+    int *fields[7] = {&c->vocab_size, &c->block_size, &c->n_layer, &c->n_head, &c->n_embd, &c->n_expert, &c->top_k};
     return fields[i];
 }
 
@@ -1225,12 +1258,15 @@ static inline safetensors_tensor *gpt_file_tensors(const gpt_t *m, float **copy)
 // The weights and the configuration, atomically (a crash leaves the old
 // file or the new one, never half of one).
 static inline bool gpt_save_safetensors(const gpt_t *m, const char *path, char *err, size_t errlen) {
-    safetensors_meta meta[7] = {safetensors_meta_of("format", "pt"), safetensors_meta_of("model", "gpt")};
+    safetensors_meta meta[9] = {safetensors_meta_of("format", "pt"), safetensors_meta_of("model", "gpt")};
     gpt_config c = m->cfg;
-    for (int i = 0; i < 5; i++) meta[2 + i] = safetensors_meta_of(gpt_config_keys[i], "%d", *gpt_config_field(&c, i));
+    int keys = c.n_expert ? 7 : 5;
+    if (c.ep > 1) return snprintf(err, errlen, "%s: a model holding %d of %d experts is not a whole model", path,
+                                  gpt_moe_local(&c), c.n_expert), false;
+    for (int i = 0; i < keys; i++) meta[2 + i] = safetensors_meta_of(gpt_config_keys[i], "%d", *gpt_config_field(&c, i));
     float *copy;
     safetensors_tensor *t = gpt_file_tensors(m, &copy);
-    bool ok = safetensors_write(path, t, m->num_tensors, meta, 7, err, errlen);
+    bool ok = safetensors_write(path, t, m->num_tensors, meta, 2 + keys, err, errlen);
     free(t);
     free(copy);
     return ok;
@@ -1240,7 +1276,7 @@ static inline bool gpt_save_safetensors(const gpt_t *m, const char *path, char *
 // missing or cannot be built.
 static inline bool gpt_file_config(const safetensors_t *f, gpt_config *cfg, char *why, size_t whylen) {
     memset(cfg, 0, sizeof *cfg);
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 7; i++) {
         const char *text = safetensors_meta_get(f, gpt_config_keys[i]);
         char *end = NULL;
         long v = text ? strtol(text, &end, 10) : -1;
@@ -1457,6 +1493,57 @@ static inline float gpt_clip_grad_norm_tp(gpt_t *m, float max_norm, void (*sum_o
         for (size_t i = 0; i < m->num_params; i++) m->grads[i] *= s;
     }
     return (float)norm;
+}
+
+// ===================================================================== 10. expert parallelism
+//
+// Chapter 13 spreads each block's experts over ep ranks (gpt_layout.h,
+// section 7): rank r's model holds experts r E/ep ... of every block and
+// all of everything else; moe.h exchanges the tokens. Everything else -
+// the flat arrays, zero_grad, AdamW, the buckets - works on the shard as
+// on a whole model.
+
+// Does tensor t hold experts (one of a mixture's four expert tensors)?
+static inline bool gpt_tensor_is_expert(const gpt_t *m, int t) {
+    if (!m->cfg.n_expert || t < 2 || t >= gpt_ln_f_tensor(&m->cfg)) return false;
+    return gpt_is_expert_tensor(&m->cfg, (t - 2) % gpt_block_tensors(&m->cfg));
+}
+
+// Copies between an array of the whole model (`full`) and the same array
+// of expert shard `rank` (`shard`, laid out as m's table, m->cfg.ep ranks).
+static inline void gpt_expert_shard_copy(const gpt_t *m, int rank, gpt_real *full, gpt_real *shard, bool to_shard) {
+    gpt_config whole_cfg = m->cfg;
+    whole_cfg.ep = 1;
+    gpt_tensor *whole = xcalloc((size_t)m->num_tensors, sizeof(gpt_tensor));
+    gpt_layout_params(&whole_cfg, whole);
+    for (int t = 0; t < m->num_tensors; t++)
+        gpt_tensor_expert_copy(&whole[t], &m->tensors[t], rank, full, shard, sizeof(gpt_real), to_shard);
+    free(whole);
+}
+
+// The shard of `full` (its parameters and, when it has them, its AdamW
+// moments and step) that rank `rank` of ep holds.
+static inline void gpt_init_expert_shard(gpt_t *m, const gpt_t *full, int ep, int rank) {
+    gpt_config c = full->cfg;
+    c.ep = ep;
+    const char *problem = gpt_config_problem(c);
+    if (problem) die("cannot spread the experts over %d ranks: %s (n_expert %d)", ep, problem, c.n_expert);
+    if (rank < 0 || rank >= gpt_ep_ways(ep)) die("gpt_init_expert_shard: rank %d of %d", rank, ep);
+    memset(m, 0, sizeof *m);
+    m->cfg = c;
+    m->stage = full->stage;
+    m->ep_rank = rank;
+    gpt_build_table(m);
+    m->params = xmalloc(sizeof(gpt_real) * m->num_params);
+    m->grads = xcalloc(m->num_params, sizeof(gpt_real));
+    gpt_expert_shard_copy(m, rank, full->params, m->params, true);
+    m->adam_step = full->adam_step;
+    if (full->adam_m) {
+        m->adam_m = xmalloc(sizeof(gpt_real) * m->num_params);
+        m->adam_v = xmalloc(sizeof(gpt_real) * m->num_params);
+        gpt_expert_shard_copy(m, rank, full->adam_m, m->adam_m, true);
+        gpt_expert_shard_copy(m, rank, full->adam_v, m->adam_v, true);
+    }
 }
 
 #endif

@@ -1268,7 +1268,7 @@ template <typename T> static T *lm_head(const gpt_cuda_t *g, T *flat) { return f
 // Where tensor i of block `layer` lies in the block's part of a flat array.
 // (this model's own table: a tp shard's and a pipeline stage's too).
 static size_t off(const gpt_cuda_t *g, int layer, int i) {
-    return g->tensors[gpt_block_tensor(layer, i)].offset - g->tensors[gpt_block_tensor(layer, 0)].offset;
+    return g->tensors[gpt_block_tensor(&g->cfg, layer, i)].offset - g->tensors[gpt_block_tensor(&g->cfg, layer, 0)].offset;
 }
 
 // A pipeline stage's first block reads `encoded` too: the previous stage's
@@ -1330,7 +1330,7 @@ template <typename Act> static void block_forward(gpt_cuda_t *g, int l, const fl
 // (the model's own table, so in a tp shard or a pipeline stage too).
 static size_t bucket_start(const gpt_cuda_t *g, int k) {
     int L = g->cfg.n_layer;
-    int first = k == GPT_BUCKET_LN_F ? gpt_ln_f_tensor(&g->cfg) : k <= L ? gpt_block_tensor(L - k, 0) : 0;
+    int first = k == GPT_BUCKET_LN_F ? gpt_ln_f_tensor(&g->cfg) : k <= L ? gpt_block_tensor(&g->cfg, L - k, 0) : 0;
     return g->tensors[first].offset;
 }
 

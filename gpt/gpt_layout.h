@@ -41,7 +41,24 @@ typedef struct {
     int n_layer;    // transformer blocks
     int n_head;     // attention heads per block
     int n_embd;     // width of the residual stream (channels)
+    // A mixture of experts in each block's place of the MLP (chapter 13,
+    // gpt/moe.h); n_expert 0: the dense MLP, and nothing below matters.
+    int n_expert;   // experts per block
+    int top_k;      // experts each token goes to
+    int ep;         // a rank's shard: the experts split over ep ranks (0 or 1: all of them here)
+    int capacity_groups;   // training: capacity and the balancing loss counted per group of sequences (0, 1: the batch)
+    float capacity_factor; // training: an expert takes at most ceil(f n K / E) of a group's n tokens (0: all)
+    float aux_loss_coef;   // training: the weight of the load-balancing loss
 } gpt_config;
+
+// A dense model's configuration (the mixture-of-experts fields 0): what
+// chapters 08-12 build, field by field.
+static inline gpt_config gpt_config_of(int vocab_size, int block_size, int n_layer, int n_head, int n_embd) {
+    gpt_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = vocab_size, c.block_size = block_size, c.n_layer = n_layer, c.n_head = n_head, c.n_embd = n_embd;
+    return c;
+}
 
 // The number format a model computes its activations in (the CPU model:
 // fp32 only). bf16 and fp16 are mixed precision: fp32 master weights,
@@ -87,6 +104,11 @@ static inline const char *gpt_config_problem(gpt_config c) {
     if (c.n_layer < 1 || c.n_layer > 256) return "n_layer must be 1..256";
     if (c.n_head < 1 || c.n_embd < 1 || c.n_embd > 16384) return "n_head and n_embd must be positive (n_embd <= 16384)";
     if (c.n_embd % c.n_head != 0) return "n_embd must be a multiple of n_head (each head gets n_embd / n_head channels)";
+    if (c.n_expert < 0 || c.n_expert > 1024) return "n_expert must be 0..1024 (0: the dense MLP)";
+    if (c.n_expert && (c.top_k < 1 || c.top_k > c.n_expert))
+        return "top_k must be 1..n_expert (the experts a token goes to)";
+    if (c.n_expert && c.ep > 1 && c.n_expert % c.ep)
+        return "n_expert must be a multiple of ep (each rank holds n_expert / ep experts)";
     return NULL;
 }
 
@@ -123,23 +145,47 @@ typedef enum { GPT_REPLICATED, GPT_SPLIT_ROWS, GPT_SPLIT_COLS } gpt_split;
 // of C = n_embd: {rows, cols}, cols 0 for a vector. A weight is stored as
 // (out, in), as torch.nn.Linear does: y = x W^T + b. The last column is
 // how tensor parallelism splits it (section 5 says why these).
+// A mixture-of-experts block (chapter 13, cfg.n_expert E > 0) keeps the
+// twelve in the same order, its four MLP tensors E times over, expert
+// after expert (mlp.experts.c_fc.weight is (E 4C, C): expert e's rows
+// e 4C ... (e+1) 4C - 1), and adds a thirteenth at its end: the router,
+// mlp.router.weight (E, C). An expert-parallel shard (cfg.ep > 1) holds
+// E/ep experts of each: rank r's are experts r E/ep ..., a contiguous
+// piece of each of the four (section 7).
 enum {
     B_LN1_W, B_LN1_B, B_QKV_W, B_QKV_B, B_ATTPROJ_W, B_ATTPROJ_B,
-    B_LN2_W, B_LN2_B, B_FC_W, B_FC_B, B_FCPROJ_W, B_FCPROJ_B, GPT_BLOCK_TENSORS
+    B_LN2_W, B_LN2_B, B_FC_W, B_FC_B, B_FCPROJ_W, B_FCPROJ_B, GPT_BLOCK_TENSORS,
+    B_ROUTER_W = GPT_BLOCK_TENSORS, GPT_BLOCK_TENSORS_MAX
 };
-static const struct { const char *name; int rows, cols; gpt_split split; } gpt_block_layout[GPT_BLOCK_TENSORS] = {
+static const struct { const char *name; int rows, cols; gpt_split split; } gpt_block_layout[GPT_BLOCK_TENSORS_MAX] = {
     {"ln_1.weight", 1, 0, GPT_REPLICATED},        {"ln_1.bias", 1, 0, GPT_REPLICATED},
     {"attn.c_attn.weight", 3, 1, GPT_SPLIT_ROWS}, {"attn.c_attn.bias", 3, 0, GPT_SPLIT_ROWS},
     {"attn.c_proj.weight", 1, 1, GPT_SPLIT_COLS}, {"attn.c_proj.bias", 1, 0, GPT_REPLICATED},
     {"ln_2.weight", 1, 0, GPT_REPLICATED},        {"ln_2.bias", 1, 0, GPT_REPLICATED},
     {"mlp.c_fc.weight", 4, 1, GPT_SPLIT_ROWS},    {"mlp.c_fc.bias", 4, 0, GPT_SPLIT_ROWS},
     {"mlp.c_proj.weight", 1, 4, GPT_SPLIT_COLS},  {"mlp.c_proj.bias", 1, 0, GPT_REPLICATED},
+    {"mlp.router.weight", 0, 1, GPT_REPLICATED}, // rows: n_expert (gpt_block_tensor_shape)
 };
 
+// The tensors of one block: 12, or 13 with a router (a mixture of experts).
+static inline int gpt_block_tensors(const gpt_config *c) {
+    return c->n_expert ? GPT_BLOCK_TENSORS_MAX : GPT_BLOCK_TENSORS;
+}
+
+// An expert tensor of a mixture-of-experts block (one of the MLP's four).
+static inline bool gpt_is_expert_tensor(const gpt_config *c, int i) {
+    return c->n_expert && (i == B_FC_W || i == B_FC_B || i == B_FCPROJ_W || i == B_FCPROJ_B);
+}
+
+// The ranks a model's experts are split over: 1 (all here) for a whole model.
+static inline int gpt_ep_ways(int ep) { return ep > 1 ? ep : 1; }
+
 // Table indices: wte 0, wpe 1, block l's tensor i, ln_f's weight and bias.
-static inline int gpt_num_tensors(const gpt_config *c) { return 4 + GPT_BLOCK_TENSORS * c->n_layer; }
-static inline int gpt_block_tensor(int layer, int i) { return 2 + layer * GPT_BLOCK_TENSORS + i; }
-static inline int gpt_ln_f_tensor(const gpt_config *c) { return 2 + GPT_BLOCK_TENSORS * c->n_layer; }
+static inline int gpt_num_tensors(const gpt_config *c) { return 4 + gpt_block_tensors(c) * c->n_layer; }
+static inline int gpt_block_tensor(const gpt_config *c, int layer, int i) {
+    return 2 + layer * gpt_block_tensors(c) + i;
+}
+static inline int gpt_ln_f_tensor(const gpt_config *c) { return 2 + gpt_block_tensors(c) * c->n_layer; }
 
 // The number of ranks a tensor-parallel model splits each block over: 1
 // (no split) for the whole model.
@@ -151,6 +197,15 @@ static inline void gpt_block_tensor_shape(const gpt_config *c, int tp, int i, si
     size_t C = (size_t)c->n_embd, ways = (size_t)gpt_tp_ways(tp);
     *rows = (size_t)gpt_block_layout[i].rows * C / (gpt_block_layout[i].split == GPT_SPLIT_ROWS ? ways : 1);
     *cols = (size_t)gpt_block_layout[i].cols * C / (gpt_block_layout[i].split == GPT_SPLIT_COLS ? ways : 1);
+    if (i == B_ROUTER_W) *rows = (size_t)c->n_expert;
+    if (gpt_is_expert_tensor(c, i)) *rows *= (size_t)(c->n_expert / gpt_ep_ways(c->ep)); // this shard's experts
+}
+
+// A block tensor's name: the experts' are mlp.experts.* (a dense model's
+// file and a mixture's never mix up their MLPs).
+static inline void gpt_block_tensor_name(const gpt_config *c, int layer, int i, char *name, size_t size) {
+    if (gpt_is_expert_tensor(c, i)) snprintf(name, size, "h.%d.mlp.experts.%s", layer, gpt_block_layout[i].name + 4);
+    else snprintf(name, size, "h.%d.%s", layer, gpt_block_layout[i].name);
 }
 
 // Appends one tensor of rows x cols (cols 0: a vector) at offset *total.
@@ -182,10 +237,10 @@ static inline size_t gpt_layout_params_tp(const gpt_config *c, int tp, gpt_tenso
     gpt_layout_add(out, &n, &total, "wte.weight", (size_t)c->vocab_size, C, GPT_REPLICATED);
     gpt_layout_add(out, &n, &total, "wpe.weight", (size_t)c->block_size, C, GPT_REPLICATED);
     for (int l = 0; l < c->n_layer; l++)
-        for (int i = 0; i < GPT_BLOCK_TENSORS; i++) {
+        for (int i = 0; i < gpt_block_tensors(c); i++) {
             char name[48];
             size_t rows, cols;
-            snprintf(name, sizeof name, "h.%d.%s", l, gpt_block_layout[i].name);
+            gpt_block_tensor_name(c, l, i, name, sizeof name);
             gpt_block_tensor_shape(c, tp, i, &rows, &cols);
             gpt_layout_add(out, &n, &total, name, rows, cols, gpt_block_layout[i].split);
         }
@@ -217,7 +272,7 @@ static inline size_t gpt_embedding_params(const gpt_config *c) {
 }
 static inline size_t gpt_block_params_tp(const gpt_config *c, int tp) {
     size_t total = 0, rows, cols;
-    for (int i = 0; i < GPT_BLOCK_TENSORS; i++) {
+    for (int i = 0; i < gpt_block_tensors(c); i++) {
         gpt_block_tensor_shape(c, tp, i, &rows, &cols);
         total += rows * (cols ? cols : 1);
     }
@@ -330,7 +385,7 @@ static inline size_t gpt_block_act_size_tp(const gpt_config *c, int tp, int a, s
     case A_ATT: return B * (NH / ways) * T * T;
     case A_ATT_LSE: return NH / ways * N;
     case A_ATTY: return N * C / ways;
-    case A_FCH: case A_FCH_GELU: return 4 * N * C / ways;
+    case A_FCH: case A_FCH_GELU: return c->n_expert ? 0 : 4 * N * C / ways; // experts: gpt/moe.h keeps their own
     default: return N * C;
     }
 }
@@ -443,6 +498,7 @@ static inline size_t gpt_grad_acts_size(const gpt_config *c, size_t B, size_t T)
 // NULL when a model of this configuration can be split over tp ranks, else why not.
 static inline const char *gpt_tp_problem(const gpt_config *c, int tp) {
     if (tp < 1) return "tp must be at least 1";
+    if (tp > 1 && c->n_expert) return "tensor parallelism of a mixture of experts' blocks is not written (chapter 14's)";
     if (c->n_head % tp != 0) return "tp must divide n_head (each rank computes whole heads)";
     return NULL;
 }
@@ -508,7 +564,7 @@ static inline bool gpt_stage_holds(const gpt_config *c, const gpt_stage *s, int 
     if (t == 0) return s->embedding || s->head; // wte: the token embedding, and the tied LM head
     if (t == 1) return s->embedding;            // wpe
     if (t >= gpt_ln_f_tensor(c)) return s->head;
-    int layer = (t - 2) / GPT_BLOCK_TENSORS;
+    int layer = (t - 2) / gpt_block_tensors(c);
     return layer >= s->first && layer < s->last;
 }
 
@@ -539,6 +595,27 @@ static inline size_t gpt_layout_stage_params(const gpt_config *c, const gpt_stag
 // saves and the gradient norm counts); 0 on every other stage.
 static inline size_t gpt_stage_tied_copy(const gpt_config *c, const gpt_stage *s) {
     return s->head && !s->embedding ? (size_t)c->vocab_size * (size_t)c->n_embd : 0;
+}
+
+// ===================================================================== 7. expert parallelism
+//
+// Chapter 13 spreads each mixture-of-experts block's E experts over ep
+// ranks: rank r of the ep group holds experts r E/ep ... (r+1) E/ep - 1
+// of every block, and ALL of everything else (attention, LayerNorms,
+// router, embeddings). A shard's table (gpt_layout_params_tp with cfg.ep
+// = ep) is the whole model's with the four expert tensors of each block
+// cut to their E/ep experts; the copy below maps between the two.
+
+// Copies tensor `full` (of the whole model's table, in full_base) to or
+// from its part in rank `rank`'s expert shard (`shard`, shard_base), each
+// number `elem` bytes. An expert tensor's rows are its experts', one
+// expert after another, so a rank's experts are one contiguous piece.
+static inline void gpt_tensor_expert_copy(const gpt_tensor *full, const gpt_tensor *shard, int rank, void *full_base,
+                                          void *shard_base, size_t elem, bool to_shard) {
+    char *f = (char *)full_base + (full->offset + shard->count * (size_t)rank) * elem;
+    char *s = (char *)shard_base + shard->offset * elem;
+    if (full->count == shard->count) f = (char *)full_base + full->offset * elem; // not an expert tensor: all of it
+    memcpy(to_shard ? s : f, to_shard ? f : s, shard->count * elem);
 }
 
 #ifdef __cplusplus

@@ -104,6 +104,8 @@ struct model {
     powersgd_t *powersgd;   // DDP_COMPRESS_POWERSGD: its state (model_use_powersgd)
     double square_sum;      // CPU: a pipeline stage's sum of squared gradients
     pg_t *tp_group;         // tensor parallelism (chapter 10): the ranks the blocks are split over
+    pg_t *ep_group;         // expert parallelism (chapter 13): the ranks the experts are spread over
+    pg_t *expert_replicas;  // and the ranks that hold the same experts (model_expert_parallel)
     double tp_bytes;        // what the blocks all-reduced over tp_group so far: bytes
     double tp_numbers;      // and numbers
     model_keeps keeps;      // chapter 09: what of the training state the model itself holds
@@ -126,6 +128,7 @@ static inline const char *model_precision(const model_t *m) {
 // Mean cross-entropy of the batch; with targets NULL, logits only (-1).
 // On a GPU this waits for the GPU, to read the loss.
 static inline float model_forward(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T) {
+    m->host.train_pass = false; // evaluation: a mixture of experts routes every token
     return m->ops->forward(m, in, tg, B, T, true);
 }
 
@@ -134,6 +137,7 @@ static inline float model_forward(model_t *m, const uint16_t *in, const uint16_t
 // returns as a mean. A GPU step then never waits for the GPU; the loop
 // reads the loss only when it prints it.
 static inline void model_train_forward(model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T) {
+    m->host.train_pass = true; // a mixture of experts: capacity and the balancing loss (gpt/moe.h)
     m->ops->forward(m, in, tg, B, T, false);
 }
 
@@ -193,6 +197,9 @@ static inline void model_create_keeping(model_t *m, gpt_t host, const device_t *
     memset(m, 0, sizeof *m);
     m->host = host;
     m->on_gpu = device_is_cuda(d) && model_gpu_ops();
+    if (m->on_gpu && host.cfg.n_expert)
+        die("a mixture of experts (n_expert %d) on a GPU: its GPU path is not written yet; use --device cpu",
+            host.cfg.n_expert);
     m->precision = m->on_gpu ? precision : GPT_FP32;
     m->keeps = keeps;
     m->device = d;
@@ -331,6 +338,85 @@ static inline void model_tensor_parallel(model_t *m, pg_t *tp) {
     m->tp_group = tp;
     m->host.tp_all_reduce = model_tp_sum_cpu, m->host.tp_user = m;
     if (m->on_gpu) model_gpu_tensor_parallel(m);
+}
+
+// ---------------------------------------------------------------- expert parallelism (chapter 13)
+//
+// A model whose host copy holds E/ep experts of each block
+// (gpt_init_expert_shard: m->host.cfg.ep > 1) sends its tokens to the
+// experts over the ep group: the model calls back here for the counts
+// (pg_all_to_all) and the rows (pg_all_to_all_v), blocking calls on the
+// group. `expert_replicas`: the ranks that hold the same experts (the dp
+// group), over which their gradients are averaged (model_average_gradients).
+static inline void model_ep_counts(void *user, const int *send, int *recv, int per_peer) {
+    model_t *m = user;
+    pg_all_to_all(m->ep_group, send, recv, (size_t)per_peer, DTYPE_I32);
+}
+
+static inline void model_ep_rows(void *user, const gpt_real *send, const size_t *send_counts, gpt_real *recv,
+                                 const size_t *recv_counts) {
+    model_t *m = user;
+    pg_all_to_all_v(m->ep_group, send, send_counts, recv, recv_counts, DTYPE_F32);
+}
+
+static inline void model_expert_parallel(model_t *m, pg_t *ep, pg_t *expert_replicas) {
+    if (gpt_ep_ways(m->host.cfg.ep) != pg_world_size(ep))
+        die("the model's experts are spread over %d ranks but the ep group has %d", gpt_ep_ways(m->host.cfg.ep),
+            pg_world_size(ep));
+    m->ep_group = ep, m->expert_replicas = expert_replicas;
+    m->host.ep_all_to_all = model_ep_counts, m->host.ep_all_to_all_v = model_ep_rows, m->host.ep_user = m;
+}
+
+// The gradients of an expert-parallel model, averaged. The dense tensors
+// (attention, LayerNorms, router, embeddings) are the same weights on every
+// rank, and each rank's gradient is the mean over its own tokens: their
+// mean over all the ranks of `all` (dp x ep) is the gradient of the mean
+// over every token, as in chapter 08. An expert lives on ep-th of the
+// ranks: its gradient on each already ADDS the gradients of the tokens
+// that every rank of its ep group sent it (each with that rank's 1/tokens),
+// so its replicas (the dp group) add theirs, and the sum is divided by the
+// same number as the dense ones - the ranks of `all` - not by dp: that is
+// the gradient of the mean over every token too (Megatron-LM scales its
+// expert gradients by the full data-parallel size for the same reason).
+// Averaging an expert over `all` would mix other experts' gradients into it.
+static inline void model_average_experts(model_t *m, pg_t *all) {
+    gpt_t *h = &m->host;
+    size_t dense = 0, expert = 0;
+    for (int t = 0; t < h->num_tensors; t++) *(gpt_tensor_is_expert(h, t) ? &expert : &dense) += h->tensors[t].count;
+    gpt_real *buf[2] = {xmalloc(sizeof(gpt_real) * (dense + 1)), xmalloc(sizeof(gpt_real) * (expert + 1))};
+    size_t at[2] = {0, 0};
+    for (int pass = 0; pass < 2; pass++) { // 0: pack, 1: unpack
+        if (pass == 1) {
+            ddp_average_gradients_with(all, buf[0], dense, m->grad_compress);
+            if (pg_world_size(m->expert_replicas) > 1)
+                pg_all_reduce(m->expert_replicas, buf[1], buf[1], expert, DTYPE_F32, OP_SUM);
+            for (size_t i = 0; i < expert; i++) buf[1][i] /= (gpt_real)pg_world_size(all);
+            at[0] = at[1] = 0;
+        }
+        for (int t = 0; t < h->num_tensors; t++) {
+            int k = gpt_tensor_is_expert(h, t);
+            gpt_real *g = h->grads + h->tensors[t].offset, *b = buf[k] + at[k];
+            memcpy(pass ? g : b, pass ? b : g, sizeof(gpt_real) * h->tensors[t].count);
+            at[k] += h->tensors[t].count;
+        }
+    }
+    free(buf[0]), free(buf[1]);
+}
+
+// Clipping by the whole model's norm: the dense gradients are the same on
+// every rank of the ep group (counted once), each expert's on one of them
+// (added up over the group).
+static inline void model_clip_experts(model_t *m, float max_norm) {
+    gpt_t *h = &m->host;
+    double sums[2] = {0, 0};
+    for (int t = 0; t < h->num_tensors; t++) {
+        double sum = 0;
+        const gpt_real *g = h->grads + h->tensors[t].offset;
+        for (size_t i = 0; i < h->tensors[t].count; i++) sum += (double)g[i] * g[i];
+        sums[gpt_tensor_is_expert(h, t)] += sum;
+    }
+    pg_all_reduce(m->ep_group, &sums[1], &sums[1], 1, DTYPE_F64, OP_SUM);
+    gpt_clip_grads(h, sums[0] + sums[1], max_norm);
 }
 
 // The replicated tensors' gradients, the same bytes on every rank of the
@@ -517,7 +603,8 @@ static inline void model_use_grad_compress(model_t *m, const char *name, int pow
 }
 
 static inline void model_cpu_average_gradients(model_t *m, pg_t *pg) {
-    if (m->powersgd && pg && pg_world_size(pg) > 1) powersgd_average(m->powersgd, pg, m->host.grads);
+    if (m->ep_group && pg_world_size(m->ep_group) > 1) model_average_experts(m, pg); // chapter 13
+    else if (m->powersgd && pg && pg_world_size(pg) > 1) powersgd_average(m->powersgd, pg, m->host.grads);
     else ddp_average_gradients_with(pg, m->host.grads, m->host.num_params, m->grad_compress);
 }
 
@@ -525,6 +612,7 @@ static inline void model_tp_sum_norm(void *user, double *value);
 
 static inline void model_cpu_clip_grad_norm(model_t *m, float max_norm) {
     if (m->tp_group) gpt_clip_grad_norm_tp(&m->host, max_norm, model_tp_sum_norm, m);
+    else if (m->ep_group && pg_world_size(m->ep_group) > 1) model_clip_experts(m, max_norm);
     else gpt_clip_grad_norm(&m->host, max_norm);
 }
 

@@ -47,6 +47,9 @@ typedef struct {
     int shard, replicate, check_every;
     bool consolidate, layers_for_stages;
     const char *schedule, *cp_attention, *cp_balance;
+    // 13's mixture of experts (gpt_config's fields of the same names; 0 experts: the dense MLP).
+    int n_expert, moe_top_k, capacity_groups;
+    double capacity_factor, aux_loss_coef;
 } options;
 
 // 08's defaults; out_dir is runs/CHAPTER (common/files.h).
@@ -58,7 +61,8 @@ static inline options options_defaults(const char *chapter) {
                  .preset = "default", .prompt = "The", .device = "auto", .nprocs = 0, .backend = "auto",
                  .precision = "auto", .grad_compress = "none", .num_workers = 0, .loss_scale = 65536,
                  .powersgd_rank = 1, .dp = 0, .tp = 1, .pp = 1, .cp = 1, .ep = 1, .shard = 0, .replicate = 1,
-                 .schedule = "1f1b", .cp_attention = "ring", .cp_balance = "zigzag"};
+                 .schedule = "1f1b", .cp_attention = "ring", .cp_balance = "zigzag", .moe_top_k = 2,
+                 .capacity_groups = 1, .aux_loss_coef = 0.01};
     static char default_out_dir[1024]; // outlives this function: o.out_dir points at it
     files_runs_dir(default_out_dir, sizeof default_out_dir, chapter);
     o.out_dir = default_out_dir;
@@ -128,13 +132,13 @@ static inline int options_ranks(const options *o) {
 // Model sizes left at 0 come from the preset; the result must be buildable;
 // then what no single flag's range can say.
 static inline void options_finish(options *o, flag_set *set) {
-    gpt_config p = {o->vocab_size, 0, 0, 0, 0};
+    gpt_config p = gpt_config_of(o->vocab_size, 0, 0, 0, 0);
     gpt_preset(o->preset, &p); // the flag's choices guarantee a known name
     if (!o->block_size) o->block_size = p.block_size;
     if (!o->n_layer) o->n_layer = p.n_layer;
     if (!o->n_head) o->n_head = p.n_head;
     if (!o->n_embd) o->n_embd = p.n_embd;
-    gpt_config c = {o->vocab_size, o->block_size, o->n_layer, o->n_head, o->n_embd};
+    gpt_config c = gpt_config_of(o->vocab_size, o->block_size, o->n_layer, o->n_head, o->n_embd);
     const char *problem = gpt_config_problem(c);
     if (problem) flags_fail(set, "bad model size: %s (got --n_embd %d --n_head %d)", problem, o->n_embd, o->n_head);
     if (o->min_lr < 0) o->min_lr = o->lr / 10;

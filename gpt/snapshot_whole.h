@@ -23,6 +23,9 @@
 
 // What must match to resume: the model and the training.
 static inline safetensors_meta snapshot_config_meta(const gpt_config *c) {
+    if (c->n_expert) // a mixture of experts (chapter 13)
+        return safetensors_meta_of("config", "vocab %d block %d layers %d heads %d embd %d experts %d top_k %d",
+                                   c->vocab_size, c->block_size, c->n_layer, c->n_head, c->n_embd, c->n_expert, c->top_k);
     return safetensors_meta_of("config", "vocab %d block %d layers %d heads %d embd %d", c->vocab_size, c->block_size,
                                c->n_layer, c->n_head, c->n_embd);
 }

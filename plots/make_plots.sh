@@ -130,6 +130,42 @@ for schedule in gpipe 1f1b; do
     fi
     [[ -s $csv11 ]] && draw "11_timeline_$schedule" 11_timeline.gp "infile='$csv11'; subtitle=\"$(subtitle "$csv11")\""
 done
+# --- 13: the balancing loss at work (8 experts, top 2, without and with
+# the loss, 300 steps of the tiny preset), and the assignments dropped
+# against the capacity factor (50 steps each, one process counting
+# capacity over 4 groups: what 4 ranks drop). One process trains the model
+# ep ranks train (tests/chapters/test_13_expert_parallel.sh), in less time
+# on few cores. Measured when no run has written them.
+dir13=$runs/13_expert_parallel
+moe13=(--n_expert 8 --moe_top_k 2 --preset tiny --eval_every 0 --num_samples 0)
+if [[ -n $wikitext ]]; then
+    for a in 0 0.01; do
+        [[ -s $dir13/balance/aux$a/routing.csv ]] && continue
+        echo "plots: measuring 13_expert_parallel (--n_expert 8 --moe_top_k 2 --aux_loss_coef $a --preset tiny --max_steps 300)"
+        13_expert_parallel/13_expert_parallel "${moe13[@]}" --aux_loss_coef $a --max_steps 300 --log_every 10 \
+            --data_dir "$wikitext" --out_dir "$dir13/balance/aux$a" >"$runs/plots/13_balance_$a.log" 2>&1 ||
+            failed+=("13 --aux_loss_coef $a run (see $runs/plots/13_balance_$a.log)")
+    done
+    if [[ ! -s $dir13/capacity.csv ]]; then
+        mkdir -p "$dir13"
+        echo "capacity_factor,layer,dropped" >"$dir13/capacity.csv.part"
+        for f in 1 1.25 1.5 2; do
+            echo "plots: measuring 13_expert_parallel (--capacity_factor $f --capacity_groups 4 --batch_size 32 --max_steps 50)"
+            13_expert_parallel/13_expert_parallel "${moe13[@]}" --capacity_factor $f --capacity_groups 4 --batch_size 32 \
+                --max_steps 50 --data_dir "$wikitext" --out_dir "$dir13/capacity/f$f" >"$runs/plots/13_capacity_$f.log" 2>&1 ||
+                failed+=("13 --capacity_factor $f run (see $runs/plots/13_capacity_$f.log)")
+            sed -n "s/^  layer \([0-9]*\): .*dropped \([0-9.]*\)%$/$f,\1,\2/p" "$runs/plots/13_capacity_$f.log" |
+                awk -F, '{ printf "%s,%s,%.6f\n", $1, $2, $3 / 100 }' >>"$dir13/capacity.csv.part"
+        done
+        mv "$dir13/capacity.csv.part" "$dir13/capacity.csv"
+    fi
+fi
+if [[ -s $dir13/balance/aux0/routing.csv && -s $dir13/balance/aux0.01/routing.csv ]]; then
+    draw 13_balance 13_balance.gp "aux0='$dir13/balance/aux0/routing.csv'; aux1='$dir13/balance/aux0.01/routing.csv'; subtitle=\"$(subtitle "$dir13/balance/aux0/metrics.csv" "$dir13/balance/aux0.01/metrics.csv")\""
+else skipped+=("13_balance: WikiText-2 is not here (make data downloads it)"); fi
+if [[ -s $dir13/capacity.csv ]]; then
+    draw 13_capacity 13_capacity.gp "infile='$dir13/capacity.csv'; subtitle=\"$(subtitle "$dir13/capacity/f1/metrics.csv")\""
+else skipped+=("13_capacity: WikiText-2 is not here (make data downloads it)"); fi
 # --- 09: the bytes each rank holds against N, for DDP and the three ZeRO
 # stages. Memory does not depend on the text, so this needs no WikiText-2:
 # a few steps of the tiny preset on a small generated corpus, one run per

@@ -27,6 +27,7 @@ declare -A refused=(
     ["09_zero_fsdp --grad_compress=powersgd"]="reduce-scatter"
     ["09_zero_fsdp --precision=fp16"]="needs --shard 0"
     ["11_pipeline_parallel --precision=fp16"]="pipeline stage"
+    ["13_expert_parallel --grad_compress=powersgd"]="PowerSGD factors the whole model"
 )
 
 # Each chapter walks in its own default layout (11: two stages), so 08's
@@ -102,6 +103,7 @@ fi
 # (CI's emulated-GPU pass stops here: the same host code ran in its
 # CPU-only pass. A CUDA build without a GPU walks it: its device choice differs.)
 if is_emu; then cpu_paths "flag walk" || exit 0; fi
+on_cpu=1
 
 for c in "${chapters[@]}"; do
     walk "$c" base; cp "$out" "$TMP/$c.base"; base_sum=$(field "$TMP/$c.base" "$sum") base_l2=$(field "$TMP/$c.base" "$l2")

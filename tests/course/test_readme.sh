@@ -340,6 +340,33 @@ else
 fi
 exercise 10_tensor_parallel/README.md 10_tensor_parallel "make check-exercise EX=10/row_parallel"
 
+fresh_copy 13_expert_parallel/README.md
+run 13_expert_parallel/README.md 13_expert_parallel 300 "make 13_expert_parallel"
+ep_cmds=("./13_expert_parallel --ep 4 --n_expert 8 --moe_top_k 2 --preset tiny --max_steps 20"
+         "./13_expert_parallel --n_expert 8 --moe_top_k 2 --capacity_groups 4 --batch_size 32 --preset tiny --max_steps 20"
+         './13_expert_parallel --generate --prompt "The king"')
+if [[ -n "$wikitext" ]]; then
+    student+=(WIKITEXT_DIR="$wikitext")
+    run 13_expert_parallel/README.md 13_expert_parallel 600 "${ep_cmds[0]}" '^traffic per step, all 4 ranks'
+    ep_valid=$(sed -n 's/^validation after step 20 .*: loss \([0-9.]*\) .*/\1/p' "$TMP/out")
+    run 13_expert_parallel/README.md 13_expert_parallel 600 "${ep_cmds[1]}" '^test: loss '
+    one_valid=$(sed -n 's/^validation after step 20 .*: loss \([0-9.]*\) .*/\1/p' "$TMP/out")
+    if [[ -n "$ep_valid" && "$ep_valid" == "$one_valid" ]]; then
+        pass "13_expert_parallel/README.md: ep 4 and one process with 4 capacity groups end with the same validation loss ($one_valid)"
+    else fail "13_expert_parallel/README.md: ep 4 and one process end with the same validation loss" "'$ep_valid' vs '$one_valid'"; fi
+    run 13_expert_parallel/README.md 13_expert_parallel 120 "${ep_cmds[2]}" '^--- sample 1 '
+    unset 'student[${#student[@]}-1]'
+else
+    covered["13_expert_parallel/README.md|${ep_cmds[0]}"]=1
+    (cd "$course/13_expert_parallel" && timeout -k 5 60 "${student[@]}" bash -c "${ep_cmds[0]}") >"$TMP/out" 2>&1; status=$?
+    if [[ $status -ne 0 ]] && grep -q "error: WikiText-2 not found: .*make data" "$TMP/out"; then
+        pass "13_expert_parallel/README.md: ${ep_cmds[0]} (no WikiText-2 here: an error that says make data)"
+    else fail "13_expert_parallel/README.md: ${ep_cmds[0]}" "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"; fi
+    not_here 13_expert_parallel/README.md "${ep_cmds[1]}" "needs WikiText-2, which is not here"
+    not_here 13_expert_parallel/README.md "${ep_cmds[2]}" "needs the model of a run on WikiText-2, which is not here"
+fi
+exercise 13_expert_parallel/README.md 13_expert_parallel "make check-exercise EX=13/route"
+
 fresh_copy 11_pipeline_parallel/README.md
 run 11_pipeline_parallel/README.md 11_pipeline_parallel 300 "make"
 for schedule in 1f1b gpipe; do

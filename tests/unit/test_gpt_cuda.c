@@ -89,7 +89,7 @@ static void check_mfu_arithmetic(void) {
            peak_bf16_tflops("NVIDIA H100 80GB HBM3"), peak_bf16_tflops("NVIDIA H200"),
            peak_bf16_tflops("NVIDIA H100 PCIe"), peak_bf16_tflops("Some Future GPU"));
     // GPT-2 small: 124.4 M parameters, T 1024: about 6 * 124e6 + 12 * 12 * 768 * 1024 = 0.86 GFLOP per token.
-    gpt_config c = {50257, 1024, 12, 12, 768};
+    gpt_config c = gpt_config_of(50257, 1024, 12, 12, 768);
     gpt_t m;
     gpt_init(&m, c, 1);
     double per_token = flops_per_step(&c, m.num_params, 1024, 1);
@@ -141,7 +141,7 @@ static void check_cpu_rounding(void) {
 // ------------------------------------------------------------------ host-side pieces of gpt_cuda.cu
 
 static void check_memory_plan(void) {
-    gpt_config c = {50257, 1024, 12, 12, 768};
+    gpt_config c = gpt_config_of(50257, 1024, 12, 12, 768);
     size_t p = gpt_num_params(&c);
     size_t fp32 = gpt_cuda_memory_needed(&c, 8, 1024, GPT_FP32), bf16 = gpt_cuda_memory_needed(&c, 8, 1024, GPT_BF16);
     size_t small = gpt_cuda_memory_needed(&c, 4, 1024, GPT_BF16);
@@ -369,7 +369,7 @@ static void test_layers(rng_t *r, gpt_precision p) {
 //     wte + wpe: with wpe -0.0, exactly the wte given);
 // and the way back (gpt_cuda_widen_grads), which must be exact.
 static void test_rounding_gpu(void) {
-    gpt_config c = {211, 32, 2, 2, 64};
+    gpt_config c = gpt_config_of(211, 32, 2, 2, 64);
     gpt_t m;
     gpt_init(&m, c, 1);
     gpt_cuda_t *g = gpt_cuda_create(&c, m.params, 1, 32, GPT_FP32);
@@ -557,7 +557,7 @@ static void test_optimizer(gpt_t *cpu, gpt_cuda_t *g, gpt_precision p) {
 }
 
 static void test_model(rng_t *r, gpt_precision p, int B, int T) {
-    gpt_config c = {211, T, 2, 2, 64};
+    gpt_config c = gpt_config_of(211, T, 2, 2, 64);
     int V = c.vocab_size;
     gpt_t cpu;
     gpt_init(&cpu, c, rng_next(r));
@@ -612,7 +612,7 @@ static void test_model(rng_t *r, gpt_precision p, int B, int T) {
 // kernels replaced by default (GPT_CUDA_ATTENTION picks the path when a
 // model is created): logits, loss and gradients against the CPU.
 static void test_model_cublas_attention(rng_t *r, gpt_precision p) {
-    gpt_config c = {211, 32, 2, 2, 64};
+    gpt_config c = gpt_config_of(211, 32, 2, 2, 64);
     int B = 3, T = 29, V = c.vocab_size;
     gpt_t cpu;
     gpt_init(&cpu, c, rng_next(r));
@@ -673,7 +673,7 @@ static void train_step(gpt_cuda_t *g, const uint16_t *in, const uint16_t *tg, in
 // the last step's tokens out of it.
 static void test_losses_on_device(rng_t *r, gpt_precision p) {
     enum { B = 2, T = 16, V = 64, PASSES = 3 };
-    gpt_config c = {V, T, 1, 2, 32};
+    gpt_config c = gpt_config_of(V, T, 1, 2, 32);
     gpt_t init;
     gpt_init(&init, c, rng_next(r));
     gpt_cuda_t *g = gpt_cuda_create(&c, init.params, B, T, p);
@@ -754,7 +754,7 @@ enum { TRACK_STEPS = 300, TRACK_WINDOW = 50 };
 
 static void test_training_tracks(rng_t *r) {
     enum { STEPS = TRACK_STEPS, WINDOW = TRACK_WINDOW, B = 8, T = 32, V = 64 };
-    gpt_config c = {V, T, 2, 2, 64};
+    gpt_config c = gpt_config_of(V, T, 2, 2, 64);
     gpt_t init;
     gpt_init(&init, c, rng_next(r));
     gpt_cuda_t *f = gpt_cuda_create(&c, init.params, B, T, GPT_FP32), *h = gpt_cuda_create(&c, init.params, B, T, GPT_BF16);
@@ -811,7 +811,7 @@ static void test_training_tracks(rng_t *r) {
 // GPT_CUDA_SCALE_GROWTH: the next clean one doubles the scale.
 static void test_loss_scaler(rng_t *r) {
     enum { B = 2, T = 32, V = 64 };
-    gpt_config c = {V, T, 1, 2, 32};
+    gpt_config c = gpt_config_of(V, T, 1, 2, 32);
     gpt_t init;
     gpt_init(&init, c, rng_next(r));
     gpt_cuda_t *g = gpt_cuda_create(&c, init.params, B, T, GPT_FP16);
@@ -868,7 +868,7 @@ static void test_loss_scaler(rng_t *r) {
 // unit now and then). On the emulated GPU, a replayed step is ONE launch.
 static void test_graph_step(rng_t *r, gpt_precision p) {
     enum { B = 2, T = 16, V = 64, STEPS = 4 };
-    gpt_config c = {V, T, 2, 2, 32};
+    gpt_config c = gpt_config_of(V, T, 2, 2, 32);
     gpt_t init;
     gpt_init(&init, c, rng_next(r));
     gpt_cuda_t *e = gpt_cuda_create(&c, init.params, B, T, p), *h = gpt_cuda_create(&c, init.params, B, T, p);
@@ -950,7 +950,7 @@ static double device_double(gpt_cuda_t *g, const double *dev) {
 // gradients, the sums of squares chapter 11 adds over stages, the clipped
 // AdamW step.
 static void test_tp_shard(rng_t *r, gpt_precision p, int B, int T) {
-    gpt_config c = {211, T, 2, 2, 64};
+    gpt_config c = gpt_config_of(211, T, 2, 2, 64);
     gpt_t full, cpu;
     gpt_init(&full, c, rng_next(r));
     gpt_init_shard(&cpu, &full, 2, 0);
@@ -1007,7 +1007,7 @@ static void test_tp_shard(rng_t *r, gpt_precision p, int B, int T) {
 // a tensor, with moments of their own), a sum of squares, an addition;
 // and the sum of squares past the embeddings (chapter 11, tp 1).
 static void test_sharded_calls(rng_t *r) {
-    gpt_config c = {211, 32, 2, 2, 64};
+    gpt_config c = gpt_config_of(211, 32, 2, 2, 64);
     gpt_t cpu;
     gpt_init(&cpu, c, rng_next(r));
     gpt_cuda_t *g = gpt_cuda_create(&c, cpu.params, 2, 32, GPT_FP32);
@@ -1122,7 +1122,7 @@ static void run_grid(rng_t *r) {
 
 static int run_oom(void) {
     // Small weights, enormous activations: 4096 sequences of 8192 tokens.
-    gpt_config c = {5000, 8192, 2, 4, 256};
+    gpt_config c = gpt_config_of(5000, 8192, 2, 4, 256);
     gpt_t m;
     gpt_init(&m, c, 1);
     gpt_cuda_create(&c, m.params, 4096, 8192, GPT_FP32); // must die with the size asked for
@@ -1232,8 +1232,9 @@ static int run_bench(const options *o) {
     device_t d = device_choose("cuda", 0);
     // large: GPT-2 small's shape; tiny: the tests' (a smoke test of this code on the emulated GPU).
     bool large = !strcmp(o->config, "large"), tiny = !strcmp(o->config, "tiny");
-    gpt_config c = {o->vocab_size, large ? 1024 : tiny ? 32 : 128, large ? 12 : tiny ? 2 : 4, large ? 12 : tiny ? 2 : 4,
-                    large ? 768 : tiny ? 64 : 256};
+    gpt_config c = gpt_config_of(o->vocab_size, large ? 1024 : tiny ? 32 : 128, large ? 12 : tiny ? 2 : 4,
+                                 large ? 12 : tiny ? 2 : 4,
+                                 large ? 768 : tiny ? 64 : 256);
     int B = o->batch_size, T = c.block_size;
     gpt_t m;
     gpt_init(&m, c, 1);

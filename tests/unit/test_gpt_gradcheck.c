@@ -269,7 +269,7 @@ static double model_case_loss(void *p) {
 // initial weights are scaled up from GPT-2's 0.02 so that every path
 // (attention, MLP, LayerNorm gains) carries gradients well above round-off.
 static void check_model(void) {
-    gpt_config cfg = {11, 6, 2, 2, 8};
+    gpt_config cfg = gpt_config_of(11, 6, 2, 2, 8);
     gpt_t m;
     gpt_init(&m, cfg, 5);
     rng_t rng = rng_seed(99);
@@ -303,10 +303,58 @@ static void check_model(void) {
     gpt_free(&m);
 }
 
+// A mixture of experts (gpt/moe.h) in every block: 4 experts, top 2, the
+// balancing loss on, and a capacity that drops some of the assignments,
+// counted over two groups of sequences (the tokens two ranks would hold).
+// The loss differentiated is what training minimises: the cross-entropy
+// plus coef x the balancing loss of the pass. The routing is a choice,
+// not a smooth function: h = 1e-5 moves no token to another expert here
+// (a move would show as an error near 1, not 1e-9).
+typedef struct { gpt_t *m; const uint16_t *in, *tg; int B, T; } moe_case;
+
+static double moe_case_loss(void *p) {
+    moe_case *c = p;
+    gpt_moe_stats_reset(c->m);
+    double loss = model_loss(c->m, c->in, c->tg, c->B, c->T);
+    return loss + c->m->cfg.aux_loss_coef * gpt_moe_aux(c->m);
+}
+
+static void check_moe(const char *what, float capacity_factor, int groups, bool expect_drops) {
+    gpt_config cfg = gpt_config_of(11, 6, 2, 2, 8);
+    cfg.n_expert = 4, cfg.top_k = 2, cfg.aux_loss_coef = 0.5f, cfg.capacity_factor = capacity_factor;
+    cfg.capacity_groups = groups;
+    gpt_t m;
+    gpt_init(&m, cfg, 5);
+    m.train_pass = true;
+    rng_t rng = rng_seed(99);
+    for (size_t i = 0; i < m.num_params; i++) m.params[i] += rng_normal(&rng) * 0.3;
+    enum { B = 4, T = 6 };
+    uint16_t in[B * T], tg[B * T];
+    for (int i = 0; i < B * T; i++) in[i] = (uint16_t)rng_below(&rng, 11), tg[i] = (uint16_t)rng_below(&rng, 11);
+    gpt_zero_grad(&m);
+    gpt_moe_stats_reset(&m);
+    gpt_forward(&m, in, tg, B, T);
+    double dropped = m.moe->stats.dropped[0] + m.moe->stats.dropped[1];
+    gpt_backward(&m, 1.0f);
+    double *grads = xmalloc(sizeof(double) * m.num_params);
+    memcpy(grads, m.grads, sizeof(double) * m.num_params);
+    checked_tensor *ts = xmalloc(sizeof(checked_tensor) * (size_t)m.num_tensors);
+    for (int t = 0; t < m.num_tensors; t++)
+        ts[t] = (checked_tensor){m.tensors[t].name, m.params + m.tensors[t].offset, grads + m.tensors[t].offset,
+                                 m.tensors[t].count};
+    moe_case c = {&m, in, tg, B, T};
+    char worst[64], name[96];
+    snprintf(name, sizeof name, "%s (%.0f of %d assignments dropped)", what, dropped, 2 * B * T * cfg.top_k);
+    EXPECT(name, (dropped > 0) == expect_drops, "%.0f assignments dropped", dropped);
+    report(name, max_relative_error(moe_case_loss, &c, ts, m.num_tensors, worst, sizeof worst), worst);
+    free(ts), free(grads);
+    gpt_free(&m);
+}
+
 // Two micro-batches with grad_scale 1/2 each must give the gradient of the
 // two as one batch: the gradient of a mean is the mean of the gradients.
 static void check_accumulation(void) {
-    gpt_config cfg = {13, 8, 1, 2, 8};
+    gpt_config cfg = gpt_config_of(13, 8, 1, 2, 8);
     gpt_t m;
     gpt_init(&m, cfg, 3);
     enum { B = 4, T = 8 };
@@ -345,6 +393,8 @@ int main(void) {
     check_gelu(&rng);
     check_crossentropy(&rng);
     check_model();
+    check_moe("mixture of experts, dropless", 0, 1, false);
+    check_moe("mixture of experts, capacity 1 over 2 groups", 1.0f, 2, true);
     check_accumulation();
     return test_failures ? 1 : 0;
 }

@@ -53,14 +53,14 @@ static void check_layout(gpt_config c, const char *what) {
     bool table_ok = params == gpt_num_params(&c);
     for (int i = 0; i < nt; i++) table_ok = table_ok && t[i].offset == next, next += t[i].count;
     table_ok = table_ok && next == params && !strcmp(t[gpt_ln_f_tensor(&c)].name, "ln_f.weight") &&
-               gpt_block_offset(&c, 1) == t[gpt_block_tensor(1, B_LN1_W)].offset;
+               gpt_block_offset(&c, 1) == t[gpt_block_tensor(&c, 1, B_LN1_W)].offset;
     gpt_bucket b[300];
     int n = gpt_layout_buckets(&c, b, 300);
     bool ok = n == c.n_layer + 2 && n <= 300;
     size_t end = params; // buckets come from the end of the buffer to its start
     for (int i = 0; ok && i < n; i++) ok = b[i].offset + b[i].count == end, end = b[i].offset;
     ok = ok && end == 0 && !strcmp(b[0].name, "ln_f") && !strcmp(b[n - 1].name, "wte+wpe");
-    for (int l = 0; ok && l < c.n_layer; l++) ok = b[c.n_layer - l].offset == t[gpt_block_tensor(l, B_LN1_W)].offset;
+    for (int l = 0; ok && l < c.n_layer; l++) ok = b[c.n_layer - l].offset == t[gpt_block_tensor(&c, l, B_LN1_W)].offset;
     char name[120];
     snprintf(name, sizeof name, "gpt layout: the table tiles the flat array, and the buckets tile it in backward order (%s)", what);
     EXPECT(name, table_ok && ok, "table %d; %d buckets for %d layers; first '%s', last '%s'", table_ok, n, c.n_layer,
@@ -72,7 +72,7 @@ static void check_layout(gpt_config c, const char *what) {
 // (1 - lr * wd), vectors (biases, LayerNorm) stay. With a constant
 // gradient g, the first step moves every parameter by -lr * sign(g).
 static void check_adamw(void) {
-    gpt_config cfg = {17, 8, 1, 2, 8};
+    gpt_config cfg = gpt_config_of(17, 8, 1, 2, 8);
     gpt_t m;
     gpt_init(&m, cfg, 1);
     float *before = xmalloc(sizeof(float) * m.num_params);
@@ -101,7 +101,7 @@ static void check_adamw(void) {
 }
 
 static void check_clip(void) {
-    gpt_config cfg = {17, 8, 1, 2, 8};
+    gpt_config cfg = gpt_config_of(17, 8, 1, 2, 8);
     gpt_t m;
     gpt_init(&m, cfg, 1);
     for (size_t i = 0; i < m.num_params; i++) m.grads[i] = 0.5f;
@@ -155,7 +155,7 @@ static void check_overfit(void) {
     int V = char_vocab(chars), len = (int)strlen(SENTENCE);
     uint16_t text[sizeof SENTENCE];
     for (int i = 0; i < len; i++) text[i] = (uint16_t)((const char *)memchr(chars, SENTENCE[i], (size_t)V) - chars);
-    gpt_config cfg = {V, 0, 0, 0, 0};
+    gpt_config cfg = gpt_config_of(V, 0, 0, 0, 0);
     gpt_preset("tiny", &cfg);
     gpt_t m;
     gpt_init(&m, cfg, 42);
@@ -216,7 +216,7 @@ static char *read_bytes(const char *path, size_t *n) {
 }
 
 static void check_roundtrip(const char *dir) {
-    gpt_config cfg = {37, 16, 2, 2, 16};
+    gpt_config cfg = gpt_config_of(37, 16, 2, 2, 16);
     gpt_t m, back;
     gpt_init(&m, cfg, 9);
     char path[600], err[2048] = "";
@@ -242,7 +242,7 @@ static void check_roundtrip(const char *dir) {
 
 // Damaged files: each must fail with a reason, never crash or load.
 static void check_damage(const char *dir) {
-    gpt_config cfg = {37, 16, 2, 2, 16};
+    gpt_config cfg = gpt_config_of(37, 16, 2, 2, 16);
     gpt_t m, back;
     gpt_init(&m, cfg, 9);
     char path[600], bad[600], err[2048];
@@ -307,9 +307,9 @@ int main(void) {
     snprintf(dir, sizeof dir, "%s/test_gpt_model.XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
     if (!mkdtemp(dir)) die("mkdtemp in %s failed: %s", dir, strerror(errno));
     check_fast_exp();
-    check_layout((gpt_config){211, 32, 2, 2, 64}, "tiny");
-    check_layout((gpt_config){5000, 128, 4, 4, 256}, "default");
-    check_layout((gpt_config){50257, 1024, 12, 12, 768}, "GPT-2 small");
+    check_layout(gpt_config_of(211, 32, 2, 2, 64), "tiny");
+    check_layout(gpt_config_of(5000, 128, 4, 4, 256), "default");
+    check_layout(gpt_config_of(50257, 1024, 12, 12, 768), "GPT-2 small");
     check_float_gelu();
     check_adamw();
     check_clip();
