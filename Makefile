@@ -97,6 +97,12 @@ plots: all
 data:
 	@bash tools/get_wikitext.sh
 
+# "Choosing a layout" (gpt/README.md): the planner (gpt/plan.h) over GPT-2's
+# four sizes on 8, 64 and 512 GPUs of 80 GB; no GPU needed.
+.PHONY: plan-layouts
+plan-layouts: tools
+	@./tools/plan_layouts
+
 # Read the diff first: chapters 04 to 07 train with one text, so each
 # chapter's main file differs from the one before by that chapter's idea
 # alone (01 -> 04 data parallelism, 04 -> 05 a launcher, 05 -> 06 snapshots
@@ -140,6 +146,7 @@ help:
 	@echo "  make fuzz         fuzz every parser and the store, FUZZ_SECONDS each (default 180; needs clang)"
 	@echo "  make bench        benchmarks: tables on the terminal, CSV under runs/"
 	@echo "  make bench-gpt    chapter 08 on a GPU: tokens/s, MFU, memory (needs a GPU)"
+	@echo "  make plan-layouts the planner's table of GPT-2 layouts on 8, 64, 512 GPUs (gpt/README.md, choosing a layout)"
 	@echo "  make gpu-check    on a real GPU: every test with its GPU cases, bench-gpt, a report in runs/gpu-check/"
 	@echo "  make speedup      measure speedup vs number of ranks: 1 rank (the baseline) vs DDP, median and range (SPEEDUP_CHAPTER=04: chapter 04, spawned; default 05)"
 	@echo "  make plots        run missing measurements, draw gnuplot figures (PNG) under runs/plots/"

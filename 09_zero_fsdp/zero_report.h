@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "metrics.h"
+#include "plan.h"
 #include "zero.h"
 
 // "(4+4+8)P/N": the ZeRO paper's formula with this run's bytes per
@@ -143,6 +144,42 @@ static inline void zero_report_traffic(zero_t *z, int grad_accum) {
              zero_kib(expected[0] + expected[1]));
 }
 
+// The same, as the planner's rows (gpt/plan.h: `--plan` prints them for
+// the same flags): the bytes by kind of the rank that holds the most, and
+// the bytes it sent per step over dp. The model's own buffers and the
+// chapter's go to the planner's kinds: the staging and gathered buffers
+// are communication buffers, a GPU's cuBLAS workspace and tables "other";
+// on the CPU the activations' count adds the two token arrays. The
+// all-reduce of the gradient norm (8 bytes) is left out, as the plan does.
+static inline void zero_report_plan_rows(zero_t *z) {
+    int N = z->dist->world_size, steps = z->steps_counted > 0 ? z->steps_counted : 1; // every rank of the job
+    size_t model[MEM_KINDS] = {0};
+    z->ops->model_memory(z, model);
+    const size_t *ch = z->mem;
+    double *all = xcalloc((size_t)N * PLAN_KINDS, sizeof(double)), *mine = all + (size_t)z->dist->rank * PLAN_KINDS;
+    const gpt_t *h = &z->model->host;
+    mine[PLAN_PARAMS] = (double)(ch[MEM_PARAMS] + model[MEM_PARAMS]);
+    mine[PLAN_GRADS] = (double)(ch[MEM_GRADS] + model[MEM_GRADS]);
+    mine[PLAN_OPTIMIZER] = (double)(ch[MEM_OPTIMIZER] + model[MEM_OPTIMIZER]);
+    mine[PLAN_ACTIVATIONS] = (double)model[MEM_ACTIVATIONS] +
+                             (z->model->on_gpu ? 0 : 2.0 * (double)h->tokens_capacity * sizeof(uint16_t));
+    mine[PLAN_COMM] = (double)(ch[MEM_GATHERED] + ch[MEM_OTHER] + model[MEM_GATHERED]);
+    mine[PLAN_OTHER] = (double)model[MEM_OTHER];
+    dist_all_reduce_host(z->dist, all, N * PLAN_KINDS, OP_SUM);
+    int most = 0;
+    for (int r = 1; r < N; r++)
+        if (plan_total(all + (size_t)r * PLAN_KINDS, PLAN_KINDS) > plan_total(all + (size_t)most * PLAN_KINDS, PLAN_KINDS))
+            most = r;
+    plan_rank row = {{0}, {0}};
+    memcpy(row.mem, all + (size_t)most * PLAN_KINDS, sizeof row.mem);
+    // dp: the shard group's collectives, and with hybrid sharding the
+    // replicas' all-reduce of the slices.
+    row.sent[PLAN_DP] = (z->sent[COMM_REDUCE_SCATTER] + z->sent[COMM_ALL_GATHER] + z->sent[COMM_REPLICAS] +
+                         (z->stage == 0 ? z->sent[COMM_ALL_REDUCE] : 0)) / steps;
+    if (z->dist->rank == 0) plan_print_rows(stdout, "measured", 0, &row), fflush(stdout);
+    free(all);
+}
+
 // Both tables; rank 0 writes its memory row to <out_dir>/memory.csv.
 static inline void zero_report(zero_t *z, int grad_accum, const char *out_dir) {
     metrics_csv csv = {0};
@@ -156,6 +193,7 @@ static inline void zero_report(zero_t *z, int grad_accum, const char *out_dir) {
     zero_report_memory(z, &csv);
     metrics_close(&csv);
     zero_report_traffic(z, grad_accum);
+    zero_report_plan_rows(z);
 }
 
 #endif

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "model.h"
 #include "options.h"
+#include "plan_measured.h"
 
 // The layout, as the metrics' title line and the snapshot's "mesh" say it.
 static inline const char *tp_mesh_text(const groups_t *g) {
@@ -99,6 +100,16 @@ static inline void report_memory_and_traffic(model_t *m, const groups_t *g, cons
              "dp 1); a ring all-reduce sends 2(n-1)/n of what it sums from every rank\n", per_step,
              bytes_per_step / 1048576, numbers, dp > 1 ? (double)h->num_params : 0,
              dp > 1 ? 4.0 * (double)h->num_params / 1048576 : 0);
+    // The same as the planner's rows (gpt/plan.h; --plan prints them for
+    // the same flags): this rank's buffers by kind, and what it sent per
+    // step over tp and dp, at what a ring sends for each all-reduce.
+    plan_rank row = {{0}, {0}};
+    plan_measure_model(m, 1, row.mem);
+    if (steps > 0) {
+        row.sent[PLAN_TP] = plan_ring_all_reduce(tp_sent[1] / steps, (int)tp);
+        row.sent[PLAN_DP] = plan_ring_all_reduce((double)ddp_bytes_reduced() / steps, (int)dp);
+    }
+    plan_report_measured(g->dist, 0, 1, &row);
 }
 
 #endif

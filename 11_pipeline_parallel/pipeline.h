@@ -27,6 +27,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "options.h"
+#include "plan_measured.h"
 #include "rng.h"
 #include "timer.h"
 #include "trainer.h"
@@ -100,6 +101,8 @@ typedef struct {
     bool recording;          // in a training step (validation and sampling are not on the timeline)
     double *busy, *ends;     // each step of this run: seconds of forward and backward passes; when the last ended
     int steps, max_steps;
+    double pp_sent;          // bytes this rank sent to its neighbouring stages in training steps
+    double tp_sent, tp_at;   // bytes its blocks all-reduced over tp in training steps; the count when the step began
 } pipeline_t;
 
 static inline void pipeline_init(pipeline_t *p, dist_t *d, const options *o) {
@@ -230,6 +233,7 @@ static inline void pipe_exchange(pipeline_t *p, pipe_msg send, pipe_msg recv, si
     pg_request_t *s = send.peer >= 0 ? pg_isend(p->pp, send.buf, count, p->dtype, send.peer) : NULL;
     if (r) pg_wait(r), pipe_record(p, 'R', recv.micro, start);
     if (s) pg_wait(s), pipe_record(p, 'S', send.micro, start);
+    if (s && p->recording) p->pp_sent += (double)count * (double)dtype_size(p->dtype);
 }
 
 // The four kinds of message, as Megatron-LM names them: activations go
@@ -309,11 +313,13 @@ static inline void pipe_begin_step(pipeline_t *p) {
     p->t0 = now_seconds();
     p->num_events = 0;
     p->recording = true;
+    p->tp_at = p->m->tp_bytes;
 }
 
 // Its busy time (forward and backward passes) and its end, for the bubble.
 static inline void pipe_end_step(pipeline_t *p) {
     p->recording = false;
+    p->tp_sent += p->m->tp_bytes - p->tp_at;
     double busy = 0, end = 0;
     for (int e = 0; e < p->num_events; e++) {
         const pipe_event *ev = &p->events[e];
@@ -408,11 +414,29 @@ static inline void write_timeline(pipeline_t *p, const options *o, double bubble
     free(table);
 }
 
+// What each stage held and sent, as the planner's rows (gpt/plan.h;
+// --plan prints them for the same flags): its buffers by kind (the
+// activations of every slot it filled), and per step what it sent to its
+// neighbours plus its share of the all-reduce of the two copies of wte
+// (pp), its blocks' all-reduces (tp), its replicas' all-reduce of the
+// gradients (dp), each all-reduce at what a ring sends.
+static inline void pipe_report_plan_rows(pipeline_t *p, model_t *m) {
+    if (p->steps == 0) return;
+    plan_rank row = {{0}, {0}};
+    plan_measure_model(m, p->slots_used, row.mem);
+    double tie = p->tie ? plan_ring_all_reduce(m->grads_all_reduced, pg_world_size(p->tie)) : 0;
+    row.sent[PLAN_PP] = (p->pp_sent + tie) / p->steps;
+    row.sent[PLAN_TP] = plan_ring_all_reduce(p->tp_sent / p->steps, p->g.size[DIM_TP]);
+    row.sent[PLAN_DP] = plan_ring_all_reduce((double)ddp_bytes_reduced() / p->steps, p->g.size[DIM_DP]);
+    plan_report_measured(p->g.dist, p->stage, p->stages, &row);
+}
+
 // After training: the bubble and the activations held, measured, and the
-// last step's timeline.
+// last step's timeline; then the planner's rows.
 static inline void pipeline_report(pipeline_t *p, model_t *m, const options *o) {
     double bubble = pipe_report(p, m, o);
     if (bubble >= 0) write_timeline(p, o, bubble);
+    pipe_report_plan_rows(p, m);
 }
 
 #endif

@@ -108,6 +108,7 @@ struct model {
     pg_t *expert_replicas;  // and the ranks that hold the same experts (model_expert_parallel)
     double tp_bytes;        // what the blocks all-reduced over tp_group so far: bytes
     double tp_numbers;      // and numbers
+    double grads_all_reduced; // bytes model_all_reduce_grads handed to all-reduces so far (11's two copies of wte)
     model_keeps keeps;      // chapter 09: what of the training state the model itself holds
     const device_t *device; // where it computes (the job's device)
     pg_t *cp_group;         // context parallelism (chapter 12): the ranks each sequence is split over
@@ -280,6 +281,7 @@ static inline void model_all_reduce_grads(model_t *m, pg_t *pg, size_t first, si
     float *g = m->ops->grads(m) + first;
     m->ops->wait(m);
     pg_all_reduce(pg, g, g, count, DTYPE_F32, op);
+    m->grads_all_reduced += (double)count * sizeof(float);
 }
 
 // Clipping by the norm of all stages' gradients together: each stage adds

@@ -21,11 +21,13 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "files.h"
 #include "flags.h"
 #include "gpt_layout.h"
+#include "plan.h"
 
 typedef struct {
     // Chapter 08's: training, data, model, device and communication.
@@ -35,7 +37,7 @@ typedef struct {
     int top_k, num_samples, sample_tokens, nprocs, num_workers, powersgd_rank;
     double timeout;
     const char *backend;
-    bool generate, verify_data, cuda_graph;
+    bool generate, verify_data, cuda_graph, plan;
     const char *preset, *data_dir, *out_dir, *snapshot_path, *prompt, *device, *precision, *grad_compress;
     // The mesh (common/groups.h): the size of each dimension; 0 for dp
     // means "the ranks left over" (--nprocs / the others' product).
@@ -110,6 +112,7 @@ static inline void options_add_flags(flag_set *set, options *o) {
     flag_choice(set, "precision", &o->precision, "auto|bf16|fp16|fp32", "number format on a GPU (auto: bf16 there, fp32 on the CPU; fp16 for GPUs without bf16)");
     flag_double(set, "loss_scale", &o->loss_scale, 1, 1099511627776.0, "fp16: the first loss scale, a power of two (GradScaler's init_scale)");
     flag_bool(set, "cuda_graph", &o->cuda_graph, "on a GPU, one process, no --grad_accum: each step is one CUDA graph launch");
+    flag_bool(set, "plan", &o->plan, "print what each rank would hold and send per step (gpt/plan.h) and exit: no data, no ranks, no training");
 }
 
 // The mesh's dimensions a chapter uses, by name ("dp tp pp cp ep", any of
@@ -127,6 +130,34 @@ static inline void options_add_mesh_flags(flag_set *set, options *o, const char 
 static inline int options_ranks(const options *o) {
     if (o->nprocs) return o->nprocs;
     return (o->dp ? o->dp : 1) * o->tp * o->pp * o->cp * o->ep;
+}
+
+// --plan: the layout these flags ask for (the mesh is arithmetic: --dp, or
+// the ranks --nprocs leaves over the other dimensions), its rows printed by
+// gpt/plan.h; then the program ends, having trained nothing. The
+// vocabulary is --vocab_size: a tokenizer trained on a small corpus may
+// stop short of it (the chapters' "model:" line says what it reached).
+static inline void options_plan(const options *o, flag_set *set) {
+    plan_layout l = {.cfg = {o->vocab_size, o->block_size, o->n_layer, o->n_head, o->n_embd},
+                     .B = o->batch_size, .T = o->block_size, .M = o->grad_accum, .gpu = !strcmp(o->device, "cuda"),
+                     .tp = o->tp, .pp = o->pp, .cp = o->cp, .ep = o->ep, .zero = o->shard, .replicate = o->replicate,
+                     .gpipe = !strcmp(o->schedule, "gpipe"), .wire_bytes = 4};
+    int others = o->tp * o->pp * o->cp * o->ep;
+    l.dp = o->dp ? o->dp : o->nprocs ? o->nprocs / others : 1;
+    if (!o->dp && o->nprocs % others != 0)
+        flags_fail(set, "--plan: --nprocs %d is not a multiple of the other dimensions' %d ranks", o->nprocs, others);
+    l.precision = !strcmp(o->precision, "fp16") ? GPT_FP16 : !strcmp(o->precision, "fp32") ? GPT_FP32
+                  : l.gpu ? GPT_BF16 : GPT_FP32;
+    if (!strcmp(o->grad_compress, "bf16") || !strcmp(o->grad_compress, "fp16")) l.wire_bytes = 2;
+    if (!strcmp(o->grad_compress, "powersgd"))
+        flags_fail(set, "--plan: --grad_compress powersgd is not planned (its factors' sizes depend on the matrices' ranks)");
+    if (o->ep > 1) flags_fail(set, "--plan: --ep needs the experts' count and top-k, which chapter 13 adds");
+    const char *problem = plan_problem(&l);
+    if (problem) flags_fail(set, "--plan: %s", problem);
+    printf("plan: %s for --device %s (auto plans the CPU model; --device cuda the GPU's)\n", set->program, o->device);
+    plan_print(stdout, &l);
+    fflush(stdout);
+    exit(0);
 }
 
 // Model sizes left at 0 come from the preset; the result must be buildable;
@@ -156,6 +187,7 @@ static inline void options_finish(options *o, flag_set *set) {
     if (o->nprocs && o->dp && product != o->nprocs)
         flags_fail(set, "--nprocs %d is not the mesh's %ld ranks (leave --dp out to take the ranks left over)",
                    o->nprocs, product);
+    if (o->plan) options_plan(o, set);
 }
 
 #endif

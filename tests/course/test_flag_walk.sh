@@ -178,6 +178,10 @@ for c in "${chapters[@]}"; do
     walk "$c" x --loss_scale 1000
     [[ $status -eq 2 ]] && grep -q 'not a power of two' "$out"; s=$?; status=0
     expect "$c" --loss_scale=1000 $s "refused: not a power of two"
+    walk "$c" x --plan
+    [[ $status -eq 0 ]] && grep -q '^memory plan stage 0: parameters [0-9]' "$out" && grep -q '^sent plan stage 0: dp ' "$out" &&
+        ! grep -qE '^(epoch|training|data):' "$out"
+    expect "$c" --plan $? "the planner's rows (gpt/plan.h), and no training"
 done
 
 # A planted bug: a chapter whose step takes one micro-batch whatever
