@@ -107,7 +107,8 @@ static inline void plan_cpu_model(const plan_layout *l, const gpt_stage *st, int
     const gpt_config *c = &l->cfg;
     double P = (double)gpt_layout_stage_params(c, st, l->tp, NULL);
     size_t B = (size_t)l->B, T = (size_t)l->T / (size_t)l->cp, N = B * T, L = (size_t)(st->last - st->first);
-    double acts = (double)(gpt_cpu_head_acts(c, B, T) + L * gpt_cpu_block_acts(c, l->tp, B, T) +
+    double acts = (double)(gpt_cpu_head_acts(c, B, T) + L * (gpt_block_acts_size_tp(c, l->tp, GPT_ACT, false, B, T) +
+                                                           gpt_block_acts_size_tp(c, l->tp, GPT_STAT, false, B, T)) +
                            (st->head ? N * (size_t)c->vocab_size : 0));
     mem[PLAN_PARAMS] += params ? 4 * P : 0;
     mem[PLAN_GRADS] += grads ? 4 * P : 0;
