@@ -143,6 +143,16 @@ r=$(field <("$compare" "$TMP/clean.d/model.safetensors" "$TMP/resumed.d/model.sa
 verdict $? "finale: a 16-rank run killed in epoch 2 resumes as pp 1 x ep 2 x tp 2 from its whole snapshot and ends where it would have ($r apart)" \
     "epoch-1 step '$steps', killed run status $died, resumed status $status, relative '$r': $(grep -m1 -E 'error|Resuming' "$TMP/resumed")"
 
+# Two hosts, one lost (14_five_dimensions/rehearsal.sh: 07's network
+# namespaces as root, else two launchers on 127.0.0.1): pp 2 x ep 2 x cp 2
+# x tp 2, stage 0 on host 0 and stage 1 on host 1; host 1 is killed after
+# the first snapshot, comes back, and the job resumes and ends as one process.
+run_capture 300 "$TMP/rehearsal" "$ROOT/14_five_dimensions/rehearsal.sh" --quiet --out "$TMP/rehearsal.d"; status=$?
+[[ $status -eq 0 ]] &&
+    grep -Eq '^rehearsal: PASS \((netns|loopback)\): 8 \+ 8 workers on two hosts trained the same model as one process .*host 1 was killed, came back, and the job resumed' "$TMP/rehearsal"
+verdict $? "finale: pp 2 x ep 2 x cp 2 x tp 2 on two hosts, host 1 killed and restarted, resumes and ends as one process" \
+    "status $status: $(grep -E '^rehearsal: (PASS|FAIL)' "$TMP/rehearsal" | tail -n 2 | tr '\n' '|')"
+
 # ---------------------------------------------------------------- under mpirun
 if command -v mpirun >/dev/null 2>&1 && ! "$prog" --backend mpi --device cpu 2>&1 | grep -q "this build has no MPI"; then
     mpi=(mpirun -np)
