@@ -100,6 +100,8 @@ starter 11/one_f_one_b "stage 0 ran F0 F1 F2 F3 B0 B1 B2 B3; 1F1B runs F0 F1 B0 
 solution 11/one_f_one_b
 starter 12/merge_partials "partial attention to block A .*: got lse 777, .*out or lse was never written"
 solution 12/merge_partials
+starter 13/route "dropless: choices: token 0, choice 0: got expert -1, expected 1"
+solution 13/route
 starter 14/mesh "mesh 2 x 2 x 2 x 2 x 2, rank 1: got coordinates \\(pp 0, dp 0, ep 0, cp 0, tp 0\\), expected \\(0, 0, 0, 0, 1\\)"
 solution 14/mesh
 
@@ -429,6 +431,18 @@ else
     [[ $status -eq 0 ]] && last_line "$TMP/make_target" | grep -q '^PASSED: '
     verdict $? "exercises: make check-exercise EX=07/global_rank SOLUTION=1 passes" "status $status: $(last_line "$TMP/make_target")"
 fi
+
+# Chapter 13's usual slips in top-k routing with capacity, each named.
+if $have_solutions; then
+    sol="$ROOT/solutions/13_expert_parallel/route.c"
+    sed 's|(float)(p\[ch\[k\]\] / sum)|p[ch[k]]|' "$sol" >"$TMP/route.c"
+    broken 13/route "gates not renormalised" "$TMP/route.c" "gates not renormalised: they are the probabilities"
+    sed 's|int g = (n / T) % G, e = choice|int g = n * G / N, e = choice|' "$sol" >"$TMP/route.c"
+    broken 13/route "capacity counted over the wrong tokens" "$TMP/route.c" "capacity counted over contiguous blocks of sequences"
+    sed 's|        memcpy(o, res + (size_t)n \* C, sizeof(float) \* (size_t)C);|        memset(o, 0, sizeof(float) * (size_t)C); if (kept[(size_t)n * K]) memcpy(o, res + (size_t)n * C, sizeof(float) * (size_t)C);|' \
+        "$sol" >"$TMP/route.c"
+    broken 13/route "dropped tokens losing their residual" "$TMP/route.c" "whose every choice was dropped, left without its residual stream"
+else skip "exercises: 13/route catches the usual slips" "solutions/ is absent (the broken versions are made from it)"; fi
 
 # The finale's mesh with pp read as the fastest dimension (the order of
 # another chapter's groups), and a group that lets a held dimension vary.

@@ -12,7 +12,7 @@
 # the flags that only matter there are walked too: --precision fp16 with
 # --loss_scale, and --cuda_graph.
 source "$(dirname "$0")/../lib.sh"
-chapters=(${FLAG_WALK_CHAPTERS:-08_gpt_wikitext 09_zero_fsdp 10_tensor_parallel 11_pipeline_parallel 12_context_parallel})
+chapters=(${FLAG_WALK_CHAPTERS:-08_gpt_wikitext 09_zero_fsdp 10_tensor_parallel 11_pipeline_parallel 12_context_parallel 13_expert_parallel})
 for c in "${chapters[@]}"; do
     [[ -x "$ROOT/$c/$c" ]] || { fail "flag walk: binaries" "build first (make): no $c/$c"; exit 1; }
 done
@@ -36,7 +36,13 @@ declare -A refused=(
 # walk with 2 replicas, which in 11 takes one stage per pipeline and in 12
 # one rank per sequence (the last flag given wins).
 declare -A layout=([12_context_parallel]="--cp 2")
-declare -A replicas_layout=([11_pipeline_parallel]="--pp 1" [12_context_parallel]="--cp 1")
+declare -A replicas_layout=([11_pipeline_parallel]="--pp 1" [12_context_parallel]="--cp 1" [13_expert_parallel]="--ep 2")
+# On the CPU, 13 walks as a mixture of experts (its GPU path is not
+# written: on a GPU it walks dense, which is 08's model); with 2 replicas
+# its experts are spread over them (--ep 2). Without the balancing loss:
+# it is counted per micro-batch (as per rank), so 2 micro-batches of 2 are
+# a batch of 4 only without it (test_13_expert_parallel checks the groups).
+declare -A cpu_layout=([13_expert_parallel]="--n_expert 4 --aux_loss_coef 0")
 
 gpt_corpus "$TMP/corpus"
 base=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --block_size 32 --batch_size 4
@@ -51,7 +57,8 @@ walk() {
     n=$((n + 1)); dir=$TMP/$chapter-$name-$n.d; out=$TMP/$chapter-$n
     [[ $name == base ]] && dir=$TMP/$chapter-base.d
     # shellcheck disable=SC2086
-    run_capture 180 "$out" "$ROOT/$chapter/$chapter" "${base[@]}" ${layout[$chapter]:-} --out_dir "$dir" "$@"
+    run_capture 180 "$out" "$ROOT/$chapter/$chapter" "${base[@]}" ${layout[$chapter]:-} --out_dir "$dir" \
+        ${on_cpu:+${cpu_layout[$chapter]:-}} "$@"
     status=$?
 }
 
