@@ -439,6 +439,10 @@ static inline void write_timeline(pipeline_t *p, const options *o, double bubble
 // gradients (dp), each all-reduce at what a ring sends.
 static inline void pipe_report_plan_rows(pipeline_t *p, model_t *m) {
     if (p->steps == 0) return;
+    if (p->g.size[DIM_CP] > 1 || p->g.size[DIM_EP] > 1) { // the finale's: its gradients average over dp x ep x cp
+        log_main("planner rows: not measured with cp or ep (neither the planner nor these rows count their bytes yet)\n");
+        return;
+    }
     plan_rank row = {{0}, {0}};
     plan_measure_model(m, p->slots_used, row.mem);
     double tie = p->tie ? plan_ring_all_reduce(m->grads_all_reduced, pg_world_size(p->tie)) : 0;
