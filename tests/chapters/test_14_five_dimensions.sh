@@ -95,6 +95,17 @@ planted=$(plant moe_slots gpt/gpt.h '    if (m->moe) { // a mixture of experts k
 verdict $? "finale planted: a stage's micro-batches sharing one routing is caught (models $r apart)" \
     "$(planted_why moe_slots)relative '$r'"
 
+# Planted: a dimension order mismatch between two parts of the group
+# layer - groups_rank_of reading the coordinates tp slowest while the mesh's
+# groups (common/mesh.h) put tp fastest: the whole model is gathered from
+# the wrong ranks (a snapshot or the saved model of another layout's parts).
+planted=$(plant order common/groups.h 'rank = rank * g->size[k] + coord[k];' \
+    'rank = rank * g->size[DIMS - 1 - k] + coord[DIMS - 1 - k];' 14_five_dimensions 14_five_dimensions)
+[[ -n $planted ]] && { COURSE_TIMEOUT=20 run_capture 300 "$TMP/pl_order" "$planted" "${cpu[@]}" --pp 2 --ep 2 --tp 2 \
+    --batch_size 4 --out_dir "$TMP/pl_order.d"; ! same one pl_order 1e-6; }
+verdict $? "finale planted: a dimension order mismatch between the mesh's groups and groups_rank_of is caught (models '$r' apart)" \
+    "$(planted_why order)relative '$r'"
+
 # Without clipping, AdamW's moments too (an expert gradient divided by the
 # wrong count passes a weights check while clipping is on), from the
 # snapshots (tests/lib.sh snapshot_norms): the 32 ranks against one process.
