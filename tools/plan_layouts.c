@@ -39,10 +39,10 @@ typedef struct {
 } model_size;
 
 static const model_size models[] = {
-    {"small (124M)", {50257, 1024, 12, 12, 768}},
-    {"medium (350M)", {50257, 1024, 24, 16, 1024}},
-    {"large (774M)", {50257, 1024, 36, 20, 1280}},
-    {"xl (1.5B)", {50257, 1024, 48, 25, 1600}},
+    {"small (124M)", {.vocab_size = 50257, .block_size = 1024, .n_layer = 12, .n_head = 12, .n_embd = 768}},
+    {"medium (350M)", {.vocab_size = 50257, .block_size = 1024, .n_layer = 24, .n_head = 16, .n_embd = 1024}},
+    {"large (774M)", {.vocab_size = 50257, .block_size = 1024, .n_layer = 36, .n_head = 20, .n_embd = 1280}},
+    {"xl (1.5B)", {.vocab_size = 50257, .block_size = 1024, .n_layer = 48, .n_head = 25, .n_embd = 1600}},
 };
 enum { MODELS = sizeof models / sizeof models[0], NODE = 8, SEQUENCES = 512, MICRO = 8 };
 static const double GPU_BYTES = 80e9;
