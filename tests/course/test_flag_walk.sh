@@ -12,7 +12,7 @@
 # the flags that only matter there are walked too: --precision fp16 with
 # --loss_scale, and --cuda_graph.
 source "$(dirname "$0")/../lib.sh"
-chapters=(${FLAG_WALK_CHAPTERS:-08_gpt_wikitext 09_zero_fsdp 10_tensor_parallel 11_pipeline_parallel 12_context_parallel 13_expert_parallel})
+chapters=(${FLAG_WALK_CHAPTERS:-08_gpt_wikitext 09_zero_fsdp 10_tensor_parallel 11_pipeline_parallel 12_context_parallel 13_expert_parallel 14_five_dimensions})
 for c in "${chapters[@]}"; do
     [[ -x "$ROOT/$c/$c" ]] || { fail "flag walk: binaries" "build first (make): no $c/$c"; exit 1; }
 done
@@ -28,6 +28,12 @@ declare -A refused=(
     ["09_zero_fsdp --precision=fp16"]="needs --shard 0"
     ["11_pipeline_parallel --precision=fp16"]="pipeline stage"
     ["13_expert_parallel --grad_compress=powersgd"]="PowerSGD factors the whole model"
+    ["13_expert_parallel --plan"]="a mixture of experts is not planned yet"
+    ["14_five_dimensions --precision=fp16"]="pipeline stage"
+    ["14_five_dimensions --grad_compress=bf16"]="the dense and the expert gradients"
+    ["14_five_dimensions --grad_compress=fp16"]="the dense and the expert gradients"
+    ["14_five_dimensions --grad_compress=powersgd"]="the dense and the expert gradients"
+    ["14_five_dimensions --plan"]="a mixture of experts is not planned yet"
 )
 
 # Each chapter walks in its own default layout (11: two stages), so 08's
@@ -36,13 +42,17 @@ declare -A refused=(
 # walk with 2 replicas, which in 11 takes one stage per pipeline and in 12
 # one rank per sequence (the last flag given wins).
 declare -A layout=([12_context_parallel]="--cp 2")
-declare -A replicas_layout=([11_pipeline_parallel]="--pp 1" [12_context_parallel]="--cp 1" [13_expert_parallel]="--ep 2")
+declare -A replicas_layout=([11_pipeline_parallel]="--pp 1" [12_context_parallel]="--cp 1" [13_expert_parallel]="--ep 2"
+                            [14_five_dimensions]="--pp 1 --ep 2")
 # On the CPU, 13 walks as a mixture of experts (its GPU path is not
 # written: on a GPU it walks dense, which is 08's model); with 2 replicas
 # its experts are spread over them (--ep 2). Without the balancing loss:
 # it is counted per micro-batch (as per rank), so 2 micro-batches of 2 are
 # a batch of 4 only without it (test_13_expert_parallel checks the groups).
 declare -A cpu_layout=([13_expert_parallel]="--n_expert 4 --aux_loss_coef 0")
+# 14 walks in 11's default two stages with 13's mixture on the CPU (its GPU
+# runs are refused, saying why: its walk on a GPU checks that line).
+cpu_layout[14_five_dimensions]="--n_expert 4 --aux_loss_coef 0"
 
 gpt_corpus "$TMP/corpus"
 base=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --block_size 32 --batch_size 4
@@ -89,6 +99,8 @@ else
   base_cpu=("${base[@]}")
   base+=(--device cuda --block_size 16 --max_steps 2)
   for c in "${chapters[@]}"; do
+    # 14 runs on CPU ranks only: test_14_five_dimensions checks its one-line refusal of --device cuda.
+    [[ $c == 14_five_dimensions ]] && continue
     walk "$c" x --precision fp16 --loss_scale 1024
     grep -Eq 'loss scale (1024|512|2048)' "$out" && grep -q '^step: ' "$out"
     expect "$c" --precision=fp16 $? "fp16 with its loss scale from --loss_scale; the step line says how it launches"
