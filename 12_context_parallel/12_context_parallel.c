@@ -215,7 +215,7 @@ static int run_rank(int rank, int world, void *arg) {
     // --- Model: sized by the flags, vocabulary by the tokenizer; the same
     // seed gives every rank the same initial weights (and rank 0's are
     // broadcast anyway when training starts).
-    gpt_config cfg = {bpe_vocab_size(corpus.tokenizer), o->block_size, o->n_layer, o->n_head, o->n_embd};
+    gpt_config cfg = gpt_config_of(bpe_vocab_size(corpus.tokenizer), o->block_size, o->n_layer, o->n_head, o->n_embd);
     gpt_t initial;
     gpt_init(&initial, cfg, (uint64_t)o->seed);
     model_t model;

@@ -15,10 +15,10 @@
 //   7. sampling text
 //   8. saving and loading in the safetensors format
 //   9. tensor parallelism: a rank's shard of each block (chapter 10)
-// and context parallelism (chapter 12: a rank's tokens of each sequence)
-// in context_parallel.h, included after section 4.
 //  10. expert parallelism: a rank's experts of each block (chapter 13; the
 //      mixture of experts itself is gpt/moe.h, included before section 5)
+// and context parallelism (chapter 12: a rank's tokens of each sequence)
+// in context_parallel.h, included after section 4.
 //
 // Every parameter lives in ONE flat array and every gradient in another,
 // laid out as gpt_layout.h says (the GPU model, gpt_cuda.cu, reads the same

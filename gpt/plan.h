@@ -97,6 +97,20 @@ static inline const char *plan_problem(const plan_layout *l) {
 
 // ===================================================================== 2. memory
 
+// One block's activations on the CPU (gpt.h's gpt_cpu_block_acts) for
+// T of a rank's tokens: with cp, attention keeps its queries' rows against
+// every key of the sequence (context_parallel.h's cp_att_size; Ulysses'
+// NH/cp heads against every query and key are as many numbers).
+static inline size_t plan_cpu_block_acts(const gpt_config *c, int tp, int cp, size_t B, size_t T) {
+    size_t total = 0;
+    for (int a = 0; a < GPT_BLOCK_ACTS; a++) {
+        if (!gpt_block_act_kept(a, false)) continue;
+        if (a == A_ATT && cp > 1) total += B * (size_t)(c->n_head / (tp > 1 ? tp : 1)) * T * T * (size_t)cp;
+        else total += gpt_block_act_size_tp(c, tp, a, B, T);
+    }
+    return total;
+}
+
 // The CPU model (gpt.h): parameters, gradients, AdamW's two moments in
 // fp32 (4 + 4 + 8 bytes a number, as far as it keeps them); one buffer of
 // activations per micro-batch held (gpt_ensure_acts: the part outside the
@@ -107,8 +121,7 @@ static inline void plan_cpu_model(const plan_layout *l, const gpt_stage *st, int
     const gpt_config *c = &l->cfg;
     double P = (double)gpt_layout_stage_params(c, st, l->tp, NULL);
     size_t B = (size_t)l->B, T = (size_t)l->T / (size_t)l->cp, N = B * T, L = (size_t)(st->last - st->first);
-    double acts = (double)(gpt_cpu_head_acts(c, B, T) + L * (gpt_block_acts_size_tp(c, l->tp, GPT_ACT, false, B, T) +
-                                                           gpt_block_acts_size_tp(c, l->tp, GPT_STAT, false, B, T)) +
+    double acts = (double)(gpt_cpu_head_acts(c, B, T) + L * plan_cpu_block_acts(c, l->tp, l->cp, B, T) +
                            (st->head ? N * (size_t)c->vocab_size : 0));
     mem[PLAN_PARAMS] += params ? 4 * P : 0;
     mem[PLAN_GRADS] += grads ? 4 * P : 0;

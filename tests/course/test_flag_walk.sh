@@ -39,19 +39,20 @@ declare -A refused=(
 # Each chapter walks in its own default layout (11: two stages), so 08's
 # flags meet the chapter's idea - 12, whose default is one rank, walks with
 # each sequence split over 2 (layout); the flags about data-parallel ranks
-# walk with 2 replicas, which in 11 takes one stage per pipeline and in 12
-# one rank per sequence (the last flag given wins).
+# walk with 2 replicas, which in 11 takes one stage per pipeline, in 12
+# one rank per sequence (the last flag given wins) and in 13 experts spread
+# over both (--ep 2).
 declare -A layout=([12_context_parallel]="--cp 2")
 declare -A replicas_layout=([11_pipeline_parallel]="--pp 1" [12_context_parallel]="--cp 1" [13_expert_parallel]="--ep 2"
                             [14_five_dimensions]="--pp 1 --ep 2")
 # On the CPU, 13 walks as a mixture of experts (its GPU path is not
-# written: on a GPU it walks dense, which is 08's model); with 2 replicas
-# its experts are spread over them (--ep 2). Without the balancing loss:
-# it is counted per micro-batch (as per rank), so 2 micro-batches of 2 are
-# a batch of 4 only without it (test_13_expert_parallel checks the groups).
+# written: on a GPU it walks dense, which is 08's model). Without the
+# balancing loss: it is counted per micro-batch (as per rank), so 2
+# micro-batches of 2 are a batch of 4 only without it
+# (test_13_expert_parallel checks the groups).
 declare -A cpu_layout=([13_expert_parallel]="--n_expert 4 --aux_loss_coef 0")
 # 14 walks in 11's default two stages with 13's mixture on the CPU (its GPU
-# runs are refused, saying why: its walk on a GPU checks that line).
+# runs are refused, saying why: test_14 checks that line, and the GPU walk skips 14).
 cpu_layout[14_five_dimensions]="--n_expert 4 --aux_loss_coef 0"
 
 gpt_corpus "$TMP/corpus"
