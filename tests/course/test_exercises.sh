@@ -364,6 +364,17 @@ if $have_solutions; then
          skip { if ($0 ~ /^        }$/) skip = 0; next } { print }' "$sol" >"$TMP/merge_nan.c"
     broken 12/merge_partials "NaN from an empty side" "$TMP/merge_nan.c" "NaN: a block whose lse is -INFINITY"
 else skip "exercises: 12/merge_partials catches its slips" "solutions/ is absent (the broken versions are made from it)"; fi
+# Chapter 13's usual slips in top-k routing with capacity, each named.
+if $have_solutions; then
+    sol="$ROOT/solutions/13_expert_parallel/route.c"
+    sed 's|(float)(p\[ch\[k\]\] / sum)|p[ch[k]]|' "$sol" >"$TMP/route.c"
+    broken 13/route "gates not renormalised" "$TMP/route.c" "gates not renormalised: they are the probabilities"
+    sed 's|int g = (n / T) % G, e = choice|int g = n * G / N, e = choice|' "$sol" >"$TMP/route.c"
+    broken 13/route "capacity counted over the wrong tokens" "$TMP/route.c" "capacity counted over contiguous blocks of sequences"
+    sed 's|        memcpy(o, res + (size_t)n \* C, sizeof(float) \* (size_t)C);|        memset(o, 0, sizeof(float) * (size_t)C); if (kept[(size_t)n * K]) memcpy(o, res + (size_t)n * C, sizeof(float) * (size_t)C);|' \
+        "$sol" >"$TMP/route.c"
+    broken 13/route "dropped tokens losing their residual" "$TMP/route.c" "whose every choice was dropped, left without its residual stream"
+else skip "exercises: 13/route catches the usual slips" "solutions/ is absent (the broken versions are made from it)"; fi
 # 1F1B with its steady state unpaired: a send, then a receive, on both
 # neighbours at once. The check's sends wait for their receiver, as NCCL's.
 cat >"$TMP/one_f_one_b.c" <<'EOF'
@@ -431,18 +442,6 @@ else
     [[ $status -eq 0 ]] && last_line "$TMP/make_target" | grep -q '^PASSED: '
     verdict $? "exercises: make check-exercise EX=07/global_rank SOLUTION=1 passes" "status $status: $(last_line "$TMP/make_target")"
 fi
-
-# Chapter 13's usual slips in top-k routing with capacity, each named.
-if $have_solutions; then
-    sol="$ROOT/solutions/13_expert_parallel/route.c"
-    sed 's|(float)(p\[ch\[k\]\] / sum)|p[ch[k]]|' "$sol" >"$TMP/route.c"
-    broken 13/route "gates not renormalised" "$TMP/route.c" "gates not renormalised: they are the probabilities"
-    sed 's|int g = (n / T) % G, e = choice|int g = n * G / N, e = choice|' "$sol" >"$TMP/route.c"
-    broken 13/route "capacity counted over the wrong tokens" "$TMP/route.c" "capacity counted over contiguous blocks of sequences"
-    sed 's|        memcpy(o, res + (size_t)n \* C, sizeof(float) \* (size_t)C);|        memset(o, 0, sizeof(float) * (size_t)C); if (kept[(size_t)n * K]) memcpy(o, res + (size_t)n * C, sizeof(float) * (size_t)C);|' \
-        "$sol" >"$TMP/route.c"
-    broken 13/route "dropped tokens losing their residual" "$TMP/route.c" "whose every choice was dropped, left without its residual stream"
-else skip "exercises: 13/route catches the usual slips" "solutions/ is absent (the broken versions are made from it)"; fi
 
 # The finale's mesh with pp read as the fastest dimension (the order of
 # another chapter's groups), and a group that lets a held dimension vary.
