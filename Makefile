@@ -118,7 +118,8 @@ DIFFS := 01_single_gpu/01_single_gpu.c:04_ddp_spawn/04_ddp_spawn.c \
          08_gpt_wikitext/08_gpt_wikitext.c:10_tensor_parallel/10_tensor_parallel.c \
          08_gpt_wikitext/08_gpt_wikitext.c:11_pipeline_parallel/11_pipeline_parallel.c \
          08_gpt_wikitext/08_gpt_wikitext.c:12_context_parallel/12_context_parallel.c \
-         08_gpt_wikitext/08_gpt_wikitext.c:13_expert_parallel/13_expert_parallel.c
+         08_gpt_wikitext/08_gpt_wikitext.c:13_expert_parallel/13_expert_parallel.c \
+         11_pipeline_parallel/11_pipeline_parallel.c:14_five_dimensions/14_five_dimensions.c
 diffs:
 	@for pair in $(DIFFS); do \
 	    old=$${pair%%:*}; new=$${pair##*:}; \

@@ -38,6 +38,8 @@
 #   --replicas R                 the data-parallel replicas the workers form (all of
 #                                them): the reference trains R x B sequences a step
 #   --reference_args "ARGS"      more arguments for the reference (e.g. "--grad_accum 2")
+#   --reference PATH             the reference's program (08's; chapter 14's finale
+#                                compares with itself in one process: a mixture of experts)
 #
 # Exit status 0 when the rehearsal passed: every validation loss of the
 # two-host run equals the reference's within 2e-4 (the losses are printed
@@ -78,6 +80,7 @@ while [[ $# -gt 0 ]]; do
         --worker_args) worker_args=$2 ;;
         --replicas) replicas=$2 ;;
         --reference_args) reference_args=$2 ;;
+        --reference) REFERENCE=$2 ;;
         *) die_usage "unknown option '$1'" ;;
     esac
     shift 2

@@ -26,7 +26,7 @@
 // Read it top to bottom, as 08's: options, the schedules and the training
 // step, the training loop, what every rank runs. The pipeline's state, the
 // messages between stages, evaluation and sampling through the pipeline
-// and the measurements are in pipeline.h; the rest lives in ../gpt/, as
+// and the measurements are in ../gpt/pipeline.h (shared with 14); the rest lives in ../gpt/, as
 // for 08. `make diffs` shows what changed from 08.
 //
 // Where it computes: on a GPU when there is one (gpt_cuda.cu: our kernels
@@ -73,7 +73,7 @@ static options parse_options(int argc, char **argv) {
     flag_set set = {.program = CHAPTER,
                     .summary = "train a GPT language model on WikiText-2 and sample from it"};
     options_add_flags(&set, &o);
-    pipeline_add_flags(&set, &o); // --schedule, and the mesh: --dp, --tp, --pp
+    pipeline_add_flags(&set, &o, "dp tp pp"); // --schedule, and the mesh
     flags_parse(&set, argc, argv);
     pipeline_finish_options(&o, &set);
     return o;

@@ -46,7 +46,7 @@ typedef struct {
 } flag_t;
 
 // The most flags one program has (chapter 08 has 34).
-#define FLAGS_MAX 48
+#define FLAGS_MAX 64
 
 // A program's flags: name it, then add its flags one call each, in the
 // order --help lists them:

@@ -173,7 +173,7 @@ static inline int cp_take_tokens(gpt_cp *cp, const uint16_t *inputs, const uint1
     for (int b = 0; b < B; b++)
         for (int t = 0; t < cp->count; t++) {
             size_t from = (size_t)b * T + (size_t)cp->pos[t], to = (size_t)b * cp->count + (size_t)t;
-            cp->inputs[to] = inputs[from];
+            if (inputs) cp->inputs[to] = inputs[from]; // a pipeline's later stages take none (the finale)
             if (targets) cp->targets[to] = targets[from];
         }
     return cp->count;

@@ -57,8 +57,8 @@ static inline bool gather_whole(model_t *m, groups_t *g, bool moments, gpt_t *wh
             gpt_real *buf = from == 0 ? NULL : xmalloc(sizeof(gpt_real) * part.num_params);
             for (int k = 0; k < arrays; k++) {
                 if (from > 0) groups_recv_host(world, dev, buf, part.num_params, DTYPE_F32, from);
-                if (gpt_ep_ways(h->cfg.ep) > 1)
-                    gpt_expert_shard_copy(&part, experts, dst[k], from == 0 ? mine[k] : buf, false);
+                if (gpt_ep_ways(h->cfg.ep) > 1) // experts and tp shards at once (the finale)
+                    gpt_part_copy(&part, shard % g->size[DIM_TP], experts, dst[k], from == 0 ? mine[k] : buf, false);
                 else gpt_shard_copy(&part, shard % g->size[DIM_TP], dst[k], from == 0 ? mine[k] : buf, false);
             }
             free(buf);

@@ -93,6 +93,7 @@ typedef struct {
     size_t acts_capacity, tokens_capacity;
     int B, T;
     bool have_targets;
+    void *moe_layers;   // a mixture of experts' routing of this micro-batch (gpt_moe_layer per layer; the finale)
 } gpt_slot;
 // Where a bucket's parameters and gradients are (gpt_layout.h, section 3):
 // the hook is given the model's own (NULL where the model has none) and
@@ -727,7 +728,7 @@ static inline void gpt_init(gpt_t *m, gpt_config cfg, uint64_t seed) {
 // With context parallelism the probabilities are this rank's part of the
 // whole sequence's (cp_att_size).
 static inline size_t gpt_cpu_block_act_size(const gpt_t *m, int a, size_t B, size_t T) {
-    if (a == A_ATT && m->cp) return cp_att_size(m->cp, B, (size_t)m->cfg.n_head);
+    if (a == A_ATT && m->cp) return cp_att_size(m->cp, B, (size_t)m->cp->n_head);
     return gpt_block_act_size_tp(&m->cfg, m->tp, a, B, T);
 }
 static inline size_t gpt_cpu_block_acts(const gpt_t *m, size_t B, size_t T) {
@@ -891,7 +892,7 @@ static inline float gpt_forward(gpt_t *m, const uint16_t *inputs, const uint16_t
     // tokens of each sequence only (T of them, at their global positions).
     if (m->cp) {
         T = cp_take_tokens(m->cp, inputs, targets, B, T);
-        inputs = m->cp->inputs, targets = targets ? m->cp->targets : NULL;
+        inputs = inputs ? m->cp->inputs : NULL, targets = targets ? m->cp->targets : NULL;
     }
     size_t N = (size_t)B * T;
     if (inputs) gpt_check_tokens(m, inputs, N, "input");
@@ -1026,7 +1027,10 @@ static inline void gpt_free(gpt_t *m) {
     free(m->acts), free(m->grad_acts), free(m->inputs), free(m->targets);
     cp_free(m->cp);
     for (int k = 0; k < m->num_slots; k++)
-        if (k != m->slot) free(m->slots[k].acts), free(m->slots[k].inputs), free(m->slots[k].targets);
+        if (k != m->slot) {
+            free(m->slots[k].acts), free(m->slots[k].inputs), free(m->slots[k].targets);
+            gpt_moe_free_layers(&m->cfg, m->slots[k].moe_layers);
+        }
     free(m->slots);
     gpt_moe_free(m);
     memset(m, 0, sizeof *m);
@@ -1063,6 +1067,10 @@ static inline void gpt_use_slot(gpt_t *m, int k) {
     m->acts = next->acts, m->inputs = next->inputs, m->targets = next->targets;
     m->acts_capacity = next->acts_capacity, m->tokens_capacity = next->tokens_capacity;
     m->B = next->B, m->T = next->T, m->have_targets = next->have_targets;
+    if (m->moe) { // a mixture of experts keeps each micro-batch's routing for its backward pass (the finale)
+        away->moe_layers = m->moe->layer;
+        m->moe->layer = next->moe_layers ? next->moe_layers : xcalloc((size_t)m->cfg.n_layer, sizeof(gpt_moe_layer));
+    }
     m->slot = k;
 }
 
@@ -1430,11 +1438,16 @@ static inline void gpt_tp_block_forward(gpt_t *m, int layer, gpt_real *params, c
     gpt_block_acts a = gpt_block_acts_view(m, layer);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, N, C);
     matmul_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * Cs);      // column-parallel: my heads' q, k, v
-    attention_forward(a.atty, a.att, a.qkv, B, T, Cs, m->cfg.n_head / m->tp);
+    if (m->cp) cp_attention_forward(m->cp, a.atty, a.att, a.qkv, B, Cs, m->cfg.n_head / m->tp); // my heads, across cp
+    else attention_forward(a.atty, a.att, a.qkv, B, T, Cs, m->cfg.n_head / m->tp);
     matmul_forward(scratch, a.atty, p.attproj_w, NULL, N, Cs, C);       // row-parallel: a partial sum
     gpt_tp_sum(m, scratch, (size_t)N * C);                              // g: all-reduce
     residual_bias_forward(a.res2, x, scratch, p.attproj_b, N, C);
     layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, N, C);
+    if (m->cfg.n_expert) { // the finale (chapter 14): whole experts on every tp rank, the same tokens, no sum
+        gpt_moe_forward(m, layer, &p, a.ln2, a.res2, a.res3);
+        return;
+    }
     matmul_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, H);              // column-parallel: my hidden units
     gelu_forward(a.fch_gelu, a.fch, (size_t)N * H);
     matmul_forward(scratch, a.fch_gelu, p.fcproj_w, NULL, N, H, C);     // row-parallel
@@ -1455,14 +1468,19 @@ static inline void gpt_tp_block_backward(gpt_t *m, int layer, gpt_real *params, 
     gpt_grad_acts g = gpt_grad_acts_view(m);
     const gpt_real *x = gpt_block_input(m, layer);
 
-    matmul_backward(g.dhidden, d.fcproj_w, d.fcproj_b, g.dres, a.fch_gelu, p.fcproj_w, N, H, C);
-    gelu_backward(g.dhidden, a.fch, g.dhidden, (size_t)N * H);
-    matmul_backward(g.dtmp, d.fc_w, d.fc_b, g.dhidden, a.ln2, p.fc_w, N, C, H);
-    gpt_tp_sum(m, g.dtmp, (size_t)N * C);                               // f: all-reduce
+    if (m->cfg.n_expert) { // whole experts: the gradient of ln_2's output is whole already on every rank
+        gpt_moe_backward(m, layer, &p, &d, a.ln2, g.dres, g.dtmp, m->grad_scale);
+    } else {
+        matmul_backward(g.dhidden, d.fcproj_w, d.fcproj_b, g.dres, a.fch_gelu, p.fcproj_w, N, H, C);
+        gelu_backward(g.dhidden, a.fch, g.dhidden, (size_t)N * H);
+        matmul_backward(g.dtmp, d.fc_w, d.fc_b, g.dhidden, a.ln2, p.fc_w, N, C, H);
+        gpt_tp_sum(m, g.dtmp, (size_t)N * C);                           // f: all-reduce
+    }
     layernorm_backward(g.dres, d.ln2_w, d.ln2_b, g.dtmp, a.res2, p.ln2_w, a.ln2_mean, a.ln2_rstd, N, C);
 
     matmul_backward(g.dtmp, d.attproj_w, d.attproj_b, g.dres, a.atty, p.attproj_w, N, Cs, C);
-    attention_backward(g.dqkv, g.dtmp, a.qkv, a.att, B, T, Cs, m->cfg.n_head / m->tp);
+    if (m->cp) cp_attention_backward(m->cp, g.dqkv, g.dtmp, a.qkv, a.att, a.atty, B, Cs, m->cfg.n_head / m->tp);
+    else attention_backward(g.dqkv, g.dtmp, a.qkv, a.att, B, T, Cs, m->cfg.n_head / m->tp);
     matmul_backward(g.dtmp, d.qkv_w, d.qkv_b, g.dqkv, a.ln1, p.qkv_w, N, C, 3 * Cs);
     gpt_tp_sum(m, g.dtmp, (size_t)N * C);                               // f
     layernorm_backward(g.dres, d.ln1_w, d.ln1_b, g.dtmp, x, p.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
@@ -1523,6 +1541,54 @@ static inline void gpt_expert_shard_copy(const gpt_t *m, int rank, gpt_real *ful
 
 // The shard of `full` (its parameters and, when it has them, its AdamW
 // moments and step) that rank `rank` of ep holds.
+// The finale (chapter 14) cuts one model four ways at once: a pipeline
+// stage (m->stage), a tp shard (m->tp, rank tp_rank), an ep shard of the
+// experts (m->cfg.ep, rank ep_rank); cp ranks hold it whole. Each tensor
+// is either an expert tensor (cut by ep; whole on every tp rank: a rank's
+// experts compute its tokens whole) or not (cut by tp, as section 9).
+// Copies between the whole model (`full`, ep 1) and m's part.
+static inline void gpt_part_copy(const gpt_t *m, int tp_rank, int ep_rank, gpt_real *full, gpt_real *part,
+                                 bool to_part) {
+    gpt_config whole_cfg = m->cfg;
+    whole_cfg.ep = 1;
+    gpt_tensor *whole = xcalloc((size_t)m->num_tensors, sizeof(gpt_tensor));
+    gpt_layout_params(&whole_cfg, whole);
+    for (int t = 0; t < m->num_tensors; t++) {
+        if (m->tensors[t].count == 0) continue; // not in this stage
+        if (gpt_tensor_is_expert(m, t))
+            gpt_tensor_expert_copy(&whole[t], &m->tensors[t], ep_rank, full, part, sizeof(gpt_real), to_part);
+        else
+            gpt_tensor_shard_copy(&whole[t], &m->tensors[t], m->cfg.n_embd, m->tp, tp_rank, full, part,
+                                  sizeof(gpt_real), to_part);
+    }
+    free(whole);
+}
+
+// A part of the whole model `full` (its parameters, and AdamW's moments
+// and step once it has them): stage `stage`, tp shard tp_rank of tp,
+// experts ep_rank of ep.
+static inline void gpt_init_piece(gpt_t *m, const gpt_t *full, gpt_stage stage, int tp, int tp_rank, int ep,
+                                  int ep_rank) {
+    gpt_config c = full->cfg;
+    c.ep = ep;
+    const char *problem = gpt_config_problem(c);
+    if (!problem) problem = gpt_tp_problem(&c, tp);
+    if (problem) die("cannot cut the model over tp %d, ep %d: %s", tp, ep, problem);
+    memset(m, 0, sizeof *m);
+    m->cfg = c, m->stage = stage, m->tp = tp, m->ep_rank = ep_rank;
+    gpt_build_table(m);
+    m->params = xmalloc(sizeof(gpt_real) * m->num_params);
+    m->grads = xcalloc(m->num_params, sizeof(gpt_real));
+    gpt_part_copy(m, tp_rank, ep_rank, full->params, m->params, true);
+    m->adam_step = full->adam_step;
+    if (full->adam_m) {
+        m->adam_m = xmalloc(sizeof(gpt_real) * m->num_params);
+        m->adam_v = xmalloc(sizeof(gpt_real) * m->num_params);
+        gpt_part_copy(m, tp_rank, ep_rank, full->adam_m, m->adam_m, true);
+        gpt_part_copy(m, tp_rank, ep_rank, full->adam_v, m->adam_v, true);
+    }
+}
+
 static inline void gpt_init_expert_shard(gpt_t *m, const gpt_t *full, int ep, int rank) {
     gpt_config c = full->cfg;
     c.ep = ep;

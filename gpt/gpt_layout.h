@@ -177,6 +177,14 @@ static inline bool gpt_is_expert_tensor(const gpt_config *c, int i) {
     return c->n_expert && (i == B_FC_W || i == B_FC_B || i == B_FCPROJ_W || i == B_FCPROJ_B);
 }
 
+// How tensor parallelism splits block tensor i: as the table says, except
+// a mixture's experts, which stay whole on every tp rank (the finale,
+// chapter 14: after attention's all-reduce every tp rank holds the same
+// tokens, and its experts compute them whole; ep cuts the experts instead).
+static inline gpt_split gpt_block_split(const gpt_config *c, int i) {
+    return gpt_is_expert_tensor(c, i) ? GPT_REPLICATED : gpt_block_layout[i].split;
+}
+
 // The ranks a model's experts are split over: 1 (all here) for a whole model.
 static inline int gpt_ep_ways(int ep) { return ep > 1 ? ep : 1; }
 
@@ -195,8 +203,8 @@ static inline int gpt_tp_ways(int tp) { return tp > 1 ? tp : 1; }
 // (cols 0: a vector): its split dimension divided by tp.
 static inline void gpt_block_tensor_shape(const gpt_config *c, int tp, int i, size_t *rows, size_t *cols) {
     size_t C = (size_t)c->n_embd, ways = (size_t)gpt_tp_ways(tp);
-    *rows = (size_t)gpt_block_layout[i].rows * C / (gpt_block_layout[i].split == GPT_SPLIT_ROWS ? ways : 1);
-    *cols = (size_t)gpt_block_layout[i].cols * C / (gpt_block_layout[i].split == GPT_SPLIT_COLS ? ways : 1);
+    *rows = (size_t)gpt_block_layout[i].rows * C / (gpt_block_split(c, i) == GPT_SPLIT_ROWS ? ways : 1);
+    *cols = (size_t)gpt_block_layout[i].cols * C / (gpt_block_split(c, i) == GPT_SPLIT_COLS ? ways : 1);
     if (i == B_ROUTER_W) *rows = (size_t)c->n_expert;
     if (gpt_is_expert_tensor(c, i)) *rows *= (size_t)(c->n_expert / gpt_ep_ways(c->ep)); // this shard's experts
 }
@@ -242,7 +250,7 @@ static inline size_t gpt_layout_params_tp(const gpt_config *c, int tp, gpt_tenso
             size_t rows, cols;
             gpt_block_tensor_name(c, l, i, name, sizeof name);
             gpt_block_tensor_shape(c, tp, i, &rows, &cols);
-            gpt_layout_add(out, &n, &total, name, rows, cols, gpt_block_layout[i].split);
+            gpt_layout_add(out, &n, &total, name, rows, cols, gpt_block_split(c, i));
         }
     gpt_layout_add(out, &n, &total, "ln_f.weight", C, 0, GPT_REPLICATED);
     gpt_layout_add(out, &n, &total, "ln_f.bias", C, 0, GPT_REPLICATED);
@@ -498,7 +506,6 @@ static inline size_t gpt_grad_acts_size(const gpt_config *c, size_t B, size_t T)
 // NULL when a model of this configuration can be split over tp ranks, else why not.
 static inline const char *gpt_tp_problem(const gpt_config *c, int tp) {
     if (tp < 1) return "tp must be at least 1";
-    if (tp > 1 && c->n_expert) return "tensor parallelism of a mixture of experts' blocks is not written (chapter 14's)";
     if (c->n_head % tp != 0) return "tp must divide n_head (each rank computes whole heads)";
     return NULL;
 }

@@ -518,12 +518,13 @@ static inline void model_gpu_context_parallel(model_t *m, bool ulysses);
 // `balance` ("zigzag" or "none"). Every weight stays whole on every rank.
 static inline void model_context_parallel(model_t *m, pg_t *cp, const char *kind, const char *balance) {
     if (pg_world_size(cp) == 1) return; // one rank: the model of chapter 08, untouched
-    if (gpt_tp_ways(m->host.tp) > 1 || m->host.stage.count > 1)
-        die("context parallelism with tensor or pipeline parallelism is the finale's (chapter 14)");
+    if (m->on_gpu && (gpt_tp_ways(m->host.tp) > 1 || m->host.stage.count > 1))
+        die("context parallelism with tensor or pipeline parallelism on GPUs is not written (the finale, chapter 14, "
+            "composes them on CPU ranks)");
     m->cp_group = cp;
     cp_comm comm = {m, model_cp_ring_start, model_cp_ring_finish, model_cp_all_to_all_v, model_cp_sum,
                     model_cp_broadcast};
-    m->host.cp = cp_create(pg_world_size(cp), pg_rank(cp), m->host.cfg.n_head, strcmp(kind, "ulysses") ? CP_RING : CP_ULYSSES,
+    m->host.cp = cp_create(pg_world_size(cp), pg_rank(cp), m->host.cfg.n_head / gpt_tp_ways(m->host.tp), strcmp(kind, "ulysses") ? CP_RING : CP_ULYSSES,
                            strcmp(balance, "none") ? CP_ZIGZAG : CP_CONTIGUOUS, comm);
     // On a GPU the host model only chooses the tokens and keeps their
     // positions; the GPU model computes (gpt_cuda_cp.cuh).

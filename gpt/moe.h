@@ -117,16 +117,24 @@ static inline void gpt_moe_stats_reset(gpt_t *m) {
     memset(s->seconds, 0, sizeof s->seconds);
 }
 
-static inline void gpt_moe_free(gpt_t *m) {
-    if (!m->moe) return;
-    for (int l = 0; l < m->cfg.n_layer; l++) {
-        gpt_moe_layer *y = &m->moe->layer[l];
+// One micro-batch's layers (a pipeline stage keeps one set per activation
+// slot: gpt_use_slot).
+static inline void gpt_moe_free_layers(const gpt_config *c, gpt_moe_layer *layers) {
+    if (!layers) return;
+    for (int l = 0; l < c->n_layer; l++) {
+        gpt_moe_layer *y = &layers[l];
         free(y->probs), free(y->choice), free(y->gate), free(y->slot), free(y->aux_scale), free(y->sent);
         free(y->count_out), free(y->count_in), free(y->send_counts), free(y->recv_counts);
         free(y->send_x), free(y->back_y), free(y->recv_x), free(y->recv_y), free(y->order);
         free(y->xe), free(y->h), free(y->hg), free(y->ye);
     }
-    free(m->moe->layer), free(m->moe->stats.routed), free(m->moe->stats.dropped), free(m->moe);
+    free(layers);
+}
+
+static inline void gpt_moe_free(gpt_t *m) {
+    if (!m->moe) return;
+    gpt_moe_free_layers(&m->cfg, m->moe->layer);
+    free(m->moe->stats.routed), free(m->moe->stats.dropped), free(m->moe);
     m->moe = NULL;
 }
 

@@ -152,6 +152,9 @@ static inline void options_plan(const options *o, flag_set *set) {
     if (!strcmp(o->grad_compress, "powersgd"))
         flags_fail(set, "--plan: --grad_compress powersgd is not planned (its factors' sizes depend on the matrices' ranks)");
     if (o->ep > 1) flags_fail(set, "--plan: --ep needs the experts' count and top-k, which chapter 13 adds");
+    if (o->n_expert)
+        flags_fail(set, "--plan: a mixture of experts is not planned yet (the planner counts a dense model's tensors "
+                        "and bytes; --n_expert %d would print a dense model's rows)", o->n_expert);
     const char *problem = plan_problem(&l);
     if (problem) flags_fail(set, "--plan: %s", problem);
     printf("plan: %s for --device %s (auto plans the CPU model; --device cuda the GPU's)\n", set->program, o->device);

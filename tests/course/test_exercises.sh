@@ -102,6 +102,8 @@ starter 12/merge_partials "partial attention to block A .*: got lse 777, .*out o
 solution 12/merge_partials
 starter 13/route "dropless: choices: token 0, choice 0: got expert -1, expected 1"
 solution 13/route
+starter 14/mesh "mesh 2 x 2 x 2 x 2 x 2, rank 1: got coordinates \\(pp 0, dp 0, ep 0, cp 0, tp 0\\), expected \\(0, 0, 0, 0, 1\\)"
+solution 14/mesh
 
 # The CUDA exercise: checked on a GPU; elsewhere compiled (CUDA build) or not
 # even that (CPU-only build), and skipped with the reason the check gives.
@@ -440,5 +442,17 @@ else
     [[ $status -eq 0 ]] && last_line "$TMP/make_target" | grep -q '^PASSED: '
     verdict $? "exercises: make check-exercise EX=07/global_rank SOLUTION=1 passes" "status $status: $(last_line "$TMP/make_target")"
 fi
+
+# The finale's mesh with pp read as the fastest dimension (the order of
+# another chapter's groups), and a group that lets a held dimension vary.
+if $have_solutions; then
+    sol="$ROOT/solutions/14_five_dimensions/mesh.c"
+    sed 's|for (int d = MESH_DIMS - 1; d >= 0; d--) { // tp is the lowest digit|for (int d = 0; d < MESH_DIMS; d++) {|' \
+        "$sol" >"$TMP/mesh_order.c"
+    broken 14/mesh "pp read as the fastest dimension" "$TMP/mesh_order.c" "that is pp read as the fastest dimension"
+    sed 's|if (!(dims \& (1u << d)) \&\& c\[d\] != mine\[d\]) same = 0;|if (d != MESH_PP \&\& !(dims \& (1u << d)) \&\& c[d] != mine[d]) same = 0;|' \
+        "$sol" >"$TMP/mesh_loose.c"
+    broken 14/mesh "a group that varies pp too" "$TMP/mesh_loose.c" "differs in a dimension outside the group"
+else skip "exercises: 14/mesh catches its slips" "solutions/ is absent (the broken versions are made from it)"; fi
 
 leftovers

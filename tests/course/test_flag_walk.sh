@@ -12,7 +12,7 @@
 # the flags that only matter there are walked too: --precision fp16 with
 # --loss_scale, and --cuda_graph.
 source "$(dirname "$0")/../lib.sh"
-chapters=(${FLAG_WALK_CHAPTERS:-08_gpt_wikitext 09_zero_fsdp 10_tensor_parallel 11_pipeline_parallel 12_context_parallel 13_expert_parallel})
+chapters=(${FLAG_WALK_CHAPTERS:-08_gpt_wikitext 09_zero_fsdp 10_tensor_parallel 11_pipeline_parallel 12_context_parallel 13_expert_parallel 14_five_dimensions})
 for c in "${chapters[@]}"; do
     [[ -x "$ROOT/$c/$c" ]] || { fail "flag walk: binaries" "build first (make): no $c/$c"; exit 1; }
 done
@@ -28,6 +28,12 @@ declare -A refused=(
     ["09_zero_fsdp --precision=fp16"]="needs --shard 0"
     ["11_pipeline_parallel --precision=fp16"]="pipeline stage"
     ["13_expert_parallel --grad_compress=powersgd"]="PowerSGD factors the whole model"
+    ["13_expert_parallel --plan"]="a mixture of experts is not planned yet"
+    ["14_five_dimensions --precision=fp16"]="pipeline stage"
+    ["14_five_dimensions --grad_compress=bf16"]="the dense and the expert gradients"
+    ["14_five_dimensions --grad_compress=fp16"]="the dense and the expert gradients"
+    ["14_five_dimensions --grad_compress=powersgd"]="the dense and the expert gradients"
+    ["14_five_dimensions --plan"]="a mixture of experts is not planned yet"
 )
 
 # Each chapter walks in its own default layout (11: two stages), so 08's
@@ -37,7 +43,8 @@ declare -A refused=(
 # one rank per sequence (the last flag given wins) and in 13 experts spread
 # over both (--ep 2).
 declare -A layout=([12_context_parallel]="--cp 2")
-declare -A replicas_layout=([11_pipeline_parallel]="--pp 1" [12_context_parallel]="--cp 1" [13_expert_parallel]="--ep 2")
+declare -A replicas_layout=([11_pipeline_parallel]="--pp 1" [12_context_parallel]="--cp 1" [13_expert_parallel]="--ep 2"
+                            [14_five_dimensions]="--pp 1 --ep 2")
 # On the CPU, 13 walks as a mixture of experts (on a GPU it walks dense,
 # 08's model: the GPU's mixture refuses fp16, which that walk takes, and
 # test_13_expert_parallel runs it). Without the
@@ -45,6 +52,9 @@ declare -A replicas_layout=([11_pipeline_parallel]="--pp 1" [12_context_parallel
 # micro-batches of 2 are a batch of 4 only without it
 # (test_13_expert_parallel checks the groups).
 declare -A cpu_layout=([13_expert_parallel]="--n_expert 4 --aux_loss_coef 0")
+# 14 walks in 11's default two stages with 13's mixture on the CPU (its GPU
+# runs are refused, saying why: test_14 checks that line, and the GPU walk skips 14).
+cpu_layout[14_five_dimensions]="--n_expert 4 --aux_loss_coef 0"
 
 gpt_corpus "$TMP/corpus"
 base=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --block_size 32 --batch_size 4
@@ -59,7 +69,8 @@ walk() {
     n=$((n + 1)); dir=$TMP/$chapter-$name-$n.d; out=$TMP/$chapter-$n
     [[ $name == base ]] && dir=$TMP/$chapter-base.d
     # shellcheck disable=SC2086
-    run_capture 180 "$out" "$ROOT/$chapter/$chapter" "${base[@]}" ${layout[$chapter]:-} --out_dir "$dir" ${on_cpu:+${cpu_layout[$chapter]:-}} "$@"
+    run_capture 180 "$out" "$ROOT/$chapter/$chapter" "${base[@]}" ${layout[$chapter]:-} --out_dir "$dir" \
+        ${on_cpu:+${cpu_layout[$chapter]:-}} "$@"
     status=$?
 }
 
@@ -90,6 +101,8 @@ else
   base_cpu=("${base[@]}")
   base+=(--device cuda --block_size 16 --max_steps 2)
   for c in "${chapters[@]}"; do
+    # 14 runs on CPU ranks only: test_14_five_dimensions checks its one-line refusal of --device cuda.
+    [[ $c == 14_five_dimensions ]] && continue
     walk "$c" x --precision fp16 --loss_scale 1024
     grep -Eq 'loss scale (1024|512|2048)' "$out" && grep -q '^step: ' "$out"
     expect "$c" --precision=fp16 $? "fp16 with its loss scale from --loss_scale; the step line says how it launches"

@@ -153,12 +153,12 @@ run README.md 02_p2p 120 "make -n test" 'tests/run.sh p2p'
 run README.md . 60 "make 04_ddp_spawn" '^built 04_ddp_spawn/04_ddp_spawn; run it from here with \./04_ddp_spawn/04_ddp_spawn'
 exercise README.md . "make check-exercise EX=03/ring_allreduce"
 # Read the diff first: make diffs exits 0 (diff's 1 is not a failure) after
-# the diffs, 01 -> 04 -> 05 -> 06 -> 07, then 08 -> 09, 08 -> 10, 08 -> 11, 08 -> 12 and 08 -> 13, in that order.
-run README.md . 60 "make diffs" '^\+\+\+ 13_expert_parallel/13_expert_parallel\.c$'
+# the diffs, 01 -> 04 -> 05 -> 06 -> 07, then 08 -> 09, 08 -> 10, 08 -> 11, 08 -> 12, 08 -> 13 and 11 -> 14, in that order.
+run README.md . 60 "make diffs" '^\+\+\+ 14_five_dimensions/14_five_dimensions\.c$'
 order=$(grep '^+++ ' "$TMP/out" | cut -c5- | tr '\n' ' ')
 want="04_ddp_spawn/04_ddp_spawn.c 05_env_launch/05_env_launch.c 06_snapshot_resume/06_snapshot_resume.c 07_multinode/07_multinode.c "
 want+="09_zero_fsdp/09_zero_fsdp.c 10_tensor_parallel/10_tensor_parallel.c 11_pipeline_parallel/11_pipeline_parallel.c "
-want+="12_context_parallel/12_context_parallel.c 13_expert_parallel/13_expert_parallel.c "
+want+="12_context_parallel/12_context_parallel.c 13_expert_parallel/13_expert_parallel.c 14_five_dimensions/14_five_dimensions.c "
 [[ "$order" == "$want" ]]; verdict $? "README.md: make diffs prints the diffs in order" "got: $order"
 run README.md . 60 "make help"
 # make help: every target of the top Makefile, and every chapter with its line.
@@ -366,6 +366,27 @@ else
     not_here 13_expert_parallel/README.md "${ep_cmds[2]}" "needs the model of a run on WikiText-2, which is not here"
 fi
 exercise 13_expert_parallel/README.md 13_expert_parallel "make check-exercise EX=13/route"
+
+fresh_copy 14_five_dimensions/README.md
+run 14_five_dimensions/README.md 14_five_dimensions 300 "make 14_five_dimensions"
+fd_cmds=("./14_five_dimensions --pp 2 --dp 2 --ep 2 --cp 2 --tp 2 --n_expert 4 --moe_top_k 2 --preset tiny --block_size 32 --batch_size 2 --grad_accum 2 --max_steps 20 --device cpu"
+         "./14_five_dimensions --pp 1 --n_expert 4 --moe_top_k 2 --preset tiny --block_size 32 --batch_size 8 --grad_accum 2 --max_steps 20 --device cpu")
+if [[ -n "$wikitext" ]]; then
+    student+=(WIKITEXT_DIR="$wikitext")
+    run 14_five_dimensions/README.md 14_five_dimensions 600 "${fd_cmds[0]}" '^mesh: pp 2 x dp 2 x ep 2 x cp 2 x tp 2 \(32 ranks'
+    run 14_five_dimensions/README.md 14_five_dimensions 600 "${fd_cmds[1]}" '^test: loss '
+    unset 'student[${#student[@]}-1]'
+else
+    covered["14_five_dimensions/README.md|${fd_cmds[0]}"]=1
+    (cd "$course/14_five_dimensions" && timeout -k 5 60 "${student[@]}" bash -c "${fd_cmds[0]}") >"$TMP/out" 2>&1; status=$?
+    [[ $status -ne 0 ]] && grep -q "error: WikiText-2 not found: .*make data" "$TMP/out"
+    verdict $? "14_five_dimensions/README.md: ${fd_cmds[0]} (no WikiText-2 here: an error that says make data)" \
+        "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
+    not_here 14_five_dimensions/README.md "${fd_cmds[1]}" "needs WikiText-2, which is not here"
+fi
+run 14_five_dimensions/README.md 14_five_dimensions 300 "./rehearsal.sh" \
+    '^rehearsal: PASS \((netns|loopback)\): 8 \+ 8 workers on two hosts trained the same model as one process'
+exercise 14_five_dimensions/README.md 14_five_dimensions "make check-exercise EX=14/mesh"
 
 fresh_copy 11_pipeline_parallel/README.md
 run 11_pipeline_parallel/README.md 11_pipeline_parallel 300 "make"

@@ -17,6 +17,12 @@ for pair in 09_zero_fsdp:180 10_tensor_parallel:160 11_pipeline_parallel:280 12_
     [[ $n -le $most ]]; verdict $? "steps: 08 -> $c is $n changed lines (at most $most)" "$n lines: the chapter's machinery belongs in its headers, what 08 shares in gpt/"
     [[ $lines -le 500 ]]; verdict $? "steps: $f is at most 500 lines ($lines)" "$lines lines"
 done
+# The finale (issue 44) is 11 plus cp and ep: its diff is taken from 11's
+# main file, and held to 200 changed lines (how the dimensions compose).
+f=14_five_dimensions/14_five_dimensions.c
+n=$(diff "$ROOT/11_pipeline_parallel/11_pipeline_parallel.c" "$ROOT/$f" | grep -c '^[<>]') lines=$(wc -l <"$ROOT/$f")
+[[ $n -le 200 ]]; verdict $? "steps: 11 -> 14_five_dimensions is $n changed lines (at most 200)" "$n lines: the finale's machinery belongs in finale.h, what 11 shares in gpt/"
+[[ $lines -le 500 ]]; verdict $? "steps: $f is at most 500 lines ($lines)" "$lines lines"
 # Rank arithmetic on mesh coordinates - a rank from a stage times a size,
 # a coordinate from a rank divided by a stride - lives in common/groups.h.
 found=$(grep -nE '(rank|from|peer) *= *[a-z_>.-]*(stage|replica|shard|coord)[a-z_]* *\* *|rank *[/%] *(p->|g->)?(shards|replicas|stages|size)' \

@@ -3,7 +3,9 @@
 // pipeline, and what it measures (the bubble, the activations held, the
 // timeline). The lesson itself - the two schedules, a micro-batch's
 // forward and backward pass, the training step - is in
-// 11_pipeline_parallel.c.
+// 11_pipeline_parallel.c. The finale (chapter 14) runs the same pipeline
+// with cp and ep in the mesh too: a stage's messages then carry its cp
+// rank's tokens of each sequence only (pipe_tokens).
 //
 // The mesh is pp x dp x tp (common/groups.h, tp fastest, as Megatron-LM
 // orders them): the tp ranks of a stage, which all-reduce inside every
@@ -37,13 +39,13 @@
 // The flags of this chapter: the schedule and the mesh. Its micro-batches
 // are 08's --grad_accum: the micro-batches of a step, the gradients of each
 // added up before AdamW, are what flows through the pipeline.
-static inline void pipeline_add_flags(flag_set *set, options *o) {
+static inline void pipeline_add_flags(flag_set *set, options *o, const char *mesh) {
     for (int i = 0; i < set->count; i++)
         if (!strcmp(set->flags[i].name, "grad_accum"))
             set->flags[i].help = "micro-batches per optimizer step, their gradients added up: in a pipeline, the "
                                  "pieces of the batch that flow through the stages one after another";
     flag_choice(set, "schedule", &o->schedule, "gpipe|1f1b", "the order of forward and backward passes in a stage");
-    options_add_mesh_flags(set, o, "dp tp pp");
+    options_add_mesh_flags(set, o, mesh); // 11: "dp tp pp"; 14: all five
 }
 
 // 08's options_finish, with a block for every stage: a preset of fewer
@@ -82,6 +84,7 @@ typedef struct {
 typedef struct {
     groups_t g;              // pp x dp x tp: the stages of a pipeline, the replicas of a stage, its shards
     pg_t *pp, *dp, *tp;      // this pipeline's stages; this stage's replicas (data parallelism); its shards
+    pg_t *data;              // with ep (the finale): dp x ep, the ranks that read different batches
     pg_t *tie;               // the first and the last stage of this pipeline: their two copies of wte
     int stage, stages;       // this rank's stage, of S
     bool first, last;
@@ -107,12 +110,15 @@ typedef struct {
 
 static inline void pipeline_init(pipeline_t *p, dist_t *d, const options *o) {
     memset(p, 0, sizeof *p);
-    int sizes[DIMS] = {[DIM_PP] = o->pp, [DIM_DP] = o->dp, [DIM_EP] = 1, [DIM_CP] = 1, [DIM_TP] = o->tp};
+    int sizes[DIMS] = {[DIM_PP] = o->pp, [DIM_DP] = o->dp, [DIM_EP] = o->ep, [DIM_CP] = o->cp, [DIM_TP] = o->tp};
     groups_init(&p->g, d, sizes);
     p->pp = p->g.group[DIM_PP], p->dp = p->g.group[DIM_DP], p->tp = p->g.group[DIM_TP];
     p->stage = p->g.coord[DIM_PP], p->stages = p->g.size[DIM_PP];
     p->first = groups_first(&p->g, DIM_PP), p->last = groups_last(&p->g, DIM_PP);
-    p->counts = p->last && groups_first(&p->g, DIM_TP); // every shard of the last stage computes the same loss
+    // every shard of the last stage computes the same loss, and so does
+    // every cp rank (context_parallel.h's cp_mean_loss: the sequences' mean)
+    p->counts = p->last && groups_first(&p->g, DIM_TP) && groups_first(&p->g, DIM_CP);
+    if (p->g.size[DIM_EP] > 1) p->data = groups_join(&p->g, "dp ep"); // freed by groups_free
     // The tied embedding: the first and the last stage of each pipeline,
     // shard by shard, named by the first stage's rank (pg_split: every rank
     // calls it; the others join no group).
@@ -130,7 +136,10 @@ static inline void pipeline_init(pipeline_t *p, dist_t *d, const options *o) {
 // ranks: the stages of one pipeline read the same blocks (the first one
 // their tokens, the last one their targets), and the last stage's first
 // shard has the pipeline's loss.
+// With ep (the finale), every rank of dp x ep reads its own batches: the
+// experts are all an ep group shares.
 static inline replicas_t pipeline_replicas(pipeline_t *p) {
+    if (p->data) return (replicas_t){pg_rank(p->data), pg_world_size(p->data), p->g.dist->pg, p->counts};
     return (replicas_t){p->g.coord[DIM_DP], p->g.size[DIM_DP], p->g.dist->pg, p->counts};
 }
 
@@ -147,6 +156,13 @@ static inline void make_stage(model_t *model, const gpt_t *whole, const pipeline
     if (p->g.size[DIM_TP] > 1) model_tensor_parallel(model, p->tp);    // its blocks' all-reduces: chapter 10
 }
 
+// The tokens of each sequence this stage computes: all T, or with context
+// parallelism (the finale) its cp rank's, which the model chooses here
+// already so that the buffer a message lands in is sized for them.
+static inline int pipe_tokens(model_t *m, int B, int T) {
+    return m->host.cp ? cp_take_tokens(m->host.cp, NULL, NULL, B, T) : T;
+}
+
 // Once the model is built: what travels between stages, where this
 // stage's own gradients begin, room for the times of `steps` steps. Rank 0
 // prints what each stage holds and sends.
@@ -155,7 +171,7 @@ static inline void pipeline_start(pipeline_t *p, model_t *m, int steps) {
     p->m = m;
     p->own_from = gpt_stage_tied_copy(c, &m->host.stage);
     p->dtype = model_stage_dtype(m);
-    p->count = (size_t)p->B * p->T * c->n_embd;
+    p->count = (size_t)p->B * pipe_tokens(m, p->B, p->T) * c->n_embd;
     p->max_steps = steps;
     p->busy = xcalloc((size_t)steps + 1, sizeof(double)), p->ends = xcalloc((size_t)steps + 1, sizeof(double));
     double kib = (double)(p->count * dtype_size(p->dtype)) / 1024;
@@ -206,7 +222,7 @@ static inline void pipe_take_slot(pipeline_t *p, int i) {
 // One of the three buffers of micro-batch i's slot (model_stage_buffer).
 static inline void *pipe_buffer(pipeline_t *p, model_t *m, int i, model_stage_buffer_t which, int B, int T) {
     model_use_slot(m, p->slot_of[i]);
-    return model_stage_buffer(m, which, B, T);
+    return model_stage_buffer(m, which, B, pipe_tokens(m, B, T));
 }
 
 // ===================================================================== the messages between stages
@@ -268,14 +284,15 @@ static inline pipe_msg recv_forward(pipeline_t *p, model_t *m, int i) {
 // pipeline_replicas). A forward_fn (gpt/trainer.h): ctx is the pipeline.
 static inline float pipe_forward_only(void *ctx, model_t *m, const uint16_t *in, const uint16_t *tg, int B, int T) {
     pipeline_t *p = ctx;
-    size_t count = (size_t)B * T * m->host.cfg.n_embd;
     int prev = groups_peer(&p->g, DIM_PP, -1), next = groups_peer(&p->g, DIM_PP, +1);
     model_use_slot(m, 0);
-    pipe_msg input = p->first ? NO_MSG : (pipe_msg){model_stage_buffer(m, STAGE_INPUT, B, T), prev, 0};
+    int mine = pipe_tokens(m, B, T);
+    size_t count = (size_t)B * mine * m->host.cfg.n_embd;
+    pipe_msg input = p->first ? NO_MSG : (pipe_msg){model_stage_buffer(m, STAGE_INPUT, B, mine), prev, 0};
     pipe_exchange(p, NO_MSG, input, count);
     float loss = model_forward(m, p->first ? in : NULL, p->last ? tg : NULL, B, T);
     model_wait(m); // before the output is sent
-    pipe_msg output = p->last ? NO_MSG : (pipe_msg){model_stage_buffer(m, STAGE_OUTPUT, B, T), next, 0};
+    pipe_msg output = p->last ? NO_MSG : (pipe_msg){model_stage_buffer(m, STAGE_OUTPUT, B, mine), next, 0};
     pipe_exchange(p, output, NO_MSG, count);
     return loss;
 }
@@ -422,6 +439,10 @@ static inline void write_timeline(pipeline_t *p, const options *o, double bubble
 // gradients (dp), each all-reduce at what a ring sends.
 static inline void pipe_report_plan_rows(pipeline_t *p, model_t *m) {
     if (p->steps == 0) return;
+    if (p->g.size[DIM_CP] > 1 || p->g.size[DIM_EP] > 1) { // the finale's: its gradients average over dp x ep x cp
+        log_main("planner rows: not measured with cp or ep (neither the planner nor these rows count their bytes yet)\n");
+        return;
+    }
     plan_rank row = {{0}, {0}};
     plan_measure_model(m, p->slots_used, row.mem);
     double tie = p->tie ? plan_ring_all_reduce(m->grads_all_reduced, pg_world_size(p->tie)) : 0;
