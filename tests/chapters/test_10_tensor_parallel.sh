@@ -134,7 +134,7 @@ verdict $? "tp planted: a step that sums its micro-batches' gradients fails the 
 # Planted: the f all-reduce of c_fc's input gradient skipped. Each rank's
 # LayerNorm gradient then sees only its own hidden units: the replicas
 # check must stop the run after its first step.
-planted=$(plant f_skipped gpt/gpt.h 'gpt_tp_sum(m, g.dtmp, (size_t)N * C);                               // f: all-reduce' \
+planted=$(plant f_skipped gpt/gpt.h 'gpt_tp_sum(m, g.dtmp, (size_t)N * C);                           // f: all-reduce' \
     '' 10_tensor_parallel 10_tensor_parallel)
 [[ -n $planted ]] && { run_capture 120 "$TMP/planted_f" "$planted" "${cpu[@]}" "${tp2[@]}" --out_dir "$TMP/planted_f.d"; [[ $? -ne 0 ]]; } &&
     grep -q 'after step 1 the gradient of .*, a replicated tensor, differs between tp ranks 0 and 1' "$TMP/planted_f"
