@@ -39,19 +39,26 @@ same() {
 # 16 tokens, 8 steps: the emulator is slow. Tolerances are chapter 08's:
 # 1e-5 in fp32 (two GPU runs add in other orders), 2e-2 in bf16 and fp16
 # (16-bit activations, rounded at other places: the merged output of
-# ring attention is rounded once, after the merge).
+# ring attention is rounded once, after the merge). Ring over 2 and 4 GPUs
+# (over 4, the last ranks' queries merge up to four partials), ulysses in
+# fp32 and bf16; a bug planted in the GPU merge kernel shows that the fp32
+# check sees it.
 if ! has_gpu; then
-    for what in "cp 2 ring in fp32" "dp 2 x cp 2 ulysses in fp32" "cp 2 ring in bf16" "cp 2 ring (none) in fp16"; do
+    for what in "cp 2 ring in fp32" "cp 4 ring in fp32" "dp 2 x cp 2 ulysses in fp32" "cp 2 ring in bf16" \
+                "cp 2 ulysses in bf16" "cp 2 ring (none) in fp16"; do
         skip "cp gpu: $what equals one GPU" "no GPU here (a CPU-only build, or no GPU: make CUDA=emu test runs these on the emulated GPU)"
     done
+    skip "cp gpu planted: partials merged without their log-sum-exps in the GPU kernel" \
+        "no GPU here (make CUDA=emu test runs it on the emulated GPU)"
 else
     gpu=("${common[@]}" --device cuda --block_size 16 --max_steps 8 --batch_size 4)
     for p in fp32 bf16 fp16; do
         run_capture 300 "$TMP/g_one_$p" "$prog" "${gpu[@]}" --precision $p --out_dir "$TMP/g_one_$p.d"
     done
     # dp 2 x cp 2: two replicas of batch 2, each sequence over 2 GPUs.
-    for l in "g_ring:fp32:1e-5:--cp 2" "g_uly:fp32:1e-5:--dp 2 --cp 2 --batch_size 2 --cp_attention ulysses" "g_bf16:bf16:2e-2:--cp 2" \
-             "g_fp16:fp16:2e-2:--cp 2 --cp_balance none"; do
+    for l in "g_ring:fp32:1e-5:--cp 2" "g_ring4:fp32:1e-5:--cp 4" \
+             "g_uly:fp32:1e-5:--dp 2 --cp 2 --batch_size 2 --cp_attention ulysses" "g_bf16:bf16:2e-2:--cp 2" \
+             "g_ulyb:bf16:2e-2:--cp 2 --cp_attention ulysses" "g_fp16:fp16:2e-2:--cp 2 --cp_balance none"; do
         IFS=: read -r name p tol flags <<<"$l"
         # shellcheck disable=SC2086
         run_capture 300 "$TMP/$name" "$prog" "${gpu[@]}" --precision $p $flags --out_dir "$TMP/$name.d"; status=$?
@@ -61,6 +68,17 @@ else
         verdict $? "cp gpu: $flags (nccl) equals one GPU in $p (models $r apart, at most $tol; traffic the formula's)" \
             "status $status, relative '$r', valid $va vs $vb: $(grep -m1 -E 'error|NOT the formula' "$TMP/$name")"
     done
+    # Planted in the GPU merge kernel (a copy built for the emulated GPU, as
+    # test_13 does): the partial outputs added, not weighed by their
+    # log-sum-exps. cp 2 ring in fp32 must then differ from one GPU.
+    r=
+    planted=$(PLANT_CUDA=emu plant gpu_merge gpt/gpt_cuda_cp.cuh \
+        'for (int c = 0; c < hs; c++) out[c] = (wa * out[c] + wb * in[c]) / sum;' \
+        'for (int c = 0; c < hs; c++) out[c] = out[c] + in[c] + 0.0f * wa * wb * sum;' 12_context_parallel 12_context_parallel)
+    [[ -n $planted ]] && { run_capture 300 "$TMP/pl_gmerge" "$planted" "${gpu[@]}" --precision fp32 --cp 2 \
+                               --out_dir "$TMP/pl_gmerge.d"; ! same g_one_fp32 pl_gmerge 1e-5 $?; } && [[ -n $r ]]
+    verdict $? "cp gpu planted: partials merged without their log-sum-exps in the GPU kernel make cp 2 ring in fp32 differ from one GPU (models $r apart)" \
+        "$(planted_why gpu_merge)relative '$r'"
 fi
 
 # ---------------------------------------------------------------- on CPU ranks, every build
