@@ -95,6 +95,20 @@ field() {
         if [[ $all -eq 1 ]]; then cat; else tail -n 1; fi
 }
 
+# models_apart A B : the relative L2 difference of two saved GPT models
+# (tests/unit/test_gpt_compare), empty when either cannot be read. The
+# parallel chapters' "equal to one process" and "resumes where it would
+# have ended" checks compare with it.
+models_apart() {
+    field <("$ROOT/tests/unit/test_gpt_compare" "$1" "$2" 2>&1) '^relative difference ([0-9.e+-]*):'
+}
+
+# first_sample FILE : the text of a run's first sample (the lines after
+# "--- sample 1", up to the next line the GPT programs print).
+first_sample() {
+    awk '/^--- sample 1 /{on=1; next} on && /^(saved: |final parameters|metrics: |--- sample)/{exit} on' "$1"
+}
+
 # gpt_corpus DIR : a small corpus in WikiText's layout (train.txt, valid.txt,
 # test.txt of made-up sentences), for the GPT's tests: no real data needed.
 gpt_corpus() {

@@ -29,8 +29,7 @@ train() { local name=$1; shift; run_capture 300 "$TMP/$name" "${prog_under_test:
 # va, vb, ma, mb.
 equal() {
     local status=${4:-0}
-    r=$(field <("$compare" "$TMP/$1.d/model.safetensors" "$TMP/$2.d/model.safetensors" 2>&1) \
-        '^relative difference ([0-9.e+-]*):')
+    r=$(models_apart "$TMP/$1.d/model.safetensors" "$TMP/$2.d/model.safetensors")
     va=$(field "$TMP/$1" "$valid") vb=$(field "$TMP/$2" "$valid")
     ma=($(field "$TMP/$1" "$moments" '\1 \2')) mb=($(field "$TMP/$2" "$moments" '\1 \2'))
     [[ $status -eq 0 && ${#ma[@]} -eq 2 && ${#mb[@]} -eq 2 ]] && near "$r" 0 "$3" && rel_near "$va" "$vb" "$3" &&

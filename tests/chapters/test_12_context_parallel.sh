@@ -27,8 +27,7 @@ valid='validation after step [0-9]* .*: loss ([0-9.]*) ' sum='checksum ([0-9a-f]
 # the validation losses too. Sets r, va and vb.
 same() {
     local one=$1 many=$2 tol=$3 status=${4:-0}
-    r=$(field <("$compare" "$TMP/$one.d/model.safetensors" "$TMP/$many.d/model.safetensors" 2>&1) \
-        '^relative difference ([0-9.e+-]*):')
+    r=$(models_apart "$TMP/$one.d/model.safetensors" "$TMP/$many.d/model.safetensors")
     va=$(field "$TMP/$one" "$valid"); vb=$(field "$TMP/$many" "$valid")
     [[ $status -eq 0 ]] && near "$r" 0 "$tol" && rel_near "$va" "$vb" "$tol"
 }
@@ -235,7 +234,7 @@ COURSE_FAIL_RANK=1 COURSE_FAIL_STEP=$(( ${steps:-5} + 2 )) run_capture 120 "$TMP
     --out_dir "$TMP/broken.d" --snapshot_path "$TMP/broken.d/s.safetensors"; died=$?
 run_capture 120 "$TMP/resumed" "$prog" "${small[@]}" --cp 4 --out_dir "$TMP/resumed.d" \
     --snapshot_path "$TMP/broken.d/s.safetensors"; status=$?
-r=$(field <("$compare" "$TMP/clean.d/model.safetensors" "$TMP/resumed.d/model.safetensors" 2>&1) '^relative difference ([0-9.e+-]*):')
+r=$(models_apart "$TMP/clean.d/model.safetensors" "$TMP/resumed.d/model.safetensors")
 [[ $died -ne 0 && $status -eq 0 ]] && grep -q 'Resuming training from snapshot at Epoch 1' "$TMP/resumed" && near "$r" 0 1e-6
 verdict $? "cp: a cp 2 run killed in epoch 2 resumes with cp 4 from its whole snapshot and ends where cp 2 ends ($r apart)" \
     "killed run status $died, resumed status $status, relative '$r': $(grep -m1 -E 'error|Resuming' "$TMP/resumed")"
@@ -247,8 +246,7 @@ run_capture 120 "$TMP/greedy" "$prog" "${small[@]}" --cp 2 --epochs 1 --num_samp
     --out_dir "$TMP/greedy.d"
 run_capture 120 "$TMP/gen08" "$p08" --generate --device cpu --num_samples 1 --temperature 0 --sample_tokens 12 --out_dir "$TMP/greedy.d"
 status=$?
-sample() { awk '/^--- sample 1 /{on=1; next} on && /^(saved: |final parameters|metrics: |--- sample)/{exit} on' "$1"; }
-a=$(sample "$TMP/greedy"); b=$(sample "$TMP/gen08")
+a=$(first_sample "$TMP/greedy"); b=$(first_sample "$TMP/gen08")
 [[ $status -eq 0 && -n "$a" && "$a" == "$b" ]]
 verdict $? "cp: chapter 08 loads the whole model a cp 2 run saved and samples its text ('$(echo $a)')" \
     "status $status, cp 2 wrote '$a', 08 wrote '$b': $(grep -m1 error "$TMP/gen08")"

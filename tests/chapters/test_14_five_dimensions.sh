@@ -27,8 +27,7 @@ valid='validation after step [0-9]* .*: loss ([0-9.]*) '
 # did (saved models within TOL relative, validation losses too). Sets r, va, vb.
 same() {
     local one=$1 many=$2 tol=$3 status=${4:-0}
-    r=$(field <("$compare" "$TMP/$one.d/model.safetensors" "$TMP/$many.d/model.safetensors" 2>&1) \
-        '^relative difference ([0-9.e+-]*):')
+    r=$(models_apart "$TMP/$one.d/model.safetensors" "$TMP/$many.d/model.safetensors")
     va=$(field "$TMP/$one" "$valid"); vb=$(field "$TMP/$many" "$valid")
     [[ $status -eq 0 && -n $r ]] && near "$r" 0 "$tol" && rel_near "$va" "$vb" "$tol"
 }
@@ -148,7 +147,7 @@ COURSE_FAIL_RANK=5 COURSE_FAIL_STEP=$(( ${steps:-5} + 2 )) run_capture 300 "$TMP
     --ep 2 --cp 2 --tp 2 --out_dir "$TMP/broken.d" --snapshot_path "$TMP/broken.d/s.safetensors"; died=$?
 run_capture 300 "$TMP/resumed" "$prog" "${small[@]}" --pp 1 --dp 1 --ep 2 --tp 2 --batch_size 4 --out_dir "$TMP/resumed.d" \
     --snapshot_path "$TMP/broken.d/s.safetensors"; status=$?
-r=$(field <("$compare" "$TMP/clean.d/model.safetensors" "$TMP/resumed.d/model.safetensors" 2>&1) '^relative difference ([0-9.e+-]*):')
+r=$(models_apart "$TMP/clean.d/model.safetensors" "$TMP/resumed.d/model.safetensors")
 [[ -n $steps && $died -ne 0 && $status -eq 0 ]] && grep -q 'Resuming training from snapshot at Epoch 1' "$TMP/resumed" &&
     near "$r" 0 1e-6
 verdict $? "finale: a 16-rank run killed in epoch 2 resumes as pp 1 x ep 2 x tp 2 from its whole snapshot and ends where it would have ($r apart)" \
