@@ -17,6 +17,7 @@
 #include "log.h"
 #include "model.h"
 #include "options.h"
+#include "plan_measured.h"
 
 // What cannot work, refused in one line with the reason.
 static inline void cp_refuse(flag_set *set, const options *o) {
@@ -81,6 +82,21 @@ static inline void cp_report_memory(const gpt_t *h, const double *all, int N, si
     }
 }
 
+// The planner's rows (gpt/plan.h; --plan prints them for the same flags):
+// this rank's buffers by kind (cp's blocks in flight and tokens among the
+// comm buffers), and per step what attention sent over cp (the counted
+// numbers, at the activations' bytes) and the gradients' all-reduce over
+// dp x cp (at what a ring sends). Every rank calls it.
+static inline void cp_report_plan_rows(model_t *m, const groups_t *g, const cp_counts *c, int steps) {
+    plan_rank row = {{0}, {0}};
+    plan_measure_model(m, 1, row.mem);
+    double act = m->on_gpu && m->precision != GPT_FP32 ? 2 : 4;
+    row.sent[PLAN_CP] = (c->sent_forward + c->sent_backward) * act / steps;
+    row.sent[PLAN_DP] =
+        plan_ring_all_reduce((double)ddp_bytes_reduced() / steps, g->size[DIM_DP] * g->size[DIM_CP]);
+    plan_report_measured(g->dist, 0, 1, &row);
+}
+
 // After training: per rank of replica 0's cp group, what it holds (the
 // activations of a training batch), sends (attention's numbers, per step)
 // and computes (attention's query-key scores per step and the CPU seconds
@@ -90,6 +106,7 @@ static inline void report_context_parallel(model_t *m, const groups_t *g, const 
                                            int steps) {
     int N = g->size[DIM_CP];
     if (steps < 1) return;
+    cp_report_plan_rows(m, g, c, steps);
     const gpt_t *h = &m->host;
     const gpt_cp *cp = h->cp;
     // Rank 0's buffers, in one line for any cp (bench/longest_context.sh

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "model.h"
 #include "options.h"
+#include "plan_measured.h"
 
 // The layout, as the metrics' title line and the snapshot's "mesh" say it.
 static inline const char *ep_mesh_text(const groups_t *g) {
@@ -102,11 +103,28 @@ static inline void report_routing(model_t *m, pg_t *all, const device_t *dev, co
     free(now);
 }
 
+// The planner's rows (gpt/plan.h; --plan prints them for the same flags):
+// this rank's buffers by kind (its experts' rows and routing among the
+// activations), and per step the rows it sent to other ranks of its ep
+// group (moe.h's counters) and the gradients' all-reduces: the dense ones
+// over dp x ep (what entered DDP's), the experts' over dp (their replicas),
+// each at what a ring sends.
+static inline void ep_report_plan_rows(model_t *m, groups_t *g, pg_t *all, int steps) {
+    plan_rank row = {{0}, {0}};
+    plan_measure_model(m, 1, row.mem);
+    row.sent[PLAN_EP] = plan_measured_ep_bytes(m) / steps;
+    row.sent[PLAN_DP] = plan_ring_all_reduce((double)ddp_bytes_reduced() / steps, pg_world_size(all)) +
+                        plan_ring_all_reduce(plan_measured_expert_grad_bytes(m), g->size[DIM_DP]);
+    plan_report_measured(g->dist, 0, 1, &row);
+}
+
 // The tables, at the end of training (every rank calls it: the numbers are
 // summed over the job). `steps`: the training steps they cover.
 static inline void report_experts(model_t *m, groups_t *g, pg_t *all, const options *o, int steps) {
     gpt_t *h = &m->host;
-    if (!h->cfg.n_expert || !h->moe || steps < 1) return;
+    if (steps < 1) return;
+    ep_report_plan_rows(m, g, all, steps);
+    if (!h->cfg.n_expert || !h->moe) return;
     const gpt_moe_stats *s = &h->moe->stats;
     int L = h->cfg.n_layer, E = h->cfg.n_expert, K = h->cfg.top_k, El = gpt_moe_local(&h->cfg);
     double C = h->cfg.n_embd, W = pg_world_size(all), N = (double)o->batch_size * o->block_size;

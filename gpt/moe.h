@@ -60,6 +60,7 @@ typedef struct {
     int *slot;                // (N, K) the row it was sent as, -1: dropped
     gpt_real *aux_scale;      // (G, E) d(aux loss)/d p_{n,e} for a token of group g
     int S, R;                 // rows sent, rows received
+    int R_most;               // the most rows a forward pass received (its buffers' high-water mark)
     int *sent;                // (S) which assignment (n K + k) row s is
     int *count_out, *count_in; // (E) rows sent to each expert; (ep, E/ep) rows received from rank p for my expert e
     size_t *send_counts, *recv_counts; // (ep) numbers to and from each rank of the ep group
@@ -78,6 +79,7 @@ typedef struct {
     double aux_sum;           // the balancing loss of each training pass, summed
     int passes;               // training passes counted
     double sent[2];           // numbers this rank passed to the all-to-alls: forward, backward
+    double away[2];           // of them, those for other ranks (what crossed the wire; the planner's ep column)
     double exchanges[2];      // all-to-all calls: forward, backward
     double seconds[4];        // routing, dispatch, experts, combine (forward and backward)
 } gpt_moe_stats;
@@ -113,7 +115,7 @@ static inline void gpt_moe_stats_reset(gpt_t *m) {
     memset(s->routed, 0, sizeof(double) * (size_t)m->cfg.n_layer * (size_t)m->cfg.n_expert);
     memset(s->dropped, 0, sizeof(double) * (size_t)m->cfg.n_layer);
     s->assignments = s->aux_sum = 0, s->passes = 0;
-    memset(s->sent, 0, sizeof s->sent), memset(s->exchanges, 0, sizeof s->exchanges);
+    memset(s->sent, 0, sizeof s->sent), memset(s->away, 0, sizeof s->away), memset(s->exchanges, 0, sizeof s->exchanges);
     memset(s->seconds, 0, sizeof s->seconds);
 }
 
@@ -151,7 +153,7 @@ static inline void moe_exchange(gpt_t *m, const gpt_real *send, const size_t *ou
                                 int pass, bool count) {
     int P = gpt_ep_ways(m->cfg.ep);
     gpt_moe_stats *s = &m->moe->stats;
-    for (int p = 0; count && p < P; p++) s->sent[pass] += (double)out[p];
+    for (int p = 0; count && p < P; p++) s->sent[pass] += (double)out[p], s->away[pass] += p != m->ep_rank ? (double)out[p] : 0;
     s->exchanges[pass] += count;
     if (P == 1) {
         if (out[0] != in[0]) die("moe: %zu numbers sent to myself, %zu expected", out[0], in[0]);
@@ -283,6 +285,7 @@ static inline void gpt_moe_forward(gpt_t *m, int layer, const gpt_block *w, cons
         y->R += (int)in;
     }
     size_t R = (size_t)y->R;
+    y->R_most = y->R > y->R_most ? y->R : y->R_most;
     y->recv_x = moe_buffer(y->recv_x, R * C, sizeof(gpt_real));
     y->recv_y = moe_buffer(y->recv_y, R * C, sizeof(gpt_real));
     y->xe = moe_buffer(y->xe, R * C, sizeof(gpt_real)), y->ye = moe_buffer(y->ye, R * C, sizeof(gpt_real));
@@ -436,18 +439,22 @@ static inline void gpt_moe_backward(gpt_t *m, int layer, const gpt_block *w, con
 
 // Bytes the layers' buffers hold now: those sized by the tokens (room
 // for the largest batch so far) and those sized by the rows the last
-// forward pass received.
-static inline size_t gpt_moe_bytes(const gpt_t *m) {
-    size_t bytes = 0, E = (size_t)m->cfg.n_expert, K = (size_t)m->cfg.top_k, C = (size_t)m->cfg.n_embd;
+// forward pass received (`most`: by the most rows a pass received, the
+// high-water mark the planner predicts). `layer`: one micro-batch's
+// n_layer layers (a pipeline stage keeps a set per activation slot).
+static inline size_t gpt_moe_layers_bytes(const gpt_config *c, const gpt_moe_layer *layer, bool most) {
+    size_t bytes = 0, E = (size_t)c->n_expert, K = (size_t)c->top_k, C = (size_t)c->n_embd;
     size_t r = sizeof(gpt_real);
-    for (int l = 0; m->moe && l < m->cfg.n_layer; l++) {
-        const gpt_moe_layer *y = &m->moe->layer[l];
-        size_t N = (size_t)y->N, R = (size_t)y->R;
+    for (int l = 0; layer && l < c->n_layer; l++) {
+        const gpt_moe_layer *y = &layer[l];
+        size_t N = (size_t)y->N, R = (size_t)(most ? y->R_most : y->R);
         bytes += N * E * r + N * K * (3 * sizeof(int) + r + 2 * C * r) + (size_t)y->G * E * r;
         bytes += R * (C * 4 + 8 * C) * r + R * sizeof(int);
     }
     return bytes;
 }
+
+static inline size_t gpt_moe_bytes(const gpt_t *m) { return m->moe ? gpt_moe_layers_bytes(&m->cfg, m->moe->layer, false) : 0; }
 
 // The balancing loss of the training passes since the last reset, per pass
 // (summed over the layers): 1 per layer when the experts are used evenly.

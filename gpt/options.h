@@ -141,7 +141,10 @@ static inline void options_plan(const options *o, flag_set *set) {
     plan_layout l = {.cfg = {o->vocab_size, o->block_size, o->n_layer, o->n_head, o->n_embd},
                      .B = o->batch_size, .T = o->block_size, .M = o->grad_accum, .gpu = !strcmp(o->device, "cuda"),
                      .tp = o->tp, .pp = o->pp, .cp = o->cp, .ep = o->ep, .zero = o->shard, .replicate = o->replicate,
-                     .gpipe = !strcmp(o->schedule, "gpipe"), .wire_bytes = 4};
+                     .gpipe = !strcmp(o->schedule, "gpipe"), .wire_bytes = 4,
+                     .ulysses = !strcmp(o->cp_attention, "ulysses"), .n_expert = o->n_expert, .top_k = o->moe_top_k,
+                     .capacity_groups = o->capacity_groups};
+    l.cfg.n_expert = o->n_expert, l.cfg.top_k = o->moe_top_k, l.cfg.ep = o->ep; // 13's mixture, E/ep experts a rank
     int others = o->tp * o->pp * o->cp * o->ep;
     l.dp = o->dp ? o->dp : o->nprocs ? o->nprocs / others : 1;
     if (!o->dp && o->nprocs % others != 0)
@@ -151,10 +154,10 @@ static inline void options_plan(const options *o, flag_set *set) {
     if (!strcmp(o->grad_compress, "bf16") || !strcmp(o->grad_compress, "fp16")) l.wire_bytes = 2;
     if (!strcmp(o->grad_compress, "powersgd"))
         flags_fail(set, "--plan: --grad_compress powersgd is not planned (its factors' sizes depend on the matrices' ranks)");
-    if (o->ep > 1) flags_fail(set, "--plan: --ep needs the experts' count and top-k, which chapter 13 adds");
-    if (o->n_expert)
-        flags_fail(set, "--plan: a mixture of experts is not planned yet (the planner counts a dense model's tensors "
-                        "and bytes; --n_expert %d would print a dense model's rows)", o->n_expert);
+    if (o->ep > 1 && !o->n_expert) flags_fail(set, "--plan: --ep %d spreads experts over ranks: give --n_expert", o->ep);
+    if (o->n_expert && l.gpu)
+        flags_fail(set, "--plan: the GPU model's mixture of experts (gpt_cuda_moe.cuh) is not planned; --device cpu "
+                        "plans the CPU model's");
     const char *problem = plan_problem(&l);
     if (problem) flags_fail(set, "--plan: %s", problem);
     printf("plan: %s for --device %s (auto plans the CPU model; --device cuda the GPU's)\n", set->program, o->device);

@@ -106,7 +106,13 @@ typedef struct {
     int steps, max_steps;
     double pp_sent;          // bytes this rank sent to its neighbouring stages in training steps
     double tp_sent, tp_at;   // bytes its blocks all-reduced over tp in training steps; the count when the step began
+    double cp_sent, cp_at;   // numbers its attention sent over cp in training steps (the finale); the count then
 } pipeline_t;
+
+// The numbers a model's attention has sent over cp so far (gpt/context_parallel.h's counters; 0 without cp).
+static inline double pipe_cp_numbers(const model_t *m) {
+    return m->host.cp ? m->host.cp->sent_forward + m->host.cp->sent_backward : 0;
+}
 
 static inline void pipeline_init(pipeline_t *p, dist_t *d, const options *o) {
     memset(p, 0, sizeof *p);
@@ -331,12 +337,14 @@ static inline void pipe_begin_step(pipeline_t *p) {
     p->num_events = 0;
     p->recording = true;
     p->tp_at = p->m->tp_bytes;
+    p->cp_at = pipe_cp_numbers(p->m);
 }
 
 // Its busy time (forward and backward passes) and its end, for the bubble.
 static inline void pipe_end_step(pipeline_t *p) {
     p->recording = false;
     p->tp_sent += p->m->tp_bytes - p->tp_at;
+    p->cp_sent += pipe_cp_numbers(p->m) - p->cp_at;
     double busy = 0, end = 0;
     for (int e = 0; e < p->num_events; e++) {
         const pipe_event *ev = &p->events[e];
@@ -436,19 +444,22 @@ static inline void write_timeline(pipeline_t *p, const options *o, double bubble
 // activations of every slot it filled), and per step what it sent to its
 // neighbours plus its share of the all-reduce of the two copies of wte
 // (pp), its blocks' all-reduces (tp), its replicas' all-reduce of the
-// gradients (dp), each all-reduce at what a ring sends.
+// gradients (dp), each all-reduce at what a ring sends. In the finale the
+// dense gradients' replicas are dp x ep x cp and the experts' dp x cp;
+// attention's blocks go over cp (fp32 on the CPU), the rows of a mixture
+// of experts to other ranks of its ep group (gpt/moe.h's counters).
 static inline void pipe_report_plan_rows(pipeline_t *p, model_t *m) {
     if (p->steps == 0) return;
-    if (p->g.size[DIM_CP] > 1 || p->g.size[DIM_EP] > 1) { // the finale's: its gradients average over dp x ep x cp
-        log_main("planner rows: not measured with cp or ep (neither the planner nor these rows count their bytes yet)\n");
-        return;
-    }
+    const int *n = p->g.size;
     plan_rank row = {{0}, {0}};
     plan_measure_model(m, p->slots_used, row.mem);
     double tie = p->tie ? plan_ring_all_reduce(m->grads_all_reduced, pg_world_size(p->tie)) : 0;
     row.sent[PLAN_PP] = (p->pp_sent + tie) / p->steps;
-    row.sent[PLAN_TP] = plan_ring_all_reduce(p->tp_sent / p->steps, p->g.size[DIM_TP]);
-    row.sent[PLAN_DP] = plan_ring_all_reduce((double)ddp_bytes_reduced() / p->steps, p->g.size[DIM_DP]);
+    row.sent[PLAN_TP] = plan_ring_all_reduce(p->tp_sent / p->steps, n[DIM_TP]);
+    row.sent[PLAN_DP] = plan_ring_all_reduce((double)ddp_bytes_reduced() / p->steps, n[DIM_DP] * n[DIM_EP] * n[DIM_CP]) +
+                        plan_ring_all_reduce(plan_measured_expert_grad_bytes(m), n[DIM_DP] * n[DIM_CP]);
+    row.sent[PLAN_CP] = p->cp_sent * sizeof(gpt_real) / p->steps;
+    row.sent[PLAN_EP] = plan_measured_ep_bytes(m) / p->steps;
     plan_report_measured(p->g.dist, p->stage, p->stages, &row);
 }
 

@@ -27,9 +27,16 @@
 // measured, after training ("memory measured stage 0: ..."), and
 // tests/course/test_plan.sh holds the two against each other.
 //
-// Context parallelism (cp, chapter 12) and expert parallelism (ep, chapter
-// 13) are written from their issues' formulas and NOT YET HELD TO A RUN:
-// those chapters do not exist yet (plan_print says so where they are used).
+// Context parallelism (cp, chapter 12: its ranks' key/value blocks or
+// all-to-all buffers, their traffic), the mixture of experts and expert
+// parallelism (ep, chapter 13: E/ep experts a rank, the router, the
+// routing's buffers, the all-to-alls, dense gradients over dp x ep x cp and
+// the experts' over dp x cp) and the finale's compositions (chapter 14)
+// are held to runs of those chapters too (tests/course/test_plan.sh). Two
+// numbers depend on where the router sends the tokens, and the planner
+// assumes it sends them evenly (and drops none): the rows a rank's experts
+// receive (part of its activations) and the bytes it sends to other ranks
+// of its ep group; with ep 1 and no drops the plan is exact.
 #ifndef GPT_PLAN_H
 #define GPT_PLAN_H
 
@@ -61,7 +68,8 @@ typedef struct {
     int replicate;            // hybrid sharding (09's --replicate, FSDP's HYBRID_SHARD): slices over dp / R ranks, R replicas (1: none)
     bool gpipe;               // the pipeline's schedule: GPipe, else 1F1B
     bool ulysses;             // cp: Ulysses' all-to-alls, else ring attention
-    int n_expert, top_k;      // ep: experts per MoE layer and experts per token (0: a dense model)
+    int n_expert, top_k;      // ep: experts per MoE layer and experts per token (0: a dense model; cfg's too)
+    int capacity_groups;      // 13's --capacity_groups (the routing's tables per group)
 } plan_layout;
 
 // What one rank holds (bytes) and sends per optimizer step (bytes).
@@ -92,6 +100,9 @@ static inline const char *plan_problem(const plan_layout *l) {
     if (l->cp > 1 && l->T % l->cp != 0) return "cp must divide the block (each rank a T/cp slice of every sequence)";
     if (l->ep > 1 && (l->n_expert < l->ep || l->n_expert % l->ep != 0))
         return "ep needs n_expert a multiple of ep (each rank its n_expert/ep experts)";
+    if (l->n_expert != l->cfg.n_expert || l->top_k != l->cfg.top_k)
+        return "the layout's experts are not its model's (cfg.n_expert, cfg.top_k)";
+    if (l->n_expert && (p = gpt_config_problem(l->cfg))) return p;
     return NULL;
 }
 
@@ -111,6 +122,34 @@ static inline size_t plan_cpu_block_acts(const gpt_config *c, int tp, int cp, si
     return total;
 }
 
+// A mixture of experts' buffers for one micro-batch of N tokens on one
+// layer (gpt/moe.h, gpt_moe_layers_bytes): the router's probabilities
+// (N E), per assignment (N K) the choice, gate, slot and row index and the
+// rows sent and returned (2C), the balancing loss's (G E), and per row its
+// experts receive (R) the row, its output, the experts' hidden layer
+// before and after GELU and their gradients' (12 C numbers) and an index.
+// R depends on the routing: evenly routed, every rank receives N K.
+static inline double plan_moe_layer_bytes(const gpt_config *c, size_t N, int groups) {
+    double E = c->n_expert, K = c->top_k, C = c->n_embd, r = sizeof(gpt_real), R = (double)N * K;
+    return (double)N * E * r + (double)N * K * (3 * sizeof(int) + r + 2 * C * r) + (groups > 1 ? groups : 1) * E * r +
+           R * 12 * C * r + R * sizeof(int);
+}
+
+// Context parallelism's buffers (gpt/context_parallel.h, cp_buffer_bytes)
+// for B sequences of which a rank holds Tl = T/cp tokens, C and NH the
+// channels and heads of its tp shard: ring attention two key/value blocks
+// in flight (B Tl 2C each), their gradients' two, the log-sum-exps (B NH
+// Tl) and the backward pass's own keys, values and row sums (B Tl 2C + B
+// NH Tl + 1); Ulysses four all-to-all buffers of the whole sequence's q, k,
+// v for C/cp channels (B T 3C/cp each); both this rank's tokens and
+// targets (2 B Tl uint16).
+static inline double plan_cp_buffers(const plan_layout *l) {
+    if (l->cp == 1) return 0;
+    double B = l->B, Tl = (double)l->T / l->cp, C = (double)l->cfg.n_embd / l->tp, NH = (double)l->cfg.n_head / l->tp;
+    double numbers = l->ulysses ? 4 * B * l->T * 3 * C / l->cp : 10 * B * Tl * C + 2 * B * NH * Tl + 1;
+    return numbers * sizeof(gpt_real) + 2 * B * Tl * sizeof(uint16_t);
+}
+
 // The CPU model (gpt.h): parameters, gradients, AdamW's two moments in
 // fp32 (4 + 4 + 8 bytes a number, as far as it keeps them); one buffer of
 // activations per micro-batch held (gpt_ensure_acts: the part outside the
@@ -128,6 +167,10 @@ static inline void plan_cpu_model(const plan_layout *l, const gpt_stage *st, int
     mem[PLAN_OPTIMIZER] += adam ? 8 * P : 0;
     mem[PLAN_ACTIVATIONS] += slots * (4 * acts + 2.0 * N * sizeof(uint16_t)) +
                              4.0 * (double)gpt_grad_acts_size_tp(c, l->tp, B, T);
+    // A mixture of experts: each slot's routing and rows, layer by layer
+    // (the finale keeps a micro-batch's routing for its backward pass).
+    if (c->n_expert) mem[PLAN_ACTIVATIONS] += slots * (double)L * plan_moe_layer_bytes(c, N, l->capacity_groups);
+    mem[PLAN_COMM] += plan_cp_buffers(l);
 }
 
 // The GPU model (gpt_cuda.cu): its memory plan (plan_memory there), buffer
@@ -246,6 +289,13 @@ static inline double plan_replicas_sent(const plan_layout *l, int s) {
     return plan_ring_all_reduce(4 * sl.shard, l->replicate);
 }
 
+// The experts' parameters of a stage's rank: E/ep experts a block, each an
+// MLP of 8C^2 + 5C numbers (gpt_layout.h's mlp.experts.* tensors).
+static inline double plan_expert_params(const gpt_config *c, const gpt_stage *st) {
+    double C = c->n_embd;
+    return (double)(st->last - st->first) * (c->n_expert / gpt_ep_ways(c->ep)) * (8 * C * C + 5 * C);
+}
+
 // Stage `s`'s rank: bytes sent per optimizer step along each dimension.
 static inline void plan_traffic(const plan_layout *l, int s, double *sent) {
     memset(sent, 0, sizeof(double) * PLAN_DIMS);
@@ -258,7 +308,13 @@ static inline void plan_traffic(const plan_layout *l, int s, double *sent) {
     // --grad_compress's format); ZeRO's collectives are over the n ranks
     // of a shard group, on the slices (fp32).
     int dp = l->dp, z = l->zero;
-    if (z == 0) sent[PLAN_DP] = plan_ring_all_reduce(l->wire_bytes * P, dp * l->cp);
+    // A mixture of experts over ep ranks: the dense gradients over dp x ep
+    // x cp (every rank holds them), each expert's over dp x cp (its
+    // replicas), fp32 (13's model_average_experts).
+    double Pe = c->n_expert && l->ep > 1 ? plan_expert_params(c, &st) : 0;
+    if (z == 0)
+        sent[PLAN_DP] = plan_ring_all_reduce(l->wire_bytes * (P - Pe), dp * l->ep * l->cp) +
+                        plan_ring_all_reduce(4 * Pe, dp * l->cp);
     else {
         int n = dp / l->replicate;
         plan_slices sl = plan_zero_slices(c, &st, l->tp, n, l->gpu);
@@ -270,8 +326,10 @@ static inline void plan_traffic(const plan_layout *l, int s, double *sent) {
     }
     // tp (Megatron): per block and micro-batch one all-reduce of the (N, C)
     // output of each half in the forward pass, one of each half's input
-    // gradient in the backward pass: 4 of N C activations.
-    if (l->tp > 1) sent[PLAN_TP] = plan_ring_all_reduce(4 * L * M * N * C * act, l->tp);
+    // gradient in the backward pass: 4 of N C activations. A mixture of
+    // experts is whole on every tp rank (the finale): attention's 2 only.
+    double halves = c->n_expert ? 2 : 4;
+    if (l->tp > 1) sent[PLAN_TP] = plan_ring_all_reduce(halves * L * M * N * C * act, l->tp);
     // pp: each micro-batch's output forward, its input gradient back (N C
     // numbers each), and the two copies of wte (first and last stage) summed
     // once a step: an all-reduce of V C fp32 over 2 ranks.
@@ -279,7 +337,7 @@ static inline void plan_traffic(const plan_layout *l, int s, double *sent) {
         sent[PLAN_PP] = (st.head ? 0 : M * N * C * act) + (st.embedding ? 0 : M * N * C * act);
         if (st.embedding || st.head) sent[PLAN_PP] += plan_ring_all_reduce(4.0 * c->vocab_size * C, 2);
     }
-    // cp (issue 42; NOT YET HELD TO A RUN): ring attention passes each
+    // cp (chapter 12's context_parallel.h): ring attention passes each
     // rank's keys and values (2 N C / tp numbers) to the next rank cp-1
     // times a layer forward, and keys, values and their gradients backward
     // (twice that); Ulysses all-to-alls q, k, v and the output forward and
@@ -289,11 +347,12 @@ static inline void plan_traffic(const plan_layout *l, int s, double *sent) {
         sent[PLAN_CP] = l->ulysses ? 8 * L * M * (l->cp - 1.0) / l->cp * N * C / l->tp * act
                                    : 3 * L * M * (l->cp - 1.0) * kv;
     }
-    // ep (issue 43; NOT YET HELD TO A RUN): each MoE layer sends every
-    // token's top_k copies to their experts and back, forward and backward:
-    // 4 all-to-alls of top_k N C numbers, (ep-1)/ep of them to other ranks
-    // when the router spreads tokens evenly.
-    if (l->ep > 1) sent[PLAN_EP] = 4 * L * M * l->top_k * N * C * act * (l->ep - 1.0) / l->ep;
+    // ep (chapter 13's moe.h): each MoE layer sends every token's top_k
+    // copies to their experts and back, forward and backward: 4 all-to-alls
+    // of top_k N C numbers (nothing dropped), (ep-1)/ep of them to other
+    // ranks when the router spreads the tokens evenly (a rank's own share
+    // depends on its tokens' routing: test_plan.sh's stated slack).
+    if (l->ep > 1) sent[PLAN_EP] = 4 * L * M * c->top_k * N * C * act * (l->ep - 1.0) / l->ep;
 }
 
 static inline plan_rank plan_stage(const plan_layout *l, int s) {
@@ -327,7 +386,11 @@ static inline void plan_print(FILE *out, const plan_layout *l) {
             gpt_num_params(c), l->B, l->T, l->M, l->gpu ? "GPU" : "CPU", gpt_precision_name(l->precision));
     fprintf(out, "plan: mesh pp %d x dp %d x ep %d x cp %d x tp %d = %d rank(s); ZeRO-%d over dp%s%s\n", l->pp, l->dp,
             l->ep, l->cp, l->tp, ranks, l->zero, l->pp > 1 ? (l->gpipe ? "; schedule gpipe" : "; schedule 1f1b") : "",
-            l->cp > 1 || l->ep > 1 ? "; cp and ep: issue 42's and 43's formulas, not yet held to a run" : "");
+            l->cp > 1 ? (l->ulysses ? "; cp ulysses" : "; cp ring") : "");
+    if (c->n_expert)
+        fprintf(out, "plan: a mixture of %d experts, top %d, %d a rank%s\n", c->n_expert, c->top_k,
+                c->n_expert / gpt_ep_ways(l->ep),
+                l->ep > 1 ? "; routed evenly and dropless (a rank's rows received and ep bytes depend on its routing)" : "");
     if (l->zero > 0 && (l->tp > 1 || l->pp > 1))
         fprintf(out, "plan: ZeRO over dp of tp shards or pipeline stages is the finale's (chapter 14): not yet held to a run\n");
     if (l->replicate > 1)

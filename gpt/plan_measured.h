@@ -16,7 +16,10 @@
 
 // The model's own buffers by kind, as it allocated them. The CPU model:
 // its state arrays, the activations of every slot it filled (gpt_slot_bytes:
-// with the two token arrays), its activation gradients. The GPU model: its
+// with the two token arrays), its activation gradients, a mixture of
+// experts' routing and rows (gpt/moe.h: every slot's layers, the rows at
+// their high-water mark), context
+// parallelism's blocks in flight and tokens (comm buffers). The GPU model: its
 // memory plan's parts (gpt_cuda_memory_parts; a pipeline stage's extra
 // slots, `slots` in all, are added from gpt_cuda_slot_bytes).
 static inline void plan_measure_model(model_t *m, int slots, double mem[PLAN_KINDS]) {
@@ -39,6 +42,30 @@ static inline void plan_measure_model(model_t *m, int slots, double mem[PLAN_KIN
     mem[PLAN_GRADS] = h->grads ? P : 0;
     mem[PLAN_OPTIMIZER] = (h->adam_m ? P : 0) + (h->adam_v ? P : 0);
     mem[PLAN_ACTIVATIONS] = (double)gpt_slot_bytes(h) + (double)h->grads_capacity * sizeof(gpt_real);
+    if (h->moe) {
+        mem[PLAN_ACTIVATIONS] += (double)gpt_moe_layers_bytes(&h->cfg, h->moe->layer, true);
+        for (int k = 0; k < h->num_slots; k++)
+            if (k != h->slot) mem[PLAN_ACTIVATIONS] += (double)gpt_moe_layers_bytes(&h->cfg, h->slots[k].moe_layers, true);
+    }
+    if (h->cp) mem[PLAN_COMM] += (double)cp_buffer_bytes(h->cp);
+}
+
+// What a mixture of experts sent to other ranks of its ep group in the
+// training passes so far (gpt/moe.h's counters: the rows' numbers, fp32),
+// and the bytes its experts' gradients hand their all-reduce over their
+// replicas each step (model_average_experts: every expert tensor, fp32).
+static inline double plan_measured_ep_bytes(const model_t *m) {
+    const gpt_t *h = &m->host;
+    return h->moe ? (h->moe->stats.away[0] + h->moe->stats.away[1]) * sizeof(gpt_real) : 0;
+}
+
+static inline double plan_measured_expert_grad_bytes(const model_t *m) {
+    const gpt_t *h = &m->host;
+    double n = 0;
+    if (!m->ep_group || pg_world_size(m->ep_group) == 1) return 0; // ep 1: the experts travel with the dense ones
+    for (int t = 0; t < h->num_tensors; t++)
+        if (gpt_tensor_is_expert(h, t)) n += (double)h->tensors[t].count;
+    return n * sizeof(gpt_real);
 }
 
 // Every rank brings its row (bytes by kind, bytes sent by dimension) and
