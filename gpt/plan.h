@@ -98,6 +98,8 @@ static inline const char *plan_problem(const plan_layout *l) {
     }
     if (l->replicate > 1 && l->zero == 0) return "--replicate needs a sharded stage (DDP has no slices to replicate)";
     if (l->cp > 1 && l->T % l->cp != 0) return "cp must divide the block (each rank a T/cp slice of every sequence)";
+    if (l->cp > 1 && l->ulysses && (l->cfg.n_head / l->tp) % l->cp != 0)
+        return "ulysses gives each cp rank whole heads: cp must divide a tp rank's heads (n_head / tp)";
     if (l->ep > 1 && (l->n_expert < l->ep || l->n_expert % l->ep != 0))
         return "ep needs n_expert a multiple of ep (each rank its n_expert/ep experts)";
     if (l->n_expert != l->cfg.n_expert || l->top_k != l->cfg.top_k)
