@@ -1,13 +1,18 @@
 // plan_layouts.c - "choosing a layout" (gpt/README.md): the planner
 // (gpt/plan.h) over GPT-2's four sizes on clusters of 8, 64 and 512 GPUs
 // of 80 GB, 8 GPUs a node. For each model and cluster it tries every
-// layout pp x dp x tp (tp 1-8, inside a node; pp dividing the layers into
-// stages of at least one block) with ZeRO 0-3 over dp (and, where dp x tp
-// spans nodes, ZeRO 1-3 hybrid-sharded: the slices shared by one node's
-// dp ranks, R replicas across nodes), keeps those whose
-// every rank's plan fits in the GPU's memory, and prints the ones that send
-// the fewest bytes across nodes, with the smallest tp-only and ZeRO-3-only
-// layouts beside them.
+// layout pp x dp x cp x tp (tp 1-8, inside a node; cp 1, 2 or 4 beside it
+// in the node, without ZeRO: the finale composes cp with the other
+// dimensions but not with ZeRO; pp dividing the layers into stages of at
+// least one block) with ZeRO 0-3 over dp (and, where dp x tp spans nodes,
+// ZeRO 1-3 hybrid-sharded: the slices shared by one node's dp ranks, R
+// replicas across nodes), keeps those whose every rank's plan fits in the
+// GPU's memory, and prints the ones that send the fewest bytes across
+// nodes, with the least-traffic tp-only, ZeRO-3-only and cp layouts beside
+// them. ep is not among them: GPT-2 is dense (ep cuts a mixture of
+// experts, and the planner counts the CPU model's mixture only). cp on a
+// GPU: the planner's GPU model over T/cp tokens; the GPU's cp buffers
+// (gpt_cuda_cp.cuh) are not counted, and no GPU run holds them to it.
 //
 // What it counts and what it does not: the model's buffers as the course's
 // GPU model allocates them (bf16 activations and weight copies, fp32
@@ -16,8 +21,9 @@
 // the allocator's fragmentation, which the planner cannot derive (so "fits"
 // is against 80e9 bytes, a bound, not a promise). Bytes "across nodes" are
 // what one rank sends per step in the collectives of the groups that span
-// more than one node (tp fastest in the mesh, then dp, then pp: a group
-// spans nodes when its ranks are more than 8 apart in all). Link
+// more than one node (tp fastest in the mesh, then cp, dp, pp: a group
+// spans nodes when its ranks are more than 8 apart in all; the dense
+// gradients' all-reduce is over dp x cp). Link
 // bandwidths, and so step times, are left out: the planner has no
 // measured figure for them.
 //
@@ -65,13 +71,14 @@ static bool evaluate(plan_layout *l, candidate *out) {
         plan_rank r = plan_stage(l, s);
         double mem = plan_total(r.mem, PLAN_KINDS), cross = 0;
         if (spans_nodes(1, l->tp)) cross += r.sent[PLAN_TP];
+        if (spans_nodes(l->tp, l->cp)) cross += r.sent[PLAN_CP];
         // dp: with hybrid sharding, the shard group (dp / R ranks, tp apart)
         // and the replicas' all-reduce (R ranks, dp / R x tp apart) apart.
         int n = l->dp / l->replicate;
         double replicas = plan_replicas_sent(l, s);
-        if (spans_nodes(l->tp, n)) cross += r.sent[PLAN_DP] - replicas;
+        if (spans_nodes(l->tp, n * l->cp)) cross += r.sent[PLAN_DP] - replicas;
         if (spans_nodes(l->tp * n, l->replicate)) cross += replicas;
-        if (spans_nodes(l->tp * l->dp, l->pp)) cross += r.sent[PLAN_PP];
+        if (spans_nodes(l->tp * l->cp * l->dp, l->pp)) cross += r.sent[PLAN_PP];
         if (mem > c.most) c.most = mem;
         if (cross > c.cross) c.cross = cross;
         double sent = plan_total(r.sent, PLAN_DIMS);
@@ -82,12 +89,12 @@ static bool evaluate(plan_layout *l, candidate *out) {
 }
 
 static void print_header(void) {
-    printf("  %-4s %-4s %-4s %-5s %-4s %-6s %12s %18s %18s\n", "pp", "dp", "tp", "ZeRO", "R", "micro", "GB a GPU", "GB sent a step",
-           "GB across nodes");
+    printf("  %-4s %-4s %-4s %-4s %-5s %-4s %-6s %12s %18s %18s\n", "pp", "dp", "cp", "tp", "ZeRO", "R", "micro", "GB a GPU",
+           "GB sent a step", "GB across nodes");
 }
 
 static void print_candidate(const candidate *c, const char *note) {
-    printf("  %-4d %-4d %-4d %-5d %-4d %2d x %-2d %12.1f %18.2f %18.2f  %s\n", c->l.pp, c->l.dp, c->l.tp, c->l.zero,
+    printf("  %-4d %-4d %-4d %-4d %-5d %-4d %2d x %-2d %12.1f %18.2f %18.2f  %s\n", c->l.pp, c->l.dp, c->l.cp, c->l.tp, c->l.zero,
            c->l.replicate, c->l.M,
            c->l.B, c->most / 1e9, c->sent / 1e9, c->cross / 1e9, note);
 }
@@ -100,16 +107,17 @@ static int by_cross(const void *a, const void *b) {
 }
 
 static void plan_cluster(const model_size *m, int gpus, bool all) {
-    candidate *fits = malloc(sizeof(candidate) * 4096);
+    candidate *fits = malloc(sizeof(candidate) * 16384);
     if (!fits) {
         fprintf(stderr, "plan_layouts: out of memory\n");
         exit(1);
     }
     int n = 0, tried = 0;
     for (int tp = 1; tp <= NODE; tp *= 2)
-        for (int pp = 1; pp <= m->cfg.n_layer && pp * tp <= gpus; pp++) {
-            if (gpus % (pp * tp) != 0) continue;
-            int dp = gpus / (pp * tp);
+      for (int cp = 1; cp <= 4 && cp * tp <= NODE; cp *= 2)
+        for (int pp = 1; pp <= m->cfg.n_layer && pp * tp * cp <= gpus; pp++) {
+            if (gpus % (pp * tp * cp) != 0) continue;
+            int dp = gpus / (pp * tp * cp);
             if (SEQUENCES % dp != 0) continue;
             int share = SEQUENCES / dp, B = share < MICRO ? share : MICRO;
             // Hybrid sharding's R: the slices shared by the dp ranks of one
@@ -119,13 +127,14 @@ static void plan_cluster(const model_size *m, int gpus, bool all) {
                 for (int replicate = 1; replicate <= R; replicate += R > 1 ? R - 1 : 1) {
                     if (zero > 0 && dp == 1) continue;
                     if (replicate > 1 && zero == 0) continue;
+                    if (cp > 1 && zero > 0) continue; // not composed (chapter 14 refuses --shard with cp)
                     plan_layout l = {.cfg = m->cfg, .B = B, .T = m->cfg.block_size, .M = share / B, .gpu = true,
-                                     .precision = GPT_BF16, .wire_bytes = 4, .dp = dp, .tp = tp, .pp = pp, .cp = 1,
+                                     .precision = GPT_BF16, .wire_bytes = 4, .dp = dp, .tp = tp, .pp = pp, .cp = cp,
                                      .ep = 1, .zero = zero, .replicate = replicate, .gpipe = false};
                     if (plan_problem(&l)) continue; // tp must divide the heads
                     tried++;
                     candidate c;
-                    if (evaluate(&l, &c) && n < 4096) fits[n++] = c;
+                    if (evaluate(&l, &c) && n < 16384) fits[n++] = c;
                 }
         }
     printf("\nGPT-2 %s, %zu parameters, on %d GPUs (%d node%s of %d): %d of %d layouts fit in 80 GB\n", m->name,
@@ -142,14 +151,19 @@ static void plan_cluster(const model_size *m, int gpus, bool all) {
     // The two ways to cut memory without a pipeline, side by side: the
     // least-memory layout with tensor parallelism only (ZeRO 0), and with
     // ZeRO-3 only (tp 1).
-    const candidate *tp_only = NULL, *z3_only = NULL;
+    // And the one with context parallelism that sends the fewest bytes
+    // across nodes (then in all): what splitting the sequence costs.
+    const candidate *tp_only = NULL, *z3_only = NULL, *with_cp = NULL;
     for (int i = 0; i < n; i++) {
         const candidate *c = &fits[i];
-        if (c->l.pp == 1 && c->l.zero == 0 && c->l.tp > 1 && (!tp_only || c->cross < tp_only->cross)) tp_only = c;
+        if (c->l.pp == 1 && c->l.zero == 0 && c->l.tp > 1 && c->l.cp == 1 && (!tp_only || c->cross < tp_only->cross))
+            tp_only = c;
         if (c->l.pp == 1 && c->l.zero == 3 && c->l.tp == 1 && (!z3_only || c->cross < z3_only->cross)) z3_only = c;
+        if (c->l.cp > 1 && !with_cp) with_cp = c; // fits is sorted
     }
     if (tp_only) print_candidate(tp_only, "(tp, no ZeRO, no pipeline)");
     if (z3_only) print_candidate(z3_only, "(ZeRO-3, no tp, no pipeline)");
+    if (with_cp) print_candidate(with_cp, "(the best with cp)");
     free(fits);
 }
 
@@ -176,7 +190,7 @@ int main(int argc, char **argv) {
         }
     }
     printf("plan_layouts: GPT-2 sizes on GPUs of 80 GB, 8 a node, bf16, 512 x 1024 tokens a step (gpt/plan.h; "
-           "ZeRO with tp or pp is the finale's, not yet held to a run)\n");
+           "ZeRO with tp or pp: 09's formulas, not yet held to a run; cp: the GPU's cp buffers not counted)\n");
     const int clusters[] = {8, 64, 512};
     bool any = false;
     for (int k = 0; k < MODELS; k++) {

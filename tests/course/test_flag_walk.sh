@@ -28,12 +28,10 @@ declare -A refused=(
     ["09_zero_fsdp --precision=fp16"]="needs --shard 0"
     ["11_pipeline_parallel --precision=fp16"]="pipeline stage"
     ["13_expert_parallel --grad_compress=powersgd"]="PowerSGD factors the whole model"
-    ["13_expert_parallel --plan"]="a mixture of experts is not planned yet"
     ["14_five_dimensions --precision=fp16"]="pipeline stage"
     ["14_five_dimensions --grad_compress=bf16"]="the dense and the expert gradients"
     ["14_five_dimensions --grad_compress=fp16"]="the dense and the expert gradients"
     ["14_five_dimensions --grad_compress=powersgd"]="the dense and the expert gradients"
-    ["14_five_dimensions --plan"]="a mixture of experts is not planned yet"
 )
 
 # Each chapter walks in its own default layout (11: two stages), so 08's

@@ -147,18 +147,21 @@ else
     fi
 fi
 
-# The layout table of docs/choosing_a_layout.md is the planner's output
-# (tools/plan_layouts), not numbers typed by hand: pasted, and still the same.
-layouts="$ROOT/tools/plan_layouts" doc="$ROOT/docs/choosing_a_layout.md"
-if [[ -x $layouts ]]; then
-    "$layouts" >"$TMP/layouts" 2>&1; status=$?
-    sed -n '/^<!-- plan_layouts: begin -->$/,/^<!-- plan_layouts: end -->$/p' "$doc" | grep -v '^<!--' | grep -v '^```' >"$TMP/layouts.doc"
-    [[ $status -eq 0 && -s $TMP/layouts.doc ]] && diff -q "$TMP/layouts" "$TMP/layouts.doc" >/dev/null
-    verdict $? "plan: docs/choosing_a_layout.md's table is tools/plan_layouts' output" \
-        "status $status; $(diff "$TMP/layouts" "$TMP/layouts.doc" | head -n 3 | tr '\n' '|') (run make plan-layouts and paste it)"
-else
-    fail "plan: docs/choosing_a_layout.md's table is tools/plan_layouts' output" "no tools/plan_layouts (make tools)"
-fi
+# The layout tables of docs/choosing_a_layout.md and of chapter 14's
+# README ("Choosing a layout") are the planner's output (tools/plan_layouts),
+# not numbers typed by hand: pasted, and still the same.
+layouts="$ROOT/tools/plan_layouts"
+for doc in docs/choosing_a_layout.md 14_five_dimensions/README.md; do
+    if [[ -x $layouts ]]; then
+        "$layouts" >"$TMP/layouts" 2>&1; status=$?
+        sed -n '/^<!-- plan_layouts: begin -->$/,/^<!-- plan_layouts: end -->$/p' "$ROOT/$doc" | grep -v '^<!--' | grep -v '^```' >"$TMP/layouts.doc"
+        [[ $status -eq 0 && -s $TMP/layouts.doc ]] && diff -q "$TMP/layouts" "$TMP/layouts.doc" >/dev/null
+        verdict $? "plan: $doc's table is tools/plan_layouts' output" \
+            "status $status; $(diff "$TMP/layouts" "$TMP/layouts.doc" | head -n 3 | tr '\n' '|') (run make plan-layouts and paste it)"
+    else
+        fail "plan: $doc's table is tools/plan_layouts' output" "no tools/plan_layouts (make tools)"
+    fi
+done
 
 cpu_paths "plan" || exit 0
 
