@@ -255,15 +255,26 @@ verdict $? "plan: 14 pp 2 x ep 2 x cp 2 x tp 2 measured = --plan, each stage (ac
 # rows do not depend on the backend that carries the bytes.
 if ! command -v mpirun >/dev/null 2>&1; then
     skip "plan: 11 pp 2 x dp 2 under mpirun measured = --plan" "mpirun not found"
+    skip "plan: 14 dp 2 x ep 2 x cp 2 under mpirun measured = --plan" "mpirun not found"
 else
     mpi=(mpirun -np); mpirun --version 2>&1 | grep -q "Open MPI" && mpi=(mpirun --oversubscribe --allow-run-as-root -np)
     run_capture 300 "$TMP/mpi" "${mpi[@]}" 4 "$p11" "${common[@]}" "${cpu[@]}" --backend mpi --pp 2 --dp 2 --out_dir "$TMP/mpi.d"
     status=$?
     if grep -q "this build has no MPI" "$TMP/mpi"; then
         skip "plan: 11 pp 2 x dp 2 under mpirun measured = --plan" "this build has no MPI"
+        skip "plan: 14 dp 2 x ep 2 x cp 2 under mpirun measured = --plan" "this build has no MPI"
     else
         compare_rows "$TMP/mpi" "$TMP/p22_1f1b.plan" && [[ $status -eq 0 ]]
         verdict $? "plan: 11 pp 2 x dp 2 under mpirun (--backend mpi) measured = --plan, each stage" "status $status: $diff_line"
+        # 14's dp 2 x ep 2 x cp 2 (MPI's all-to-alls): the plan as on the
+        # cpu backend, and the very rows that run measured (the same routing).
+        run_capture 300 "$TMP/mpi14" "${mpi[@]}" 8 "$p14" "${common[@]}" "${cpu[@]}" --backend mpi "${moe[@]}" --pp 1 \
+            --dp 2 --ep 2 --cp 2 --cp_attention ulysses --out_dir "$TMP/mpi14.d"
+        status=$?
+        routed_rows "$TMP/mpi14" "$TMP/f_dec.plan" && [[ $status -eq 0 ]] &&
+            [[ $(rows "$TMP/mpi14" measured) == "$(rows "$TMP/f_dec" measured)" ]]
+        verdict $? "plan: 14 dp 2 x ep 2 x cp 2 under mpirun (--backend mpi) measured = --plan (the routing's slack), and = the cpu backend's rows" \
+            "status $status: $diff_line"
     fi
 fi
 
