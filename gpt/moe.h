@@ -153,7 +153,8 @@ static inline void moe_exchange(gpt_t *m, const gpt_real *send, const size_t *ou
                                 int pass, bool count) {
     int P = gpt_ep_ways(m->cfg.ep);
     gpt_moe_stats *s = &m->moe->stats;
-    for (int p = 0; count && p < P; p++) s->sent[pass] += (double)out[p], s->away[pass] += p != m->ep_rank ? (double)out[p] : 0;
+    for (int p = 0; count && p < P; p++) s->sent[pass] += (double)out[p];
+    for (int p = 0; count && p < P; p++) s->away[pass] += p != m->ep_rank ? (double)out[p] : 0; // what leaves the rank
     s->exchanges[pass] += count;
     if (P == 1) {
         if (out[0] != in[0]) die("moe: %zu numbers sent to myself, %zu expected", out[0], in[0]);
