@@ -190,7 +190,11 @@ static inline void plan_gpu_model(const plan_layout *l, const gpt_stage *st, int
                                   bool adam, double *mem) {
     const gpt_config *c = &l->cfg;
     size_t P = gpt_layout_stage_params(c, st, l->tp, NULL);
-    size_t B = (size_t)l->B, T = (size_t)l->T / (size_t)l->cp, N = B * T, L = (size_t)(st->last - st->first);
+    // With cp the GPU model keeps one process's memory plan, sized for the
+    // whole block (gpt_cuda_cp.cuh: a rank's T/cp tokens fill part of it),
+    // so its buffers are planned for T tokens, cp or not (measured so on
+    // the emulated GPUs: cp 2 and 4, ring, fp32).
+    size_t B = (size_t)l->B, T = (size_t)l->T, N = B * T, L = (size_t)(st->last - st->first);
     size_t V = (size_t)c->vocab_size, C = (size_t)c->n_embd, Vp = st->head ? (V + 63) / 64 * 64 : 0;
     size_t pad = st->head ? (Vp - V) * C : 0;
     // The attention path gpt_cuda.cu's use_flash takes: flash for heads of

@@ -11,8 +11,8 @@
 // nodes, with the least-traffic tp-only, ZeRO-3-only and cp layouts beside
 // them. ep is not among them: GPT-2 is dense (ep cuts a mixture of
 // experts, and the planner counts the CPU model's mixture only). cp on a
-// GPU: the planner's GPU model over T/cp tokens; the GPU's cp buffers
-// (gpt_cuda_cp.cuh) are not counted, and no GPU run holds them to it.
+// GPU: the course's GPU model keeps buffers for the whole block (so cp
+// saves no memory there); its cp buffers (gpt_cuda_cp.cuh) are not counted.
 //
 // What it counts and what it does not: the model's buffers as the course's
 // GPU model allocates them (bf16 activations and weight copies, fp32
