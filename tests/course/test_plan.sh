@@ -120,6 +120,7 @@ if ! has_gpu; then
     for p in fp32 bf16; do
         skip "plan gpu: 11 pp 2 x tp 2 on GPUs in $p, measured = --plan" "no GPU here (a CPU-only build, or no GPU: make CUDA=emu test runs this on the emulated GPU)"
     done
+    skip "plan gpu: 12 cp 2 (ulysses) on GPUs in bf16, measured = --plan" "no GPU here (a CPU-only build, or no GPU: make CUDA=emu test runs this on the emulated GPU)"
 else
     # The emulator is slow: short validation and test splits (the tokenizer
     # still trains on the whole training split).
@@ -130,6 +131,13 @@ else
         verdict $? "plan gpu: 11 pp 2 x tp 2 on GPUs in $p, measured = --plan (memory and bytes sent, each stage)" \
             "$diff_line$(grep -m1 -i error "$TMP/gpu_$p")"
     done
+    # 12 cp 2 (Ulysses, bf16) on 2 GPUs: the GPU model keeps one
+    # process's memory plan with cp (sized for the whole block), and its
+    # attention's bytes over cp at 2 a number.
+    agree gpu_cp "$p12" --data_dir "$TMP/gcorpus" --device cuda --precision bf16 --block_size 16 --cp 2 \
+        --cp_attention ulysses
+    verdict $? "plan gpu: 12 cp 2 (ulysses) on GPUs in bf16, measured = --plan (memory and bytes sent)" \
+        "$diff_line$(grep -m1 -i error "$TMP/gpu_cp")"
     # Planted: the GPU plan without the LM head's padding rows (--plan
     # needs no GPU: a CPU copy of the course plans the GPU model). CI's
     # emulated pass builds no CPU copies (PLANTED_BUGS=skip): this SKIPs
