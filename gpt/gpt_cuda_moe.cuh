@@ -87,7 +87,7 @@ struct moe_cuda {
     void *xa, *xb;             // expert parallelism: Act (R, C) each, rows in transit (rank-major, expert-major)
     void *base;                // the one allocation all of the above are carved from
     size_t bytes;
-    int P, rank;               // expert parallelism: the ep group's ranks, and this one (P 1: every expert here)
+    int P;                     // expert parallelism: the ep group's ranks (1: every expert here)
     gpt_cuda_ep_comm comm;     // its exchanges (gpt_cuda_expert_parallel)
     double sent[2], exchanges[2]; // numbers passed to the row exchanges and their calls, forward and backward
 };

@@ -706,15 +706,17 @@ static inline float model_gpu_cp_forward(model_t *m, const uint16_t *in, const u
     return wait && tg ? cp_mean_loss(cp, gpt_cuda_loss(m->gpu), (size_t)B * mine) : -1.0f;
 }
 
-// A mixture of experts' training pass on the GPU adds what it routed to
-// the host copy's tables (gpt/moe.h's gpt_moe_stats), as the CPU's does.
-static inline void model_gpu_moe_traffic(model_t *m) { // what the exchanges passed (expert parallelism)
+// What an expert-parallel GPU model's exchanges passed since the last
+// call, added to the host copy's traffic counters (gpt/moe.h's gpt_moe_stats).
+static inline void model_gpu_moe_traffic(model_t *m) {
     gpt_moe_stats *s = &gpt_moe_state(&m->host)->stats;
     double sent[2], exchanges[2];
     gpt_cuda_moe_take_traffic(m->gpu, sent, exchanges);
     for (int i = 0; i < 2; i++) s->sent[i] += sent[i], s->exchanges[i] += exchanges[i];
 }
 
+// A mixture of experts' training pass on the GPU adds what it routed to
+// the host copy's tables (gpt/moe.h's gpt_moe_stats), as the CPU's does.
 static inline void model_gpu_moe_stats(model_t *m, int B, int T) {
     const gpt_config *c = &m->host.cfg;
     gpt_moe_stats *s = &gpt_moe_state(&m->host)->stats;

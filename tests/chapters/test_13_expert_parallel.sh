@@ -48,6 +48,7 @@ run() { local name=$1; shift; run_capture 120 "$TMP/$name" "$prog" "${cpu[@]}" "
 # corpus whose validation and test splits are cut to a fifth (evaluating
 # them was most of a run).
 if has_gpu; then
+    gpu_start=$SECONDS
     mkdir -p "$TMP/small"
     cp "$TMP/corpus/train.txt" "$TMP/small/"
     for split in valid test; do head -c 1200 "$TMP/corpus/$split.txt" >"$TMP/small/$split.txt"; done
@@ -102,6 +103,7 @@ if has_gpu; then
     same h_one h_ep2 2e-2 $status
     verdict $? "ep gpu: bf16, clipped, ep 2 x batch 4 equals one GPU x batch 8 within 2e-2 (models $r apart, validation $va vs $vb)" \
         "status $status, models '$r' apart, valid $va vs $vb: $(grep -m1 error "$TMP/h_ep2")"
+    echo "info: the GPU section took $((SECONDS - gpu_start)) s"
 else
     for what in "ep 2 with drops equals one CPU process in fp32" "the exchanges carried the formula" \
                 "planted: outputs sent back in the wrong order" "dp 2 x ep 2 dropless equals one CPU process in fp32" \
