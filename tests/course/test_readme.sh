@@ -366,9 +366,9 @@ else
     not_here 13_expert_parallel/README.md "${ep_cmds[2]}" "needs the model of a run on WikiText-2, which is not here"
 fi
 # The GPU command needs a (real or emulated) GPU build of a fresh copy: the
-# same run is test_13_expert_parallel's GPU section (2 emulated GPUs).
-not_here 13_expert_parallel/README.md "./13_expert_parallel --device cuda --n_expert 8 --moe_top_k 2 --preset tiny --max_steps 20" \
-    "a GPU command: test_13_expert_parallel's GPU section runs the GPU mixture of experts on (emulated) GPUs"
+# same layout is test_13_expert_parallel's GPU section (ep 2 on 2 emulated GPUs).
+not_here 13_expert_parallel/README.md "./13_expert_parallel --device cuda --ep 2 --n_expert 8 --moe_top_k 2 --preset tiny --max_steps 20" \
+    "a GPU command: test_13_expert_parallel's GPU section runs ep 2 (and dp 2 x ep 2) on (emulated) GPUs"
 exercise 13_expert_parallel/README.md 13_expert_parallel "make check-exercise EX=13/route"
 
 fresh_copy 14_five_dimensions/README.md
