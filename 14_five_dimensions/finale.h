@@ -228,9 +228,24 @@ static inline float finale_zero_clip(zero_t *z, const groups_t *g, size_t from, 
         const zero_bucket *b = &z->buckets[k];
         finale_square_sums(&z->model->host, z->grads + b->at, b->first, b->owned, from, sums);
     }
+    zero_count(z, COMM_ALL_REDUCE, 2.0 * (z->world - 1) / z->world * sizeof sums);
     groups_all_reduce_host(z->shard, &z->dist->device, sums, 3, DTYPE_F64, OP_SUM);
     double norm = sqrt(finale_square_total(g, sums));
     return max_norm > 0 && norm > max_norm ? (float)(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
+// What ZeRO-1 held and sent on this rank, measured (zero.h counts its
+// allocations and its calls in training steps, at a ring's bytes), beside
+// what the whole part's moments would take; rank 0 prints its own, each
+// rank's part being another stage, tp shard or experts.
+static inline void finale_zero_report(const zero_t *z) {
+    int steps = z->steps_counted > 0 ? z->steps_counted : 1;
+    log_main("sharding measured (rank 0's part, %zu parameters): optimizer state %zu bytes in slices (whole: %zu), "
+             "slices of the gradients %zu, staging %zu; sent per step: reduce_scatter %.0f, all_gather %.0f, "
+             "replicas' all_reduce %.0f, clipping's sums %.0f bytes\n",
+             z->num_params, z->mem[MEM_OPTIMIZER], 2 * z->num_params * sizeof(float), z->mem[MEM_GRADS],
+             z->mem[MEM_OTHER], z->sent[COMM_REDUCE_SCATTER] / steps, z->sent[COMM_ALL_GATHER] / steps,
+             z->sent[COMM_REPLICAS] / steps, z->sent[COMM_ALL_REDUCE] / steps);
 }
 
 // The whole model on rank 0 (gather_whole); with ZeRO the moments'

@@ -278,7 +278,12 @@ static inline void zero_setup(zero_t *z, int stage, dist_t *d, model_t *m, int g
         s->at = z->shard_len;
         z->shard_len += s->slice;
     }
-    if (z->replicas == 1)
+    if (part)
+        log_main("sharding: %s; each rank's part (stage x tp shard x experts) one bucket, in %d slices over dp%s: "
+                 "%zu parameters in rank 0's slice (padding included)%s\n", zero_stage_name(stage), z->world,
+                 z->replicas > 1 ? ", hybrid" : "", z->shard_len,
+                 z->replicas > 1 ? ", each slice held by the replicas over the rest of dp" : "");
+    else if (z->replicas == 1)
         log_main("sharding: %s; %d rank(s), each owning 1/%d of every bucket: %zu parameters a rank (padding included)\n",
                  zero_stage_name(stage), z->world, z->world, z->shard_len);
     else
