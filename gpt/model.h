@@ -190,11 +190,12 @@ static inline gpt_precision model_precision_for(const char *asked, const device_
 static inline void model_create_keeping(model_t *m, gpt_t host, const device_t *d, gpt_precision precision, int B, int T,
                                         model_keeps keeps) {
     // Sharding (chapter 09) slices the state of a whole model over the
-    // data-parallel ranks; a pipeline stage or a tensor-parallel shard
-    // (chapters 10, 11) is not sharded as well here.
-    if (!(keeps.params && keeps.grads && keeps.adam) && (host.stage.count > 1 || gpt_tp_ways(host.tp) > 1))
-        die("a sharded model (ZeRO, chapter 09) cannot also be a pipeline stage (%d stages) or a tensor-parallel "
-            "shard (tp %d): shard whole models only", host.stage.count, gpt_tp_ways(host.tp));
+    // data-parallel ranks; of a pipeline stage or a tensor-parallel shard
+    // (chapters 10, 11) only AdamW's moments (ZeRO-1: the finale, 14), since
+    // ZeRO-2 and 3 act on a whole model's buckets during its passes.
+    if (!(keeps.params && keeps.grads) && (host.stage.count > 1 || gpt_tp_ways(host.tp) > 1))
+        die("a model sharded beyond ZeRO-1 (chapter 09) cannot also be a pipeline stage (%d stages) or a "
+            "tensor-parallel shard (tp %d): shard whole models only", host.stage.count, gpt_tp_ways(host.tp));
     memset(m, 0, sizeof *m);
     m->host = host;
     m->on_gpu = device_is_cuda(d) && model_gpu_ops();
