@@ -89,6 +89,14 @@ if has_gpu; then
     same d_cpu d_gpu 1e-5 $status && norms_near "$na" "$nb" 1e-5 && grep -q '| dropped 0.00%' "$TMP/d_gpu"
     verdict $? "ep gpu: dp 2 x ep 2 (4 GPUs) x batch 2, dropless, unclipped, equals one CPU process x batch 8 in fp32 within 1e-5: weights ($r), validation, AdamW's moments ($nb vs $na)" \
         "status $status, models '$r' apart, valid $va vs $vb, norms '$nb' vs '$na': $(grep -m1 error "$TMP/d_gpu")"
+    # ep 4 on 4 GPUs, one expert each, with drops, unclipped: capacity
+    # counted over each GPU's 2 sequences, as one process does over 4 groups.
+    grun e_cpu --device cpu --batch_size 8 --capacity_groups 4
+    grun e_gpu --device cuda --precision fp32 --batch_size 2 --ep 4; status=$?
+    na=$(snapshot_norms "$TMP/e_cpu.d"); nb=$(snapshot_norms "$TMP/e_gpu.d")
+    same e_cpu e_gpu 1e-5 $status && norms_near "$na" "$nb" 1e-5 && grep -Eq '\| dropped [0-9.]*[1-9][0-9.]*%' "$TMP/e_gpu"
+    verdict $? "ep gpu: ep 4 (4 GPUs, 1 of 4 experts each) x batch 2 with drops, unclipped, equals one CPU process x batch 8 in fp32 within 1e-5: weights ($r), validation, AdamW's moments ($nb vs $na)" \
+        "status $status, models '$r' apart, valid $va vs $vb, norms '$nb' vs '$na': $(grep -m1 error "$TMP/e_gpu")"
     # Planted in the GPU kernel: gates not renormalised (one GPU, every expert).
     planted=$(PLANT_CUDA=emu plant gpu_gates gpt/gpt_cuda_moe.cuh 'gate[(size_t)n * K + k] = (float)(p[ch[k]] / kept);' \
         'gate[(size_t)n * K + k] = p[ch[k]];' 13_expert_parallel 13_expert_parallel)
@@ -107,7 +115,7 @@ if has_gpu; then
 else
     for what in "ep 2 with drops equals one CPU process in fp32" "the exchanges carried the formula" \
                 "planted: outputs sent back in the wrong order" "dp 2 x ep 2 dropless equals one CPU process in fp32" \
-                "planted: gates not renormalised" "bf16, ep 2 equals one GPU"; do
+                "ep 4 with drops equals one CPU process in fp32" "planted: gates not renormalised" "bf16, ep 2 equals one GPU"; do
         skip "ep gpu: $what" "no GPU here (make CUDA=emu test runs it on the emulated GPU)"
     done
 fi
