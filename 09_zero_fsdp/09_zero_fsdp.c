@@ -16,7 +16,7 @@
 // --replicate R shards inside groups of N/R consecutive ranks (a node's)
 // and averages the slices over the R replicas (FSDP's HYBRID_SHARD). Each
 // rank prints what it holds and sends per step beside the formulas
-// (zero_report.h); the machinery of the slices is in zero.h (zero_devices.h:
+// (zero_report.h); the machinery of the slices is in ../gpt/zero.h (zero_devices.h:
 // the CPU's and a GPU's); the model lets a caller provide each bucket's
 // parameters and gradients (../gpt/gpt_layout.h, section 3).
 //

@@ -46,8 +46,8 @@
 // ../gpt/, which chapters 09-14 share. Each of them is 08's file plus its
 // idea: `make diffs` shows how little else changes.
 //
-// Where it computes: CPU ranks, or GPUs each holding every expert (--ep 1:
-// gpt/gpt_cuda_moe.cuh; expert parallelism on GPUs is refused, not written).
+// Where it computes: CPU ranks, or GPUs (gpt/gpt_cuda_moe.cuh: the same
+// layer's kernels, its exchanges on device buffers over NCCL).
 //
 // Data parallel as in chapters 04-06: --nprocs N spawns N ranks, or
 // ddprun starts them; each trains on its share of every epoch's blocks

@@ -38,7 +38,10 @@
 // is in ../gpt/pipeline.h (11's), this chapter's in finale.h, the rest in
 // ../gpt/. `make diffs` shows what changed from 11.
 //
-// Where it computes: CPU ranks (gpt.h). A GPU run is refused, saying why.
+// Where it computes: CPU ranks (gpt.h), or one GPU a rank for the shapes
+// whose GPU paths chapters 10-12 wrote (dp x tp x pp; dp x cp); finale.h
+// refuses the rest, saying why. --shard 1 (chapter 09's ZeRO-1) slices
+// each part's AdamW moments over dp, with --replicate as 09's hybrid.
 // ZeRO (chapter 09) over dp is not composed here yet: --shard > 0 is refused.
 #include <math.h>
 #include <stdio.h>
@@ -176,7 +179,9 @@ static void schedule_1f1b(pipeline_t *p, model_t *m, trainer_t *tr) {
 // the first counts), over its tp shards and ep experts (finale_clip), and
 // the stages add up their sums. Then every copy of a
 // parameter takes the same step. The losses are not read here (see 08).
-static void train_step(pipeline_t *p, model_t *m, trainer_t *tr, const options *o, int step, pg_t *dense) {
+// With --shard 1 (ZeRO-1 over dp, finale.h) the average over dp is the
+// reduce-scatter of 09: each rank clips and steps its slice of the part.
+static void train_step(pipeline_t *p, model_t *m, trainer_t *tr, const options *o, int step, pg_t *dense, zero_t *z) {
     model_zero_grad(m);
     pipe_begin_step(p);
     if (p->gpipe) schedule_gpipe(p, m, tr);
@@ -187,8 +192,18 @@ static void train_step(pipeline_t *p, model_t *m, trainer_t *tr, const options *
     model_average_gradients(m, dense); // the experts over the replicas make_part named
     model_tp_agree(m); // with --tp on a GPU: the replicated gradients of shard 0 (chapter 10)
     if (p->tie) model_all_reduce_grads(m, p->tie, 0, (size_t)m->host.cfg.vocab_size * m->host.cfg.n_embd, OP_SUM);
-    finale_clip(m, &p->g, p->own_from, (float)o->grad_clip);
-    model_adamw(m, learning_rate(tr, o, step), 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
+    if (!z) {
+        finale_clip(m, &p->g, p->own_from, (float)o->grad_clip);
+        model_adamw(m, learning_rate(tr, o, step), 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
+        return;
+    }
+    zero_begin_step(z);
+    zero_reduce_scatter_gradients(z); // the mean over dp of this rank's slice
+    zero_average_replicas(z);         // --replicate: and over the replicas
+    float scale = finale_zero_clip(z, &p->g, p->own_from, (float)o->grad_clip);
+    zero_adamw(z, scale, learning_rate(tr, o, step), 0.9f, 0.95f, 1e-8f, (float)o->weight_decay);
+    zero_all_gather_params(z); // every rank's stepped slices, into every rank's part
+    zero_end_step(z);
 }
 
 // The resumable state, as in chapter 06 (gpt/snapshot_whole.h): written by
@@ -197,10 +212,10 @@ static void train_step(pipeline_t *p, model_t *m, trainer_t *tr, const options *
 // from the start). Returns the epochs already done and sets *step.
 // It is the whole model: every stage of pipeline 0 sends rank 0 its part
 // (gather_whole). Without --snapshot_path: the saved model.
-static void save_snapshot(pipeline_t *p, model_t *m, const bpe_t *t, const options *o, int epochs_done, int step,
-                          int world) {
+static void save_snapshot(pipeline_t *p, model_t *m, zero_t *z, const bpe_t *t, const options *o, int epochs_done,
+                          int step, int world) {
     gpt_t whole;
-    if (!gather_whole(m, &p->g, true, &whole)) return;
+    if (!finale_gather_whole(m, &p->g, z, true, &whole)) return; // with ZeRO, the moments' slices too
     if (o->snapshot_path) snapshot_save_whole(&whole, o, epochs_done, step, world, "", model_get_scaler(m));
     else run_save(&whole, t, o->out_dir);
     gpt_free(&whole);
@@ -214,7 +229,7 @@ static int resume(gpt_t *whole, const options *o, dist_t *d, int *step) {
 }
 
 static void train(pipeline_t *p, model_t *m, const corpus_t *c, const options *o, trainer_t *tr, int first_epoch,
-                  int step, pg_t *dense) {
+                  int step, pg_t *dense, zero_t *z) {
     trainer_announce(tr, o);
     trainer_choose_graph(tr, m, o, "a pipeline's step is passes and messages per micro-batch");
     int first_step = step;
@@ -229,7 +244,7 @@ static void train(pipeline_t *p, model_t *m, const corpus_t *c, const options *o
         for (int s = 0; s < tr->steps_per_epoch && step < tr->total_steps; s++) {
             double t0 = now_seconds();
             fault_maybe_die(&fault, tr->dist, step + 1);
-            train_step(p, m, tr, o, step, dense);
+            train_step(p, m, tr, o, step, dense, z);
             tr->loss_count++;
             step++;
             tr->train_time += now_seconds() - t0;
@@ -239,7 +254,7 @@ static void train(pipeline_t *p, model_t *m, const corpus_t *c, const options *o
         }
         if (!validated) validate_with(m, tr, pipe_forward_only, p, c, o, step, epoch);
         bool save = o->save_every > 0 && (epoch + 1) % o->save_every == 0;
-        if (save) save_snapshot(p, m, c->tokenizer, o, epoch + 1, step, tr->dist->world_size);
+        if (save) save_snapshot(p, m, z, c->tokenizer, o, epoch + 1, step, tr->dist->world_size);
     }
     // What data parallelism cost in bytes: each rank's gradients, per step,
     // as they entered the all-reduce (a ring then sends 2(W-1)/W of that).
@@ -269,8 +284,10 @@ static int run_rank(int rank, int world, void *arg) {
     pipeline_init(&pipe, &dist, o);
     groups_report(&pipe.g); // one line per rank: its five coordinates
     // The groups a gradient is averaged over: the dense weights' holders,
-    // and each expert's (its ep coordinate fixed too).
-    pg_t *dense = groups_join(&pipe.g, "dp ep cp"), *expert_replicas = groups_join(&pipe.g, "dp cp");
+    // and each expert's (its ep coordinate fixed too). With ZeRO, dp's
+    // average comes with the slices (finale.h), and the groups leave it out.
+    pg_t *dense = groups_join(&pipe.g, o->shard ? "ep cp" : "dp ep cp"),
+         *expert_replicas = groups_join(&pipe.g, o->shard ? "cp" : "dp cp");
 
     // --- Data: WikiText-2 and its tokenizer, the same tokens on every rank.
     corpus_t corpus = run_load_corpus(o, &dist);
@@ -290,6 +307,7 @@ static int run_rank(int rank, int world, void *arg) {
              o->layers_for_stages ? ": one per stage, more than the preset's" : "", cfg.n_head, cfg.n_embd,
              model_precision(&model));
     gpt_free(&whole);
+    zero_t zero, *z = finale_zero(&zero, &pipe, &model, o); // --shard 1: this rank's slices of its part's moments
     // How the gradients travel (DDP's communication hook, common/ddp.h):
     // fp32, rounded to bf16 or fp16 for half the bytes, or each matrix as
     // two thin ones of rank --powersgd_rank (common/powersgd.h).
@@ -298,8 +316,9 @@ static int run_rank(int rank, int world, void *arg) {
     // --- Training, with validation after every epoch: every pipeline of dp x ep a replica.
     trainer_t tr = trainer_make(o, &corpus, &dist, pipeline_replicas(&pipe), finale_mesh_text(&pipe.g));
     pipeline_start(&pipe, &model, tr.total_steps);
-    train(&pipe, &model, &corpus, o, &tr, first_epoch, step, dense);
+    train(&pipe, &model, &corpus, o, &tr, first_epoch, step, dense, z);
     pipeline_report(&pipe, &model, o); // the bubble, the activations held, the timeline
+    if (z) finale_zero_report(z);      // ZeRO's slices and their collectives, measured
 
     // --- Report: test perplexity, samples, the saved model (rank 0).
     double test_loss = evaluate_with(&model, &tr.replicas, pipe_forward_only, &pipe, &dist.device, corpus.split[2],
@@ -311,6 +330,7 @@ static int run_rank(int rank, int world, void *arg) {
         gpt_free(&whole);
     }
 
+    if (z) zero_free(z);
     trainer_free(&tr);
     run_free_corpus(&corpus);
     model_free(&model);

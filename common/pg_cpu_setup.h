@@ -246,6 +246,23 @@ static inline char *cpu_shm_map(int fd, size_t bytes) {
     return mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
 }
 
+// The name of a segment this process created and has not unlinked yet. A
+// rank that dies while the others map the segment ends the job: the leader
+// then dies too, by exit (die(), a timeout: atexit unlinks the name) or by
+// the spawner's SIGTERM (a handler held for that window unlinks it and dies
+// of the signal as it would have), so a failed start leaves nothing in
+// /dev/shm. Only the leader's own SIGKILL in that window can.
+static char cpu_shm_pending[64];
+static inline void cpu_shm_unlink_pending(void) {
+    if (cpu_shm_pending[0]) shm_unlink(cpu_shm_pending);
+    cpu_shm_pending[0] = '\0';
+}
+static inline void cpu_shm_on_signal(int sig) {
+    cpu_shm_unlink_pending();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 static inline char *cpu_shm_create(const char *name, const cpu_shm_layout_t *l, uint64_t nonce,
                                    char *why, size_t size) {
     int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
@@ -253,6 +270,7 @@ static inline char *cpu_shm_create(const char *name, const cpu_shm_layout_t *l, 
         snprintf(why, size, "shm_open: %s", strerror(errno));
         return NULL;
     }
+    snprintf(cpu_shm_pending, sizeof cpu_shm_pending, "%s", name);
     // fallocate, not just ftruncate: on a full /dev/shm a lazily sized segment
     // would kill us later with SIGBUS; this fails now, cleanly.
     int err = ftruncate(fd, (off_t)l->total) < 0 ? errno : posix_fallocate(fd, 0, (off_t)l->total);
@@ -261,7 +279,7 @@ static inline char *cpu_shm_create(const char *name, const cpu_shm_layout_t *l, 
     close(fd);
     if (err) {
         snprintf(why, size, "%zu MiB in /dev/shm: %s", l->total >> 20, strerror(err));
-        shm_unlink(name);
+        cpu_shm_unlink_pending();
         return NULL;
     }
     cpu_shm_header_t h = {CPU_SHM_MAGIC, nonce, (uint64_t)l->members, l->ring_bytes};
@@ -294,6 +312,12 @@ static inline char *cpu_shm_attach(const char *name, const cpu_shm_layout_t *l, 
 // if every rank of the host could map it.
 static inline char *cpu_shm_lead(cpu_pg_t *pg, const int *members, const cpu_shm_layout_t *l,
                                  uint64_t nonce, char *why, size_t size) {
+    static bool at_exit;
+    if (!at_exit && atexit(cpu_shm_unlink_pending) != 0) die("atexit: cannot register the /dev/shm cleanup");
+    at_exit = true;
+    struct sigaction on = {.sa_handler = cpu_shm_on_signal}, old_term, old_int;
+    CHECK_SYS(sigaction(SIGTERM, &on, &old_term));
+    CHECK_SYS(sigaction(SIGINT, &on, &old_int));
     char name[64];
     snprintf(name, sizeof name, "/course-pg-%016llx-%d", (unsigned long long)nonce, pg->rank);
     char *base = cpu_shm_create(name, l, nonce, why, size);
@@ -305,7 +329,9 @@ static inline char *cpu_shm_lead(cpu_pg_t *pg, const int *members, const cpu_shm
         cpu_recv_wait(pg, members[i], &ok, 1);
         all_ok &= ok;
     }
-    if (base) shm_unlink(name);
+    if (base) cpu_shm_unlink_pending();
+    CHECK_SYS(sigaction(SIGTERM, &old_term, NULL));
+    CHECK_SYS(sigaction(SIGINT, &old_int, NULL));
     for (int i = 1; i < l->members; i++) cpu_send_wait(pg, members[i], &all_ok, 1);
     if (!all_ok && base) {
         munmap(base, l->total);

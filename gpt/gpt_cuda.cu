@@ -1720,6 +1720,7 @@ static void refresh_lp_copy(gpt_cuda_t *g) {
 }
 
 static void tp_setup(gpt_cuda_t *g);
+static void ep_norm_setup(gpt_cuda_t *g);
 
 // Every model is created here: a pipeline stage of tp shards that keeps
 // `keep` of the training state. gpt_cuda_create is stage 0 of 1, tp 1,
@@ -1759,6 +1760,7 @@ static gpt_cuda_t *create(const gpt_config *cfg, const gpt_stage *stage, int tp,
         CHECK_CUDA(cudaEventCreateWithFlags(&g->bucket_events[i], cudaEventDisableTiming));
     if (g->adam_m) upload_adam_chunks(g);
     if (tp > 1) tp_setup(g);
+    if (cfg->n_expert && gpt_ep_ways(cfg->ep) > 1) ep_norm_setup(g); // chapter 13: the experts' squares apart
     g->moe = moe_create(cfg, stage->last - stage->first, B, T, precision != GPT_FP32 ? 2 : 4, &g->allocated);
     zero_head_padding(g);
     if (g->params) gpt_cuda_set_params(g, params_host);
@@ -2586,6 +2588,66 @@ extern "C" void gpt_cuda_clip_grad_norm_tp(gpt_cuda_t *g, float max_norm) {
     tp_grad_norm_kernel<<<1, 1, 0, s>>>(g->scalars, sums, max_norm);
     launched("tp_grad_norm_kernel");
     g->clip_pending = true, g->have_norm = true;
+}
+
+// --- expert parallelism (chapter 13): the clipping norm of an expert
+// shard, with the kernels above and "split" read as "an expert's": each
+// rank sums its experts' squares and the dense ones apart, the ep group
+// adds up the experts' (each expert lives on one of its ranks) and the
+// dense ones, the same on every rank, count once - model.h's
+// model_clip_experts on the device. (No model is both a tp shard and an
+// expert shard on a GPU: chunk_split and tp_norm serve one or the other.)
+static bool tensor_is_expert(const gpt_config *c, int t) {
+    if (!c->n_expert || t < 2 || t >= gpt_ln_f_tensor(c)) return false;
+    return gpt_is_expert_tensor(c, (t - 2) % gpt_block_tensors(c));
+}
+
+static void ep_norm_setup(gpt_cuda_t *g) {
+    if (g->tp > 1) die("gpt_cuda_create: a model split over tp ranks and ep ranks at once is not written for GPUs");
+    int n = g->num_adam_chunks;
+    adam_chunk *chunks = (adam_chunk *)xmalloc(sizeof(adam_chunk) * (size_t)n);
+    unsigned char *expert = (unsigned char *)xmalloc((size_t)n);
+    build_adam_chunks(g->tensors, g->num_tensors, chunks);
+    for (int c = 0, t = 0; c < n; c++) {
+        while (chunks[c].offset >= g->tensors[t].offset + g->tensors[t].count) t++;
+        expert[c] = tensor_is_expert(&g->cfg, t);
+    }
+    g->chunk_split = (unsigned char *)device_buffer(g, (size_t)n, "chunk kinds (expert parallelism)");
+    g->tp_norm = (double *)device_buffer(g, sizeof(double) * (2 * NORM_BLOCKS + 2), "gradient-norm sums (expert parallelism)");
+    CHECK_CUDA(cudaMemcpyAsync(g->chunk_split, expert, (size_t)n, cudaMemcpyHostToDevice, g->ctx.stream));
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream)); // before the host buffers go
+    free(chunks), free(expert);
+}
+
+extern "C" void gpt_cuda_clip_grad_norm_ep(gpt_cuda_t *g, float max_norm) {
+    if (!g->moe || g->moe->P == 1) {
+        gpt_cuda_clip_grad_norm(g, max_norm);
+        return;
+    }
+    if (!g->moe->comm.sum) die("an expert-parallel GPU model (ep %d) needs gpt_cuda_expert_parallel", g->moe->P);
+    cudaStream_t s = g->ctx.stream;
+    int blocks = g->num_adam_chunks < NORM_BLOCKS ? g->num_adam_chunks : NORM_BLOCKS;
+    double *sums = g->tp_norm + 2 * NORM_BLOCKS;
+    tp_sum_squares_kernel<<<blocks, 256, 0, s>>>(g->tp_norm, g->grads, g->adam_chunks, g->chunk_split,
+                                                  g->num_adam_chunks);
+    launched("tp_sum_squares_kernel");
+    tp_add_partials_kernel<<<1, WARP, 0, s>>>(sums, g->tp_norm, blocks);
+    launched("tp_add_partials_kernel");
+    g->moe->comm.sum(g->moe->comm.user, sums, 1, GPT_CUDA_F64, s); // the experts' squares, over the ep ranks
+    tp_grad_norm_kernel<<<1, 1, 0, s>>>(g->scalars, sums, max_norm);
+    launched("tp_grad_norm_kernel");
+    g->clip_pending = true, g->have_norm = true;
+}
+
+static __global__ void scale_kernel(float *x, size_t n, float s) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+extern "C" void gpt_cuda_scale(gpt_cuda_t *g, float *x, size_t n, float s) {
+    if (n == 0) return;
+    scale_kernel<<<blocks_for(n, 256), 256, 0, g->ctx.stream>>>(x, n, s);
+    launched("scale_kernel");
 }
 
 // ===================================================================== 10. the training step as one CUDA graph

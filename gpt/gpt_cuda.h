@@ -271,6 +271,36 @@ void gpt_cuda_cp_layout(gpt_cuda_t *g, int whole, const int *segs);
 // Numbers attention sent forward and backward, and score pairs computed, so far.
 void gpt_cuda_cp_counts(const gpt_cuda_t *g, double counts[3]);
 
+// ---------------------------------------------------------------- expert parallelism (chapter 13)
+//
+// A mixture whose cfg.ep > 1 holds E/ep experts of each block (gpt_layout.h,
+// section 7) and exchanges rows with the other ranks of its ep group
+// (gpt_cuda_moe.cuh says when and why) through the caller, on device
+// buffers, after the model's stream has computed them (the model waits for
+// it first); each call is blocking: what it received is there when it
+// returns. counts: an all-to-all of per_peer ints to and from each rank
+// (pg_all_to_all); rows: pg_all_to_all_v of numbers of `type` (counts on
+// the host); sum: an all-reduce (sum, in place) over the ep group, as
+// gpt_cuda_tp_fn (the clipping norm's expert squares).
+typedef struct {
+    void *user;
+    void (*counts)(void *user, const int *send, int *recv, int per_peer);
+    void (*rows)(void *user, const void *send, const size_t *send_counts, void *recv, const size_t *recv_counts,
+                 gpt_cuda_type type);
+    gpt_cuda_tp_fn sum;
+} gpt_cuda_ep_comm;
+void gpt_cuda_expert_parallel(gpt_cuda_t *g, gpt_cuda_ep_comm comm);
+// The numbers passed to the row exchanges (each rank's block to itself
+// included) and the exchanges, forward (training passes) and backward,
+// since the last call: gpt/moe.h's traffic counters.
+void gpt_cuda_moe_take_traffic(gpt_cuda_t *g, double sent[2], double exchanges[2]);
+// gpt_cuda_clip_grad_norm for an expert shard: the norm of the whole
+// model, the experts' squares summed over the ep group with comm.sum, the
+// dense ones (the same on every rank) counted once. Queued, as the others.
+void gpt_cuda_clip_grad_norm_ep(gpt_cuda_t *g, float max_norm);
+// x[i] *= s for n device floats, queued on gpt_cuda_stream.
+void gpt_cuda_scale(gpt_cuda_t *g, float *x, size_t n, float s);
+
 // ---------------------------------------------------------------- sharded training (chapter 09)
 //
 // gpt_cuda_create keeps the whole training state on the device. Chapter

@@ -30,9 +30,28 @@
 //
 // Because step 3 waits for the GPU, a mixture's step cannot be one CUDA
 // graph (the counts change every step): gpt_cuda_graph_step refuses it.
-// What is not here: expert parallelism (ep > 1: the exchanges of gpt/moe.h
-// on device buffers) and fp16 (its loss scale would have to reach the
-// balancing loss's gradient); both are refused at create.
+//
+// Expert parallelism (cfg.ep = P > 1: this GPU holds E/P experts of each
+// block, gpt_layout.h section 7) adds gpt/moe.h's two exchanges, on device
+// buffers, through the caller's callbacks (gpt_cuda_ep_comm: the ep
+// group's all-to-alls, blocking; the stream is waited for first):
+//   3a. the counts: the E rows per expert this rank sends (on the device
+//       after step 2) go out E/P to each rank, which learns how many rows
+//       each rank sends to each of its experts; the host reads both;
+//   3b. the rows, already in expert order (so in rank order: rank p's
+//       experts are p E/P ...), with pg_all_to_all_v; they arrive rank by
+//       rank, expert by expert within each, and a permutation (order,
+//       computed on the GPU from the counts) puts them expert-major, each
+//       expert's rows from every rank in rank order - gpt/moe.h's order,
+//       so the sums match the CPU's;
+//   4. the local experts run on them; their outputs go back through the
+//       inverse permutation and the reverse exchange, landing in the rows'
+//       own order (ye), where the combine reads them as with P = 1.
+// Backward: the rows' gradients make the same trip (dsend out, expert-major,
+// the experts' backward, back), then the router as before. Capacity is
+// counted over this rank's own tokens (its micro-batch), as on the CPU.
+// What is not here: fp16 (its loss scale would have to reach the
+// balancing loss's gradient), refused at create.
 
 // One layer's state between its forward and its backward pass (device
 // buffers but count, which the host keeps for the backward's launches).
@@ -43,10 +62,14 @@ struct moe_cuda_layer {
     int *slot;        // (N, K) the row the assignment was sent as, -1: dropped
     int *sent;        // (N K) which assignment row s is
     float *aux_scale; // (G, E) d(balancing loss)/d p_{n,e} for a token of group g
-    void *xe, *h, *hg, *ye; // Act: (N K, C), (N K, 4C), (N K, 4C), (N K, C): rows in expert order
-    int *count;       // host (2 E + 2): rows kept per expert, the assignments dropped, the
-                      // assignments per expert before drops, the balancing loss (a float's bits)
+    void *xe, *h, *hg, *ye; // Act: (R, C), (R, 4C), (R, 4C), (N K, C): the experts' rows in expert order (R = P N K
+                            // rows: all a rank can receive; N K with P = 1), and the outputs in the rows' order
+    int *order;       // (R) expert parallelism: the expert-major position of received row i
+    int *count;       // host (3 E + 2): rows kept per expert, the assignments dropped, the
+                      // assignments per expert before drops, the balancing loss (a float's bits),
+                      // and (ep > 1) the rows rank p sends to my expert e ([p E/P + e])
     int rows;         // rows kept (sum of count)
+    int received;     // rows received for this rank's experts (= rows with P = 1)
     int groups;       // capacity groups of the last forward pass
     bool train;       // the last forward pass was a training pass
 };
@@ -60,9 +83,13 @@ struct moe_cuda {
     void *dlogits;             // Act (N, E)
     float *dgate;              // (N K)
     int *work;                 // the dispatch thread's counters: (3 G E + G + 2 E + 2)
-    int *counts;               // device: the E counts and the drops, copied to the host
+    int *counts;               // device: the E counts and the drops (and, ep > 1, the E received), copied to the host
+    void *xa, *xb;             // expert parallelism: Act (R, C) each, rows in transit (rank-major, expert-major)
     void *base;                // the one allocation all of the above are carved from
     size_t bytes;
+    int P;                     // expert parallelism: the ep group's ranks (1: every expert here)
+    gpt_cuda_ep_comm comm;     // its exchanges (gpt_cuda_expert_parallel)
+    double sent[2], exchanges[2]; // numbers passed to the row exchanges and their calls, forward and backward
 };
 
 // Buffers of size `bytes` carved one after another from base (NULL: only
@@ -76,9 +103,13 @@ static void *moe_carve(char *base, size_t *at, size_t bytes) {
 // The layout of every MoE buffer for L layers, N tokens, G groups and
 // activations of `act` bytes; returns the bytes. plan_memory counts them
 // with m NULL, create carves them.
+// With expert parallelism (P ranks) a rank may receive up to P N K rows
+// (every rank's every assignment, dropless): the experts' buffers are
+// sized for that worst case, P times a whole model's.
 static size_t moe_layout(moe_cuda *m, char *base, const gpt_config *c, size_t L, size_t N, size_t act) {
     size_t K = (size_t)c->top_k, E = (size_t)c->n_expert, C = (size_t)c->n_embd, H = 4 * C, at = 0;
     size_t G = c->capacity_groups > 1 ? (size_t)c->capacity_groups : 1;
+    size_t P = (size_t)gpt_ep_ways(c->ep), R = P * N * K, X = P > 1 ? R : 0;
     for (size_t l = 0; l < L; l++) {
         moe_cuda_layer tmp, *y = m ? &m->layer[l] : &tmp;
         y->probs = (float *)moe_carve(base, &at, N * E * 4);
@@ -87,15 +118,17 @@ static size_t moe_layout(moe_cuda *m, char *base, const gpt_config *c, size_t L,
         y->slot = (int *)moe_carve(base, &at, N * K * 4);
         y->sent = (int *)moe_carve(base, &at, N * K * 4);
         y->aux_scale = (float *)moe_carve(base, &at, G * E * 4);
-        y->xe = moe_carve(base, &at, N * K * C * act), y->h = moe_carve(base, &at, N * K * H * act);
-        y->hg = moe_carve(base, &at, N * K * H * act), y->ye = moe_carve(base, &at, N * K * C * act);
+        y->xe = moe_carve(base, &at, R * C * act), y->h = moe_carve(base, &at, R * H * act);
+        y->hg = moe_carve(base, &at, R * H * act), y->ye = moe_carve(base, &at, N * K * C * act);
+        y->order = (int *)moe_carve(base, &at, X * 4);
     }
     moe_cuda tmp, *s = m ? m : &tmp;
-    s->dsend = moe_carve(base, &at, N * K * C * act), s->dh = moe_carve(base, &at, N * K * H * act);
+    s->dsend = moe_carve(base, &at, N * K * C * act), s->dh = moe_carve(base, &at, R * H * act);
     s->dxe = moe_carve(base, &at, N * K * C * act), s->dlogits = moe_carve(base, &at, N * E * act);
     s->dgate = (float *)moe_carve(base, &at, N * K * 4);
     s->work = (int *)moe_carve(base, &at, (3 * G * E + G + 2 * E + 2) * 4);
-    s->counts = (int *)moe_carve(base, &at, (2 * E + 2) * 4);
+    s->counts = (int *)moe_carve(base, &at, (2 * E + 2 + (P > 1 ? E : 0)) * 4);
+    s->xa = moe_carve(base, &at, X * C * act), s->xb = moe_carve(base, &at, X * C * act);
     return at;
 }
 
@@ -107,9 +140,6 @@ static size_t moe_plan_bytes(const gpt_config *c, size_t L, size_t N, size_t act
 // What the GPU path of the mixture does not do, refused in one line.
 static void moe_check(const gpt_config *c, gpt_precision precision) {
     if (!c->n_expert) return;
-    if (c->ep > 1)
-        die("gpt_cuda_create: expert parallelism (ep %d) on GPUs is not written yet: one GPU holds all %d experts "
-            "(ep 1), or use --device cpu", c->ep, c->n_expert);
     if (precision == GPT_FP16)
         die("gpt_cuda_create: a mixture of experts trains in fp32 or bf16 on a GPU, not fp16 (the loss scale does "
             "not reach the balancing loss's gradient)");
@@ -120,6 +150,7 @@ static moe_cuda *moe_create(const gpt_config *c, int L, int B, int T, size_t act
     moe_cuda *m = (moe_cuda *)xcalloc(1, sizeof *m);
     m->L = L, m->N = B * T, m->K = c->top_k, m->E = c->n_expert, m->C = c->n_embd;
     m->G = c->capacity_groups > 1 ? c->capacity_groups : 1;
+    m->P = gpt_ep_ways(c->ep);
     m->layer = (moe_cuda_layer *)xcalloc((size_t)L, sizeof(moe_cuda_layer));
     m->bytes = moe_layout(NULL, NULL, c, (size_t)L, (size_t)m->N, act);
     cudaError_t err = cudaMalloc(&m->base, m->bytes);
@@ -128,7 +159,7 @@ static moe_cuda *moe_create(const gpt_config *c, int L, int B, int T, size_t act
             cudaGetErrorString(err));
     *allocated += m->bytes;
     moe_layout(m, (char *)m->base, c, (size_t)L, (size_t)m->N, act);
-    for (int l = 0; l < L; l++) m->layer[l].count = (int *)xcalloc(2 * (size_t)m->E + 2, sizeof(int));
+    for (int l = 0; l < L; l++) m->layer[l].count = (int *)xcalloc(3 * (size_t)m->E + 2, sizeof(int));
     return m;
 }
 
@@ -230,6 +261,37 @@ static __global__ void moe_gather_kernel(Act *xe, const Act *x, const int *sent,
     xe[i] = x[(size_t)(sent[s] / K) * C + ch];
 }
 
+// --- 3b. expert parallelism: where received row i goes. The rows arrive
+// rank by rank, expert by expert within each rank's block (cin[p El + e]
+// rows from rank p for my expert e); expert e's rows start after every
+// rank's rows for experts e' < e, and within expert e rank p's follow
+// those of ranks p' < p: gpt/moe.h's order (its `fill`).
+static __global__ void moe_order_kernel(int *order, const int *cin, int P, int El, int R) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= R) return;
+    for (int p = 0, start = 0; p < P; p++)
+        for (int e = 0; e < El; start += cin[p * El + e], e++) {
+            if (i >= start + cin[p * El + e]) continue;
+            int at = i - start;
+            for (int f = 0; f < e; f++)
+                for (int q = 0; q < P; q++) at += cin[q * El + f];
+            for (int q = 0; q < p; q++) at += cin[q * El + e];
+            order[i] = at;
+            return;
+        }
+}
+
+// Rows of C numbers moved by that order: to (dst[order[i]] = src[i]) or
+// from (dst[i] = src[order[i]]) expert-major.
+template <typename Act>
+static __global__ void moe_permute_kernel(Act *dst, const Act *src, const int *order, int R, int C, bool to_experts) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)R * C) return;
+    size_t r = i / C, ch = i % C, o = (size_t)order[r];
+    if (to_experts) dst[o * C + ch] = src[i];
+    else dst[i] = src[o * C + ch];
+}
+
 // --- 4. combine: out = res + sum over the kept choices of gate * row.
 template <typename Act>
 static __global__ void moe_combine_kernel(Act *out, const Act *res, const Act *ye, const int *slot, const float *gate,
@@ -321,15 +383,60 @@ static __global__ void moe_dx_kernel(Act *dx, const Act *dxe, const int *slot, i
     dx[i] = from_f<Act>(o + to_f(dx[i]));
 }
 
+template <typename Act>
+static gpt_cuda_type moe_type() { return sizeof(Act) == 4 ? GPT_CUDA_F32 : GPT_CUDA_BF16; }
+
+// The rows of layer y each local expert runs: from this rank (P = 1), or
+// from every rank (the counts received); returns their sum. With P > 1
+// also the numbers (rows x C) sent to and received from each rank.
+static int moe_rows(const moe_cuda *m, const moe_cuda_layer *y, int C, int *rows, size_t *out, size_t *in) {
+    int E = m->E, P = m->P, El = E / P, R = 0;
+    const int *cin = y->count + 2 * E + 2;
+    for (int e = 0; e < El; e++) {
+        rows[e] = P == 1 ? y->count[e] : 0;
+        for (int p = 0; P > 1 && p < P; p++) rows[e] += cin[p * El + e];
+        R += rows[e];
+    }
+    for (int p = 0; P > 1 && p < P; p++) {
+        out[p] = in[p] = 0;
+        for (int e = 0; e < El; e++)
+            out[p] += (size_t)y->count[p * El + e] * (size_t)C, in[p] += (size_t)cin[p * El + e] * (size_t)C;
+    }
+    return R;
+}
+
+// One exchange of rows over the ep group (gpt/moe.h's moe_exchange): the
+// numbers `out[p]` to rank p, `in[p]` from it, once the GPU has computed
+// them. pass 0: forward, counted on training passes (as the CPU counts); 1: backward.
+template <typename Act>
+static void moe_exchange(gpt_cuda_t *g, const void *send, const size_t *out, void *recv, const size_t *in, int pass,
+                         bool count) {
+    moe_cuda *m = g->moe;
+    if (!m->comm.rows)
+        die("an expert-parallel GPU model (ep %d) needs gpt_cuda_expert_parallel: the exchanges over its ranks", m->P);
+    for (int p = 0; count && p < m->P; p++) m->sent[pass] += (double)out[p];
+    m->exchanges[pass] += count;
+    CHECK_CUDA(cudaStreamSynchronize(g->ctx.stream)); // the rows to send are on the GPU now
+    m->comm.rows(m->comm.user, send, out, recv, in, moe_type<Act>());
+}
+
+template <typename Act>
+static void moe_permute(const gpu_ctx *cx, Act *dst, const Act *src, const int *order, int R, int C, bool to_experts) {
+    if (!R) return;
+    moe_permute_kernel<Act><<<blocks_for((size_t)R * C, 256), 256, 0, cx->stream>>>(dst, src, order, R, C, to_experts);
+    launched("moe_permute_kernel");
+}
+
 // The layer's forward pass: out = res + the mixture of x (ln_2's output).
-// p, w: the block's fp32 parameters and the weights the products read.
+// p, w: the block's fp32 parameters and the weights the products read
+// (this rank's experts: E/P of them).
 template <typename Act>
 static void moe_forward(gpt_cuda_t *g, int l, const float *p, const Act *w, const Act *x, const Act *res, Act *out) {
     moe_cuda *m = g->moe;
     moe_cuda_layer *y = &m->layer[l - g->stage.first];
     const gpt_config *c = &g->cfg;
     const gpu_ctx *cx = &g->ctx;
-    int N = g->B * g->T, C = c->n_embd, E = c->n_expert, K = c->top_k, H = 4 * C;
+    int N = g->B * g->T, C = c->n_embd, E = c->n_expert, K = c->top_k, H = 4 * C, P = m->P, El = E / P;
     int G = m->train && c->capacity_groups > 1 ? c->capacity_groups : 1;
     if (G > g->B) die("moe: %d capacity groups for a batch of %d sequences", G, g->B);
     y->train = m->train, y->groups = G;
@@ -339,28 +446,52 @@ static void moe_forward(gpt_cuda_t *g, int l, const float *p, const Act *w, cons
     moe_dispatch_kernel<<<1, 1, 0, cx->stream>>>(y->probs, y->choice, y->slot, y->sent, y->aux_scale, m->counts, m->work, N,
                                                  g->T, K, E, G, m->train, c->capacity_factor, c->aux_loss_coef);
     launched("moe_dispatch_kernel");
+    if (P > 1) { // 3a. my rows per expert, E/P to each rank; its rows per expert of mine back
+        if (!m->comm.counts)
+            die("an expert-parallel GPU model (ep %d) needs gpt_cuda_expert_parallel: the exchanges over its ranks", P);
+        CHECK_CUDA(cudaStreamSynchronize(cx->stream)); // the counts are on the GPU now
+        m->comm.counts(m->comm.user, m->counts, m->counts + 2 * E + 2, El);
+    }
     // The host needs the rows per expert to size the experts' products.
-    CHECK_CUDA(cudaMemcpyAsync(y->count, m->counts, sizeof(int) * (size_t)(2 * E + 2), cudaMemcpyDeviceToHost,
-                               cx->stream));
+    CHECK_CUDA(cudaMemcpyAsync(y->count, m->counts, sizeof(int) * (size_t)(2 * E + 2 + (P > 1 ? E : 0)),
+                               cudaMemcpyDeviceToHost, cx->stream));
     CHECK_CUDA(cudaStreamSynchronize(cx->stream));
     y->rows = 0;
     for (int e = 0; e < E; e++) y->rows += y->count[e];
-    int S = y->rows;
+    int S = y->rows, *rows = (int *)xmalloc(sizeof(int) * (size_t)El);
+    size_t *out_n = (size_t *)xmalloc(sizeof(size_t) * 2 * (size_t)P), *in_n = out_n + P;
+    int R = y->received = moe_rows(m, y, C, rows, out_n, in_n);
+    if (R > P * m->N * K) die("moe: %d rows received, room for %d", R, P * m->N * K);
     Act *xe = (Act *)y->xe, *h = (Act *)y->h, *hg = (Act *)y->hg, *ye = (Act *)y->ye;
+    Act *xa = (Act *)m->xa, *xb = (Act *)m->xb;
     if (S) {
         moe_gather_kernel<Act><<<blocks_for((size_t)S * C, 256), 256, 0, cx->stream>>>(xe, x, y->sent, S, K, C);
         launched("moe_gather_kernel");
     }
+    if (P > 1) { // 3b. the rows to their experts' ranks, then expert-major
+        moe_exchange<Act>(g, xe, out_n, xa, in_n, 0, m->train);
+        if (R) {
+            moe_order_kernel<<<blocks_for((size_t)R, 128), 128, 0, cx->stream>>>(y->order, m->counts + 2 * E + 2, P,
+                                                                                 El, R);
+            launched("moe_order_kernel");
+        }
+        moe_permute(cx, xe, xa, y->order, R, C, true);
+    }
     const Act *fc_w = w + moe_off(g, l, B_FC_W), *proj_w = w + moe_off(g, l, B_FCPROJ_W);
     const float *fc_b = p + moe_off(g, l, B_FC_B), *proj_b = p + moe_off(g, l, B_FCPROJ_B);
-    for (int e = 0, r0 = 0; e < E; r0 += y->count[e], e++) {
-        int rows = y->count[e];
-        if (!rows) continue;
+    Act *yo = P > 1 ? xb : ye; // the experts' outputs, expert-major (with P = 1 the rows' own order)
+    for (int e = 0, r0 = 0; e < El; r0 += rows[e], e++) {
+        if (!rows[e]) continue;
         size_t r = (size_t)r0;
-        matmul_forward(cx, h + r * H, xe + r * C, fc_w + (size_t)e * H * C, fc_b + (size_t)e * H, rows, C, H);
-        gelu_forward(cx, hg + r * H, h + r * H, (size_t)rows * H);
-        matmul_forward(cx, ye + r * C, hg + r * H, proj_w + (size_t)e * C * H, proj_b + (size_t)e * C, rows, H, C);
+        matmul_forward(cx, h + r * H, xe + r * C, fc_w + (size_t)e * H * C, fc_b + (size_t)e * H, rows[e], C, H);
+        gelu_forward(cx, hg + r * H, h + r * H, (size_t)rows[e] * H);
+        matmul_forward(cx, yo + r * C, hg + r * H, proj_w + (size_t)e * C * H, proj_b + (size_t)e * C, rows[e], H, C);
     }
+    if (P > 1) { // 4. the outputs back to the ranks they came from, into the rows' order
+        moe_permute(cx, xa, xb, y->order, R, C, false);
+        moe_exchange<Act>(g, xa, in_n, ye, out_n, 0, m->train);
+    }
+    free(rows), free(out_n);
     moe_combine_kernel<Act><<<blocks_for((size_t)N * C, 256), 256, 0, cx->stream>>>(out, res, ye, y->slot, y->gate, N,
                                                                                     K, C);
     launched("moe_combine_kernel");
@@ -374,8 +505,11 @@ static void moe_backward(gpt_cuda_t *g, int l, const Act *w, float *d, const Act
     moe_cuda_layer *y = &m->layer[l - g->stage.first];
     const gpt_config *c = &g->cfg;
     const gpu_ctx *cx = &g->ctx;
-    int N = g->B * g->T, C = c->n_embd, E = c->n_expert, K = c->top_k, H = 4 * C, S = y->rows;
-    Act *dsend = (Act *)m->dsend, *dh = (Act *)m->dh, *dxe = (Act *)m->dxe;
+    int N = g->B * g->T, C = c->n_embd, E = c->n_expert, K = c->top_k, H = 4 * C, S = y->rows, P = m->P, El = E / P;
+    Act *dsend = (Act *)m->dsend, *dh = (Act *)m->dh, *dxe = (Act *)m->dxe, *xa = (Act *)m->xa, *xb = (Act *)m->xb;
+    int *rows = (int *)xmalloc(sizeof(int) * (size_t)El);
+    size_t *out_n = (size_t *)xmalloc(sizeof(size_t) * 2 * (size_t)P), *in_n = out_n + P;
+    int R = moe_rows(m, y, C, rows, out_n, in_n);
     CHECK_CUDA(cudaMemsetAsync(m->dgate, 0, sizeof(float) * (size_t)N * K, cx->stream));
     if (S) {
         moe_dgate_kernel<Act><<<blocks_for((size_t)S, 128), 128, 0, cx->stream>>>(m->dgate, dout, (const Act *)y->ye,
@@ -385,20 +519,30 @@ static void moe_backward(gpt_cuda_t *g, int l, const Act *w, float *d, const Act
                                                                                        S, K, C);
         launched("moe_dsend_kernel");
     }
+    Act *dye = dsend, *dxl = dxe; // the experts' output and input gradients, expert-major
+    if (P > 1) { // the outputs' gradients to the experts' ranks, expert-major there
+        moe_exchange<Act>(g, dsend, out_n, xa, in_n, 1, true);
+        moe_permute(cx, xb, xa, y->order, R, C, true);
+        dye = xb, dxl = xa;
+    }
     const Act *fc_w = w + moe_off(g, l, B_FC_W), *proj_w = w + moe_off(g, l, B_FCPROJ_W);
     float *dfc_w = d + moe_off(g, l, B_FC_W), *dfc_b = d + moe_off(g, l, B_FC_B);
     float *dproj_w = d + moe_off(g, l, B_FCPROJ_W), *dproj_b = d + moe_off(g, l, B_FCPROJ_B);
     const Act *xe = (const Act *)y->xe, *h = (const Act *)y->h, *hg = (const Act *)y->hg;
-    for (int e = 0, r0 = 0; e < E; r0 += y->count[e], e++) {
-        int rows = y->count[e];
-        if (!rows) continue;
+    for (int e = 0, r0 = 0; e < El; r0 += rows[e], e++) {
+        if (!rows[e]) continue;
         size_t r = (size_t)r0;
-        matmul_backward(cx, dh + r * H, dproj_w + (size_t)e * C * H, dproj_b + (size_t)e * C, dsend + r * C, hg + r * H,
-                        proj_w + (size_t)e * C * H, rows, H, C);
-        gelu_backward(cx, dh + r * H, h + r * H, dh + r * H, (size_t)rows * H);
-        matmul_backward(cx, dxe + r * C, dfc_w + (size_t)e * H * C, dfc_b + (size_t)e * H, dh + r * H, xe + r * C,
-                        fc_w + (size_t)e * H * C, rows, C, H);
+        matmul_backward(cx, dh + r * H, dproj_w + (size_t)e * C * H, dproj_b + (size_t)e * C, dye + r * C, hg + r * H,
+                        proj_w + (size_t)e * C * H, rows[e], H, C);
+        gelu_backward(cx, dh + r * H, h + r * H, dh + r * H, (size_t)rows[e] * H);
+        matmul_backward(cx, dxl + r * C, dfc_w + (size_t)e * H * C, dfc_b + (size_t)e * H, dh + r * H, xe + r * C,
+                        fc_w + (size_t)e * H * C, rows[e], C, H);
     }
+    if (P > 1) { // the inputs' gradients back, into the rows' order
+        moe_permute(cx, xb, xa, y->order, R, C, false);
+        moe_exchange<Act>(g, xb, in_n, dxe, out_n, 1, true);
+    }
+    free(rows), free(out_n);
     Act *dlogits = (Act *)m->dlogits;
     moe_router_backward_kernel<Act><<<blocks_for((size_t)N, 128), 128, 0, cx->stream>>>(
         dlogits, m->dgate, y->probs, y->gate, y->choice, y->slot, y->aux_scale, m->grad_scale, y->train, N, g->T,
@@ -420,4 +564,16 @@ extern "C" int gpt_cuda_moe_counts(const gpt_cuda_t *g, int layer, int *routed, 
     if (routed) memcpy(routed, y->count + E + 1, sizeof(int) * (size_t)E);
     if (aux) memcpy(aux, y->count + 2 * E + 1, sizeof(float));
     return y->count[E];
+}
+
+extern "C" void gpt_cuda_expert_parallel(gpt_cuda_t *g, gpt_cuda_ep_comm comm) {
+    if (!g->moe || g->moe->P == 1) die("gpt_cuda_expert_parallel: the model holds every expert (ep 1)");
+    g->moe->comm = comm;
+}
+
+extern "C" void gpt_cuda_moe_take_traffic(gpt_cuda_t *g, double sent[2], double exchanges[2]) {
+    for (int i = 0; i < 2; i++) {
+        sent[i] = g->moe ? g->moe->sent[i] : 0, exchanges[i] = g->moe ? g->moe->exchanges[i] : 0;
+        if (g->moe) g->moe->sent[i] = g->moe->exchanges[i] = 0;
+    }
 }

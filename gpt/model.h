@@ -190,11 +190,12 @@ static inline gpt_precision model_precision_for(const char *asked, const device_
 static inline void model_create_keeping(model_t *m, gpt_t host, const device_t *d, gpt_precision precision, int B, int T,
                                         model_keeps keeps) {
     // Sharding (chapter 09) slices the state of a whole model over the
-    // data-parallel ranks; a pipeline stage or a tensor-parallel shard
-    // (chapters 10, 11) is not sharded as well here.
-    if (!(keeps.params && keeps.grads && keeps.adam) && (host.stage.count > 1 || gpt_tp_ways(host.tp) > 1))
-        die("a sharded model (ZeRO, chapter 09) cannot also be a pipeline stage (%d stages) or a tensor-parallel "
-            "shard (tp %d): shard whole models only", host.stage.count, gpt_tp_ways(host.tp));
+    // data-parallel ranks; of a pipeline stage or a tensor-parallel shard
+    // (chapters 10, 11) only AdamW's moments (ZeRO-1: the finale, 14), since
+    // ZeRO-2 and 3 act on a whole model's buckets during its passes.
+    if (!(keeps.params && keeps.grads) && (host.stage.count > 1 || gpt_tp_ways(host.tp) > 1))
+        die("a model sharded beyond ZeRO-1 (chapter 09) cannot also be a pipeline stage (%d stages) or a "
+            "tensor-parallel shard (tp %d): shard whole models only", host.stage.count, gpt_tp_ways(host.tp));
     memset(m, 0, sizeof *m);
     m->host = host;
     m->on_gpu = device_is_cuda(d) && model_gpu_ops();
@@ -358,12 +359,15 @@ static inline void model_ep_rows(void *user, const gpt_real *send, const size_t 
     pg_all_to_all_v(m->ep_group, send, send_counts, recv, recv_counts, DTYPE_F32);
 }
 
+static inline void model_gpu_expert_parallel(model_t *m); // the GPU section: the same exchanges on device buffers
+
 static inline void model_expert_parallel(model_t *m, pg_t *ep, pg_t *expert_replicas) {
     if (gpt_ep_ways(m->host.cfg.ep) != pg_world_size(ep))
         die("the model's experts are spread over %d ranks but the ep group has %d", gpt_ep_ways(m->host.cfg.ep),
             pg_world_size(ep));
     m->ep_group = ep, m->expert_replicas = expert_replicas;
     m->host.ep_all_to_all = model_ep_counts, m->host.ep_all_to_all_v = model_ep_rows, m->host.ep_user = m;
+    if (m->on_gpu && pg_world_size(ep) > 1) model_gpu_expert_parallel(m);
 }
 
 // The gradients of an expert-parallel model, averaged. The dense tensors
@@ -703,11 +707,21 @@ static inline float model_gpu_cp_forward(model_t *m, const uint16_t *in, const u
     return wait && tg ? cp_mean_loss(cp, gpt_cuda_loss(m->gpu), (size_t)B * mine) : -1.0f;
 }
 
+// What an expert-parallel GPU model's exchanges passed since the last
+// call, added to the host copy's traffic counters (gpt/moe.h's gpt_moe_stats).
+static inline void model_gpu_moe_traffic(model_t *m) {
+    gpt_moe_stats *s = &gpt_moe_state(&m->host)->stats;
+    double sent[2], exchanges[2];
+    gpt_cuda_moe_take_traffic(m->gpu, sent, exchanges);
+    for (int i = 0; i < 2; i++) s->sent[i] += sent[i], s->exchanges[i] += exchanges[i];
+}
+
 // A mixture of experts' training pass on the GPU adds what it routed to
 // the host copy's tables (gpt/moe.h's gpt_moe_stats), as the CPU's does.
 static inline void model_gpu_moe_stats(model_t *m, int B, int T) {
     const gpt_config *c = &m->host.cfg;
     gpt_moe_stats *s = &gpt_moe_state(&m->host)->stats;
+    model_gpu_moe_traffic(m);
     int *routed = xmalloc(sizeof(int) * (size_t)c->n_expert);
     for (int l = m->host.stage.first; l < m->host.stage.last; l++) {
         float aux = 0;
@@ -753,14 +767,44 @@ static inline void model_bucket_ready(void *user, const gpt_bucket *bucket, cuda
 static inline void model_gpu_backward(model_t *m, float grad_scale, pg_t *pg) {
     // (With cp, attention's backward pass sends and waits between the
     // buckets: they are averaged after it.)
-    bool overlap = pg && pg_world_size(pg) > 1 && !m->powersgd && !m->host.cp;
+    // (With ep, a bucket - a block - holds dense and expert gradients,
+    // averaged over different groups: model_gpu_average_experts, after it.)
+    bool experts = m->ep_group && pg_world_size(m->ep_group) > 1;
+    bool overlap = pg && pg_world_size(pg) > 1 && !m->powersgd && !m->host.cp && !experts;
     m->averaging = pg;
     gpt_cuda_backward(m->gpu, grad_scale, overlap ? model_bucket_ready : NULL, m);
     m->averaging = NULL;
     m->overlapped = overlap;
+    if (experts) model_gpu_moe_traffic(m);
+}
+
+// model_average_experts on the device: each run of adjacent dense tensors
+// averaged over `all` (dp x ep), each run of expert tensors summed over
+// their replicas (dp) and divided by the ranks of `all` - the CPU's rule,
+// without packing: about two collectives per block.
+static inline void model_gpu_average_experts(model_t *m, pg_t *all) {
+    const gpt_t *h = &m->host;
+    float *grads = gpt_cuda_grads_device(m->gpu);
+    m->ops->wait(m); // the backward pass has computed them
+    for (int t = 0; t < h->num_tensors;) {
+        bool expert = gpt_tensor_is_expert(h, t);
+        size_t first = h->tensors[t].offset, count = 0;
+        for (; t < h->num_tensors && gpt_tensor_is_expert(h, t) == expert; t++) count += h->tensors[t].count;
+        if (!expert) {
+            ddp_average_gradients_with(all, grads + first, count, m->grad_compress);
+            continue;
+        }
+        if (pg_world_size(m->expert_replicas) > 1)
+            pg_all_reduce(m->expert_replicas, grads + first, grads + first, count, DTYPE_F32, OP_SUM);
+        gpt_cuda_scale(m->gpu, grads + first, count, 1.0f / (float)pg_world_size(all));
+    }
 }
 
 static inline void model_gpu_average_gradients(model_t *m, pg_t *pg) {
+    if (m->ep_group && pg_world_size(m->ep_group) > 1) { // chapter 13
+        model_gpu_average_experts(m, pg);
+        return;
+    }
     if (m->powersgd && pg && pg_world_size(pg) > 1) { // on the host: there and back
         gpt_cuda_get_grads(m->gpu, m->host.grads);
         powersgd_average(m->powersgd, pg, m->host.grads);
@@ -779,6 +823,7 @@ static inline void model_gpu_average_gradients(model_t *m, pg_t *pg) {
 
 static inline void model_gpu_clip_grad_norm(model_t *m, float max_norm) {
     if (m->tp_group) gpt_cuda_clip_grad_norm_tp(m->gpu, max_norm);
+    else if (m->ep_group && pg_world_size(m->ep_group) > 1) gpt_cuda_clip_grad_norm_ep(m->gpu, max_norm);
     else gpt_cuda_clip_grad_norm(m->gpu, max_norm);
 }
 
@@ -871,6 +916,28 @@ static inline void model_tp_sum_gpu(void *user, void *buf, size_t count, gpt_cud
 
 static inline void model_gpu_tensor_parallel(model_t *m) { gpt_cuda_set_tp_all_reduce(m->gpu, model_tp_sum_gpu, m); }
 
+// Expert parallelism on a GPU: model_ep_counts and model_ep_rows on device
+// buffers (the model has waited for its stream), and the clipping norm's
+// sum over the ep group.
+static inline void model_ep_counts_gpu(void *user, const int *send, int *recv, int per_peer) {
+    model_t *m = user;
+    pg_all_to_all(m->ep_group, send, recv, (size_t)per_peer, DTYPE_I32);
+}
+static inline void model_ep_rows_gpu(void *user, const void *send, const size_t *send_counts, void *recv,
+                                     const size_t *recv_counts, gpt_cuda_type type) {
+    model_t *m = user;
+    pg_all_to_all_v(m->ep_group, send, send_counts, recv, recv_counts, model_cp_dtype((int)type));
+}
+static inline void model_ep_sum_gpu(void *user, void *buf, size_t count, gpt_cuda_type type, cudaStream_t stream) {
+    model_t *m = user;
+    CHECK_CUDA(cudaStreamSynchronize(stream)); // the partial sums are on the GPU now
+    pg_all_reduce(m->ep_group, buf, buf, count, model_cp_dtype((int)type), OP_SUM);
+}
+static inline void model_gpu_expert_parallel(model_t *m) {
+    gpt_cuda_ep_comm comm = {m, model_ep_counts_gpu, model_ep_rows_gpu, model_ep_sum_gpu};
+    gpt_cuda_expert_parallel(m->gpu, comm);
+}
+
 static inline void *model_cp_gpu_ring_start(void *user, const void *send, size_t send_count, void *recv,
                                             size_t recv_count, gpt_cuda_type type) {
     return model_cp_device_ring_start(user, send, send_count, recv, recv_count, (int)type);
@@ -921,6 +988,7 @@ static inline void model_graph_step(model_t *m, const uint16_t *in, const uint16
     die("model_graph_step: CUDA graphs need a GPU build");
 }
 static inline void model_gpu_tensor_parallel(model_t *m) { (void)m; }
+static inline void model_gpu_expert_parallel(model_t *m) { (void)m; }
 static inline void model_gpu_context_parallel(model_t *m, bool ulysses) { (void)m, (void)ulysses; }
 static inline void model_gpu_cp_counts(const model_t *m, double counts[3]) { (void)m, counts[0] = counts[1] = counts[2] = 0; }
 static inline gpt_scaler model_get_scaler(model_t *m) { (void)m; return (gpt_scaler){0}; }

@@ -145,7 +145,7 @@ for case in "2 4 one8 1" "3 2 one6 1" "4 2 one8nc 0"; do
 done
 # Planted: the reduce-scatter sums where the mean belongs (every stage's
 # gradients N times too large). The 4 unclipped ranks of ZeRO-2 must differ.
-planted=$(plant rs_sum 09_zero_fsdp/zero.h 'count, DTYPE_F32, OP_AVG);' 'count, DTYPE_F32, OP_SUM);' 09_zero_fsdp 09_zero_fsdp)
+planted=$(plant rs_sum gpt/zero.h 'count, DTYPE_F32, OP_AVG);' 'count, DTYPE_F32, OP_SUM);' 09_zero_fsdp 09_zero_fsdp)
 [[ -n $planted ]] && ! prog_under_test=$planted stage_equal planted_sum 4 2 2 0 one8nc && [[ $status -eq 0 ]]
 verdict $? "planted: a reduce-scatter that sums instead of averaging fails the 4-rank ZeRO-2 check (difference $to_one)" \
     "$(planted_why rs_sum)status $status, differences $to_ddp (DDP), $to_one (one process)"
@@ -159,7 +159,7 @@ accumulates() {
 accumulates acc
 verdict $? "zero cpu: --shard 3 with 2 micro-batches of 2 on 2 ranks equals one process x batch 8 ($d)" "status $status, difference $d"
 # Planted: the second micro-batch's slice replaces the first's instead of adding to it.
-planted=$(plant micro_copy 09_zero_fsdp/zero.h 'z->ops->add(z, mine, z->scratch, b->slice);' \
+planted=$(plant micro_copy gpt/zero.h 'z->ops->add(z, mine, z->scratch, b->slice);' \
     'z->ops->copy(z, mine, z->scratch, b->slice);' 09_zero_fsdp 09_zero_fsdp)
 [[ -n $planted ]] && ! prog_under_test=$planted accumulates planted_acc && [[ $status -eq 0 ]]
 verdict $? "planted: a micro-batch's gradient slice that overwrites the last one fails the micro-batch check ($d)" \
@@ -181,7 +181,7 @@ memory_as_formula "$TMP/n4s3" && close_to "$(row "$TMP/n4s1" "optimizer state" 4
 verdict $? "zero memory: each rank holds the ZeRO paper's bytes (ZeRO-3: parameters $(row "$TMP/n4s3" parameters 1) KiB = 4P/N; optimizer state 8P/N; DDP 4P)" \
     "$(grep -A8 '^memory per rank' "$TMP/n4s3" | tr '\n' '|')"
 # Planted: ZeRO-3 holds a whole parameter array beside its slices (the model's, allocated again).
-planted=$(plant keeps_params 09_zero_fsdp/zero.h 'm->host.params = NULL;' 'm->host.params = xmalloc(z->num_params * sizeof(float));' \
+planted=$(plant keeps_params gpt/zero.h 'm->host.params = NULL;' 'm->host.params = xmalloc(z->num_params * sizeof(float));' \
     09_zero_fsdp 09_zero_fsdp)
 [[ -n $planted ]] && run_capture 120 "$TMP/planted_mem" "$planted" "${common[@]}" --max_steps 1 --batch_size 2 --nprocs 4 --shard 3 \
     --out_dir "$TMP/planted_mem.d" && ! memory_as_formula "$TMP/planted_mem"

@@ -72,7 +72,7 @@ for case in "4 2 1 2 1" "4 2 2 1 2" "4 2 3 2 1" "8 2 3 1 1"; do
 done
 # Planted: the replicas never meet (the all-reduce of the slices left out):
 # each replica trains on its half of the data alone.
-planted=$(plant no_replicas 09_zero_fsdp/zero.h '    if (z->replicas == 1) return;' '    if (z->replicas > 0) return;' \
+planted=$(plant no_replicas gpt/zero.h '    if (z->replicas == 1) return;' '    if (z->replicas > 0) return;' \
     09_zero_fsdp 09_zero_fsdp)
 [[ -n $planted ]] && prog_under_test=$planted train p_none "${cpu[@]}" --nprocs 4 --replicate 2 --shard 3 --batch_size 2 &&
     ! equal one p_none 1e-6
@@ -80,7 +80,7 @@ verdict $? "hybrid planted: the replicas' all-reduce left out is caught (models 
     "$(planted_why no_replicas)relative '$r', moments ${ma[*]} vs ${mb[*]}"
 # Planted: the replicas' slices summed where their mean belongs: the
 # gradients twice too large. Adam's step nearly hides it; the moments do not.
-planted=$(plant replicas_sum 09_zero_fsdp/zero.h 'z->shard_len, DTYPE_F32, OP_AVG);' 'z->shard_len, DTYPE_F32, OP_SUM);' \
+planted=$(plant replicas_sum gpt/zero.h 'z->shard_len, DTYPE_F32, OP_AVG);' 'z->shard_len, DTYPE_F32, OP_SUM);' \
     09_zero_fsdp 09_zero_fsdp)
 [[ -n $planted ]] && prog_under_test=$planted train p_sum "${cpu[@]}" --nprocs 4 --replicate 2 --shard 1 --batch_size 2 &&
     ! equal one p_sum 1e-6 && near "$r" 0 1e-3

@@ -7,9 +7,9 @@
 # formula; snapshots and the saved model are whole (a run resumes with
 # another --ep, --generate samples); bad layouts are refused. On CPU ranks
 # in every build and under mpirun; on GPUs (emulated, with NCCL) with every
-# expert on each GPU, data parallel (expert parallelism on GPUs is not
-# written: refused, saying so). Each check comes with a planted bug
-# (tests/lib.sh, plant) that it catches.
+# expert on each GPU and with the experts spread over the GPUs (ep 2, dp 2
+# x ep 2). Each check comes with a planted bug (tests/lib.sh, plant) that
+# it catches.
 source "$(dirname "$0")/../lib.sh"
 prog="$ROOT/13_expert_parallel/13_expert_parallel"
 compare="$ROOT/tests/unit/test_gpt_compare"
@@ -23,6 +23,8 @@ gpt_corpus "$TMP/corpus"
 common=(--data_dir "$TMP/corpus" --verify_data=false --preset tiny --vocab_size 300 --num_samples 0 --log_every 1000)
 cpu=("${common[@]}" --device cpu --n_expert 4 --moe_top_k 2 --max_steps 15)
 valid='validation after step [0-9]* .*: loss ([0-9.]*) ' sum='checksum ([0-9a-f]*),'
+# The traffic line: ranks, numbers forward and backward, the formula's each way.
+traffic='^traffic per step, all ([0-9]*) ranks: forward ([0-9]*) numbers .* backward ([0-9]*) .* ranks = ([0-9]*) each way'
 
 # same ONE MANY TOL [STATUS]: the run MANY (its output $TMP/MANY, its model
 # $TMP/MANY.d) trained the model the run ONE did: the saved models differ
@@ -38,49 +40,82 @@ run() { local name=$1; shift; run_capture 120 "$TMP/$name" "$prog" "${cpu[@]}" "
 
 # ---------------------------------------------------------------- on GPUs
 # The mixture on the GPU model (gpt/gpt_cuda_moe.cuh), on emulated GPUs
-# whose ranks talk NCCL (or real ones). Each GPU holds every expert (--ep 1:
-# expert parallelism on GPUs is not written, and is refused in one line);
-# the ranks are data parallel, each counting capacity over its own
-# micro-batch, as one process does with --capacity_groups 2. An emulated
-# GPU is slow: blocks of 16 tokens, 6 steps, and a corpus whose validation
-# and test splits are cut to a fifth (evaluating them was most of a run).
+# whose ranks talk NCCL (or real ones): the experts spread over the GPUs
+# (--ep 2: the counts and the rows exchanged on device buffers), and with
+# every expert on each GPU (ep 1, one GPU). Each rank counts capacity over
+# its own micro-batch, as one process does with --capacity_groups 2 (4 for
+# 4 ranks). An emulated GPU is slow: blocks of 16 tokens, 6 steps, and a
+# corpus whose validation and test splits are cut to a fifth (evaluating
+# them was most of a run).
 if has_gpu; then
+    gpu_start=$SECONDS
     mkdir -p "$TMP/small"
     cp "$TMP/corpus/train.txt" "$TMP/small/"
     for split in valid test; do head -c 1200 "$TMP/corpus/$split.txt" >"$TMP/small/$split.txt"; done
     gpu=(--data_dir "$TMP/small" "${common[@]:2}" --n_expert 4 --moe_top_k 2 --max_steps 6 --block_size 16
          --capacity_factor 1 --grad_clip 0 --save_every 1)
-    # fp32, with drops, unclipped: 2 GPUs x batch 4 against one CPU process
-    # x batch 8 counting capacity over the same 2 groups: weights, validation
-    # loss and AdamW's moments (a missing 1/N would pass the weights alone).
+    # fp32, with drops, unclipped: ep 2 (2 GPUs holding 2 of the 4 experts
+    # each) x batch 4 against one CPU process x batch 8 counting capacity
+    # over the same 2 groups: weights, validation loss and AdamW's moments
+    # (a missing 1/N would pass the weights alone).
     grun() { local name=$1; shift; run_capture 300 "$TMP/$name" "$prog" "${gpu[@]}" "$@" --out_dir "$TMP/$name.d" \
         --snapshot_path "$TMP/$name.d/s.safetensors"; }
     grun g_cpu --device cpu --batch_size 8 --capacity_groups 2
-    grun g_two --device cuda --precision fp32 --batch_size 4 --nprocs 2; status=$?
-    na=$(snapshot_norms "$TMP/g_cpu.d"); nb=$(snapshot_norms "$TMP/g_two.d")
-    same g_cpu g_two 1e-5 $status && norms_near "$na" "$nb" 1e-5 && grep -Eq '\| dropped [0-9.]*[1-9][0-9.]*%' "$TMP/g_two"
-    verdict $? "ep gpu: 2 GPUs x batch 4 with drops, unclipped, equal one CPU process x batch 8 in fp32 within 1e-5: weights ($r), validation, AdamW's moments (l2 of p, m, v: $nb vs $na; $(grep -m1 -o 'backend [a-z]*' "$TMP/g_two"))" \
-        "status $status, models '$r' apart, valid $va vs $vb, norms '$nb' vs '$na': $(grep -m1 error "$TMP/g_two")"
-    # Planted in the GPU kernel: gates not renormalised.
+    grun g_ep2 --device cuda --precision fp32 --batch_size 4 --ep 2; status=$?
+    na=$(snapshot_norms "$TMP/g_cpu.d"); nb=$(snapshot_norms "$TMP/g_ep2.d")
+    same g_cpu g_ep2 1e-5 $status && norms_near "$na" "$nb" 1e-5 && grep -Eq '\| dropped [0-9.]*[1-9][0-9.]*%' "$TMP/g_ep2" &&
+        grep -q 'backend nccl' "$TMP/g_ep2"
+    verdict $? "ep gpu: ep 2 (2 GPUs, 2 of 4 experts each) x batch 4 with drops, unclipped, equals one CPU process x batch 8 in fp32 within 1e-5: weights ($r), validation, AdamW's moments (l2 of p, m, v: $nb vs $na; $(grep -m1 -o 'backend [a-z]*' "$TMP/g_ep2"))" \
+        "status $status, models '$r' apart, valid $va vs $vb, norms '$nb' vs '$na': $(grep -m1 error "$TMP/g_ep2")"
+    # Its all-to-alls carried the formula less the dropped rows, as on the CPU.
+    got=$(field "$TMP/g_ep2" "$traffic" '\2 \3') kept=$(field "$TMP/g_ep2" ' ([0-9]*) less the dropped rows' '\1')
+    [[ -n $kept && $got == "$kept $kept" ]]
+    verdict $? "ep gpu: the GPUs' exchanges carried the formula less the dropped rows, forward and backward ($got)" \
+        "got '$got', kept '$kept'"
+    # Planted in the GPU path: the experts' outputs sent back in expert
+    # order, not in the order their rows came (the inverse permutation
+    # applied the wrong way round).
+    planted=$(PLANT_CUDA=emu plant gpu_order gpt/gpt_cuda_moe.cuh 'moe_permute(cx, xa, xb, y->order, R, C, false);' \
+        'moe_permute(cx, xa, xb, y->order, R, C, true);' 13_expert_parallel 13_expert_parallel)
+    [[ -n $planted ]] && run_capture 300 "$TMP/pl_order" "$planted" "${gpu[@]}" --device cuda --precision fp32 \
+        --batch_size 4 --ep 2 --out_dir "$TMP/pl_order.d" && ! same g_cpu pl_order 1e-5 && [[ -n $r ]]
+    verdict $? "ep gpu planted: the experts' outputs sent back in the wrong order (ep 2) are caught (models $r apart)" \
+        "$(planted_why gpu_order)relative '$r'"
+    # dp 2 x ep 2 on 4 GPUs, dropless, unclipped: dense gradients averaged
+    # over all 4, each expert's over its 2 replicas (divided by 4).
+    grun d_cpu --device cpu --batch_size 8 --capacity_groups 4 --capacity_factor 0
+    grun d_gpu --device cuda --precision fp32 --batch_size 2 --dp 2 --ep 2 --capacity_factor 0; status=$?
+    na=$(snapshot_norms "$TMP/d_cpu.d"); nb=$(snapshot_norms "$TMP/d_gpu.d")
+    same d_cpu d_gpu 1e-5 $status && norms_near "$na" "$nb" 1e-5 && grep -q '| dropped 0.00%' "$TMP/d_gpu"
+    verdict $? "ep gpu: dp 2 x ep 2 (4 GPUs) x batch 2, dropless, unclipped, equals one CPU process x batch 8 in fp32 within 1e-5: weights ($r), validation, AdamW's moments ($nb vs $na)" \
+        "status $status, models '$r' apart, valid $va vs $vb, norms '$nb' vs '$na': $(grep -m1 error "$TMP/d_gpu")"
+    # ep 4 on 4 GPUs, one expert each, with drops, unclipped: capacity
+    # counted over each GPU's 2 sequences, as one process does over 4 groups.
+    grun e_cpu --device cpu --batch_size 8 --capacity_groups 4
+    grun e_gpu --device cuda --precision fp32 --batch_size 2 --ep 4; status=$?
+    na=$(snapshot_norms "$TMP/e_cpu.d"); nb=$(snapshot_norms "$TMP/e_gpu.d")
+    same e_cpu e_gpu 1e-5 $status && norms_near "$na" "$nb" 1e-5 && grep -Eq '\| dropped [0-9.]*[1-9][0-9.]*%' "$TMP/e_gpu"
+    verdict $? "ep gpu: ep 4 (4 GPUs, 1 of 4 experts each) x batch 2 with drops, unclipped, equals one CPU process x batch 8 in fp32 within 1e-5: weights ($r), validation, AdamW's moments ($nb vs $na)" \
+        "status $status, models '$r' apart, valid $va vs $vb, norms '$nb' vs '$na': $(grep -m1 error "$TMP/e_gpu")"
+    # Planted in the GPU kernel: gates not renormalised (one GPU, every expert).
     planted=$(PLANT_CUDA=emu plant gpu_gates gpt/gpt_cuda_moe.cuh 'gate[(size_t)n * K + k] = (float)(p[ch[k]] / kept);' \
         'gate[(size_t)n * K + k] = p[ch[k]];' 13_expert_parallel 13_expert_parallel)
     [[ -n $planted ]] && run_capture 300 "$TMP/pl_gpu" "$planted" "${gpu[@]}" --device cuda --precision fp32 \
         --batch_size 8 --capacity_groups 2 --out_dir "$TMP/pl_gpu.d" && ! same g_cpu pl_gpu 1e-5 && [[ -n $r ]]
     verdict $? "ep gpu planted: gates not renormalised in the GPU kernel are caught (models $r apart)" \
         "$(planted_why gpu_gates)relative '$r'"
-    # bf16: one GPU x batch 8 against 2 GPUs x batch 4, within 08's 2e-2.
-    grun h_one --device cuda --precision bf16 --batch_size 8 --capacity_groups 2
-    grun h_two --device cuda --precision bf16 --batch_size 4 --nprocs 2; status=$?
-    same h_one h_two 2e-2 $status
-    verdict $? "ep gpu: bf16, 2 GPUs x batch 4 equal one GPU x batch 8 within 2e-2 (models $r apart, validation $va vs $vb)" \
-        "status $status, models '$r' apart, valid $va vs $vb: $(grep -m1 error "$TMP/h_two")"
-    run_capture 60 "$TMP/gpu_ep" "$prog" "${common[@]}" --device cuda --n_expert 4 --ep 2; status=$?
-    [[ $status -eq 2 ]] && grep -q -- "--device cuda with --ep 2: expert parallelism on GPUs is not written yet" "$TMP/gpu_ep"
-    verdict $? "ep gpu: --device cuda with --ep 2 is refused in one line (expert parallelism on GPUs is not written)" \
-        "status $status: $(head -n 2 "$TMP/gpu_ep" | tr '\n' '|')"
+    # bf16, clipped: one GPU holding every expert x batch 8 against ep 2 x
+    # batch 4, within 08's 2e-2.
+    grun h_one --device cuda --precision bf16 --batch_size 8 --capacity_groups 2 --grad_clip 1
+    grun h_ep2 --device cuda --precision bf16 --batch_size 4 --ep 2 --grad_clip 1; status=$?
+    same h_one h_ep2 2e-2 $status
+    verdict $? "ep gpu: bf16, clipped, ep 2 x batch 4 equals one GPU x batch 8 within 2e-2 (models $r apart, validation $va vs $vb)" \
+        "status $status, models '$r' apart, valid $va vs $vb: $(grep -m1 error "$TMP/h_ep2")"
+    echo "info: the GPU section took $((SECONDS - gpu_start)) s"
 else
-    for what in "2 GPUs with drops equal one CPU process in fp32" "planted: gates not renormalised" \
-                "bf16, 2 GPUs equal one GPU" "--ep 2 refused"; do
+    for what in "ep 2 with drops equals one CPU process in fp32" "the exchanges carried the formula" \
+                "planted: outputs sent back in the wrong order" "dp 2 x ep 2 dropless equals one CPU process in fp32" \
+                "ep 4 with drops equals one CPU process in fp32" "planted: gates not renormalised" "bf16, ep 2 equals one GPU"; do
         skip "ep gpu: $what" "no GPU here (make CUDA=emu test runs it on the emulated GPU)"
     done
 fi
@@ -180,7 +215,6 @@ verdict $? "ep planted: an expert's gradient averaged over dp only fails the mom
 # The traffic: what the all-to-alls carried per step, measured, equals
 # K x tokens x C each way per layer (dispatch and return; forward and
 # backward): 2 x 2 layers x 2 x 8 x 32 x 64 = 131072 numbers, dropless.
-traffic='^traffic per step, all ([0-9]*) ranks: forward ([0-9]*) numbers .* backward ([0-9]*) .* ranks = ([0-9]*) each way'
 got=$(field "$TMP/ep4" "$traffic" '\2 \3 \4')
 [[ $got == "131072 131072 131072" ]]
 verdict $? "ep: the all-to-alls carried the formula's numbers each way, forward and backward ($got)" "got '$got'"

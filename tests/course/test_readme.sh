@@ -366,19 +366,21 @@ else
     not_here 13_expert_parallel/README.md "${ep_cmds[2]}" "needs the model of a run on WikiText-2, which is not here"
 fi
 # The GPU command needs a (real or emulated) GPU build of a fresh copy: the
-# same run is test_13_expert_parallel's GPU section (2 emulated GPUs).
-not_here 13_expert_parallel/README.md "./13_expert_parallel --device cuda --n_expert 8 --moe_top_k 2 --preset tiny --max_steps 20" \
-    "a GPU command: test_13_expert_parallel's GPU section runs the GPU mixture of experts on (emulated) GPUs"
+# same layout is test_13_expert_parallel's GPU section (ep 2 on 2 emulated GPUs).
+not_here 13_expert_parallel/README.md "./13_expert_parallel --device cuda --ep 2 --n_expert 8 --moe_top_k 2 --preset tiny --max_steps 20" \
+    "a GPU command: test_13_expert_parallel's GPU section runs ep 2 (and dp 2 x ep 2) on (emulated) GPUs"
 exercise 13_expert_parallel/README.md 13_expert_parallel "make check-exercise EX=13/route"
 
 fresh_copy 14_five_dimensions/README.md
 run 14_five_dimensions/README.md 14_five_dimensions 300 "make 14_five_dimensions"
 fd_cmds=("./14_five_dimensions --pp 2 --dp 2 --ep 2 --cp 2 --tp 2 --n_expert 4 --moe_top_k 2 --preset tiny --block_size 32 --batch_size 2 --grad_accum 2 --max_steps 20 --device cpu"
-         "./14_five_dimensions --pp 1 --n_expert 4 --moe_top_k 2 --preset tiny --block_size 32 --batch_size 8 --grad_accum 2 --max_steps 20 --device cpu")
+         "./14_five_dimensions --pp 1 --n_expert 4 --moe_top_k 2 --preset tiny --block_size 32 --batch_size 8 --grad_accum 2 --max_steps 20 --device cpu"
+         "./14_five_dimensions --pp 2 --dp 2 --tp 2 --shard 1 --preset tiny --batch_size 4 --grad_accum 2 --max_steps 20 --device cpu")
 if [[ -n "$wikitext" ]]; then
     student+=(WIKITEXT_DIR="$wikitext")
     run 14_five_dimensions/README.md 14_five_dimensions 600 "${fd_cmds[0]}" '^mesh: pp 2 x dp 2 x ep 2 x cp 2 x tp 2 \(32 ranks'
     run 14_five_dimensions/README.md 14_five_dimensions 600 "${fd_cmds[1]}" '^test: loss '
+    run 14_five_dimensions/README.md 14_five_dimensions 600 "${fd_cmds[2]}" '^sharding: ZeRO-1'
     unset 'student[${#student[@]}-1]'
 else
     covered["14_five_dimensions/README.md|${fd_cmds[0]}"]=1
@@ -387,7 +389,12 @@ else
     verdict $? "14_five_dimensions/README.md: ${fd_cmds[0]} (no WikiText-2 here: an error that says make data)" \
         "no WikiText-2 here; status $status: $(tail -n 2 "$TMP/out" | tr '\n' '|')"
     not_here 14_five_dimensions/README.md "${fd_cmds[1]}" "needs WikiText-2, which is not here"
+    not_here 14_five_dimensions/README.md "${fd_cmds[2]}" "needs WikiText-2, which is not here"
 fi
+# The GPU command: test_14_five_dimensions's GPU section runs this shape (tiny
+# blocks, 3 steps) on 8 (emulated) GPUs against one GPU.
+not_here 14_five_dimensions/README.md "./14_five_dimensions --pp 2 --dp 2 --tp 2 --device cuda --preset tiny --batch_size 4 --grad_accum 2 --max_steps 20" \
+    "a GPU command: test_14_five_dimensions's GPU section runs pp 2 x dp 2 x tp 2 on (emulated) GPUs"
 run 14_five_dimensions/README.md 14_five_dimensions 300 "./rehearsal.sh" \
     '^rehearsal: PASS \((netns|loopback)\): 8 \+ 8 workers on two hosts trained the same model as one process'
 exercise 14_five_dimensions/README.md 14_five_dimensions "make check-exercise EX=14/mesh"

@@ -1125,6 +1125,14 @@ static void test_sharded_calls(rng_t *r) {
     for (size_t i = 0; i < k; i++) wrong += sum[i] != a[i] + b[i];
     snprintf(name, sizeof name, "gpt cuda add: dst += src over %zu numbers, exactly", k);
     EXPECT(name, wrong == 0, "%zu of %zu sums differ from the CPU's", wrong, k);
+    // Chapter 13's expert gradients: x *= s (here 1/3, not a power of 2).
+    gpt_cuda_scale(g, da, k, 1.0f / 3.0f);
+    CHECK_CUDA(cudaStreamSynchronize(gpt_cuda_stream(g)));
+    CHECK_CUDA(cudaMemcpy(a, da, k * sizeof(float), cudaMemcpyDeviceToHost));
+    wrong = 0;
+    for (size_t i = 0; i < k; i++) wrong += a[i] != sum[i] * (1.0f / 3.0f);
+    snprintf(name, sizeof name, "gpt cuda scale: x *= s over %zu numbers, exactly", k);
+    EXPECT(name, wrong == 0, "%zu of %zu products differ from the CPU's", wrong, k);
     CHECK_CUDA(cudaFree(da));
     CHECK_CUDA(cudaFree(db));
     free(a), free(b), free(sum);

@@ -1,5 +1,8 @@
 // zero.h - chapter 09's sharding of the GPT: which slice each rank owns,
 // the collectives that move slices, and what each rank holds and sends.
+// The finale (chapter 14) shards a part's optimizer state with it too (a
+// pipeline stage x a tp shard x some experts: ZeRO-1 over dp), so it lives
+// in gpt/ beside the model.
 //
 // 09_zero_fsdp.c says WHAT each ZeRO stage does in its training step; this
 // file holds the machinery it calls, in this order:
@@ -45,6 +48,14 @@
 // in N equal slices. PyTorch's FSDP does the same: each wrapped module's
 // parameters form one flat array, padded to a multiple of N and cut in N.
 // The stages share one cut, so a snapshot of any stage resumes in any other.
+//
+// A part of the model (the finale's: a pipeline stage, a tp shard, some
+// experts) has a flat array of its own tensors, which gpt_layout.h's
+// buckets do not describe. ZeRO-1 needs no buckets - it reduce-scatters
+// the gradients and gathers the parameters once the backward pass is done -
+// so a part is cut as ONE bucket, its whole array (as DeepSpeed cuts ZeRO-1
+// and 2); ZeRO-2 and 3 act bucket by bucket inside a whole model's passes
+// (section 4), and a part is refused them.
 //
 // Hybrid sharding (--replicate R; FSDP's HYBRID_SHARD, torchtitan's
 // dp_replicate x dp_shard): the N ranks are R replicas of a group of N/R
@@ -228,6 +239,11 @@ static inline void zero_scatter_host(zero_t *z, const float *full, float *shard)
     free(host);
 }
 
+// A part of a model (section 1): a pipeline stage, a tp shard or some experts.
+static inline bool zero_is_part(const model_t *m) {
+    return m->host.stage.count > 1 || gpt_tp_ways(m->host.tp) > 1 || gpt_ep_ways(m->host.cfg.ep) > 1;
+}
+
 // Cuts the model in slices, says so, and allocates this rank's state for the stage.
 // The model was created keeping what the stage does not shard
 // (zero_model_keeps); ZeRO-3 takes its slices of the model's initial
@@ -248,17 +264,26 @@ static inline void zero_setup(zero_t *z, int stage, dist_t *d, model_t *m, int g
     z->front = z->ops->front(z);
     const gpt_config *c = &m->host.cfg;
     z->num_params = m->host.num_params;
-    z->num_buckets = gpt_layout_buckets(c, NULL, 0);
+    bool part = zero_is_part(m);
+    if (part && stage > 1)
+        die("zero_setup: ZeRO-%d gathers and scatters a whole model's buckets during its passes; a pipeline stage, a "
+            "tp shard or some experts take ZeRO-1 only", stage);
+    z->num_buckets = part ? 1 : gpt_layout_buckets(c, NULL, 0);
     z->buckets = xcalloc((size_t)z->num_buckets, sizeof *z->buckets);
     for (int k = 0; k < z->num_buckets; k++) {
-        gpt_bucket b = gpt_layout_bucket(c, k);
+        gpt_bucket b = part ? (gpt_bucket){.offset = 0, .count = m->host.num_params, .name = "part"} : gpt_layout_bucket(c, k);
         zero_bucket *s = &z->buckets[k];
         s->offset = b.offset, s->count = b.count, s->slice = zero_slice_size(b.count, z->world);
         s->first = b.offset + (size_t)z->rank * s->slice, s->owned = zero_owned(b.count, z->world, z->rank);
         s->at = z->shard_len;
         z->shard_len += s->slice;
     }
-    if (z->replicas == 1)
+    if (part)
+        log_main("sharding: %s; each rank's part (stage x tp shard x experts) one bucket, in %d slices over dp%s: "
+                 "%zu parameters in rank 0's slice (padding included)%s\n", zero_stage_name(stage), z->world,
+                 z->replicas > 1 ? ", hybrid" : "", z->shard_len,
+                 z->replicas > 1 ? ", each slice held by the replicas over the rest of dp" : "");
+    else if (z->replicas == 1)
         log_main("sharding: %s; %d rank(s), each owning 1/%d of every bucket: %zu parameters a rank (padding included)\n",
                  zero_stage_name(stage), z->world, z->world, z->shard_len);
     else
@@ -583,6 +608,45 @@ static inline void zero_slices_from_host(zero_t *z, float *slices[3], int adam_s
     if (z->stage == 0) z->model->host.adam_step = adam_step;
     else z->adam_step = adam_step;
     if (z->stage < 3) model_to_device(z->model);
+}
+
+// AdamW's moments whole in the model's host copy (ZeRO-1, 2), gathered
+// from every rank's slices, with the step count: for a snapshot of the
+// whole model (the finale's; FSDP's full optimizer state dict).
+// zero_drop_host_moments frees them again: the model keeps them in slices.
+static inline void zero_moments_to_host(zero_t *z) {
+    gpt_t *h = &z->model->host;
+    if (!z->staging) die("zero_moments_to_host: ZeRO-%d has no staging buffer (ZeRO-1 and 2 only)", z->stage);
+    if (!h->adam_m) h->adam_m = xmalloc(z->num_params * sizeof(float));
+    if (!h->adam_v) h->adam_v = xmalloc(z->num_params * sizeof(float));
+    float *shard[2] = {z->adam_m, z->adam_v}, *whole[2] = {h->adam_m, h->adam_v};
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < z->num_buckets; k++) {
+            const zero_bucket *b = &z->buckets[k];
+            float *mine = z->staging + (size_t)z->rank * b->slice;
+            z->ops->copy(z, mine, shard[i] + b->at, b->slice);
+            z->ops->finish(z);
+            zero_all_gather(z, mine, z->staging, b->slice);
+            device_to_host(&z->dist->device, whole[i] + b->offset, z->staging, b->count * sizeof(float));
+        }
+    h->adam_step = z->adam_step;
+}
+
+static inline void zero_drop_host_moments(zero_t *z) {
+    gpt_t *h = &z->model->host;
+    free(h->adam_m), free(h->adam_v);
+    h->adam_m = h->adam_v = NULL;
+}
+
+// The other way, after a resume from a whole snapshot put the moments in
+// the model's host copy: this rank takes its slices, and the host copy goes.
+static inline void zero_moments_from_host(zero_t *z) {
+    gpt_t *h = &z->model->host;
+    if (!h->adam_m) return; // nothing resumed: the slices start from zero
+    zero_scatter_host(z, h->adam_m, z->adam_m);
+    zero_scatter_host(z, h->adam_v, z->adam_v);
+    z->adam_step = h->adam_step;
+    zero_drop_host_moments(z);
 }
 
 #endif
