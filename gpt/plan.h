@@ -401,7 +401,7 @@ static inline void plan_print(FILE *out, const plan_layout *l) {
         fprintf(out, "plan: ZeRO over dp of tp shards or pipeline stages is the finale's (chapter 14): not yet held to a run\n");
     if (l->zero > 0 && (l->cp > 1 || l->ep > 1))
         fprintf(out, "plan: ZeRO with cp or ep: 09's slices and collectives over dp alone, the gradients' sum over cp and ep "
-                     "not counted (chapter 14 does not compose them yet): not held to a run\n");
+                     "not counted: not held to a run\n");
     if (l->replicate > 1)
         fprintf(out, "plan: hybrid sharding: %d replicas x %d ranks sharing the slices\n", l->replicate, l->dp / l->replicate);
     for (int s = 0; s < l->pp; s++) {

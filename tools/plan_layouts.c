@@ -2,8 +2,8 @@
 // (gpt/plan.h) over GPT-2's four sizes on clusters of 8, 64 and 512 GPUs
 // of 80 GB, 8 GPUs a node. For each model and cluster it tries every
 // layout pp x dp x cp x tp (tp 1-8, inside a node; cp 1, 2 or 4 beside it
-// in the node, without ZeRO: the finale composes cp with the other
-// dimensions but not with ZeRO; pp dividing the layers into stages of at
+// in the node, without ZeRO: the planner counts ZeRO's slices over dp
+// alone, which no run with cp holds; pp dividing the layers into stages of at
 // least one block) with ZeRO 0-3 over dp (and, where dp x tp spans nodes,
 // ZeRO 1-3 hybrid-sharded: the slices shared by one node's dp ranks, R
 // replicas across nodes), keeps those whose every rank's plan fits in the
@@ -127,7 +127,7 @@ static void plan_cluster(const model_size *m, int gpus, bool all) {
                 for (int replicate = 1; replicate <= R; replicate += R > 1 ? R - 1 : 1) {
                     if (zero > 0 && dp == 1) continue;
                     if (replicate > 1 && zero == 0) continue;
-                    if (cp > 1 && zero > 0) continue; // not composed (chapter 14 refuses --shard with cp)
+                    if (cp > 1 && zero > 0) continue; // ZeRO with cp: not held to a run
                     plan_layout l = {.cfg = m->cfg, .B = B, .T = m->cfg.block_size, .M = share / B, .gpu = true,
                                      .precision = GPT_BF16, .wire_bytes = 4, .dp = dp, .tp = tp, .pp = pp, .cp = cp,
                                      .ep = 1, .zero = zero, .replicate = replicate, .gpipe = false};
