@@ -62,8 +62,8 @@ static inline void finale_add_flags(flag_set *set, options *o) {
 static inline void finale_refuse_gpu(flag_set *set, const options *o) {
     if (strcmp(o->device, "cuda")) return;
     if (o->ep > 1)
-        flags_fail(set, "--device cuda with --ep %d: expert parallelism on GPUs is not written yet (13's GPU mixture "
-                        "holds every expert on one GPU); use --ep 1 or --device cpu", o->ep);
+        flags_fail(set, "--device cuda with --ep %d: the finale does not compose 13's GPU expert exchanges with "
+                        "its other dimensions yet (13 runs them alone); use --ep 1, chapter 13, or --device cpu", o->ep);
     if (o->n_expert && (o->tp > 1 || o->pp > 1 || o->cp > 1))
         flags_fail(set, "--device cuda with --n_expert %d and --tp %d --pp %d --cp %d: 13's GPU mixture runs in a whole "
                         "model on one GPU, not in a tp shard, a stage or a cp rank's tokens; use --device cpu",

@@ -48,7 +48,7 @@ bad zero2 "--shard 2 with --pp 2: a stage's gradients are final only after all i
 bad zero3 "--shard 3: ZeRO-2 and 3 scatter and gather a whole model's buckets" --device cpu --pp 1 --shard 3
 bad replicate "--replicate 2 needs --shard 1" --device cpu --replicate 2
 bad zero_gpu "--shard 1 with --device cuda: ZeRO in the finale is written for CPU ranks" --device cuda --shard 1
-bad gpu_ep "--device cuda with --ep 2: expert parallelism on GPUs is not written yet" --device cuda --pp 1 --ep 2 \
+bad gpu_ep "--device cuda with --ep 2: the finale does not compose 13's GPU expert exchanges" --device cuda --pp 1 --ep 2 \
     --n_expert 4
 bad gpu_moe "--device cuda with --n_expert 4 and --tp 1 --pp 2 --cp 1: 13's GPU mixture runs in a whole model" \
     --device cuda --n_expert 4
