@@ -318,7 +318,7 @@ static int run_rank(int rank, int world, void *arg) {
     pipeline_start(&pipe, &model, tr.total_steps);
     train(&pipe, &model, &corpus, o, &tr, first_epoch, step, dense, z);
     pipeline_report(&pipe, &model, o); // the bubble, the activations held, the timeline
-    if (z) finale_zero_report(z);      // ZeRO's slices and their collectives, measured
+    if (z) finale_zero_report(z, &pipe); // ZeRO's slices and collectives, measured; the planner's rows
 
     // --- Report: test perplexity, samples, the saved model (rank 0).
     double test_loss = evaluate_with(&model, &tr.replicas, pipe_forward_only, &pipe, &dist.device, corpus.split[2],

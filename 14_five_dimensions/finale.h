@@ -237,8 +237,15 @@ static inline float finale_zero_clip(zero_t *z, const groups_t *g, size_t from, 
 // What ZeRO-1 held and sent on this rank, measured (zero.h counts its
 // allocations and its calls in training steps, at a ring's bytes), beside
 // what the whole part's moments would take; rank 0 prints its own, each
-// rank's part being another stage, tp shard or experts.
-static inline void finale_zero_report(const zero_t *z) {
+// rank's part being another stage, tp shard or experts. Then the
+// planner's rows (gpt/plan.h; --plan prints them for the same flags): the
+// model's own buffers and messages as pipeline.h measures them, the
+// gradients' all-reduce over ep x cp only (the dense group without dp),
+// and zero.h's: its slices of the gradients and of AdamW's moments, its
+// staging buffer (a comm buffer), and in dp's column its reduce-scatter,
+// all-gather and the replicas' all-reduce (clipping's sums left out, as
+// the plan leaves out the 8-byte norms).
+static inline void finale_zero_report(const zero_t *z, pipeline_t *p) {
     int steps = z->steps_counted > 0 ? z->steps_counted : 1;
     log_main("sharding measured (rank 0's part, %zu parameters): optimizer state %zu bytes in slices (whole: %zu), "
              "slices of the gradients %zu, staging %zu; sent per step: reduce_scatter %.0f, all_gather %.0f, "
@@ -246,6 +253,14 @@ static inline void finale_zero_report(const zero_t *z) {
              z->num_params, z->mem[MEM_OPTIMIZER], 2 * z->num_params * sizeof(float), z->mem[MEM_GRADS],
              z->mem[MEM_OTHER], z->sent[COMM_REDUCE_SCATTER] / steps, z->sent[COMM_ALL_GATHER] / steps,
              z->sent[COMM_REPLICAS] / steps, z->sent[COMM_ALL_REDUCE] / steps);
+    if (p->steps == 0) return; // a resumed run with no step left to take (every rank alike)
+    plan_rank row = pipe_plan_row(p, z->model, 1);
+    row.mem[PLAN_PARAMS] += (double)z->mem[MEM_PARAMS];
+    row.mem[PLAN_GRADS] += (double)z->mem[MEM_GRADS];
+    row.mem[PLAN_OPTIMIZER] += (double)z->mem[MEM_OPTIMIZER];
+    row.mem[PLAN_COMM] += (double)(z->mem[MEM_OTHER] + z->mem[MEM_GATHERED]);
+    row.sent[PLAN_DP] += (z->sent[COMM_REDUCE_SCATTER] + z->sent[COMM_ALL_GATHER] + z->sent[COMM_REPLICAS]) / steps;
+    plan_report_measured(p->g.dist, p->stage, p->stages, &row);
 }
 
 // The whole model on rank 0 (gather_whole); with ZeRO the moments'

@@ -448,29 +448,33 @@ static inline void write_timeline(pipeline_t *p, const options *o, double bubble
 // dense gradients' replicas are dp x ep x cp and the experts' dp x cp;
 // attention's blocks go over cp (fp32 on the CPU), the rows of a mixture
 // of experts to other ranks of its ep group (gpt/moe.h's counters).
-static inline void pipe_report_plan_rows(pipeline_t *p, model_t *m) {
-    if (p->steps == 0) return;
+// `dp`: the dp ranks the gradients' all-reduce spans - all of them, or 1
+// when ZeRO averages over dp with its slices' collectives (the finale's
+// --shard 1: finale.h adds those, and ZeRO's buffers, to this row).
+static inline plan_rank pipe_plan_row(pipeline_t *p, model_t *m, int dp) {
     const int *n = p->g.size;
+    int steps = p->steps > 0 ? p->steps : 1;
     plan_rank row = {{0}, {0}};
     plan_measure_model(m, p->slots_used, row.mem);
     double tie = p->tie ? plan_ring_all_reduce(m->grads_all_reduced, pg_world_size(p->tie)) : 0;
-    row.sent[PLAN_PP] = (p->pp_sent + tie) / p->steps;
-    row.sent[PLAN_TP] = plan_ring_all_reduce(p->tp_sent / p->steps, n[DIM_TP]);
-    row.sent[PLAN_DP] = plan_ring_all_reduce((double)ddp_bytes_reduced() / p->steps, n[DIM_DP] * n[DIM_EP] * n[DIM_CP]) +
-                        plan_ring_all_reduce(plan_measured_expert_grad_bytes(m), n[DIM_DP] * n[DIM_CP]);
-    row.sent[PLAN_CP] = p->cp_sent * sizeof(gpt_real) / p->steps;
-    row.sent[PLAN_EP] = plan_measured_ep_bytes(m) / p->steps;
-    plan_report_measured(p->g.dist, p->stage, p->stages, &row);
+    row.sent[PLAN_PP] = (p->pp_sent + tie) / steps;
+    row.sent[PLAN_TP] = plan_ring_all_reduce(p->tp_sent / steps, n[DIM_TP]);
+    row.sent[PLAN_DP] = plan_ring_all_reduce((double)ddp_bytes_reduced() / steps, dp * n[DIM_EP] * n[DIM_CP]) +
+                        plan_ring_all_reduce(plan_measured_expert_grad_bytes(m), dp * n[DIM_CP]);
+    row.sent[PLAN_CP] = p->cp_sent * sizeof(gpt_real) / steps;
+    row.sent[PLAN_EP] = plan_measured_ep_bytes(m) / steps;
+    return row;
 }
 
 // After training: the bubble and the activations held, measured, and the
-// last step's timeline; then the planner's rows.
+// last step's timeline; then the planner's rows (with --shard, the
+// finale's finale_zero_report prints them, ZeRO's slices added).
 static inline void pipeline_report(pipeline_t *p, model_t *m, const options *o) {
     double bubble = pipe_report(p, m, o);
     if (bubble >= 0) write_timeline(p, o, bubble);
-    if (o->shard) // the finale's ZeRO: the model holds no moments, the slices' collectives are not ddp.h's
-        log_main("planner rows: not measured with --shard (ZeRO's slices and collectives: the sharding lines)\n");
-    else pipe_report_plan_rows(p, m);
+    if (o->shard || p->steps == 0) return;
+    plan_rank row = pipe_plan_row(p, m, p->g.size[DIM_DP]);
+    plan_report_measured(p->g.dist, p->stage, p->stages, &row);
 }
 
 #endif

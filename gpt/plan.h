@@ -31,7 +31,8 @@
 // all-to-all buffers, their traffic), the mixture of experts and expert
 // parallelism (ep, chapter 13: E/ep experts a rank, the router, the
 // routing's buffers, the all-to-alls, dense gradients over dp x ep x cp and
-// the experts' over dp x cp) and the finale's compositions (chapter 14)
+// the experts' over dp x cp) and the finale's compositions (chapter 14,
+// with its ZeRO-1 over dp: --shard 1, --replicate R, plan_stage_slices)
 // are held to runs of those chapters too (tests/course/test_plan.sh). Two
 // numbers depend on where the router sends the tokens, and the planner
 // assumes it sends them evenly (and drops none): the rows a rank's experts
@@ -223,10 +224,11 @@ static inline void plan_gpu_model(const plan_layout *l, const gpt_stage *st, int
 
 // Chapter 09's slices (zero.h): each bucket of gpt_layout.h padded to a
 // multiple of n and cut in n slices of S = ceil(count / n). Chapter 09
-// shards a whole model; a pipeline stage of tp shards (the finale's ZeRO
-// over dp of 11's stages: NOT YET HELD TO A RUN) would cut its own
-// buckets the same way: its blocks' shards, the embeddings on the first
-// stage, ln_f and the copy of wte on the last.
+// shards a whole model. ZeRO-2 and 3 of a pipeline stage or tp shard
+// (refused by the finale: not held to a run) would cut its own buckets the
+// same way: its blocks' shards, the embeddings on the first stage, ln_f
+// and the copy of wte on the last. The finale's ZeRO-1 of a part is
+// plan_part_slices below.
 typedef struct {
     double shard;           // the sum of the slices: one rank's shard arrays
     double most;            // the largest slice
@@ -256,6 +258,22 @@ static inline plan_slices plan_zero_slices(const gpt_config *c, const gpt_stage 
     return s;
 }
 
+// A part of the model - a pipeline stage, a tp shard or E/ep experts -
+// with ZeRO-1 (the finale, chapter 14): zero.h cuts it as ONE bucket, its
+// whole flat array of P numbers (the last stage's copy of wte included),
+// in n slices of S = ceil(P / n) (zero_setup, zero_is_part). On a GPU the
+// finale refuses --shard: planned as the CPU cuts it.
+static inline bool plan_zero_part(const plan_layout *l) { return l->zero == 1 && (l->pp > 1 || l->tp > 1 || l->ep > 1); }
+
+// The slices a rank of stage `st` holds over a shard group of n ranks.
+static inline plan_slices plan_stage_slices(const plan_layout *l, const gpt_stage *st, int n) {
+    if (!plan_zero_part(l)) return plan_zero_slices(&l->cfg, st, l->tp, n, l->gpu);
+    plan_slices s = {0};
+    size_t P = gpt_layout_stage_params(&l->cfg, st, l->tp, NULL);
+    s.shard = s.most = (double)((P + (size_t)n - 1) / (size_t)n);
+    return s;
+}
+
 // Stage `s` of the pipeline: its rank's bytes by kind.
 static inline void plan_memory(const plan_layout *l, int s, double *mem) {
     memset(mem, 0, sizeof(double) * PLAN_KINDS);
@@ -274,7 +292,7 @@ static inline void plan_memory(const plan_layout *l, int s, double *mem) {
     // of scratch with micro-batches); ZeRO-3 the slices of the parameters
     // and the buffers they are gathered into.
     int n = l->dp / l->replicate;
-    plan_slices sl = plan_zero_slices(&l->cfg, &st, l->tp, n, l->gpu);
+    plan_slices sl = plan_stage_slices(l, &st, n);
     double buckets = sl.slot[0] + sl.slot[1] + sl.slot[2] + sl.slot[3];
     mem[PLAN_GRADS] += 4 * sl.shard + (z >= 2 ? 4 * buckets + (l->M > 1 ? 4 * sl.most : 0) : 0);
     mem[PLAN_OPTIMIZER] += 8 * sl.shard;
@@ -291,7 +309,7 @@ static inline double plan_ring_all_reduce(double bytes, int n) { return n > 1 ? 
 static inline double plan_replicas_sent(const plan_layout *l, int s) {
     if (l->zero == 0 || l->replicate == 1) return 0;
     gpt_stage st = gpt_stage_of(&l->cfg, s, l->pp);
-    plan_slices sl = plan_zero_slices(&l->cfg, &st, l->tp, l->dp / l->replicate, l->gpu);
+    plan_slices sl = plan_stage_slices(l, &st, l->dp / l->replicate);
     return plan_ring_all_reduce(4 * sl.shard, l->replicate);
 }
 
@@ -312,7 +330,11 @@ static inline void plan_traffic(const plan_layout *l, int s, double *sent) {
     double N = (double)l->B * l->T / l->cp, C = c->n_embd;
     // dp: DDP all-reduces the stage's gradients once a step (in
     // --grad_compress's format); ZeRO's collectives are over the n ranks
-    // of a shard group, on the slices (fp32).
+    // of a shard group, on the slices (fp32). Every average of a gradient
+    // over the ranks that hold its numbers is counted in dp's column, the
+    // group being dp x ep x cp or dp x cp: with ZeRO (the finale) the part
+    // over ep x cp comes first, an all-reduce of the whole gradient (the
+    // dense numbers over ep x cp, the experts' over cp), then the slices'.
     int dp = l->dp, z = l->zero;
     // A mixture of experts over ep ranks: the dense gradients over dp x ep
     // x cp (every rank holds them), each expert's over dp x cp (its
@@ -323,12 +345,14 @@ static inline void plan_traffic(const plan_layout *l, int s, double *sent) {
                         plan_ring_all_reduce(4 * Pe, dp * l->cp);
     else {
         int n = dp / l->replicate;
-        plan_slices sl = plan_zero_slices(c, &st, l->tp, n, l->gpu);
+        plan_slices sl = plan_stage_slices(l, &st, n);
         double piece = 4.0 * (n - 1); // a reduce-scatter or all-gather sends n-1 slices
         double rs = z == 1 ? sl.shard : M * sl.shard;               // ZeRO-2, 3: every micro-batch
         double ag = z < 3 ? sl.shard                                 // the updated slices, once
                           : M * (sl.heads + 2 * sl.blocks);          // FSDP: forward and backward, the ends kept between
-        sent[PLAN_DP] = piece * (rs + ag) + plan_replicas_sent(l, s);
+        double before = plan_ring_all_reduce(l->wire_bytes * (P - Pe), l->ep * l->cp) +
+                        plan_ring_all_reduce(4 * Pe, l->cp);         // the finale: over ep x cp first (0 in 09)
+        sent[PLAN_DP] = before + piece * (rs + ag) + plan_replicas_sent(l, s);
     }
     // tp (Megatron): per block and micro-batch one all-reduce of the (N, C)
     // output of each half in the forward pass, one of each half's input
@@ -397,11 +421,16 @@ static inline void plan_print(FILE *out, const plan_layout *l) {
         fprintf(out, "plan: a mixture of %d experts, top %d, %d a rank%s\n", c->n_expert, c->top_k,
                 c->n_expert / gpt_ep_ways(l->ep),
                 l->ep > 1 ? "; routed evenly and dropless (a rank's rows received and ep bytes depend on its routing)" : "");
-    if (l->zero > 0 && (l->tp > 1 || l->pp > 1))
-        fprintf(out, "plan: ZeRO over dp of tp shards or pipeline stages is the finale's (chapter 14): not yet held to a run\n");
-    if (l->zero > 0 && (l->cp > 1 || l->ep > 1))
-        fprintf(out, "plan: ZeRO with cp or ep: 09's slices and collectives over dp alone, the gradients' sum over cp and ep "
-                     "not counted: not held to a run\n");
+    if (plan_zero_part(l))
+        fprintf(out, "plan: ZeRO-1 of a part (stage, tp shard, experts) as the finale (chapter 14) cuts it: one bucket in "
+                     "%d slices over dp%s\n", l->dp / l->replicate,
+                l->cp > 1 || l->ep > 1 ? "; the gradients averaged over ep x cp first (in dp's column)" : "");
+    else if (l->zero == 1 && l->cp > 1)
+        fprintf(out, "plan: ZeRO-1 with cp as the finale runs it: 09's buckets in slices over dp, the gradients "
+                     "all-reduced over cp first (in dp's column)\n");
+    if (l->zero > 1 && (l->tp > 1 || l->pp > 1 || l->cp > 1 || l->ep > 1))
+        fprintf(out, "plan: ZeRO-%d with tp, pp, cp or ep: 09's buckets over dp alone, which no chapter runs (the finale "
+                     "refuses it): not held to a run\n", l->zero);
     if (l->replicate > 1)
         fprintf(out, "plan: hybrid sharding: %d replicas x %d ranks sharing the slices\n", l->replicate, l->dp / l->replicate);
     for (int s = 0; s < l->pp; s++) {

@@ -2,9 +2,9 @@
 // (gpt/plan.h) over GPT-2's four sizes on clusters of 8, 64 and 512 GPUs
 // of 80 GB, 8 GPUs a node. For each model and cluster it tries every
 // layout pp x dp x cp x tp (tp 1-8, inside a node; cp 1, 2 or 4 beside it
-// in the node, without ZeRO: the planner counts ZeRO's slices over dp
-// alone, which no run with cp holds; pp dividing the layers into stages of at
-// least one block) with ZeRO 0-3 over dp (and, where dp x tp spans nodes,
+// in the node, without ZeRO: chapter 14 runs ZeRO with cp on CPU ranks
+// only, and a GPU's cp buffers are not counted; pp dividing the layers
+// into stages of at least one block) with ZeRO 0-3 over dp (and, where dp x tp spans nodes,
 // ZeRO 1-3 hybrid-sharded: the slices shared by one node's dp ranks, R
 // replicas across nodes), keeps those whose every rank's plan fits in the
 // GPU's memory, and prints the ones that send the fewest bytes across
@@ -127,7 +127,7 @@ static void plan_cluster(const model_size *m, int gpus, bool all) {
                 for (int replicate = 1; replicate <= R; replicate += R > 1 ? R - 1 : 1) {
                     if (zero > 0 && dp == 1) continue;
                     if (replicate > 1 && zero == 0) continue;
-                    if (cp > 1 && zero > 0) continue; // ZeRO with cp: not held to a run
+                    if (cp > 1 && zero > 0) continue; // ZeRO with cp: left out (see above)
                     plan_layout l = {.cfg = m->cfg, .B = B, .T = m->cfg.block_size, .M = share / B, .gpu = true,
                                      .precision = GPT_BF16, .wire_bytes = 4, .dp = dp, .tp = tp, .pp = pp, .cp = cp,
                                      .ep = 1, .zero = zero, .replicate = replicate, .gpipe = false};
@@ -190,7 +190,8 @@ int main(int argc, char **argv) {
         }
     }
     printf("plan_layouts: GPT-2 sizes on GPUs of 80 GB, 8 a node, bf16, 512 x 1024 tokens a step (gpt/plan.h; "
-           "ZeRO with tp or pp: 09's formulas, not yet held to a run; cp: the GPU's cp buffers not counted)\n");
+           "ZeRO-1 with tp or pp: a part one bucket, as 14 cuts it, held on CPU ranks; ZeRO-2, 3 with tp or pp: 09's "
+           "buckets, not held to a run; cp: the GPU's cp buffers not counted)\n");
     const int clusters[] = {8, 64, 512};
     bool any = false;
     for (int k = 0; k < MODELS; k++) {

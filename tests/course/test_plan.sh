@@ -17,7 +17,9 @@
 #
 # Chapters 12-14 on CPU ranks: context parallelism (cp 2 ring and Ulysses,
 # dp 2 x cp 2), the mixture of experts (ep 1, ep 2, dp 2 x ep 2, dropless)
-# and the finale (dp x tp x pp, dp x ep x cp, and pp x ep x cp x tp). Every
+# and the finale (dp x tp x pp, dp x ep x cp, and pp x ep x cp x tp; with
+# --shard 1, ZeRO-1 over dp: pp x dp x tp, dp x ep x cp, dp x tp hybrid
+# and dp x cp, zero.h's slices and collectives in the rows). Every
 # number is exact except two that depend on where the router sends each
 # token, which the planner takes as even (ep > 1 only; with ep 1 a rank's
 # experts get every row and the plan is exact): the activations, which
@@ -27,8 +29,10 @@
 # other ranks' experts (within 5% of the plan; here 0.2-2.3%). Planted
 # bugs: cp's block activations not divided by cp, Ulysses counted as ring
 # attention, the experts' bytes not divided by ep, the all-to-alls counted
-# one way only, the experts' gradients averaged with the dense ones, and
-# tp's all-reduces of a dense MLP counted in a block of whole experts.
+# one way only, the experts' gradients averaged with the dense ones,
+# tp's all-reduces of a dense MLP counted in a block of whole experts, and
+# with --shard 1 the moments of the whole part (not its slice) and the
+# gradients' all-reduce over ep x cp before ZeRO's left out.
 source "$(dirname "$0")/../lib.sh"
 p08="$ROOT/08_gpt_wikitext/08_gpt_wikitext" p09="$ROOT/09_zero_fsdp/09_zero_fsdp"
 p10="$ROOT/10_tensor_parallel/10_tensor_parallel" p11="$ROOT/11_pipeline_parallel/11_pipeline_parallel"
@@ -258,6 +262,21 @@ agree_routed f_dec "$p14" "${cpu[@]}" "${moe[@]}" --pp 1 --dp 2 --ep 2 --cp 2 --
 verdict $? "plan: 14 dp 2 x ep 2 x cp 2 (ulysses) measured = --plan (activations and ep bytes within the routing's slack)" "$diff_line"
 agree_routed f_4d "$p14" "${cpu[@]}" "${moe[@]}" --pp 2 --ep 2 --cp 2 --tp 2
 verdict $? "plan: 14 pp 2 x ep 2 x cp 2 x tp 2 measured = --plan, each stage (activations and ep bytes within the routing's slack)" "$diff_line"
+# 14 with --shard 1 (ZeRO-1 over dp, finale.h): each rank's part (stage x
+# tp shard x experts) one bucket in dp slices (zero.h), its gradients
+# averaged over ep x cp first. pp 2 x dp 2 x tp 2 (dense, exact: ZeRO with
+# tp and pp), dp 2 x ep 2 x cp 2 (the all-reduce over ep x cp before the
+# slices', in dp's column), dp 4 x tp 2 with 2 replicas (hybrid: slices
+# over pairs, the replicas' all-reduce), and dp 2 x cp 2 (a whole model on
+# each rank: 09's buckets, the all-reduce over cp first).
+agree f_z1 "$p14" "${cpu[@]}" --pp 2 --dp 2 --tp 2 --shard 1
+verdict $? "plan: 14 pp 2 x dp 2 x tp 2 --shard 1 (ZeRO-1) measured = --plan, each stage" "$diff_line"
+agree_routed f_z1ec "$p14" "${cpu[@]}" "${moe[@]}" --pp 1 --dp 2 --ep 2 --cp 2 --cp_attention ulysses --shard 1
+verdict $? "plan: 14 dp 2 x ep 2 x cp 2 --shard 1 (ZeRO-1) measured = --plan (activations and ep bytes within the routing's slack)" "$diff_line"
+agree f_z1h "$p14" "${cpu[@]}" --pp 1 --dp 4 --tp 2 --shard 1 --replicate 2
+verdict $? "plan: 14 dp 4 x tp 2 --shard 1 --replicate 2 (hybrid ZeRO-1) measured = --plan" "$diff_line"
+agree f_z1c "$p14" "${cpu[@]}" --pp 1 --dp 2 --cp 2 --shard 1
+verdict $? "plan: 14 dp 2 x cp 2 --shard 1 (ZeRO-1 of a whole model, 09's buckets) measured = --plan" "$diff_line"
 
 # The same under mpirun (--backend mpi, tests/library/test_mpi.sh): the
 # rows do not depend on the backend that carries the bytes.
@@ -336,17 +355,22 @@ caught "$TMP/c2" "$planted" memory "${cpu[@]}" --cp 2
 verdict $? "plan planted: cp's block activations not divided by cp are caught (12 cp 2, memory)" "$(planted_why plan12)"
 caught "$TMP/c2u" "$planted" sent "${cpu[@]}" --cp 2 --cp_attention ulysses
 verdict $? "plan planted: Ulysses counted as ring attention is caught (12 cp 2 ulysses, bytes sent)" "$(planted_why plan12)"
-# Four in one copy of 14, each caught by a shape the others leave alone:
+# Six in one copy of 14, each caught by a shape the others leave alone:
 # the experts' bytes not divided by ep (memory), the all-to-alls counted
 # one way only (ep's column: outside its 5% slack), the experts'
 # gradients averaged over dp x ep x cp with the dense ones (dp's column),
-# tp's all-reduces of a dense MLP in a block of whole experts (tp's).
+# tp's all-reduces of a dense MLP in a block of whole experts (tp's);
+# with --shard 1, AdamW's moments of the whole part, not its slice (memory
+# of the dense shape), and the gradients' all-reduce over ep x cp before
+# ZeRO's collectives left out (dp's column).
 planted=$(plant plan14 gpt/plan.h 'double P = (double)gpt_layout_stage_params(c, st, l->tp, NULL);' \
     'gpt_config all = *c; all.ep = 1; double P = (double)gpt_layout_stage_params(&all, st, l->tp, NULL);' \
     14_five_dimensions 14_five_dimensions \
     'sent[PLAN_EP] = 4 * L * M' 'sent[PLAN_EP] = 2 * L * M' \
     'plan_ring_all_reduce(4 * Pe, dp * l->cp);' 'plan_ring_all_reduce(4 * Pe, dp * l->ep * l->cp);' \
-    'double halves = c->n_expert ? 2 : 4;' 'double halves = 4;')
+    'double halves = c->n_expert ? 2 : 4;' 'double halves = 4;' \
+    'mem[PLAN_OPTIMIZER] += 8 * sl.shard;' 'mem[PLAN_OPTIMIZER] += 8 * sl.shard * n;' \
+    'sent[PLAN_DP] = before + piece' 'sent[PLAN_DP] = piece')
 # caught_routed MEASURED PLANTED KIND FLAGS... : caught, for routed_rows.
 caught_routed() {
     local measured=$1 planted=$2 kind=$3; shift 3
@@ -366,3 +390,8 @@ verdict $? "plan planted: the experts' gradients averaged with the dense ones ar
 caught_routed "$TMP/f_4d" "$planted" sent "${cpu[@]}" "${moe[@]}" --pp 2 --ep 2 --cp 2 --tp 2
 status=$?; [[ $status -eq 0 ]] && grep -q 'tp:' <<<"$diff_line"; status=$?
 verdict $status "plan planted: tp's dense all-reduces counted in a block of whole experts are caught (14 pp 2 x ep 2 x cp 2 x tp 2, the tp column)" "$diff_line $(planted_why plan14)"
+caught "$TMP/f_z1" "$planted" memory "${cpu[@]}" --pp 2 --dp 2 --tp 2 --shard 1
+verdict $? "plan planted: ZeRO-1's moments not divided by dp are caught (14 pp 2 x dp 2 x tp 2 --shard 1, memory)" "$diff_line $(planted_why plan14)"
+caught_routed "$TMP/f_z1ec" "$planted" sent "${cpu[@]}" "${moe[@]}" --pp 1 --dp 2 --ep 2 --cp 2 --cp_attention ulysses --shard 1
+status=$?; [[ $status -eq 0 ]] && grep -q 'row 1 dp:' <<<"$diff_line"; status=$?
+verdict $status "plan planted: ZeRO-1 without the gradients' all-reduce over ep x cp is caught (14 dp 2 x ep 2 x cp 2 --shard 1, the dp column)" "$diff_line $(planted_why plan14)"
