@@ -2570,12 +2570,12 @@ static __global__ void tp_grad_norm_kernel(device_scalars *out, const double *su
     out->clip_scale = max_norm > 0 && norm > max_norm ? (float)(max_norm / (norm + 1e-6)) : 1.0f;
 }
 
-extern "C" void gpt_cuda_clip_grad_norm_tp(gpt_cuda_t *g, float max_norm) {
-    if (g->tp <= 1) {
-        gpt_cuda_clip_grad_norm(g, max_norm);
-        return;
-    }
-    if (!g->tp_all_reduce) die("a tensor-parallel GPU model (tp %d) needs gpt_cuda_set_tp_all_reduce", g->tp);
+// The clipping norm of a model whose chunks are of two kinds (chunk_split:
+// a tp shard's split tensors, or an expert shard's experts): each kind's
+// squares summed on the device, the split kind's added up over its ranks
+// by `sum` (the other kind is the same on every rank, counted once), then
+// the norm and the clipping factor.
+static void split_grad_norm(gpt_cuda_t *g, float max_norm, gpt_cuda_tp_fn sum, void *user) {
     cudaStream_t s = g->ctx.stream;
     int blocks = g->num_adam_chunks < NORM_BLOCKS ? g->num_adam_chunks : NORM_BLOCKS;
     double *sums = g->tp_norm + 2 * NORM_BLOCKS;
@@ -2584,10 +2584,19 @@ extern "C" void gpt_cuda_clip_grad_norm_tp(gpt_cuda_t *g, float max_norm) {
     launched("tp_sum_squares_kernel");
     tp_add_partials_kernel<<<1, WARP, 0, s>>>(sums, g->tp_norm, blocks);
     launched("tp_add_partials_kernel");
-    g->tp_all_reduce(g->tp_user, sums, 1, GPT_CUDA_F64, s); // the split tensors' squares, over the tp ranks
+    sum(user, sums, 1, GPT_CUDA_F64, s);
     tp_grad_norm_kernel<<<1, 1, 0, s>>>(g->scalars, sums, max_norm);
     launched("tp_grad_norm_kernel");
     g->clip_pending = true, g->have_norm = true;
+}
+
+extern "C" void gpt_cuda_clip_grad_norm_tp(gpt_cuda_t *g, float max_norm) {
+    if (g->tp <= 1) {
+        gpt_cuda_clip_grad_norm(g, max_norm);
+        return;
+    }
+    if (!g->tp_all_reduce) die("a tensor-parallel GPU model (tp %d) needs gpt_cuda_set_tp_all_reduce", g->tp);
+    split_grad_norm(g, max_norm, g->tp_all_reduce, g->tp_user); // the split tensors' squares, over the tp ranks
 }
 
 // --- expert parallelism (chapter 13): the clipping norm of an expert
@@ -2625,18 +2634,7 @@ extern "C" void gpt_cuda_clip_grad_norm_ep(gpt_cuda_t *g, float max_norm) {
         return;
     }
     if (!g->moe->comm.sum) die("an expert-parallel GPU model (ep %d) needs gpt_cuda_expert_parallel", g->moe->P);
-    cudaStream_t s = g->ctx.stream;
-    int blocks = g->num_adam_chunks < NORM_BLOCKS ? g->num_adam_chunks : NORM_BLOCKS;
-    double *sums = g->tp_norm + 2 * NORM_BLOCKS;
-    tp_sum_squares_kernel<<<blocks, 256, 0, s>>>(g->tp_norm, g->grads, g->adam_chunks, g->chunk_split,
-                                                  g->num_adam_chunks);
-    launched("tp_sum_squares_kernel");
-    tp_add_partials_kernel<<<1, WARP, 0, s>>>(sums, g->tp_norm, blocks);
-    launched("tp_add_partials_kernel");
-    g->moe->comm.sum(g->moe->comm.user, sums, 1, GPT_CUDA_F64, s); // the experts' squares, over the ep ranks
-    tp_grad_norm_kernel<<<1, 1, 0, s>>>(g->scalars, sums, max_norm);
-    launched("tp_grad_norm_kernel");
-    g->clip_pending = true, g->have_norm = true;
+    split_grad_norm(g, max_norm, g->moe->comm.sum, g->moe->comm.user); // the experts' squares, over the ep ranks
 }
 
 static __global__ void scale_kernel(float *x, size_t n, float s) {
