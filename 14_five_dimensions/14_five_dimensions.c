@@ -41,8 +41,8 @@
 // Where it computes: CPU ranks (gpt.h), or one GPU a rank for the shapes
 // whose GPU paths chapters 10-12 wrote (dp x tp x pp; dp x cp); finale.h
 // refuses the rest, saying why. --shard 1 (chapter 09's ZeRO-1) slices
-// each part's AdamW moments over dp, with --replicate as 09's hybrid.
-// ZeRO (chapter 09) over dp is not composed here yet: --shard > 0 is refused.
+// each part's AdamW moments over dp, with --replicate as 09's hybrid
+// (ZeRO-2 and 3 are refused: finale.h says why).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
